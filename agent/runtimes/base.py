@@ -1,0 +1,47 @@
+"""The protocol every runtime backend implements.
+
+Models are always handed over as bytes already decrypted in memory: no backend takes a
+path, so no backend can be tempted to write plaintext to disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from edgesdk.schemas.manifest import TensorSpec
+
+
+@runtime_checkable
+class LoadedModel(Protocol):
+    """A model ready to run. ``run`` is thread-safe unless ``thread_safe`` is False."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    thread_safe: bool
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one inference; inputs and outputs by tensor name."""
+        ...
+
+    def close(self) -> None:
+        """Release the runtime's memory."""
+        ...
+
+
+class RuntimeBackend(Protocol):
+    """A runtime that can load model bytes: one module per runtime under ``agent/runtimes``."""
+
+    name: str
+
+    def is_available(self) -> bool:
+        """True when the runtime's Python package can be imported here."""
+        ...
+
+    def load(
+        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+    ) -> LoadedModel:
+        """Load from memory. ``weights`` is the second file of two-file formats (OpenVINO .bin)."""
+        ...

@@ -1,0 +1,88 @@
+"""onnxruntime backend: the only module of the agent that imports onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.schemas.manifest import TensorSpec
+
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
+}
+
+
+def _spec(arg: Any) -> TensorSpec:
+    """onnxruntime NodeArg → TensorSpec (symbolic dims keep their names, unknown ones are None)."""
+    shape = [d if isinstance(d, (int, str)) else None for d in arg.shape]
+    return TensorSpec(name=arg.name, dtype=_ORT_TYPES.get(arg.type, "float32"), shape=shape)
+
+
+class OnnxRuntimeModel:
+    """An ``InferenceSession`` created from bytes. ORT sessions are safe to run concurrently."""
+
+    thread_safe = True
+
+    def __init__(self, session: object) -> None:
+        self._session = session
+        self.inputs = [_spec(a) for a in session.get_inputs()]  # type: ignore[attr-defined]
+        self.outputs = [_spec(a) for a in session.get_outputs()]  # type: ignore[attr-defined]
+        self._output_names = [o.name for o in self.outputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        try:
+            values = self._session.run(self._output_names, dict(feeds))  # type: ignore[attr-defined]
+        except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ValueError) as exc:
+            raise InferenceInputError(f"onnxruntime rejected the input: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the runtime's own errors have no common base
+            raise RuntimeBackendError(f"onnxruntime failed: {exc}") from exc
+        return dict(zip(self._output_names, values, strict=True))
+
+    def close(self) -> None:
+        self._session = None
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def is_available(self) -> bool:
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def load(
+        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+    ) -> OnnxRuntimeModel:
+        import onnxruntime as ort
+
+        if weights is not None:
+            raise RuntimeBackendError("onnxruntime loads self-contained models only (no external weights)")
+        opts = dict(options or {})
+        session_options = ort.SessionOptions()
+        threads = opts.pop("intra_op_num_threads", None)
+        if threads is not None:
+            session_options.intra_op_num_threads = int(threads)
+        wanted = [p for p in opts.pop("providers", "").split(",") if p]
+        available = ort.get_available_providers()
+        providers = [p for p in wanted if p in available] or ["CPUExecutionProvider"]
+        try:
+            # Bytes in, no file: the plaintext never touches disk.
+            session = ort.InferenceSession(model, sess_options=session_options, providers=providers)
+        except Exception as exc:  # noqa: BLE001
+            raise RuntimeBackendError(f"onnxruntime could not load the model: {exc}") from exc
+        return OnnxRuntimeModel(session)

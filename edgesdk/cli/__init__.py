@@ -1,0 +1,1 @@
+"""The ``edgesdk`` command line: subcommands grouped by who uses them."""

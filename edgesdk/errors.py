@@ -1,0 +1,134 @@
+"""Every error edgesdk raises on purpose.
+
+    EdgeSDKError
+    ├── UsageError                 bad argument or option given by a person or a script
+    ├── ProfileError               a device profile is unknown, unreadable or invalid
+    ├── SchemaError                a document does not match its schema (manifest, config, payload)
+    ├── ModelError                 a model cannot be read, or has an input/output we cannot handle
+    ├── ConversionError            a converter or quantizer failed
+    │   ├── UnsupportedOpError     the target format cannot express an op of the model
+    │   └── AccuracyGateError      no variant kept the accuracy the gate asks for
+    ├── BudgetError                nothing fits the profile's size or memory budget
+    ├── KeyFileError               a key file is missing, malformed or has loose permissions
+    ├── BundleError                a bundle is malformed or cannot be trusted
+    │   ├── BundleFormatError      container structure is broken (truncated, bad offsets, absurd sizes)
+    │   ├── SignatureError         manifest signature missing, invalid, or by an unknown publisher
+    │   ├── IntegrityError         a payload hash does not match the manifest
+    │   ├── ExpiredBundleError     the bundle's expiry is in the past
+    │   ├── RollbackError          release counter not newer than the installed one
+    │   ├── TargetMismatchError    the bundle is not meant for this device's profile
+    │   └── DecryptionError        no key slot opens with this device key
+    ├── RuntimeBackendError        a runtime (onnxruntime, LiteRT, OpenVINO, Core ML) failed
+    │   └── BackendUnavailableError   the runtime is not installed on this machine
+    ├── AgentError                 the device agent cannot do what was asked
+    │   ├── ConfigError            the agent configuration is invalid
+    │   └── InferenceInputError    a request does not match the model's input signature
+    ├── LinkError                  the MQTT link failed (connect, TLS, publish)
+    └── UpdateError                an over-the-air update failed or was refused
+
+Messages name the bad value and, where there is one, what to do instead. Errors from
+libraries below us are translated at our boundary with ``raise X(...) from exc`` so the
+cause stays attached for debugging while users see one clear line.
+"""
+
+from __future__ import annotations
+
+
+class EdgeSDKError(Exception):
+    """Root of every error edgesdk raises on purpose."""
+
+
+class UsageError(EdgeSDKError):
+    """A bad argument or option from the command line or an API caller."""
+
+
+class ProfileError(EdgeSDKError):
+    """A device profile is unknown, unreadable or invalid."""
+
+
+class SchemaError(EdgeSDKError):
+    """A document does not match its schema."""
+
+
+class ModelError(EdgeSDKError):
+    """A model cannot be read or has an input/output edgesdk cannot handle."""
+
+
+class ConversionError(EdgeSDKError):
+    """A converter or quantizer failed."""
+
+
+class UnsupportedOpError(ConversionError):
+    """The target format cannot express an op of the model."""
+
+
+class AccuracyGateError(ConversionError):
+    """No variant kept the accuracy its gate asks for."""
+
+
+class BudgetError(EdgeSDKError):
+    """Nothing fits the device profile's size or memory budget."""
+
+
+class KeyFileError(EdgeSDKError):
+    """A key file is missing, malformed or has loose permissions."""
+
+
+class BundleError(EdgeSDKError):
+    """A bundle is malformed or cannot be trusted."""
+
+
+class BundleFormatError(BundleError):
+    """The bundle container is structurally broken."""
+
+
+class SignatureError(BundleError):
+    """The manifest signature is missing, invalid or from an unknown publisher."""
+
+
+class IntegrityError(BundleError):
+    """A payload does not match the hash in the manifest."""
+
+
+class ExpiredBundleError(BundleError):
+    """The bundle expired."""
+
+
+class RollbackError(BundleError):
+    """The bundle's release counter is not newer than the installed one."""
+
+
+class TargetMismatchError(BundleError):
+    """The bundle is not built for this device's profile."""
+
+
+class DecryptionError(BundleError):
+    """No key slot of the bundle opens with this device key."""
+
+
+class RuntimeBackendError(EdgeSDKError):
+    """An inference runtime failed."""
+
+
+class BackendUnavailableError(RuntimeBackendError):
+    """The inference runtime is not installed on this machine."""
+
+
+class AgentError(EdgeSDKError):
+    """The device agent cannot do what was asked."""
+
+
+class ConfigError(AgentError):
+    """The agent configuration is invalid."""
+
+
+class InferenceInputError(AgentError):
+    """An inference request does not match the model's input signature."""
+
+
+class LinkError(EdgeSDKError):
+    """The MQTT link failed."""
+
+
+class UpdateError(EdgeSDKError):
+    """An over-the-air update failed or was refused."""

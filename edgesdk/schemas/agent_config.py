@@ -1,0 +1,68 @@
+"""AgentConfig: the device agent's configuration (``/etc/edgesdk/agent.toml``).
+
+Environment variables override file values: ``EDGESDK_AGENT__API__PORT=9000`` sets
+``api.port`` (double underscore separates levels).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from edgesdk.schemas.base import SCHEMA_VERSION, Schema
+
+
+class ApiConfig(Schema):
+    host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
+    port: int = Field(8470, ge=0, le=65535, description="0 picks a free port (written to the data dir)")
+    unix_socket: Path | None = Field(None, description="also serve on this Unix socket (mode 0660)")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_concurrency: int = Field(4, gt=0, description="inferences running at once")
+    max_queue: int = Field(64, ge=0, description="requests waiting beyond that; more get 503")
+    request_timeout_s: float = Field(30.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0, description="slow clients are cut off after this")
+    allow_nonfinite: bool = Field(False, description="accept NaN/Inf in float inputs")
+
+
+class TlsConfig(Schema):
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+
+class MqttConfig(Schema):
+    enabled: bool = False
+    broker: str = Field("mqtt://127.0.0.1:1883", description="mqtt://host:port or mqtts://host:port")
+    namespace: str = Field("edgesdk", pattern=r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
+    groups: list[str] = Field(default_factory=list)
+    username: str | None = None
+    password_file: Path | None = None
+    tls: TlsConfig | None = None
+    telemetry_interval_s: float = Field(5.0, gt=0)
+    queue_max_mb: float = Field(64.0, gt=0, description="disk quota of the store-and-forward queue")
+    keepalive_s: int = Field(30, gt=0)
+
+
+class GovernorConfig(Schema):
+    enabled: bool = True
+    source: Literal["auto", "sysfs", "psutil", "vcgencmd", "jetson", "trace"] = "auto"
+    trace_file: Path | None = Field(None, description="scripted sensor trace for tests and demos")
+    poll_interval_s: float = Field(1.0, gt=0)
+    min_dwell_s: float | None = Field(None, ge=0, description="override the profile's min dwell time")
+
+
+class AgentConfig(Schema):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    profile: str
+    data_dir: Path = Path("/var/lib/edgesdk")
+    device_key: Path | None = Field(None, description="X25519 private key; created in data_dir if missing")
+    publisher_keys: list[Path] = Field(default_factory=list, description="trusted Ed25519 public keys")
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    governor: GovernorConfig = Field(default_factory=GovernorConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["journald", "json", "text"] = "journald"

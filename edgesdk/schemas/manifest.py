@@ -1,0 +1,138 @@
+"""BundleManifest: the signed description of everything inside a model bundle.
+
+The manifest is what a device verifies before it reads any payload: which variants there
+are, the hash and size of each (plaintext and ciphertext), their input/output signatures
+including int8 quantization parameters, how each did against its accuracy gate, who
+published it, which profiles it targets, and a monotonic release counter for anti-rollback.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from edgesdk.schemas.base import SCHEMA_VERSION, Schema
+from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+
+SEMVER_PATTERN = (
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$"
+)
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+#: Names of payloads inside a bundle: a flat name, no path separators, no dot-files.
+PAYLOAD_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+Dim = int | str | None  # int: fixed; str: named dynamic axis ("batch"); None: unknown
+
+
+class QuantParams(Schema):
+    """Affine quantization of a tensor: real = scale * (q - zero_point)."""
+
+    scale: list[float] = Field(min_length=1)
+    zero_point: list[int] = Field(min_length=1)
+    axis: int | None = Field(None, description="per-channel axis; None for per-tensor")
+
+
+class TensorSpec(Schema):
+    name: str
+    dtype: str = Field(description="numpy dtype name: float32, float16, int8, uint8, int32, int64, bool")
+    shape: list[Dim]
+    quantization: QuantParams | None = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        known = {"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
+        if v not in known:
+            raise ValueError(f"unknown dtype {v!r}; known: {', '.join(sorted(known))}")
+        return v
+
+
+class AccuracyResult(Schema):
+    """How a variant did against the reference model on validation data."""
+
+    metric: Literal["top1", "cosine", "max_abs"]
+    value: float
+    gate: float
+    passed: bool
+    samples: int = Field(ge=0)
+    max_abs_diff: dict[str, float] = Field(default_factory=dict, description="per output name")
+    note: str = ""
+
+
+class Variant(Schema):
+    """One artifact of the model: a format at a precision, for a runtime."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="e.g. 'onnx-int8'")
+    format: ModelFormat
+    precision: Precision
+    runtime: RuntimeName
+    payload: str = Field(pattern=PAYLOAD_NAME_PATTERN, description="payload name inside the bundle")
+    size: int = Field(ge=0, description="plaintext size in bytes")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="of the plaintext artifact")
+    encrypted_size: int = Field(ge=0)
+    encrypted_sha256: str = Field(pattern=SHA256_PATTERN)
+    inputs: list[TensorSpec] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+    accuracy: AccuracyResult | None = None
+    quantization_method: str | None = Field(None, description="e.g. 'static-qdq-per-channel', 'nncf-ptq'")
+
+
+class Golden(Schema):
+    """Reference inputs and outputs for the on-device smoke test (an .npz payload)."""
+
+    payload: str = Field(pattern=PAYLOAD_NAME_PATTERN)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: int = Field(ge=0)
+    encrypted_size: int = Field(ge=0)
+    encrypted_sha256: str = Field(pattern=SHA256_PATTERN)
+    metric: Literal["top1", "cosine", "max_abs"] = "top1"
+    gate: float = 0.99
+
+
+class Publisher(Schema):
+    name: str
+    key_id: str = Field(pattern=r"^[0-9a-f]{16,64}$", description="sha256 prefix of the Ed25519 public key")
+
+
+class ModelInfo(Schema):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    version: str = Field(pattern=SEMVER_PATTERN)
+    release: int = Field(ge=1, description="monotonic release counter used for anti-rollback")
+    description: str = ""
+
+
+class BundleManifest(Schema):
+    """The signed table of contents of a model bundle."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: ModelInfo
+    publisher: Publisher
+    created: datetime
+    expires: datetime | None = None
+    targets: list[str] = Field(min_length=1, description="device profile names this bundle is for")
+    variants: list[Variant] = Field(min_length=1)
+    golden: Golden | None = None
+    allow_downgrade: bool = Field(
+        False, description="signed permission to install over a newer release (explicit operator downgrade)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BundleManifest:
+        ids = [v.id for v in self.variants]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"variant ids repeat: {ids}")
+        payloads = [v.payload for v in self.variants] + ([self.golden.payload] if self.golden else [])
+        if len(set(payloads)) != len(payloads):
+            raise ValueError(f"payload names repeat: {payloads}")
+        if self.expires is not None and self.expires <= self.created:
+            raise ValueError("expires must be after created")
+        return self
+
+    def variant(self, variant_id: str) -> Variant:
+        for v in self.variants:
+            if v.id == variant_id:
+                return v
+        raise KeyError(variant_id)

@@ -1,0 +1,136 @@
+"""Payloads that travel over MQTT. Every one carries its kind and schema_version so a
+reader can reject what it does not understand instead of misreading it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from edgesdk.schemas.base import SCHEMA_VERSION, Schema
+from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN
+
+
+class RunningModel(Schema):
+    name: str
+    version: str
+    release: int
+    variant: str
+    sha256: str = Field(pattern=SHA256_PATTERN, description="hash of the artifact now serving")
+
+
+class Presence(Schema):
+    """Retained on ``devices/{id}/presence``; the Last Will publishes ``online=False``."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["presence"] = "presence"
+    device_id: str
+    online: bool
+    ts: datetime
+    agent_version: str | None = None
+    profile: str | None = None
+    groups: list[str] = Field(default_factory=list)
+    model: RunningModel | None = None
+    public_key: str | None = Field(None, description="device X25519 public key, base64 (enrollment)")
+
+
+class LatencyStats(Schema):
+    count: int = Field(ge=0)
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+
+
+class Telemetry(Schema):
+    """Periodic metrics on ``devices/{id}/telemetry``. ``msg_id`` lets the fleet de-duplicate."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["telemetry"] = "telemetry"
+    device_id: str
+    msg_id: str
+    seq: int = Field(ge=0)
+    ts: datetime
+    model: RunningModel | None = None
+    latency: dict[str, LatencyStats] = Field(default_factory=dict, description="per variant id")
+    throughput_rps: float = 0.0
+    errors: dict[str, int] = Field(default_factory=dict, description="count by error kind")
+    queue_depth: int = 0
+    cpu_percent: float | None = None
+    rss_mb: float | None = None
+    temperatures_c: dict[str, float] = Field(default_factory=dict)
+    power_source: Literal["ac", "battery", "unknown"] = "unknown"
+    governor_state: str | None = None
+    switch_count: int = 0
+    dropped_messages: int = Field(0, ge=0, description="telemetry dropped by the queue's disk quota")
+
+
+class Event(Schema):
+    """Things that happen between telemetry ticks: precision switches, error bursts, OTA changes."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["event"] = "event"
+    device_id: str
+    msg_id: str
+    seq: int = Field(ge=0)
+    ts: datetime
+    event: str = Field(description="e.g. precision_switch, error_burst, ota_state")
+    detail: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class HealthCriteria(Schema):
+    """What a new model must hold during probation, or it is rolled back."""
+
+    probation_s: float = Field(600.0, ge=0)
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    p95_latency_ms: float | None = Field(None, gt=0)
+    max_restarts: int = Field(2, ge=0)
+    max_output_drift: float | None = Field(None, ge=0)
+
+
+class Deployment(Schema):
+    """Sent by the fleet to a device or group: install this bundle. Signed by the operator."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["deployment"] = "deployment"
+    deployment_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    issued_at: datetime
+    model_name: str
+    model_version: str = Field(pattern=SEMVER_PATTERN)
+    release: int = Field(ge=1)
+    bundle_sha256: str = Field(pattern=SHA256_PATTERN)
+    bundle_size: int = Field(gt=0)
+    chunk_size: int = Field(262144, gt=0)
+    url: str | None = Field(None, description="HTTP(S) source for large bundles; else chunks over MQTT")
+    health: HealthCriteria = Field(default_factory=HealthCriteria)
+    action: Literal["install", "cancel", "rollback"] = "install"
+    signature: str | None = Field(None, description="Ed25519 over the canonical JSON without this field")
+
+
+OtaState = Literal[
+    "IDLE",
+    "DOWNLOADING",
+    "VERIFYING",
+    "STAGED",
+    "ACTIVATING",
+    "PROBATION",
+    "COMMITTED",
+    "ROLLING_BACK",
+    "ROLLED_BACK",
+    "FAILED",
+]
+
+
+class OtaStatus(Schema):
+    """Published on every update state change (QoS 1, through the store-and-forward queue)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["ota_status"] = "ota_status"
+    device_id: str
+    deployment_id: str
+    msg_id: str
+    ts: datetime
+    state: OtaState
+    reason: str = ""
+    progress: float | None = Field(None, ge=0, le=1)
+    model: RunningModel | None = None

@@ -1,0 +1,67 @@
+"""Shared fixtures. The digits CNN is trained once per machine and cached under pytest's
+cache directory, so every tier can use a real model without paying for training twice."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The folder decides the tier marker, so a test cannot end up in no tier.
+    for item in items:
+        path = Path(str(item.fspath))
+        for tier in ("unit", "contract", "integration"):
+            if f"tests/{tier}/" in path.as_posix() or f"tests\\{tier}\\" in str(path):
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def digits(request: pytest.FixtureRequest):
+    """The trained digits CNN and its ONNX export, calibration and validation data."""
+    if not (_has("torch") and _has("sklearn")):
+        pytest.skip("digits fixture needs torch and scikit-learn (pip install 'edgesdk[convert]')")
+    from edgesdk.workloads.digits import prepare_digits
+
+    cache_dir = Path(request.config.cache.mkdir("edgesdk-digits-v1"))
+    try:
+        return prepare_digits(cache_dir)
+    except Exception:
+        shutil.rmtree(cache_dir, ignore_errors=True)  # a half-written cache must not poison later runs
+        raise
+
+
+@pytest.fixture
+def edgesdk_cli():
+    """Run the real ``edgesdk`` command in a subprocess; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "edgesdk.cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+
+    return invoke
+
+
+def assert_one_line_error(proc, *needles: str) -> None:
+    """A CLI failure is one clear line naming the bad value, a non-zero exit, no traceback."""
+    assert proc.returncode != 0, proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
