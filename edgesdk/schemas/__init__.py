@@ -6,6 +6,7 @@ from edgesdk.schemas.common import PRECISION_LADDER, ModelFormat, Precision, Run
 from edgesdk.schemas.manifest import BundleManifest, TensorSpec, Variant
 from edgesdk.schemas.messages import Deployment, Event, OtaStatus, Presence, Telemetry
 from edgesdk.schemas.profile import DeviceProfile
+from edgesdk.schemas.report import ConversionReport
 
 #: Every document that gets a JSON Schema file from ``edgesdk schema export``.
 EXPORTED_SCHEMAS: dict[str, type[Schema]] = {
@@ -17,6 +18,7 @@ EXPORTED_SCHEMAS: dict[str, type[Schema]] = {
     "mqtt-event": Event,
     "mqtt-deployment": Deployment,
     "mqtt-ota-status": OtaStatus,
+    "conversion-report": ConversionReport,
 }
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AgentConfig",
     "BundleManifest",
+    "ConversionReport",
     "Deployment",
     "DeviceProfile",
     "Event",
