@@ -1,0 +1,28 @@
+"""Fixtures for integration tests: a real mosquitto broker on an ephemeral port.
+
+Other fixtures are added here additively by each part's tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto
+
+
+def require_mosquitto() -> None:
+    """Skip (visibly) when the mosquitto binary is not installed."""
+    if find_mosquitto() is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto; scripts/test installs it)")
+
+
+@pytest.fixture
+def mqtt_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    """A running anonymous mosquitto on 127.0.0.1 (``.url``, ``.port``, ``.stop()``, ``.restart()``)."""
+    require_mosquitto()
+    broker = MosquittoBroker(data_dir=tmp_path / "mosquitto")
+    with broker:
+        yield broker
