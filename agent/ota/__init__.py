@@ -1,0 +1,10 @@
+"""Over-the-air model updates on the device: a persisted state machine (Mender style) that
+downloads, verifies, stages, smoke-tests, activates, watches and commits or rolls back a bundle.
+
+Public surface: :class:`UpdateManager` (what the agent uses), the state/event enums and tables.
+"""
+
+from edgesdk.agent.ota.machine import UpdateMachine, UpdateTarget
+from edgesdk.agent.ota.states import RESUME, TRANSITIONS, UpdateEvent, UpdateState
+
+__all__ = ["RESUME", "TRANSITIONS", "UpdateEvent", "UpdateMachine", "UpdateState", "UpdateTarget"]
