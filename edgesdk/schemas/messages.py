@@ -102,6 +102,11 @@ class Deployment(Schema):
     bundle_size: int = Field(gt=0)
     chunk_size: int = Field(262144, gt=0)
     url: str | None = Field(None, description="HTTP(S) source for large bundles; else chunks over MQTT")
+    chunk_sha256: list[str] = Field(
+        default_factory=list,
+        description="sha256 of each chunk_size piece of the bundle, in order: every chunk is checked on arrival",
+    )
+    targets: list[str] = Field(default_factory=list, description="device ids this deployment is for; empty = all")
     health: HealthCriteria = Field(default_factory=HealthCriteria)
     action: Literal["install", "cancel", "rollback"] = "install"
     signature: str | None = Field(None, description="Ed25519 over the canonical JSON without this field")
@@ -134,3 +139,32 @@ class OtaStatus(Schema):
     reason: str = ""
     progress: float | None = Field(None, ge=0, le=1)
     model: RunningModel | None = None
+
+
+class ChunkRequest(Schema):
+    """A device asks for pieces of a bundle (JSON on ``devices/{id}/ota/chunks/req``).
+
+    Flow control lives here: a device never has more than its window of chunks requested and
+    not yet received, so a 50 MB bundle trickles instead of flooding the broker."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["ota_chunk_request"] = "ota_chunk_request"
+    device_id: str
+    deployment_id: str
+    bundle_sha256: str = Field(pattern=SHA256_PATTERN)
+    indices: list[int] = Field(min_length=1, max_length=64)
+
+
+class ChunkHeader(Schema):
+    """Header of a chunk frame on ``devices/{id}/ota/chunks/data``.
+
+    The frame is binary — ``b"EOC1"``, a big-endian u16 header length, this header as JSON, then
+    the raw chunk bytes — so bytes on the wire stay within a few hundred bytes of the chunk size
+    (base64 would add a third)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["ota_chunk"] = "ota_chunk"
+    deployment_id: str
+    bundle_sha256: str = Field(pattern=SHA256_PATTERN)
+    index: int = Field(ge=0)
+    error: str | None = Field(None, description="set (and no data) when the server cannot serve this chunk")

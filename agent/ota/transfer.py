@@ -1,0 +1,274 @@
+"""Getting a bundle onto the device: chunks over MQTT, or an HTTP(S) URL.
+
+Both write into ``<ota dir>/<deployment>.part`` at the chunk's offset and check every chunk
+against the signed hash list of the Deployment, so a download survives a broker restart, a
+dropped link or an agent restart: on start the partial file is re-hashed chunk by chunk and
+only what is missing or wrong is fetched again. The finished file must match the signed
+``bundle_sha256`` before it is renamed to ``<deployment>.edgepkg``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import queue
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from edgesdk.agent.ota.chunks import chunk_count
+from edgesdk.agent.ota.machine import UpdateCancelled
+
+from edgesdk.errors import IntegrityError, UpdateError
+from edgesdk.schemas.messages import ChunkHeader, Deployment
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[float], None]
+CancelledFn = Callable[[], bool]
+#: Test hook: raise ENOSPC when reserving disk space for a download (disk-full fault injection).
+FAULT_ENV = "EDGESDK_OTA_FAULT"
+
+
+class DownloadPaths:
+    """Where a deployment's bytes live while and after they arrive."""
+
+    def __init__(self, ota_dir: Path, deployment: Deployment) -> None:
+        self.part = ota_dir / f"{deployment.deployment_id}.part"
+        self.done = ota_dir / f"{deployment.deployment_id}.edgepkg"
+
+
+def reserve(path: Path, size: int) -> int:
+    """Open ``path`` for writing and make sure ``size`` bytes fit: disk full shows up here,
+    before any chunk is fetched, not halfway through. Returns the open descriptor."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.environ.get(FAULT_ENV) == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:  # pragma: no cover - macOS
+            os.ftruncate(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno == errno.ENOSPC:
+            raise UpdateError(f"not enough disk space for the {size}-byte bundle in {path.parent} (ENOSPC)") from exc
+        raise
+    return fd
+
+
+def verified_chunks(fd: int, deployment: Deployment) -> set[int]:
+    """Indices of chunks already on disk with the right hash (resume after any interruption)."""
+    have: set[int] = set()
+    if not deployment.chunk_sha256:
+        return have
+    for index, expected in enumerate(deployment.chunk_sha256):
+        piece = os.pread(fd, chunk_length(deployment, index), index * deployment.chunk_size)
+        if hashlib.sha256(piece).hexdigest() == expected:
+            have.add(index)
+    return have
+
+
+def chunk_length(deployment: Deployment, index: int) -> int:
+    return min(deployment.chunk_size, deployment.bundle_size - index * deployment.chunk_size)
+
+
+def finish(fd: int, paths: DownloadPaths, deployment: Deployment) -> Path:
+    """fsync, check the whole-file hash, rename into place."""
+    os.fsync(fd)
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < deployment.bundle_size:
+        piece = os.pread(fd, min(1 << 20, deployment.bundle_size - offset), offset)
+        if not piece:
+            break
+        digest.update(piece)
+        offset += len(piece)
+    if digest.hexdigest() != deployment.bundle_sha256:
+        raise IntegrityError(
+            f"downloaded bundle sha256 {digest.hexdigest()} != signed {deployment.bundle_sha256}; "
+            "the partial file is discarded"
+        )
+    os.replace(paths.part, paths.done)
+    return paths.done
+
+
+def check_chunk_list(deployment: Deployment) -> None:
+    expected = chunk_count(deployment.bundle_size, deployment.chunk_size)
+    if deployment.chunk_sha256 and len(deployment.chunk_sha256) != expected:
+        raise UpdateError(
+            f"deployment {deployment.deployment_id!r} lists {len(deployment.chunk_sha256)} chunk hashes; "
+            f"{deployment.bundle_size} bytes in {deployment.chunk_size}-byte chunks need {expected}"
+        )
+
+
+class ChunkReceiver:
+    """Pulls a bundle over MQTT with a sliding window of outstanding chunk requests.
+
+    ``request(indices)`` publishes one ChunkRequest; frames arrive through :meth:`on_frame`
+    (called from the MQTT thread) and are written by :meth:`run` (the update thread). Lost
+    requests or frames (broker restart, dropped link) time out and are asked for again;
+    a chunk whose hash is wrong is dropped and asked for again, a few times at most.
+    """
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        ota_dir: Path,
+        request: Callable[[list[int]], None],
+        *,
+        window: int = 4,
+        timeout_s: float = 3.0,
+        stall_timeout_s: float = 600.0,
+        max_bad_chunks: int = 8,
+    ) -> None:
+        if not deployment.chunk_sha256:
+            raise UpdateError(f"deployment {deployment.deployment_id!r} has no chunk hashes and no url")
+        check_chunk_list(deployment)
+        self.deployment = deployment
+        self.paths = DownloadPaths(ota_dir, deployment)
+        self.request = request
+        self.window = window
+        self.timeout_s = timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.max_bad_chunks = max_bad_chunks
+        self.bad_chunks = 0
+        self.requests_sent = 0
+        self._arrivals: queue.Queue[tuple[int, bytes]] = queue.Queue()
+
+    def on_frame(self, header: ChunkHeader, data: memoryview) -> None:
+        """Hand over a frame (MQTT thread). Frames of other deployments are ignored."""
+        if (
+            header.deployment_id != self.deployment.deployment_id
+            or header.bundle_sha256 != self.deployment.bundle_sha256
+        ):
+            return
+        if header.error:
+            log.warning("chunk server refused chunk %d: %s", header.index, header.error)
+            return
+        self._arrivals.put((header.index, bytes(data)))
+
+    def run(self, progress: ProgressFn, cancelled: CancelledFn) -> Path:
+        """Fetch what is missing; return the finished file (already hash-checked)."""
+        if self.paths.done.exists() and _file_sha256(self.paths.done) == self.deployment.bundle_sha256:
+            return self.paths.done
+        total = len(self.deployment.chunk_sha256)
+        fd = reserve(self.paths.part, self.deployment.bundle_size)
+        try:
+            have = verified_chunks(fd, self.deployment)
+            missing = deque(i for i in range(total) if i not in have)
+            in_flight: dict[int, float] = {}
+            last_progress_at = time.monotonic()
+            reported = -1
+            while len(have) < total:
+                if cancelled():
+                    raise UpdateCancelled("download cancelled")
+                now = time.monotonic()
+                for index, sent in list(in_flight.items()):
+                    if now - sent > self.timeout_s:  # lost request or frame: ask again
+                        del in_flight[index]
+                        missing.appendleft(index)
+                batch: list[int] = []
+                while missing and len(in_flight) + len(batch) < self.window:
+                    index = missing.popleft()
+                    if index not in have and index not in in_flight:
+                        batch.append(index)
+                if batch:
+                    for index in batch:
+                        in_flight[index] = now
+                    self.requests_sent += 1
+                    self.request(batch)
+                try:
+                    index, data = self._arrivals.get(timeout=0.2)
+                except queue.Empty:
+                    if now - last_progress_at > self.stall_timeout_s:
+                        raise UpdateError(
+                            f"download stalled: no chunk for {self.stall_timeout_s:.0f} s ({len(have)}/{total} chunks)"
+                        ) from None
+                    continue
+                if index in have or not 0 <= index < total:
+                    continue
+                in_flight.pop(index, None)
+                if hashlib.sha256(data).hexdigest() != self.deployment.chunk_sha256[index]:
+                    self.bad_chunks += 1
+                    log.warning("chunk %d failed its hash check; asking again", index)
+                    if self.bad_chunks > self.max_bad_chunks:
+                        raise IntegrityError(f"{self.bad_chunks} chunks failed their hash check; giving up")
+                    missing.appendleft(index)
+                    continue
+                os.pwrite(fd, data, index * self.deployment.chunk_size)
+                have.add(index)
+                last_progress_at = time.monotonic()
+                tenth = len(have) * 10 // total
+                if tenth != reported:
+                    reported = tenth
+                    progress(len(have) / total)
+            return finish(fd, self.paths, self.deployment)
+        finally:
+            os.close(fd)
+
+
+def download_url(deployment: Deployment, ota_dir: Path, progress: ProgressFn, cancelled: CancelledFn) -> Path:
+    """Fetch ``deployment.url`` (HTTP or HTTPS), resuming with a Range request when possible."""
+    url = deployment.url or ""
+    if not url.startswith(("http://", "https://")):
+        raise UpdateError(f"deployment url {url!r} is not http(s)")
+    check_chunk_list(deployment)
+    paths = DownloadPaths(ota_dir, deployment)
+    if paths.done.exists() and _file_sha256(paths.done) == deployment.bundle_sha256:
+        return paths.done
+    fd = reserve(paths.part, deployment.bundle_size)
+    try:
+        # Resume after the longest prefix of good chunks (all of the file when no hashes are listed).
+        have = verified_chunks(fd, deployment)
+        start_chunk = 0
+        while start_chunk in have:
+            start_chunk += 1
+        offset = min(start_chunk * deployment.chunk_size, deployment.bundle_size)
+        if offset < deployment.bundle_size:
+            request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+            try:
+                response = urllib.request.urlopen(request, timeout=30)  # noqa: S310 - scheme checked above
+            except (urllib.error.URLError, OSError) as exc:
+                raise UpdateError(f"cannot download {url}: {exc}") from exc
+            with response:
+                if response.status == 200:
+                    offset = 0  # the server ignored Range: take the whole file
+                position = offset
+                reported = -1
+                while True:
+                    if cancelled():
+                        raise UpdateCancelled("download cancelled")
+                    try:
+                        block = response.read(1 << 16)
+                    except OSError as exc:
+                        raise UpdateError(f"download of {url} broke at byte {position}: {exc}") from exc
+                    if not block:
+                        break
+                    if position + len(block) > deployment.bundle_size:
+                        raise IntegrityError(f"{url} sent more than the signed {deployment.bundle_size} bytes")
+                    os.pwrite(fd, block, position)
+                    position += len(block)
+                    tenth = position * 10 // deployment.bundle_size
+                    if tenth != reported:
+                        reported = tenth
+                        progress(position / deployment.bundle_size)
+                if position != deployment.bundle_size:
+                    raise UpdateError(f"download of {url} ended at byte {position} of {deployment.bundle_size}")
+        return finish(fd, paths, deployment)
+    finally:
+        os.close(fd)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,120 @@
+"""Answers devices' chunk requests from the bundle file (operator side).
+
+Devices pull: each asks for a window of chunks on ``devices/{id}/ota/chunks/req`` and gets raw
+frames back on ``devices/{id}/ota/chunks/data``. The server keeps no per-device state, so a
+device that restarts, reconnects or was offline simply asks again; and it never pushes more
+than it was asked for, which is the flow control.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from edgesdk.agent.ota.chunks import DATA_SUFFIX, REQUEST_SUFFIX, encode_frame
+from edgesdk.errors import EdgeSDKError, UpdateError
+from edgesdk.mqtt.topics import all_devices_filter, device_topic, parse_topic
+from edgesdk.schemas.messages import ChunkHeader, ChunkRequest, Deployment
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, bytes, int], object]
+
+
+class BundleSource:
+    """The bytes of one deployment's bundle, memory-mapped, cut into frames on demand."""
+
+    def __init__(self, path: Path, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
+        size = path.stat().st_size
+        if size != deployment.bundle_size:
+            self._file.close()
+            raise UpdateError(
+                f"{path} is {size} bytes; deployment {deployment.deployment_id!r} says {deployment.bundle_size}"
+            )
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def frame(self, index: int) -> bytes:
+        d = self.deployment
+        header = ChunkHeader(deployment_id=d.deployment_id, bundle_sha256=d.bundle_sha256, index=index)
+        start = index * d.chunk_size
+        if index < 0 or start >= d.bundle_size:
+            return encode_frame(header.model_copy(update={"error": f"chunk {index} out of range"}))
+        return encode_frame(header, self._map[start : start + d.chunk_size])
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+class ChunkServer:
+    """Serves any number of deployments to any number of devices over one MQTT client."""
+
+    def __init__(self, namespace: str, publish: Publish) -> None:
+        self.namespace = namespace
+        self.publish = publish
+        self._sources: dict[str, BundleSource] = {}
+        self._lock = threading.Lock()
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.bad_requests = 0
+
+    @property
+    def request_filter(self) -> str:
+        """Subscribe the client to this filter and route its messages to :meth:`on_message`."""
+        return all_devices_filter(self.namespace, REQUEST_SUFFIX)
+
+    def add(self, path: Path, deployment: Deployment) -> None:
+        with self._lock:
+            if deployment.deployment_id not in self._sources:
+                self._sources[deployment.deployment_id] = BundleSource(path, deployment)
+
+    def remove(self, deployment_id: str) -> None:
+        with self._lock:
+            source = self._sources.pop(deployment_id, None)
+        if source is not None:
+            source.close()
+
+    def close(self) -> None:
+        for deployment_id in list(self._sources):
+            self.remove(deployment_id)
+
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """One chunk request. Bad requests are counted and dropped; they never stop the server."""
+        parsed = parse_topic(self.namespace, topic)
+        if parsed is None or parsed.scope != "devices" or parsed.suffix != REQUEST_SUFFIX:
+            return
+        try:
+            request = ChunkRequest.parse_json_clear(payload, source=f"chunk request on {topic}")
+        except EdgeSDKError as exc:
+            self.bad_requests += 1
+            log.warning("%s", exc)
+            return
+        if request.device_id != parsed.name:
+            self.bad_requests += 1  # a device asks only for itself (the ACL enforces it too)
+            return
+        with self._lock:
+            source = self._sources.get(request.deployment_id)
+        reply_topic = device_topic(self.namespace, parsed.name, DATA_SUFFIX)
+        for index in request.indices:
+            if source is None or source.deployment.bundle_sha256 != request.bundle_sha256:
+                header = ChunkHeader(
+                    deployment_id=request.deployment_id,
+                    bundle_sha256=request.bundle_sha256,
+                    index=index,
+                    error="deployment not served here",
+                )
+                frame = encode_frame(header)
+            else:
+                frame = source.frame(index)
+            try:
+                self.publish(reply_topic, frame, 0)
+            except EdgeSDKError as exc:  # not connected: the device times out and asks again
+                log.debug("chunk %d for %s not sent: %s", index, parsed.name, exc)
+                return
+            self.frames_sent += 1
+            self.bytes_sent += len(frame)
