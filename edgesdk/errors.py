@@ -24,7 +24,9 @@
     │   ├── ConfigError            the agent configuration is invalid
     │   └── InferenceInputError    a request does not match the model's input signature
     ├── LinkError                  the MQTT link failed (connect, TLS, publish)
-    └── UpdateError                an over-the-air update failed or was refused
+    ├── UpdateError                an over-the-air update failed or was refused
+    ├── ImageError                 a provisioning image cannot be built (recipe, wheelhouse)
+    └── EnrollmentError            a device cannot be enrolled, approved or revoked
 
 Messages name the bad value and, where there is one, what to do instead. Errors from
 libraries below us are translated at our boundary with ``raise X(...) from exc`` so the
@@ -132,3 +134,11 @@ class LinkError(EdgeSDKError):
 
 class UpdateError(EdgeSDKError):
     """An over-the-air update failed or was refused."""
+
+
+class ImageError(EdgeSDKError):
+    """A provisioning image cannot be built (no recipe, Python too old, wheels missing)."""
+
+
+class EnrollmentError(EdgeSDKError):
+    """A device cannot be enrolled, approved or revoked (unknown device, bad key, registry)."""

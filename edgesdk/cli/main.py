@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "profiles": "edgesdk.cli.profiles_cmd:profiles",
     "schema": "edgesdk.cli.schema_cmd:schema",
     "demo": "edgesdk.cli.demo_cmd:demo",
+    "image": "edgesdk.cli.image_cmd:image",
 }
 
 EXIT_ERROR = 1

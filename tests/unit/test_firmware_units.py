@@ -1,0 +1,134 @@
+"""The agent's systemd unit in every firmware recipe: hardened, consistent with the config."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from edgesdk.image.agent_config import (
+    CONFIG_FILE,
+    RUNTIME_DIR,
+    STATE_DIR,
+    ProvisioningConfig,
+    fill_placeholders,
+    render_agent_config,
+)
+from edgesdk.image.recipes import load_recipes
+
+RECIPES = load_recipes()
+FAMILIES = sorted(RECIPES)
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections → key → every value (systemd keys may repeat, e.g. DeviceAllow)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        assert current is not None, f"key outside a section: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def one(section: dict[str, list[str]], key: str) -> str:
+    values = section.get(key)
+    assert values, f"{key}= missing"
+    return values[-1]
+
+
+def test_the_three_families_exist() -> None:
+    assert {"raspberry-pi-os-arm64", "jetson-l4t", "debian-x86_64"} <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unit_is_hardened(family: str) -> None:
+    unit = parse_unit(RECIPES[family].unit_file.read_text())
+    service = unit["Service"]
+    expected = {
+        "User": "edgesdk",
+        "Group": "edgesdk",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "StateDirectory": "edgesdk",
+        "RuntimeDirectory": "edgesdk",
+        "Restart": "on-failure",
+        "Type": "notify",
+        "CapabilityBoundingSet": "",
+        "RestrictSUIDSGID": "yes",
+        "ProtectKernelModules": "yes",
+        "SystemCallFilter": "@system-service",
+    }
+    for key, value in expected.items():
+        assert one(service, key) == value, (family, key)
+    assert one(service, "StateDirectoryMode") == "0700"
+    assert int(one(service, "WatchdogSec")) > 0
+    assert "@ROOT@/var/lib/edgesdk" in one(service, "ReadWritePaths").split()
+    assert "DynamicUser" not in service, "the device key needs a stable owner"
+    start_limit = unit["Unit"]
+    assert int(one(start_limit, "StartLimitBurst")) >= 1 and int(one(start_limit, "StartLimitIntervalSec")) > 0
+    assert one(unit["Install"], "WantedBy") == "multi-user.target"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exec_start_runs_the_venv_agent_with_the_installed_config(family: str) -> None:
+    service = parse_unit(RECIPES[family].unit_file.read_text())["Service"]
+    argv = shlex.split(one(service, "ExecStart"))
+    assert argv[0] == "@ROOT@/opt/edgesdk/venv/bin/edge-agent"
+    assert argv[argv.index("--config") + 1] == f"@ROOT@{CONFIG_FILE}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unit_directories_match_the_rendered_config(family: str) -> None:
+    service = parse_unit(RECIPES[family].unit_file.read_text())["Service"]
+    text = render_agent_config(ProvisioningConfig(profile="rpi5-8gb", broker="mqtt://broker.local"))
+    config = tomllib.loads(fill_placeholders(text, device_id="dev-1"))
+    # systemd creates /var/lib/<StateDirectory> and /run/<RuntimeDirectory> for the agent's user.
+    assert Path(config["data_dir"]) == Path("/var/lib") / one(service, "StateDirectory") == Path(str(STATE_DIR))
+    assert Path(config["api"]["unix_socket"]).parent == Path("/run") / one(service, "RuntimeDirectory")
+    assert Path(config["api"]["unix_socket"]).parent == Path(str(RUNTIME_DIR))
+    assert Path(config["device_key"]).parent == Path(config["data_dir"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recipe_groups_are_not_hard_requirements_of_the_unit(family: str) -> None:
+    # SupplementaryGroups= naming a group the OS lacks stops the unit from starting; install.sh
+    # adds the user only to groups that exist instead.
+    service = parse_unit(RECIPES[family].unit_file.read_text())["Service"]
+    assert "SupplementaryGroups" not in service
+    assert RECIPES[family].user_groups
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_systemd_accepts_the_unit_and_rates_it_exposed_little(family: str, tmp_path: Path) -> None:
+    unit = tmp_path / "edge-agent.service"
+    # verify checks that ExecStart's program exists; the unit, not the agent, is under test here.
+    agent = tmp_path / "opt/edgesdk/venv/bin/edge-agent"
+    agent.parent.mkdir(parents=True)
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
+    unit.write_text(fill_placeholders(RECIPES[family].unit_file.read_text(), device_id="dev-1", root=str(tmp_path)))
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    problems = [line for line in verify.stderr.splitlines() if "edge-agent.service" in line]
+    assert verify.returncode == 0 and not problems, verify.stderr
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True
+    )
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+)", security.stdout)
+    assert found, security.stdout[-500:] + security.stderr
+    # 0 is a fully locked-down unit, 10 an unprotected one; systemd calls < 4 "OK".
+    assert float(found.group(1)) <= 3.0, security.stdout
