@@ -24,6 +24,12 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 #: Names of payloads inside a bundle: a flat name, no path separators, no dot-files.
 PAYLOAD_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
+#: A file inside a variant: relative path of flat components ("model.onnx",
+#: "model.mlpackage/Data/weights.bin"); no "..", no absolute path, no dot-files, no backslash.
+VARIANT_FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,15}$"
+HEX32_PATTERN = r"^[0-9a-f]{32}$"
+HEX64_PATTERN = r"^[0-9a-f]{64}$"
+
 Dim = int | str | None  # int: fixed; str: named dynamic axis ("batch"); None: unknown
 
 
@@ -48,6 +54,14 @@ class TensorSpec(Schema):
         if v not in known:
             raise ValueError(f"unknown dtype {v!r}; known: {', '.join(sorted(known))}")
         return v
+
+
+class VariantFile(Schema):
+    """One file of a variant (e.g. model.xml and model.bin of an OpenVINO IR)."""
+
+    name: str = Field(pattern=VARIANT_FILE_PATTERN, description="relative path, as the runtime loader expects it")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_PATTERN, description="of the plaintext file")
 
 
 class AccuracyResult(Schema):
@@ -78,6 +92,21 @@ class Variant(Schema):
     outputs: list[TensorSpec] = Field(min_length=1)
     accuracy: AccuracyResult | None = None
     quantization_method: str | None = Field(None, description="e.g. 'static-qdq-per-channel', 'nncf-ptq'")
+    files: list[VariantFile] = Field(
+        default_factory=list,
+        description="the files of the variant, in payload order: the plaintext payload is their concatenation",
+    )
+
+    @model_validator(mode="after")
+    def _files_add_up(self) -> Variant:
+        if self.files:
+            names = [f.name for f in self.files]
+            if len(set(names)) != len(names):
+                raise ValueError(f"variant {self.id!r}: file names repeat: {names}")
+            total = sum(f.size for f in self.files)
+            if total != self.size:
+                raise ValueError(f"variant {self.id!r}: files add up to {total} bytes, size says {self.size}")
+        return self
 
 
 class Golden(Schema):
@@ -90,6 +119,33 @@ class Golden(Schema):
     encrypted_sha256: str = Field(pattern=SHA256_PATTERN)
     metric: Literal["top1", "cosine", "max_abs"] = "top1"
     gate: float = 0.99
+
+
+class KeySlot(Schema):
+    """The bundle's content key, wrapped for one recipient (X25519 + HKDF-SHA256 + AES-256-GCM)."""
+
+    recipient: str = Field(pattern=HEX32_PATTERN, description="key id of the recipient's X25519 public key")
+    kind: Literal["device", "group"] = "device"
+    ephemeral_public: str = Field(pattern=HEX64_PATTERN, description="the sender's one-time X25519 public key")
+    wrapped_key: str = Field(pattern=r"^[0-9a-f]{96}$", description="AES-256-GCM(wrap key, content key) + tag")
+
+
+class PayloadLocation(Schema):
+    """Where one encrypted payload sits in the container's payload area."""
+
+    name: str = Field(pattern=PAYLOAD_NAME_PATTERN)
+    offset: int = Field(ge=0, description="from the start of the payload area")
+    length: int = Field(ge=0, description="ciphertext bytes")
+    salt: str = Field(pattern=HEX32_PATTERN, description="HKDF salt of this payload's key")
+
+
+class BundleEncryption(Schema):
+    """How the payloads are encrypted, and for whom. Signed with the rest of the manifest."""
+
+    scheme: Literal["edgesdk-stream-aes256gcm-v1"] = "edgesdk-stream-aes256gcm-v1"
+    segment_size: int = Field(ge=4096, le=16 * 1024 * 1024, description="plaintext bytes per AEAD segment")
+    key_slots: list[KeySlot] = Field(min_length=1, max_length=4096)
+    payloads: list[PayloadLocation] = Field(min_length=1, max_length=1024)
 
 
 class Publisher(Schema):
@@ -117,6 +173,9 @@ class BundleManifest(Schema):
     golden: Golden | None = None
     allow_downgrade: bool = Field(
         False, description="signed permission to install over a newer release (explicit operator downgrade)"
+    )
+    encryption: BundleEncryption | None = Field(
+        None, description="key slots and payload layout; every bundle edgesdk writes has it"
     )
 
     @model_validator(mode="after")

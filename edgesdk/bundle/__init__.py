@@ -1,0 +1,28 @@
+"""Secure model bundles: signed, encrypted to each device, verified before use, decrypted
+only in memory. The format is described in ``docs/bundle-format.md``.
+
+Public surface::
+
+    package_bundle(convert_dir, *, name, version, release, publisher_key, recipients, ...) -> Path
+    verify_bundle(path, *, trusted_publishers, profile, installed_release, now) -> VerifiedBundle
+    decrypt_variant(verified, variant_id, device_key) -> dict[str, bytes]
+    decrypt_golden(verified, device_key) -> dict[str, np.ndarray] | None
+    inspect_bundle(path) -> UnverifiedBundleInfo     (for display only; nothing is checked)
+"""
+
+from edgesdk.bundle.decrypt import decrypt_golden, decrypt_variant
+from edgesdk.bundle.inspect import UnverifiedBundleInfo, inspect_bundle
+from edgesdk.bundle.packager import DEFAULT_SEGMENT_SIZE, default_release, package_bundle
+from edgesdk.bundle.verify import VerifiedBundle, verify_bundle
+
+__all__ = [
+    "DEFAULT_SEGMENT_SIZE",
+    "UnverifiedBundleInfo",
+    "VerifiedBundle",
+    "decrypt_golden",
+    "decrypt_variant",
+    "default_release",
+    "inspect_bundle",
+    "package_bundle",
+    "verify_bundle",
+]

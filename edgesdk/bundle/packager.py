@@ -1,0 +1,322 @@
+"""``package_bundle()``: a convert output dir → one signed, encrypted ``.edgepkg``.
+
+The packager streams: each variant's files are read, encrypted and hashed segment by
+segment into a ciphertext spool next to the output (ciphertext only), then the manifest,
+which needs those hashes, is signed and written in front of the payloads. The result
+appears under its final name only when complete (write, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import BinaryIO
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from edgesdk.bundle.container import (
+    MAX_MANIFEST_BYTES,
+    MAX_PAYLOAD_BYTES,
+    ciphertext_length,
+    pack_header,
+    signed_message,
+)
+from edgesdk.bundle.key_slots import new_content_key, wrap_content_key
+from edgesdk.bundle.stream_aead import PAYLOAD_SALT_SIZE, derive_payload_key, encrypt_segments
+from edgesdk.errors import BundleFormatError, SchemaError, UsageError
+from edgesdk.keys import key_id, key_id_bytes, load_device_public_key, load_publisher_private_key
+from edgesdk.schemas.manifest import (
+    BundleEncryption,
+    BundleManifest,
+    Golden,
+    KeySlot,
+    ModelInfo,
+    PayloadLocation,
+    Publisher,
+    Variant,
+    VariantFile,
+)
+from edgesdk.schemas.report import ConversionReport, ShippedVariant
+
+DEFAULT_SEGMENT_SIZE = 1024 * 1024
+_READ_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _SourceFile:
+    name: str  # inside the variant, e.g. "model.onnx"
+    path: Path
+
+
+@dataclass(frozen=True)
+class _PlainPayload:
+    name: str
+    files: list[_SourceFile]
+
+
+@dataclass(frozen=True)
+class _SealedPayload:
+    """What encrypting one payload measured: its place, and the hashes for the manifest."""
+
+    location: PayloadLocation
+    size: int
+    sha256: str
+    encrypted_sha256: str
+    files: list[VariantFile]
+
+
+def default_release(now: datetime | None = None) -> int:
+    """The release counter used when none is given: seconds since the Unix epoch (UTC).
+
+    Later builds get larger counters without any shared state; CI pipelines that keep their
+    own counter pass ``release=`` explicitly (and must keep using one scheme)."""
+    moment = now or datetime.now(timezone.utc)
+    return max(1, int(moment.timestamp()))
+
+
+def _inside(root: Path, relative: str, *, what: str) -> Path:
+    candidate = Path(relative)
+    if candidate.is_absolute() or ".." in candidate.parts:
+        raise UsageError(f"{what}: path {relative!r} leaves the convert dir {root}")
+    path = root / candidate
+    try:
+        resolved = path.resolve(strict=True)
+    except OSError as exc:
+        raise UsageError(f"{what}: {relative!r} does not exist in {root}") from exc
+    if not resolved.is_relative_to(root.resolve()):
+        raise UsageError(f"{what}: {relative!r} resolves outside the convert dir {root}")
+    return path
+
+
+def _collect_files(root: Path, variant: ShippedVariant) -> list[_SourceFile]:
+    """The variant's files with their names inside the bundle (relative to artifacts/<id>/)."""
+    what = f"variant {variant.id!r}"
+    base = root / "artifacts" / variant.id
+    found: list[tuple[str, Path]] = []
+    for relative in variant.files:
+        path = _inside(root, relative, what=what)
+        anchor = base if path.is_relative_to(base) else path.parent
+        if path.is_dir() and not path.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames.sort()
+                for filename in sorted(filenames):
+                    member = Path(dirpath) / filename
+                    found.append((member.relative_to(anchor).as_posix(), member))
+        else:
+            found.append((path.relative_to(anchor).as_posix(), path))
+    files: list[_SourceFile] = []
+    for name, path in found:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"{what}: {path} is not a regular file (symlinks and devices are not packaged)")
+        files.append(_SourceFile(name, path))
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise UsageError(f"{what}: two files would have the same name in the bundle: {sorted(names)}")
+    return files
+
+
+def _plaintext_segments(
+    files: Sequence[_SourceFile], segment_size: int, measured: list[VariantFile], whole: hashlib._Hash
+) -> Iterator[bytes]:
+    """The concatenated files, cut into segments of exactly ``segment_size`` (the last shorter).
+
+    Hashes each file and the whole as it goes (one read of every file), appending to
+    ``measured``; refuses a payload over the size limit before reading past it."""
+    pending = bytearray()
+    total = 0
+    for source in files:
+        digest = hashlib.sha256()
+        size = 0
+        with open(source.path, "rb") as handle:
+            while chunk := handle.read(segment_size):
+                size += len(chunk)
+                total += len(chunk)
+                if total > MAX_PAYLOAD_BYTES:
+                    raise UsageError(f"{source.path}: payload exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+                digest.update(chunk)
+                whole.update(chunk)
+                pending += chunk
+                while len(pending) >= segment_size:
+                    yield bytes(pending[:segment_size])
+                    del pending[:segment_size]
+        measured.append(VariantFile(name=source.name, size=size, sha256=digest.hexdigest()))
+    if pending:
+        yield bytes(pending)
+
+
+def _encrypt_payload(
+    payload: _PlainPayload, content_key: bytes, segment_size: int, spool: BinaryIO, offset: int
+) -> _SealedPayload:
+    salt = os.urandom(PAYLOAD_SALT_SIZE)
+    key = derive_payload_key(content_key, salt, payload.name)
+    cipher_digest = hashlib.sha256()
+    plain_digest = hashlib.sha256()
+    measured: list[VariantFile] = []
+    length = 0
+    for sealed in encrypt_segments(key, _plaintext_segments(payload.files, segment_size, measured, plain_digest)):
+        spool.write(sealed)
+        cipher_digest.update(sealed)
+        length += len(sealed)
+    size = sum(f.size for f in measured)
+    if length != ciphertext_length(size, segment_size):  # a bug, not bad input
+        raise BundleFormatError(f"payload {payload.name!r}: {length} ciphertext bytes for {size} plaintext bytes")
+    return _SealedPayload(
+        location=PayloadLocation(name=payload.name, offset=offset, length=length, salt=salt.hex()),
+        size=size,
+        sha256=plain_digest.hexdigest(),
+        encrypted_sha256=cipher_digest.hexdigest(),
+        files=measured,
+    )
+
+
+def _as_publisher_key(key: Ed25519PrivateKey | Path | str) -> Ed25519PrivateKey:
+    return key if isinstance(key, Ed25519PrivateKey) else load_publisher_private_key(key)
+
+
+def _as_recipients(keys: Iterable[X25519PublicKey | Path | str]) -> list[X25519PublicKey]:
+    return [k if isinstance(k, X25519PublicKey) else load_device_public_key(k) for k in keys]
+
+
+def package_bundle(
+    convert_dir: Path | str,
+    *,
+    name: str,
+    version: str,
+    release: int | None = None,
+    publisher_key: Ed25519PrivateKey | Path | str,
+    recipients: Iterable[X25519PublicKey | Path | str],
+    group_recipients: Iterable[X25519PublicKey | Path | str] = (),
+    targets: Sequence[str] | None = None,
+    expires: datetime | timedelta | None = None,
+    allow_downgrade: bool = False,
+    out: Path | str,
+    publisher_name: str = "edgesdk-publisher",
+    description: str = "",
+    segment_size: int = DEFAULT_SEGMENT_SIZE,
+    now: datetime | None = None,
+) -> Path:
+    """Package the variants of ``convert_dir`` (a ``edgesdk convert`` output) into ``out``.
+
+    Every variant file and the golden set are encrypted under one fresh content key, which
+    is wrapped for each recipient (device keys and group keys); the manifest is signed with
+    ``publisher_key``. ``release`` defaults to :func:`default_release`; ``targets`` to the
+    report's profile; ``expires`` may be a moment or a duration from now."""
+    root = Path(convert_dir)
+    report_path = root / "report.json"
+    if not report_path.is_file():
+        raise UsageError(f"{root} is not a convert output dir (no report.json)")
+    report = ConversionReport.parse_json_clear(report_path.read_bytes(), source=str(report_path))
+    if not report.variants:
+        raise UsageError(f"{report_path}: no shipped variants to package")
+    signer = _as_publisher_key(publisher_key)
+    device_keys = _as_recipients(recipients)
+    group_keys = _as_recipients(group_recipients)
+    if not device_keys and not group_keys:
+        raise UsageError("no recipients: pass at least one device or group public key")
+    created = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    expiry = created + expires if isinstance(expires, timedelta) else expires
+    release = default_release(created) if release is None else release
+
+    payloads = [_PlainPayload(f"{v.id}.enc", _collect_files(root, v)) for v in report.variants]
+    if report.golden:
+        golden_path = _inside(root, report.golden, what="golden set")
+        if not golden_path.is_file():
+            raise UsageError(f"golden set {golden_path} is not a regular file")
+        payloads.append(_PlainPayload("golden.npz.enc", [_SourceFile("golden.npz", golden_path)]))
+
+    content_key = new_content_key()
+    slots: list[KeySlot] = [wrap_content_key(content_key, k, kind="device") for k in device_keys]
+    slots += [wrap_content_key(content_key, k, kind="group") for k in group_keys]
+
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    spool_path = out_path.with_name(f".{out_path.name}.payloads.tmp")
+    partial_path = out_path.with_name(f".{out_path.name}.partial")
+    try:
+        sealed: list[_SealedPayload] = []
+        offset = 0
+        with open(spool_path, "wb") as spool:
+            for payload in payloads:
+                sealed.append(_encrypt_payload(payload, content_key, segment_size, spool, offset))
+                offset += sealed[-1].location.length
+        variants = [_variant_entry(shipped, done) for shipped, done in zip(report.variants, sealed, strict=False)]
+        golden = None
+        if report.golden:
+            done = sealed[-1]
+            golden = Golden(
+                payload=done.location.name,
+                sha256=done.sha256,
+                size=done.size,
+                encrypted_size=done.location.length,
+                encrypted_sha256=done.encrypted_sha256,
+                metric=report.metric,
+                gate=report.gate,
+            )
+        locations = [done.location for done in sealed]
+        try:
+            manifest = BundleManifest(
+                model=ModelInfo(name=name, version=version, release=release, description=description),
+                publisher=Publisher(name=publisher_name, key_id=key_id(signer.public_key())),
+                created=created,
+                expires=expiry,
+                targets=list(targets) if targets else [report.profile],
+                variants=variants,
+                golden=golden,
+                allow_downgrade=allow_downgrade,
+                encryption=BundleEncryption(segment_size=segment_size, key_slots=slots, payloads=locations),
+            )
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise SchemaError(f"cannot build the bundle manifest: {_first_line(exc)}") from exc
+        manifest_bytes = manifest.model_dump_json(exclude_none=True).encode()
+        if len(manifest_bytes) > MAX_MANIFEST_BYTES:
+            raise UsageError(
+                f"manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES} (too many recipients?)"
+            )
+        header = pack_header(
+            manifest_length=len(manifest_bytes),
+            publisher_key_id=key_id_bytes(signer.public_key()),
+            payload_area_length=offset,
+        )
+        signature = signer.sign(signed_message(header, manifest_bytes))
+        with open(partial_path, "wb") as target, open(spool_path, "rb") as spool:
+            target.write(header + manifest_bytes + signature)
+            shutil.copyfileobj(spool, target, _READ_CHUNK)
+            target.flush()
+            os.fsync(target.fileno())
+        os.replace(partial_path, out_path)
+    finally:
+        for leftover in (spool_path, partial_path):
+            leftover.unlink(missing_ok=True)
+    return out_path
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).splitlines()
+    return " ".join(lines[:3]) if lines else type(exc).__name__
+
+
+def _variant_entry(shipped: ShippedVariant, sealed: _SealedPayload) -> Variant:
+    return Variant(
+        id=shipped.id,
+        format=shipped.format,
+        precision=shipped.precision,
+        runtime=shipped.runtime,
+        payload=sealed.location.name,
+        size=sealed.size,
+        sha256=sealed.sha256,
+        encrypted_size=sealed.location.length,
+        encrypted_sha256=sealed.encrypted_sha256,
+        inputs=shipped.inputs,
+        outputs=shipped.outputs,
+        accuracy=shipped.accuracy,
+        quantization_method=shipped.quantization_method,
+        files=sealed.files,
+    )

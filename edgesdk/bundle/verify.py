@@ -1,0 +1,218 @@
+"""``verify_bundle()``: the only way to get a :class:`VerifiedBundle`.
+
+Order of checks, cheapest and most fundamental first, so that nothing is parsed or hashed
+before it is known to come from a trusted publisher:
+
+1. container header and exact file size (truncation, appended data, absurd lengths);
+2. publisher key id in the header is one of ``trusted_publishers``;
+3. Ed25519 signature over header + manifest bytes (nothing is parsed before this);
+4. manifest schema, publisher key id, payload layout (offsets, sizes, ciphertext lengths);
+5. expiry, target profile, anti-rollback;
+6. SHA-256 of every encrypted payload, streamed (and of the whole file, for ``.sha256``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from edgesdk.bundle.container import ContainerHeader, check_layout, signed_message
+from edgesdk.bundle.reader import ContainerFront, iter_range, open_bundle_file, read_front
+from edgesdk.errors import (
+    BundleFormatError,
+    ExpiredBundleError,
+    IntegrityError,
+    RollbackError,
+    SchemaError,
+    SignatureError,
+    TargetMismatchError,
+    UsageError,
+)
+from edgesdk.keys import key_id, load_publisher_public_key
+from edgesdk.schemas.manifest import BundleManifest
+from edgesdk.schemas.profile import DeviceProfile
+
+_TOKEN = object()
+
+TrustedPublishers = Mapping[str, Ed25519PublicKey] | Iterable[Ed25519PublicKey | Path | str]
+
+
+class VerifiedBundle:
+    """A bundle whose signature, hashes, expiry, target and release were checked.
+
+    Only :func:`verify_bundle` makes one; decryption and installation take nothing else.
+    Instances are read-only."""
+
+    __slots__ = ("_header", "manifest", "path", "publisher_key_id", "sha256", "size")
+
+    manifest: BundleManifest
+    path: Path
+    sha256: str
+    size: int
+    publisher_key_id: str
+    _header: ContainerHeader
+
+    def __init__(self, *, _token: object, **fields: Any) -> None:
+        if _token is not _TOKEN:
+            raise TypeError("VerifiedBundle is made only by edgesdk.bundle.verify_bundle()")
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("VerifiedBundle is read-only")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("VerifiedBundle is read-only")
+
+    def __reduce__(self) -> Any:
+        # A pickle round trip would be a VerifiedBundle that verify_bundle() never saw.
+        raise TypeError("VerifiedBundle cannot be pickled; verify the bundle file again")
+
+    @property
+    def payload_area_offset(self) -> int:
+        """File offset of the payload area (where the manifest's payload offsets start)."""
+        return self._header.payload_area_offset
+
+    def __repr__(self) -> str:
+        m = self.manifest.model
+        return f"VerifiedBundle({m.name} {m.version} release {m.release}, {self.path}, sha256={self.sha256[:12]}…)"
+
+
+def _trusted_keys(trusted_publishers: TrustedPublishers) -> dict[str, Ed25519PublicKey]:
+    keys: dict[str, Ed25519PublicKey] = {}
+    items = trusted_publishers.values() if isinstance(trusted_publishers, Mapping) else trusted_publishers
+    for item in items:
+        key = item if isinstance(item, Ed25519PublicKey) else load_publisher_public_key(item)
+        keys[key_id(key)] = key
+    return keys
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _profile_names(profile: DeviceProfile | str) -> list[str]:
+    if isinstance(profile, DeviceProfile):
+        # A profile derived from a stock one runs what was built for its parent.
+        return [profile.name] + ([profile.extends] if profile.extends else [])
+    return [profile]
+
+
+def check_policy(
+    manifest: BundleManifest,
+    *,
+    source: str,
+    profile: DeviceProfile | str | None,
+    installed_release: int | None,
+    now: datetime | None,
+) -> None:
+    """Expiry, target profile and anti-rollback of a manifest whose signature already checked."""
+    moment = _as_utc(now or datetime.now(timezone.utc))
+    if manifest.expires is not None and moment >= _as_utc(manifest.expires):
+        raise ExpiredBundleError(
+            f"{source}: bundle expired at {_as_utc(manifest.expires).isoformat()} (now {moment.isoformat()})"
+        )
+    if profile is not None:
+        names = _profile_names(profile)
+        if not set(names) & set(manifest.targets):
+            raise TargetMismatchError(
+                f"{source}: bundle targets {', '.join(manifest.targets)}, not this device's profile {names[0]!r}"
+            )
+    release = manifest.model.release
+    if installed_release is not None and release <= installed_release and not manifest.allow_downgrade:
+        raise RollbackError(
+            f"{source}: release {release} is not newer than the installed release {installed_release} "
+            "(rollback refused; a publisher can sign an explicit downgrade with --allow-downgrade)"
+        )
+
+
+def verify_bundle(
+    path: Path | str,
+    *,
+    trusted_publishers: TrustedPublishers,
+    profile: DeviceProfile | str | None = None,
+    installed_release: int | None = None,
+    now: datetime | None = None,
+) -> VerifiedBundle:
+    """Check a bundle file completely and return it as a :class:`VerifiedBundle`.
+
+    ``trusted_publishers``: Ed25519 public keys (objects, or paths of ``.pub`` files, or a
+    mapping key id → key). ``profile``: the device's profile (name or DeviceProfile); None
+    skips the target check. ``installed_release``: the release counter installed now; None
+    skips anti-rollback. ``now``: the time to check expiry against (default: the clock).
+    Raises a BundleError subclass naming what failed; nothing is returned half-checked."""
+    path = Path(path)
+    source = str(path)
+    trusted = _trusted_keys(trusted_publishers)
+    if not trusted:
+        raise UsageError("no trusted publisher keys given; pass at least one publisher public key")
+    with open_bundle_file(path) as handle:
+        front = read_front(handle, source=source)
+        header = front.header
+        signer_id = header.publisher_key_id.hex()
+        publisher = trusted.get(signer_id)
+        if publisher is None:
+            raise SignatureError(
+                f"{source}: signed by unknown publisher key {signer_id}; trusted: {', '.join(sorted(trusted))}"
+            )
+        try:
+            publisher.verify(front.signature, signed_message(header.raw, front.manifest_bytes))
+        except InvalidSignature as exc:
+            raise SignatureError(
+                f"{source}: manifest signature does not verify with publisher key {signer_id} (tampered header or manifest)"
+            ) from exc
+        try:
+            manifest = BundleManifest.parse_json_clear(front.manifest_bytes, source=f"{source}: manifest")
+        except SchemaError as exc:
+            # Signed but unreadable: written by a newer or broken packager.
+            raise BundleFormatError(str(exc)) from exc
+        if manifest.publisher.key_id != signer_id:
+            raise SignatureError(
+                f"{source}: manifest names publisher key {manifest.publisher.key_id}, but {signer_id} signed it"
+            )
+        check_layout(manifest, header, source=source)
+        check_policy(manifest, source=source, profile=profile, installed_release=installed_release, now=now)
+        file_hash = _hash_payloads(handle, manifest, header, front, source=source)
+    return VerifiedBundle(
+        _token=_TOKEN,
+        manifest=manifest,
+        path=path.resolve(),
+        sha256=file_hash,
+        size=front.actual_size,
+        publisher_key_id=signer_id,
+        _header=header,
+    )
+
+
+def _hash_payloads(
+    handle: io.BufferedReader, manifest: BundleManifest, header: ContainerHeader, front: ContainerFront, *, source: str
+) -> str:
+    """Stream every encrypted payload through SHA-256 and compare with the manifest; also
+    return the SHA-256 of the whole file, computed in the same pass."""
+    expected = {v.payload: v.encrypted_sha256 for v in manifest.variants}
+    if manifest.golden is not None:
+        expected[manifest.golden.payload] = manifest.golden.encrypted_sha256
+    whole = hashlib.sha256()
+    whole.update(header.raw)
+    whole.update(front.manifest_bytes)
+    whole.update(front.signature)
+    encryption = manifest.encryption
+    if encryption is None:  # check_layout refused this already; keeps the type checker honest
+        raise BundleFormatError(f"{source}: manifest has no encryption section")
+    for location in sorted(encryption.payloads, key=lambda item: item.offset):
+        digest = hashlib.sha256()
+        for chunk in iter_range(handle, header.payload_area_offset + location.offset, location.length, source=source):
+            digest.update(chunk)
+            whole.update(chunk)
+        if digest.hexdigest() != expected[location.name]:
+            raise IntegrityError(
+                f"{source}: payload {location.name!r} does not match its signed SHA-256 (tampered or corrupted)"
+            )
+    return whole.hexdigest()
