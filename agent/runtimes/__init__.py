@@ -10,6 +10,7 @@ from edgesdk.agent.runtimes.registry import (
     available_runtimes,
     get_backend,
     load_model,
+    load_variant,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "available_runtimes",
     "get_backend",
     "load_model",
+    "load_variant",
 ]

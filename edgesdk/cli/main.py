@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "profiles": "edgesdk.cli.profiles_cmd:profiles",
     "schema": "edgesdk.cli.schema_cmd:schema",
     "demo": "edgesdk.cli.demo_cmd:demo",
+    "convert": "edgesdk.cli.convert_cmd:convert",
     "image": "edgesdk.cli.image_cmd:image",
 }
 

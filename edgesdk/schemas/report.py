@@ -31,6 +31,7 @@ class VariantMeasurements(Schema):
     latency_p50_ms: float | None = None
     latency_p95_ms: float | None = None
     peak_rss_mb: float | None = None
+    convert_s: float | None = Field(None, description="wall time of the conversion on the converting host")
     note: str = ""
 
 

@@ -1,0 +1,117 @@
+"""LiteRT backend: the only module of the agent that imports ai-edge-litert (or tflite-runtime).
+
+Models run through their default signature, so tensors are named as the converter named
+them ("image", "logits") rather than by the interpreter's internal tensor names. Full-int8
+models take and return int8: the TensorSpecs carry the quantization parameters and callers
+quantize/dequantize with them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.schemas.manifest import QuantParams, TensorSpec
+
+
+def _interpreter_class() -> Any:
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        # Old devices: tflite-runtime is the predecessor with the same Interpreter API.
+        from tflite_runtime.interpreter import Interpreter  # type: ignore[no-redef]
+    return Interpreter
+
+
+def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:
+    shape = [int(d) if d >= 0 else None for d in detail.get("shape_signature", detail["shape"])]
+    quantization = None
+    params = detail.get("quantization_parameters") or {}
+    scales = list(np.asarray(params.get("scales", []), dtype=np.float64))
+    if scales:
+        zero_points = [int(z) for z in np.asarray(params.get("zero_points", []))]
+        axis = int(params.get("quantized_dimension", 0)) if len(scales) > 1 else None
+        quantization = QuantParams(scale=[float(s) for s in scales], zero_point=zero_points, axis=axis)
+    return TensorSpec(name=name, dtype=np.dtype(detail["dtype"]).name, shape=shape, quantization=quantization)
+
+
+class LiteRTModel:
+    """An interpreter built from bytes. Interpreters are not re-entrant, so ``run`` takes a lock."""
+
+    thread_safe = False
+
+    def __init__(self, interpreter: Any, model: bytes) -> None:
+        self._model = model  # the interpreter reads the buffer in place: keep it alive
+        self._interpreter = interpreter
+        self._lock = threading.Lock()
+        signatures = interpreter.get_signature_list()
+        if not signatures:
+            raise RuntimeBackendError("the .tflite model has no signature; export it with a serving signature")
+        self._signature = next(iter(signatures))
+        self._runner = interpreter.get_signature_runner(self._signature)
+        self.inputs = [_spec(n, d) for n, d in self._runner.get_input_details().items()]
+        self.outputs = [_spec(n, d) for n, d in self._runner.get_output_details().items()]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        expected = {s.name: s for s in self.inputs}
+        missing = sorted(set(expected) - set(feeds))
+        unknown = sorted(set(feeds) - set(expected))
+        if missing or unknown:
+            raise InferenceInputError(
+                f"LiteRT model inputs are {sorted(expected)}; missing {missing}, unknown {unknown}"
+            )
+        for name, value in feeds.items():
+            spec = expected[name]
+            if np.asarray(value).dtype.name != spec.dtype:
+                raise InferenceInputError(f"input {name!r} must be {spec.dtype}, got {np.asarray(value).dtype.name}")
+            want = [d for d in spec.shape]
+            got = list(np.shape(value))
+            if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
+                raise InferenceInputError(f"input {name!r} must have shape {want}, got {got}")
+        with self._lock:
+            if self._runner is None:
+                raise RuntimeBackendError("the LiteRT model was closed")
+            try:
+                out = self._runner(**{k: np.ascontiguousarray(v) for k, v in feeds.items()})
+            except (ValueError, RuntimeError) as exc:
+                raise RuntimeBackendError(f"LiteRT failed: {exc}") from exc
+        return {name: np.array(value) for name, value in out.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            self._runner = None
+            self._interpreter = None
+
+
+class LiteRTBackend:
+    """ai-edge-litert (fallback: tflite-runtime), loading ``.tflite`` bytes."""
+
+    name = "litert"
+
+    def is_available(self) -> bool:
+        try:
+            _interpreter_class()
+        except ImportError:
+            return False
+        return True
+
+    def load(
+        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+    ) -> LiteRTModel:
+        if weights is not None:
+            raise RuntimeBackendError("LiteRT loads a single .tflite file (no separate weights)")
+        opts = dict(options or {})
+        threads = opts.get("num_threads")
+        model = bytes(model)  # Interpreter(model_content=...) needs immutable bytes
+        try:
+            interpreter = _interpreter_class()(
+                model_content=model, num_threads=int(threads) if threads is not None else None
+            )
+            interpreter.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise RuntimeBackendError(f"LiteRT could not load the model: {exc}") from exc
+        return LiteRTModel(interpreter, model)

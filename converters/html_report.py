@@ -1,0 +1,103 @@
+"""report.html: the ConversionReport for people, with plots embedded as base64 PNGs."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from edgesdk.schemas.report import ConversionReport
+
+_MARKERS = {"onnx": "o", "tflite": "s", "openvino": "^", "coreml": "D"}
+
+
+def _plots(report: ConversionReport) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    numeric = [v for v in report.variants if v.accuracy is not None]
+    images = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for v in numeric:
+        kib = v.size / 1024
+        marker = _MARKERS.get(v.format.value, "o")
+        axes[0].scatter(kib, v.accuracy.value, marker=marker, s=60, label=v.id)  # type: ignore[union-attr]
+        axes[0].annotate(v.id, (kib, v.accuracy.value), fontsize=7, xytext=(4, 4), textcoords="offset points")  # type: ignore[union-attr]
+        if v.measurements.latency_p50_ms is not None:
+            axes[1].scatter(kib, v.measurements.latency_p50_ms, marker=marker, s=60, label=v.id)
+            axes[1].annotate(
+                v.id, (kib, v.measurements.latency_p50_ms), fontsize=7, xytext=(4, 4), textcoords="offset points"
+            )
+    axes[0].axhline(report.gate, color="red", linestyle="--", linewidth=1, label=f"gate {report.gate:g}")
+    axes[0].set(xlabel="artifact size (KiB)", ylabel=f"{report.metric} vs reference", title="accuracy vs size")
+    axes[1].set(
+        xlabel="artifact size (KiB)", ylabel="median latency, batch 1 (ms)", title="latency vs size (this host)"
+    )
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    images.append(_png(fig))
+    plt.close(fig)
+    return images
+
+
+def _png(fig: object) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)  # type: ignore[attr-defined]
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _row(cells: list[object]) -> str:
+    return "<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in cells) + "</tr>"
+
+
+def render_html(report: ConversionReport) -> str:
+    """A self-contained HTML page: plots, shipped variants, rejections and the planner's reasoning."""
+    shipped = []
+    for v in report.variants:
+        acc = v.accuracy
+        shipped.append(
+            _row(
+                [
+                    v.id,
+                    v.runtime.value,
+                    v.quantization_method or "",
+                    f"{v.size / 1024:.1f} KiB",
+                    f"{acc.value:.4f}" if acc else "spec-only",
+                    ", ".join(f"{k}: {d:.3g}" for k, d in acc.max_abs_diff.items()) if acc else "",
+                    v.measurements.load_ms,
+                    v.measurements.latency_p50_ms,
+                    v.measurements.latency_p95_ms,
+                    v.measurements.peak_rss_mb,
+                    v.measurements.convert_s,
+                    v.measurements.note,
+                ]
+            )
+        )
+    rejected = [_row([r.format.value, r.precision.value, r.reason]) for r in report.rejected]
+    decisions = "".join(f"<li>{html.escape(d)}</li>" for d in report.decisions)
+    plots = "".join(
+        f'<img alt="accuracy, size and latency per variant" src="data:image/png;base64,{p}">' for p in _plots(report)
+    )
+    if not plots:
+        plots = "<p>(matplotlib is not installed: no plots)</p>"
+    title = html.escape(f"{report.model_name} for {report.profile}")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>edgesdk convert: {title}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}th{{background:#f3f3f3}}img{{max-width:100%}}</style></head>
+<body><h1>{title}</h1>
+<p>source <code>{html.escape(report.source)}</code>, created {report.created.isoformat()}, metric <b>{report.metric}</b>, gate <b>{report.gate:g}</b></p>
+{plots}
+<h2>Shipped variants</h2>
+<table><tr><th>variant</th><th>runtime</th><th>method</th><th>size</th><th>{report.metric}</th><th>max abs diff</th>
+<th>load ms</th><th>p50 ms</th><th>p95 ms</th><th>peak RSS MB</th><th>convert s</th><th>notes</th></tr>{"".join(shipped)}</table>
+<h2>Rejected</h2><table><tr><th>format</th><th>precision</th><th>reason</th></tr>{"".join(rejected) or "<tr><td colspan=3>none</td></tr>"}</table>
+<h2>Planner decisions</h2><ol>{decisions}</ol>
+</body></html>
+"""

@@ -1,0 +1,94 @@
+"""OpenVINO IR: ``convert_model`` from the ONNX export, fp16 by weight compression, int8 by NNCF.
+
+NNCF post-training quantization uses the calibration data; ``keep_float`` becomes NNCF's
+``ignored_scope`` (the ONNX node names survive conversion as OpenVINO friendly names).
+"""
+
+from __future__ import annotations
+
+from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
+from edgesdk.converters.registry import CONVERTERS
+
+from edgesdk.errors import ConversionError, UnsupportedOpError
+from edgesdk.schemas.common import Precision
+
+_QUANTIZABLE_TYPES = ("Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData")
+
+
+def _read(source: SourceModel) -> object:
+    import openvino as ov
+
+    try:
+        return ov.convert_model(str(source.onnx_path))
+    except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own exception types
+        message = str(exc)
+        for line in message.splitlines():
+            if "No conversion rule" in line or "not supported" in line.lower():
+                raise UnsupportedOpError(f"openvino cannot express an op of {source.source}: {line.strip()}") from exc
+        raise ConversionError(f"openvino convert_model failed on {source.source}: {message.splitlines()[0]}") from exc
+
+
+def _openvino_names(model: object, onnx_names: list[str] | tuple[str, ...] | object) -> list[str]:
+    """ONNX node names → OpenVINO op names (a Conv with bias becomes ``<name>/WithoutBiases`` + Add)."""
+    wanted = list(onnx_names)  # type: ignore[call-overload]
+    names: list[str] = []
+    for op in model.get_ops():  # type: ignore[attr-defined]
+        friendly = op.get_friendly_name()
+        if op.get_type_name() in _QUANTIZABLE_TYPES and any(
+            friendly == n or friendly.startswith(n + "/") for n in wanted
+        ):
+            names.append(friendly)
+    return names
+
+
+class OpenVINOConverter:
+    name = "openvino"
+    capabilities = CONVERTERS["openvino"].capabilities
+
+    def quantizable_layers(self, source: SourceModel) -> list[str]:
+        """ONNX node names (the names repair uses everywhere) that have an int8-able OpenVINO op."""
+        from edgesdk.converters.onnx_backend import onnx_quantizable_layers
+
+        model = _read(source)
+        return [n for n in onnx_quantizable_layers(source) if _openvino_names(model, [n])]
+
+    def convert(self, request: ConversionRequest) -> ConvertedArtifact:
+        import openvino as ov
+
+        request.workdir.mkdir(parents=True, exist_ok=True)
+        xml = request.workdir / "model.xml"
+        model = _read(request.source)
+        method: str | None = None
+        notes: list[str] = []
+        if request.precision == Precision.INT8:
+            model, method, notes = self._quantize(model, request)
+        elif request.precision not in (Precision.FP32, Precision.FP16):
+            raise ConversionError(f"openvino converter cannot make {request.precision.value}")
+        # save_model compresses weights to fp16 by default; fp32 and int8 keep theirs.
+        ov.save_model(model, str(xml), compress_to_fp16=request.precision == Precision.FP16)
+        if request.precision == Precision.FP16:
+            method = "fp16-weight-compression"
+        return ConvertedArtifact(
+            {"model.xml": xml, "model.bin": request.workdir / "model.bin"}, request.precision, method, notes
+        )
+
+    def _quantize(self, model: object, request: ConversionRequest) -> tuple[object, str, list[str]]:
+        import nncf
+
+        if not request.calibration:
+            raise ConversionError("openvino int8 (NNCF) needs calibration data (--calibration)")
+        data = request.calibration
+        count = int(next(iter(data.values())).shape[0])
+        items = [{k: v[i : i + 1] for k, v in data.items()} for i in range(count)]
+        keep = _openvino_names(model, request.keep_float)
+        try:
+            quantized = nncf.quantize(
+                model,
+                nncf.Dataset(items),
+                subset_size=min(300, count),
+                ignored_scope=nncf.IgnoredScope(names=keep, validate=False) if keep else None,
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise ConversionError(f"NNCF quantization failed: {exc}") from exc
+        notes = [f"kept in float: {', '.join(request.keep_float)}"] if keep else []
+        return quantized, "nncf-ptq", notes

@@ -1,0 +1,434 @@
+"""``convert()``: plan → build → validate in the device's runtime → gates, repair → budgets → report.
+
+Everything is built in a scratch directory and the output directory appears only at the end,
+by one rename, so a failed or interrupted conversion leaves nothing half-written in ``out``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
+from edgesdk.converters.data import LABEL_KEY, check_against_inputs, load_npz, subset, synthetic_inputs
+from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
+from edgesdk.converters.quiet import quiet_native
+from edgesdk.converters.registry import CONVERTERS, get_converter
+from edgesdk.converters.source import load_source, reference_outputs
+from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
+
+from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
+from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.schemas.common import ModelFormat, Precision
+from edgesdk.schemas.profile import DeviceProfile
+from edgesdk.schemas.report import ConversionReport, RejectedVariant, ShippedVariant
+
+Progress = Callable[[str], None]
+GOLDEN_SAMPLES = 8
+MAX_VALIDATION_SAMPLES = 512
+
+
+@dataclass
+class _Built:
+    planned: PlannedVariant
+    artifact: ConvertedArtifact
+    result: ValidationResult
+    convert_s: float
+
+
+def _mb(size: int) -> float:
+    return size / 2**20
+
+
+def _prepare_out(out: Path) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} already exists and is not empty; choose a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+
+
+def _finish_out(staging: Path, out: Path) -> None:
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    os.replace(staging, out)
+
+
+class _Run:
+    """One conversion: holds the source, the data and the report being assembled."""
+
+    def __init__(
+        self,
+        source: SourceModel,
+        data: dict[str, np.ndarray],
+        calibration: dict[str, np.ndarray] | None,
+        metric: Metric,
+        gate: float,
+        work: Path,
+        progress: Progress,
+    ) -> None:
+        self.source = source
+        self.data = data
+        self.calibration = calibration
+        self.metric = metric
+        self.gate = gate
+        self.work = work
+        self.progress = progress
+        with quiet_native():
+            self.reference = reference_outputs(source, data)
+        self.decisions: list[str] = []
+        self.rejected: list[RejectedVariant] = []
+        self._ranking: list[str] | None = None
+
+    def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
+        converter = get_converter(planned.converter)
+        tag = f"{planned.id}-{method or 'default'}-{len(keep_float)}"
+        request = ConversionRequest(
+            self.source,
+            planned.precision,
+            self.work / tag,
+            method=method,
+            calibration=self.calibration,
+            keep_float=tuple(keep_float),
+        )
+        started = time.perf_counter()
+        with quiet_native():
+            artifact = converter.convert(request)
+        convert_s = time.perf_counter() - started
+        if planned.numeric_validation:
+            with quiet_native():
+                result = validate_numeric(
+                    planned.runtime.value,
+                    artifact.files,
+                    self.data,
+                    self.reference,
+                    metric=self.metric,
+                    gate=self.gate,
+                    options=planned.options,
+                )
+        else:
+            from edgesdk.converters.coreml_backend import validate_spec
+
+            result = validate_spec(artifact, self.source)
+        return _Built(planned, artifact, result, convert_s)
+
+    def ranking(self) -> list[str]:
+        if self._ranking is None:
+            from edgesdk.converters.sensitivity import rank_layers
+
+            if not self.calibration:
+                self._ranking = []
+            else:
+                with quiet_native():
+                    ranked = rank_layers(self.source, self.calibration, self.work / "sensitivity")
+                self._ranking = [name for name, _ in ranked]
+                if ranked:
+                    top = ", ".join(f"{n} (+{s:.3f})" for n, s in ranked[:3])
+                    self.decisions.append(f"int8 sensitivity (added relative error per layer, measured): {top}")
+        return self._ranking
+
+    def repair(self, planned: PlannedVariant, method: str, failed: _Built) -> _Built | None:
+        """Keep the most sensitive layers in float, doubling their number, until the gate holds."""
+        caps = CONVERTERS[planned.converter].capabilities
+        if not caps.supports_repair or method not in STATIC_INT8:
+            return None
+        converter = get_converter(planned.converter)
+        allowed = set(converter.quantizable_layers(self.source))
+        ranking = [n for n in self.ranking() if n in allowed]
+        count = 1
+        while ranking and count < len(ranking):
+            keep = ranking[:count]
+            self.progress(f"{planned.id}: repair, {count} layer(s) in float")
+            built = self.build(planned, method, keep)
+            accuracy = built.result.accuracy
+            if accuracy is not None and accuracy.passed:
+                self.decisions.append(
+                    f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping the "
+                    f"{count} most sensitive layer(s) in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
+                )
+                return built
+            count *= 2
+        return None
+
+    def build_variant(self, planned: PlannedVariant) -> _Built | None:
+        """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
+        candidates: list[tuple[str | None, _Built]] = []
+        misses: list[str] = []
+        for method in planned.methods:
+            label = f"{planned.id}" + (f" ({method})" if method else "")
+            self.progress(f"{label}: converting")
+            try:
+                built = self.build(planned, method)
+            except UnsupportedOpError:
+                raise
+            except EdgeSDKError as exc:
+                misses.append(f"{method or planned.precision.value} failed: {exc}")
+                continue
+            accuracy = built.result.accuracy
+            if accuracy is not None and not accuracy.passed:
+                repaired = self.repair(planned, method or "", built)
+                if repaired is None:
+                    misses.append(f"{method or planned.precision.value}: {_fmt_metric(built)}")
+                    continue
+                built = repaired
+            candidates.append((method, built))
+        if not candidates:
+            reason = "; ".join(misses) or "no method produced a variant"
+            self.rejected.append(RejectedVariant(format=planned.format, precision=planned.precision, reason=reason))
+            self.decisions.append(f"{planned.id} dropped: {reason}")
+            return None
+        for miss in misses:
+            self.decisions.append(f"{planned.id}: {miss}")
+        if len(candidates) > 1:
+            ordered = sorted(candidates, key=lambda c: c[1].result.measurements.latency_p50_ms or float("inf"))
+            best_method, best = ordered[0]
+            for method, other in ordered[1:]:
+                a = best.result.measurements.latency_p50_ms or 0.0
+                b = other.result.measurements.latency_p50_ms or 0.0
+                self.decisions.append(
+                    f"{planned.id}: measured {best_method} {a:.3f} ms vs {method} {b:.3f} ms median (batch 1, "
+                    f"{planned.runtime.value}): keep {best_method}, drop {method} ({b / a if a else float('nan'):.2f}× slower)"
+                )
+            return best
+        return candidates[0][1]
+
+
+def _fmt_metric(built: _Built) -> str:
+    accuracy = built.result.accuracy
+    if accuracy is None:
+        return "not measured"
+    if accuracy.metric == "top1":
+        return f"top-1 agreement {accuracy.value:.2%} vs gate {accuracy.gate:.0%}"
+    op = ">" if accuracy.metric == "max_abs" else "<"
+    return f"{accuracy.metric} {accuracy.value:.4g} {op if not accuracy.passed else 'vs'} gate {accuracy.gate:g}"
+
+
+def _example_from(
+    calibration: Mapping[str, np.ndarray] | None,
+    validation: Mapping[str, np.ndarray] | None,
+    example: Mapping[str, np.ndarray] | None,
+) -> dict[str, np.ndarray] | None:
+    if example:
+        return dict(example)
+    for data in (calibration, validation):
+        if data:
+            return {k: v[:1] for k, v in data.items() if k != LABEL_KEY}
+    return None
+
+
+def convert(
+    model: Any,
+    profile: DeviceProfile | str,
+    out: Path | str,
+    *,
+    calibration: Path | str | Mapping[str, np.ndarray] | None = None,
+    validation: Path | str | Mapping[str, np.ndarray] | None = None,
+    metric: str = "auto",
+    gate: float | None = None,
+    formats: Collection[ModelFormat | str] | None = None,
+    precisions: Collection[Precision | str] | None = None,
+    name: str | None = None,
+    output_names: Sequence[str] | None = None,
+    example: Mapping[str, np.ndarray] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    profiles_dirs: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> ConversionReport:
+    """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``."""
+    disable_vendor_telemetry()
+    say = progress or (lambda _message: None)
+    if isinstance(profile, str):
+        from edgesdk.profiles import get_profile
+
+        profile = get_profile(profile, profiles_dirs)
+    try:
+        wanted_formats = {ModelFormat(f) for f in formats} if formats else None
+        wanted_precisions = {Precision(p) for p in precisions} if precisions else None
+    except ValueError as exc:
+        raise UsageError(
+            f"{exc}; formats: {', '.join(f.value for f in ModelFormat)}; precisions: "
+            f"{', '.join(p.value for p in Precision)}"
+        ) from exc
+    if metric not in ("auto", "top1", "cosine", "max_abs"):
+        raise UsageError(f"unknown metric {metric!r}; known: auto, top1, cosine, max_abs")
+    out = Path(out)
+
+    def data_from(
+        value: Path | str | Mapping[str, np.ndarray] | None, what: str
+    ) -> tuple[dict[str, np.ndarray] | None, str]:
+        if value is None:
+            return None, ""
+        if isinstance(value, Mapping):
+            return {k: np.asarray(v) for k, v in value.items()}, f"(in-memory {what} data)"
+        return load_npz(value, what), str(value)
+
+    raw_calibration, cal_where = data_from(calibration, "calibration")
+    raw_validation, val_where = data_from(validation, "validation")
+    staging = _prepare_out(out)
+    work = Path(tempfile.mkdtemp(prefix="edgesdk-convert-"))
+    try:
+        say("reading the model")
+        with quiet_native():
+            source = load_source(
+                model,
+                work,
+                example=_example_from(raw_calibration, raw_validation, example),
+                name=name,
+                output_names=output_names,
+                dynamic_axes=dynamic_axes,
+            )
+        cal = (
+            check_against_inputs(raw_calibration, source.inputs, "calibration", cal_where) if raw_calibration else None
+        )
+        decisions: list[str] = []
+        if raw_validation:
+            val = check_against_inputs(raw_validation, source.inputs, "validation", val_where)
+        elif cal:
+            val = cal
+            decisions.append("no --validation data: validating on the calibration data")
+        else:
+            val = synthetic_inputs(source.inputs, 32)
+            decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")
+        if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
+            val = subset(val, MAX_VALIDATION_SAMPLES)
+            decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
+        chosen: Metric = choose_metric(source.outputs) if metric == "auto" else metric  # type: ignore[assignment]
+        threshold = gate if gate is not None else DEFAULT_GATES[chosen]
+        decisions.append(
+            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
+        )
+
+        from edgesdk.agent.runtimes import available_runtimes
+
+        plan: Plan = make_plan(
+            profile,
+            source.kind,
+            has_calibration=cal is not None,
+            formats=wanted_formats,
+            precisions=wanted_precisions,
+            host_runtimes=available_runtimes(),
+        )
+        say("computing reference outputs")
+        run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
+        run.decisions = decisions + plan.decisions
+        run.rejected = list(plan.rejected)
+        built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
+        shipped = _apply_budgets(run, built, profile)
+        _compare_latency(run, shipped)
+        if not shipped:
+            tried = (
+                "; ".join(f"{r.format.value} {r.precision.value}: {r.reason}" for r in run.rejected)
+                or "nothing was planned"
+            )
+            error = BudgetError if any("budget" in r.reason for r in run.rejected) else AccuracyGateError
+            if not plan.variants:
+                error = ConversionError  # type: ignore[assignment]
+            raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
+        say("writing the report")
+        report = _write(staging, run, shipped, profile)
+        _finish_out(staging, out)
+        return report
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> list[_Built]:
+    budget_mb = profile.storage.max_artifact_mb
+    ram_mb = profile.memory.model_ram_budget_mb
+    kept = []
+    for b in built:
+        size_mb = _mb(b.artifact.size)
+        peak = b.result.measurements.peak_rss_mb
+        reason = None
+        if size_mb > budget_mb:
+            reason = f"{b.planned.precision.value} dropped: {size_mb:.1f} MB > artifact budget {budget_mb:g} MB (by {size_mb - budget_mb:.1f} MB)"
+        elif peak is not None and peak > ram_mb:
+            reason = f"{b.planned.precision.value} dropped: peak memory {peak:.0f} MB > RAM budget {ram_mb} MB"
+        if reason:
+            run.rejected.append(RejectedVariant(format=b.planned.format, precision=b.planned.precision, reason=reason))
+            run.decisions.append(f"{b.planned.id} {reason}")
+        else:
+            kept.append(b)
+    return kept
+
+
+def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
+    """Tell, per runtime, how int8 and fp16 compare with fp32 in speed on this host."""
+    by_format: dict[ModelFormat, dict[Precision, _Built]] = {}
+    for b in shipped:
+        by_format.setdefault(b.planned.format, {})[b.planned.precision] = b
+    for fmt, variants in by_format.items():
+        base = variants.get(Precision.FP32)
+        if base is None or not base.result.measurements.latency_p50_ms:
+            continue
+        for precision in (Precision.FP16, Precision.INT8):
+            other = variants.get(precision)
+            if other is None or not other.result.measurements.latency_p50_ms:
+                continue
+            ratio = other.result.measurements.latency_p50_ms / base.result.measurements.latency_p50_ms
+            verdict = "faster" if ratio < 0.95 else "SLOWER" if ratio > 1.05 else "about the same"
+            line = f"{fmt.value}: {precision.value}/fp32 median latency {ratio:.2f} on this host ({verdict})"
+            if ratio > 1.05 and precision == Precision.INT8:
+                line += "; shipped for size only: the governor should not step down to it for speed on a CPU like this"
+            run.decisions.append(line)
+
+
+def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile) -> ConversionReport:
+    variants = []
+    for b in shipped:
+        folder = staging / "artifacts" / b.planned.id
+        folder.mkdir(parents=True)
+        files = []
+        for name, path in sorted(b.artifact.files.items()):
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            files.append(target.relative_to(staging).as_posix())
+        note = "; ".join([*b.artifact.notes, b.result.measurements.note])
+        measurements = b.result.measurements.model_copy(update={"convert_s": round(b.convert_s, 3), "note": note})
+        variants.append(
+            ShippedVariant(
+                id=b.planned.id,
+                format=b.planned.format,
+                precision=b.planned.precision,
+                runtime=b.planned.runtime,
+                files=files,
+                size=b.artifact.size,
+                inputs=b.result.inputs,
+                outputs=b.result.outputs,
+                accuracy=b.result.accuracy,
+                quantization_method=b.artifact.method,
+                measurements=measurements,
+                validation=b.result.validation,
+            )
+        )
+    golden = subset(run.data, GOLDEN_SAMPLES)
+    golden.update({f"output:{k}": v[:GOLDEN_SAMPLES] for k, v in run.reference.items()})
+    np.savez(staging / "golden.npz", **golden)  # type: ignore[arg-type]
+    report = ConversionReport(
+        model_name=run.source.name,
+        source=run.source.source,
+        profile=profile.name,
+        created=datetime.now(timezone.utc),
+        metric=run.metric,
+        gate=run.gate,
+        variants=variants,
+        rejected=run.rejected,
+        decisions=run.decisions,
+        golden="golden.npz",
+    )
+    (staging / "report.json").write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    from edgesdk.converters.html_report import render_html
+
+    (staging / "report.html").write_text(render_html(report), encoding="utf-8")
+    return report

@@ -1,0 +1,168 @@
+"""The planner: which formats and which precision ladder, from the device profile.
+
+It reads the runtimes the device supports (preferred first), the precisions each runs well,
+the accelerators, and what is installed on this host, and returns what to build together
+with a sentence for every choice and every rejection. Budgets are checked after building,
+when sizes and memory are measured (see pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_packages
+
+from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+from edgesdk.schemas.profile import DeviceProfile
+from edgesdk.schemas.report import RejectedVariant
+
+#: Ladder order: the governor steps down this list.
+LADDER = (Precision.FP32, Precision.FP16, Precision.INT8)
+STATIC_INT8 = {"static-qdq-per-channel", "static-int8-full-integer", "nncf-ptq"}
+
+
+@dataclass(frozen=True)
+class PlannedVariant:
+    converter: str
+    format: ModelFormat
+    runtime: RuntimeName
+    precision: Precision
+    #: int8: the methods to build and measure against each other.
+    methods: tuple[str | None, ...] = (None,)
+    #: Runtime options for validation on this host.
+    options: dict[str, str] = field(default_factory=dict)
+    numeric_validation: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.format.value}-{self.precision.value}"
+
+
+@dataclass
+class Plan:
+    variants: list[PlannedVariant] = field(default_factory=list)
+    rejected: list[RejectedVariant] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+
+    def reject(self, fmt: ModelFormat, precision: Precision, reason: str) -> None:
+        self.rejected.append(RejectedVariant(format=fmt, precision=precision, reason=reason))
+        self.decisions.append(f"{fmt.value} {precision.value} rejected: {reason}")
+
+
+def _validation_runtime(runtime: RuntimeName) -> RuntimeName:
+    # A device on tflite-runtime gets the same .tflite; this host validates in ai-edge-litert,
+    # its successor (tflite-runtime does not run with numpy 2).
+    return RuntimeName.LITERT if runtime == RuntimeName.TFLITE_RUNTIME else runtime
+
+
+def _why_precision(profile: DeviceProfile, runtime: RuntimeName, precision: Precision) -> str:
+    reason = f"{runtime.value} on {profile.name} lists {precision.value}"
+    good_on = [a.name for a in profile.accelerators if precision in a.precisions]
+    if good_on:
+        reason += f"; {', '.join(good_on)} runs it well"
+    return reason
+
+
+def make_plan(
+    profile: DeviceProfile,
+    source_kind: str,
+    *,
+    has_calibration: bool,
+    formats: Collection[ModelFormat] | None = None,
+    precisions: Collection[Precision] | None = None,
+    host_runtimes: Collection[RuntimeName] = (),
+) -> Plan:
+    """Formats × precision ladder for ``profile``, with the reasoning."""
+    plan = Plan()
+    device_formats = profile.formats
+    for wanted in formats or ():
+        if wanted not in device_formats:
+            plan.reject(
+                wanted,
+                Precision.FP32,
+                f"{profile.name} does not run {wanted.value} (it runs {', '.join(f.value for f in device_formats)})",
+            )
+    for fmt in device_formats:
+        support = profile.runtime_for(fmt)
+        if support is None:  # pragma: no cover - formats come from the runtimes
+            continue
+        if formats and fmt not in formats:
+            plan.decisions.append(f"{fmt.value}: skipped, not in --formats")
+            continue
+        ladder = [p for p in LADDER if p in support.precisions]
+        for extra in support.precisions:
+            if extra not in LADDER:
+                plan.reject(fmt, extra, f"no converter makes {extra.value} yet")
+        if precisions:
+            for p in ladder:
+                if p not in precisions:
+                    plan.decisions.append(f"{fmt.value} {p.value}: skipped, not in --precisions")
+            for p in precisions:
+                if p not in support.precisions:
+                    plan.reject(fmt, p, f"{support.runtime.value} on {profile.name} does not list {p.value}")
+            ladder = [p for p in ladder if p in precisions]
+        converter = CONVERTER_FOR_FORMAT.get(fmt)
+        if converter is None:
+            for p in ladder:
+                plan.reject(fmt, p, f"no converter for {fmt.value}")
+            continue
+        caps = CONVERTERS[converter].capabilities
+        if source_kind not in caps.sources:
+            route = {
+                ModelFormat.TFLITE: "no ONNX→TFLite route installs beside the other converters (onnx2tf pins old numpy/onnx/TensorFlow)",
+                ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
+            }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
+            for p in ladder:
+                plan.reject(
+                    fmt,
+                    p,
+                    f"cannot convert an {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead",
+                )
+            continue
+        missing = missing_packages(converter)
+        if missing:
+            for p in ladder:
+                plan.reject(fmt, p, f"converter needs {', '.join(missing)}: pip install 'edgesdk[{caps.extra}]'")
+            continue
+        runtime = _validation_runtime(support.runtime)
+        numeric = caps.numeric_validation and runtime in host_runtimes
+        if caps.numeric_validation and not numeric:
+            for p in ladder:
+                plan.reject(
+                    fmt, p, f"runtime {runtime.value} is not installed on this host, so the variant cannot be validated"
+                )
+            continue
+        if not numeric:
+            plan.decisions.append(
+                f"{fmt.value}: {runtime.value} cannot predict on this host; variants get spec-only validation "
+                "(I/O names, shapes, dtypes, op histogram, size) and no numerical parity"
+            )
+        for precision in ladder:
+            methods: tuple[str | None, ...] = (None,)
+            if precision == Precision.INT8:
+                methods = caps.int8_methods
+                if not has_calibration:
+                    usable = tuple(m for m in methods if m not in STATIC_INT8)
+                    if not usable:
+                        plan.reject(fmt, precision, "int8 needs calibration data (--calibration)")
+                        continue
+                    plan.decisions.append(f"{fmt.value} int8: no calibration data, so only {', '.join(usable)}")
+                    methods = usable
+                if len(methods) > 1:
+                    plan.decisions.append(
+                        f"{fmt.value} int8: will build {' and '.join(str(m) for m in methods)} and keep the faster one that holds the gate"
+                    )
+            options: dict[str, str] = {}
+            if runtime == RuntimeName.OPENVINO:
+                options["device"] = "CPU"
+                if precision == Precision.FP32:
+                    # This CPU may run fp32 IR in bf16 unless told: parity needs f32.
+                    options["INFERENCE_PRECISION_HINT"] = "f32"
+            plan.variants.append(
+                PlannedVariant(converter, fmt, runtime, precision, methods, options, numeric_validation=numeric)
+            )
+            plan.decisions.append(
+                f"{fmt.value} {precision.value} planned: {_why_precision(profile, support.runtime, precision)}"
+            )
+    return plan

@@ -1,0 +1,122 @@
+"""Converter name → ``"module:Class"`` with declared capabilities, imported on first use.
+
+Like Olive's pass registry: the planner reads capabilities (formats, precisions, packages)
+without importing torch, OpenVINO or coremltools; a backend module is imported only when a
+variant of its format is built. tests/contract runs the same cases against every entry
+whose packages are installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from functools import cache
+
+from edgesdk.converters.base import Converter, ConverterCapabilities
+
+from edgesdk.errors import BackendUnavailableError, UsageError
+from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+
+FP32, FP16, INT8 = Precision.FP32, Precision.FP16, Precision.INT8
+
+
+@dataclass(frozen=True)
+class ConverterEntry:
+    target: str
+    capabilities: ConverterCapabilities
+
+
+CONVERTERS: dict[str, ConverterEntry] = {
+    "onnx": ConverterEntry(
+        "edgesdk.converters.onnx_backend:OnnxConverter",
+        ConverterCapabilities(
+            format=ModelFormat.ONNX,
+            runtime=RuntimeName.ONNXRUNTIME,
+            precisions=(FP32, FP16, INT8),
+            int8_methods=("static-qdq-per-channel", "dynamic-int8"),
+            packages=("onnx", "onnxruntime", "onnxconverter_common"),
+            extra="convert",
+            sources=("pytorch", "onnx"),
+            supports_repair=True,
+        ),
+    ),
+    "tflite": ConverterEntry(
+        "edgesdk.converters.tflite_backend:TFLiteConverter",
+        ConverterCapabilities(
+            format=ModelFormat.TFLITE,
+            runtime=RuntimeName.LITERT,
+            precisions=(FP32, FP16, INT8),
+            int8_methods=("static-int8-full-integer", "dynamic-int8"),
+            packages=("litert_torch", "ai_edge_quantizer", "ai_edge_litert"),
+            extra="convert-tflite",
+            # No ONNX route installs beside the rest (onnx2tf pins old numpy/onnx/TF).
+            sources=("pytorch",),
+            supports_repair=True,
+        ),
+    ),
+    "openvino": ConverterEntry(
+        "edgesdk.converters.openvino_backend:OpenVINOConverter",
+        ConverterCapabilities(
+            format=ModelFormat.OPENVINO,
+            runtime=RuntimeName.OPENVINO,
+            precisions=(FP32, FP16, INT8),
+            int8_methods=("nncf-ptq",),
+            packages=("openvino", "nncf"),
+            extra="convert-openvino",
+            sources=("pytorch", "onnx"),
+            supports_repair=True,
+        ),
+    ),
+    "coreml": ConverterEntry(
+        "edgesdk.converters.coreml_backend:CoreMLConverter",
+        ConverterCapabilities(
+            format=ModelFormat.COREML,
+            runtime=RuntimeName.COREML,
+            precisions=(FP32, FP16, INT8),
+            int8_methods=("linear-weights-int8", "palettized-weights-8bit"),
+            packages=("coremltools",),
+            extra="convert-coreml",
+            # torch.jit.trace route; onnx2coreml is not part of the install.
+            sources=("pytorch",),
+            numeric_validation=False,
+        ),
+    ),
+}
+
+#: The converter that produces each format.
+CONVERTER_FOR_FORMAT: dict[ModelFormat, str] = {e.capabilities.format: n for n, e in CONVERTERS.items()}
+
+
+def missing_packages(name: str) -> list[str]:
+    """Packages the converter needs that are not installed (nothing is imported)."""
+    missing = []
+    for package in CONVERTERS[name].capabilities.packages:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
+
+
+def installed_converters() -> list[str]:
+    """Names of converters whose packages are all installed."""
+    return [name for name in CONVERTERS if not missing_packages(name)]
+
+
+@cache
+def get_converter(name: str) -> Converter:
+    """The converter backend by name, imported now."""
+    if name not in CONVERTERS:
+        raise UsageError(f"unknown converter {name!r}; known: {', '.join(CONVERTERS)}")
+    missing = missing_packages(name)
+    if missing:
+        extra = CONVERTERS[name].capabilities.extra
+        raise BackendUnavailableError(f"converter {name!r} needs {', '.join(missing)}: pip install 'edgesdk[{extra}]'")
+    disable_vendor_telemetry()
+    module_name, class_name = CONVERTERS[name].target.split(":")
+    converter: Converter = getattr(importlib.import_module(module_name), class_name)()
+    return converter

@@ -1,0 +1,76 @@
+"""Per-layer int8 sensitivity, measured: which layers to keep in float when int8 misses its gate.
+
+One pass of the fp32 ONNX and one of its fully quantized (static QDQ) version over a few
+calibration samples, with every quantizable layer's output exposed. A layer's score is the
+relative error it *adds*: the error of its output minus the error of its input. Accuracy-aware
+repair keeps the top-ranked layers in float, doubling their number until the gate holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from edgesdk.converters.base import SourceModel
+from edgesdk.converters.data import subset
+from edgesdk.converters.onnx_backend import QUANTIZABLE_OPS
+
+
+def _with_outputs(path: Path, names: list[str], out: Path) -> Path:
+    import onnx
+
+    model = onnx.load(str(path))
+    existing = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in existing:
+            model.graph.output.append(onnx.ValueInfoProto(name=name))
+    onnx.save_model(model, str(out))
+    return out
+
+
+def rank_layers(
+    source: SourceModel, calibration: Mapping[str, np.ndarray], workdir: Path, samples: int = 32
+) -> list[tuple[str, float]]:
+    """(ONNX node name, added relative error), most sensitive first."""
+    import onnx
+    import onnxruntime as ort
+    from edgesdk.converters.onnx_backend import _Calibration
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    graph = onnx.load(str(source.onnx_path)).graph
+    layers = [(n.name, n.input[0], n.output[0]) for n in graph.node if n.op_type in QUANTIZABLE_OPS and n.name]
+    if not layers:
+        return []
+    quantized = workdir / "all-int8.onnx"
+    quantize_static(
+        str(source.onnx_path),
+        str(quantized),
+        _Calibration(calibration),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    tensors = sorted({t for _, i, o in layers for t in (i, o)} - {s.name for s in source.inputs})
+    data = subset(calibration, samples)
+    runs = {}
+    for label, path in (("fp32", source.onnx_path), ("int8", quantized)):
+        probe = _with_outputs(path, tensors, workdir / f"probe-{label}.onnx")
+        session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        per_sample = [
+            dict(zip(names, session.run(names, {k: v[i : i + 1] for k, v in data.items()})))
+            for i in range(len(next(iter(data.values()))))
+        ]
+        runs[label] = {t: np.concatenate([s[t] for s in per_sample]) for t in tensors}
+
+    def error(tensor: str) -> float:
+        if tensor not in runs["fp32"]:
+            return 0.0  # a graph input: identical in both
+        ref, got = runs["fp32"][tensor].astype(np.float64), runs["int8"][tensor].astype(np.float64)
+        return float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) + 1e-12))
+
+    scores = [(name, error(out) - error(inp)) for name, inp, out in layers]
+    return sorted(scores, key=lambda item: item[1], reverse=True)

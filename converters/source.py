@@ -1,0 +1,262 @@
+"""Reading the model to convert: an ``.onnx`` file, a ``module:factory`` or an ``nn.Module``.
+
+Whatever comes in, the result is a :class:`SourceModel` with an fp32 ONNX file (exported from
+PyTorch with named inputs/outputs and a dynamic batch axis) and, for PyTorch, the module.
+The reference outputs every variant is validated against come from PyTorch for a PyTorch
+model and from onnxruntime for an ONNX file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from edgesdk.converters.base import SourceModel
+from edgesdk.converters.data import batches
+
+from edgesdk.errors import ModelError, UnsupportedOpError
+from edgesdk.schemas.manifest import TensorSpec
+
+ONNX_OPSET = 17
+_ONNX_DTYPES = {
+    1: "float32",
+    10: "float16",
+    11: "float64",
+    3: "int8",
+    2: "uint8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+}
+
+
+def _value_info_spec(value: Any) -> TensorSpec:
+    tensor = value.type.tensor_type
+    dtype = _ONNX_DTYPES.get(tensor.elem_type)
+    if dtype is None:
+        raise ModelError(f"model tensor {value.name!r} has an element type edgesdk cannot handle ({tensor.elem_type})")
+    shape: list[int | str | None] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value"):
+            shape.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            shape.append(dim.dim_param)
+        else:
+            shape.append(None)
+    return TensorSpec(name=value.name, dtype=dtype, shape=shape)
+
+
+def check_onnx_ops(model: Any, where: str) -> None:
+    """Every node's op must exist in ONNX (or onnxruntime's contrib domain): name the first that does not."""
+    import onnx
+
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    for index, node in enumerate(model.graph.node):
+        domain = node.domain or "ai.onnx"
+        if domain in ("ai.onnx", "ai.onnx.ml"):
+            version = opsets.get(domain, ONNX_OPSET)
+            try:
+                onnx.defs.get_schema(node.op_type, version, "" if domain == "ai.onnx" else domain)
+            except onnx.defs.SchemaError as exc:
+                label = node.name or f"#{index}"
+                raise UnsupportedOpError(
+                    f"model {where}: node {label!r} uses op {node.op_type!r}, which ONNX opset {version} does not define"
+                ) from exc
+        elif domain != "com.microsoft":
+            label = node.name or f"#{index}"
+            raise UnsupportedOpError(
+                f"model {where}: node {label!r} uses op {domain}::{node.op_type}, a custom domain no target can express"
+            )
+
+
+def read_onnx(path: Path, workdir: Path) -> tuple[Path, list[TensorSpec], list[TensorSpec]]:
+    """Check and copy an ONNX file into ``workdir`` with its weights embedded."""
+    import onnx
+
+    if not path.is_file():
+        raise ModelError(f"model {path}: file not found")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - protobuf and onnx raise many types
+        raise ModelError(f"model {path}: not a readable ONNX file ({type(exc).__name__})") from exc
+    if not model.graph.node:
+        raise ModelError(f"model {path}: the ONNX graph has no nodes")
+    check_onnx_ops(model, str(path))
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [_value_info_spec(v) for v in model.graph.input if v.name not in initializers]
+    outputs = [_value_info_spec(v) for v in model.graph.output]
+    copy = workdir / "source.onnx"
+    onnx.save_model(model, str(copy))  # weights embedded: every runtime loads it from bytes
+    return copy, inputs, outputs
+
+
+def import_factory(spec: str) -> Any:
+    """``"package.module:factory"`` → the ``nn.Module`` the factory returns."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ModelError(f"model {spec!r}: expected a .onnx file or module:factory")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # let a factory next to the user's working dir be found, like python -m
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(f"model {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ModelError(f"model {spec!r}: module {module_name!r} has no callable {attr!r}")
+    try:
+        built = factory()
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise ModelError(f"model {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    return built
+
+
+class _NamedOutputs:
+    """Calls a module with named inputs and returns its outputs as a tuple, in output order."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        out = self.module(*args)
+        if isinstance(out, Mapping):
+            return tuple(out.values())
+        if isinstance(out, (tuple, list)):
+            return tuple(out)
+        return (out,)
+
+
+def export_torch(
+    module: Any,
+    example: Mapping[str, np.ndarray],
+    output_names: Sequence[str] | None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None,
+    workdir: Path,
+    where: str,
+) -> tuple[Path, list[str]]:
+    """``torch.onnx.export`` (TorchScript exporter, opset 17) with a dynamic batch axis by default."""
+    import torch
+
+    args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in example.values())
+    with torch.no_grad():
+        first = _NamedOutputs(module)(*args)
+    names = list(output_names or (["output"] if len(first) == 1 else [f"output_{i}" for i in range(len(first))]))
+    if len(names) != len(first):
+        raise ModelError(f"model {where}: it returns {len(first)} outputs but {len(names)} output names were given")
+    axes = dict(dynamic_axes) if dynamic_axes is not None else {n: {0: "batch"} for n in [*example, *names]}
+    path = workdir / "source.onnx"
+    try:
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=list(example),
+            output_names=names,
+            dynamic_axes={k: dict(v) for k, v in axes.items()},
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - the exporter raises many types
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "unsupported" in message.lower() or "not supported" in message.lower():
+            raise UnsupportedOpError(f"model {where}: ONNX export failed: {message}") from exc
+        raise ModelError(f"model {where}: ONNX export failed: {message}") from exc
+    return path, names
+
+
+def load_source(
+    model: Any,
+    workdir: Path,
+    *,
+    example: Mapping[str, np.ndarray] | None = None,
+    name: str | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+) -> SourceModel:
+    """Read ``model`` (path to .onnx, ``"module:factory"`` or ``nn.Module``) into a SourceModel.
+
+    ``example`` (input name → one batch) is needed for PyTorch models: it names the inputs and
+    fixes their dtypes and the static shapes that formats without dynamic shapes use.
+    """
+    if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
+        path = Path(model)
+        onnx_path, inputs, outputs = read_onnx(path, workdir)
+        from edgesdk.converters.data import synthetic_inputs
+
+        feeds = dict(example) if example else synthetic_inputs(inputs, 1)
+        return SourceModel(
+            name=name or path.stem,
+            source=str(path),
+            onnx_path=onnx_path,
+            inputs=inputs,
+            outputs=outputs,
+            example={k: np.ascontiguousarray(v[:1]) for k, v in feeds.items()},
+        )
+    if isinstance(model, (str, Path)):
+        where = str(model)
+        if Path(where).exists() or ":" not in where:
+            raise ModelError(f"model {where!r}: expected a .onnx file or module:factory returning an nn.Module")
+        module = import_factory(where)
+        default_name = where.rpartition(":")[2]
+    else:
+        module = model
+        where = type(model).__name__
+        default_name = where.lower()
+    try:
+        import torch
+    except ImportError as exc:
+        raise ModelError(f"model {where}: PyTorch models need torch (pip install 'edgesdk[convert]')") from exc
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"model {where}: expected an nn.Module, got {type(module).__name__}")
+    if not example:
+        raise ModelError(
+            f"model {where}: a PyTorch model needs example inputs (calibration/validation data or --input)"
+        )
+    module = module.eval()
+    example = {k: np.ascontiguousarray(v[:1]) for k, v in example.items()}
+    onnx_path, names = export_torch(module, example, output_names, dynamic_axes, workdir, where)
+    _, inputs, outputs = read_onnx(onnx_path, workdir)
+    return SourceModel(
+        name=name or default_name,
+        source=where,
+        onnx_path=onnx_path,
+        inputs=inputs,
+        outputs=outputs,
+        example=example,
+        torch_module=module,
+    )
+
+
+def _batch_size(source: SourceModel) -> int:
+    fixed = [s.shape[0] for s in source.inputs if s.shape and isinstance(s.shape[0], int)]
+    return 1 if fixed else 64
+
+
+def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What the source model says for ``data``: PyTorch for a module, onnxruntime for ONNX."""
+    chunks: list[dict[str, np.ndarray]] = []
+    size = _batch_size(source)
+    if source.torch_module is not None:
+        import torch
+
+        wrapped = _NamedOutputs(source.torch_module)
+        with torch.no_grad():
+            for batch in batches(data, size):
+                values = wrapped(*(torch.from_numpy(batch[s.name]) for s in source.inputs))
+                chunks.append({s.name: v.detach().numpy() for s, v in zip(source.outputs, values)})
+    else:
+        from edgesdk.agent.runtimes import load_model
+
+        try:
+            session = load_model("onnxruntime", source.onnx_path.read_bytes())
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
+        for batch in batches(data, size):
+            chunks.append(session.run(batch))
+        session.close()
+    return {s.name: np.concatenate([c[s.name] for c in chunks]) for s in source.outputs}

@@ -1,0 +1,133 @@
+"""TFLite / LiteRT: litert-torch from the PyTorch module, quantized with ai-edge-quantizer.
+
+litert-torch has no dynamic shapes, so the artifact has the static shapes of the example
+input (batch 1; sequence models need one variant per length bucket). Tensor names follow the
+model: the module is wrapped so the serving signature takes the inputs by name and returns
+the outputs by name. int8 is either full-integer static (int8 I/O, with the quantization
+parameters in the signature) or dynamic (int8 weights, float I/O).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
+from edgesdk.converters.quiet import quiet_native
+from edgesdk.converters.registry import CONVERTERS
+
+from edgesdk.errors import ConversionError, UnsupportedOpError
+from edgesdk.schemas.common import Precision
+
+SIGNATURE = "serving_default"
+
+_FP16_RECIPE = [
+    {
+        "regex": ".*",
+        "operation": "*",
+        "algorithm_key": "float_casting",
+        "op_config": {
+            "weight_tensor_config": {"num_bits": 16, "dtype": "FLOAT"},
+            "compute_precision": "FLOAT",
+            "explicit_dequantize": True,
+        },
+    }
+]
+
+
+def _named_module(source: SourceModel) -> Any:
+    import torch
+
+    input_names = [s.name for s in source.inputs]
+    output_names = [s.name for s in source.outputs]
+
+    class NamedIO(torch.nn.Module):
+        """Inputs by keyword, outputs as a dict: the .tflite signature then carries the names."""
+
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **feeds: torch.Tensor) -> dict[str, torch.Tensor]:
+            out = self.inner(*(feeds[n] for n in input_names))
+            if isinstance(out, dict):
+                out = tuple(out.values())
+            if not isinstance(out, (tuple, list)):
+                out = (out,)
+            return dict(zip(output_names, out))
+
+    return NamedIO(source.torch_module).eval()
+
+
+class TFLiteConverter:
+    name = "tflite"
+    capabilities = CONVERTERS["tflite"].capabilities
+
+    def quantizable_layers(self, source: SourceModel) -> list[str]:
+        return []
+
+    def _float_model(self, source: SourceModel) -> bytes:
+        if source.torch_module is None:
+            raise ConversionError(
+                "tflite needs a PyTorch model: no ONNX→TFLite route installs beside the other converters"
+            )
+        import litert_torch
+        import torch
+
+        sample = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in source.example.items()}
+        try:
+            with quiet_native():
+                converted = litert_torch.convert(_named_module(source), sample_kwargs=sample)
+        except Exception as exc:  # noqa: BLE001 - litert-torch raises many types
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if "lower" in first.lower() or "not supported" in first.lower() or "unsupported" in first.lower():
+                raise UnsupportedOpError(f"tflite cannot express an op of {source.source}: {first}") from exc
+            raise ConversionError(f"litert-torch conversion of {source.source} failed: {first}") from exc
+        content: bytes = converted.model_content()
+        return content
+
+    def convert(self, request: ConversionRequest) -> ConvertedArtifact:
+        request.workdir.mkdir(parents=True, exist_ok=True)
+        out = request.workdir / "model.tflite"
+        fp32 = self._float_model(request.source)
+        notes = ["static shapes (batch 1): litert-torch has no dynamic shapes"]
+        method: str | None = None
+        if request.precision == Precision.FP32:
+            content = fp32
+        elif request.precision == Precision.FP16:
+            content, method = self._quantize(fp32, _FP16_RECIPE, None), "fp16-weights"
+        elif request.precision == Precision.INT8:
+            from ai_edge_quantizer import recipe
+
+            method = request.method or "static-int8-full-integer"
+            if method == "static-int8-full-integer":
+                if not request.calibration:
+                    raise ConversionError("tflite full-integer int8 needs calibration data (--calibration)")
+                content = self._quantize(fp32, recipe.static_wi8_ai8(), request.calibration)
+                notes.append("int8 inputs/outputs: quantize with the TensorSpec quantization parameters")
+            elif method == "dynamic-int8":
+                content = self._quantize(fp32, recipe.dynamic_wi8_afp32(), None)
+            else:
+                raise ConversionError(f"unknown tflite int8 method {method!r}; known: {self.capabilities.int8_methods}")
+        else:
+            raise ConversionError(f"tflite converter cannot make {request.precision.value}")
+        out.write_bytes(content)
+        return ConvertedArtifact({"model.tflite": out}, request.precision, method, notes)
+
+    def _quantize(self, model: bytes, recipe: Any, calibration: dict[str, np.ndarray] | Any) -> bytes:
+        from ai_edge_quantizer import quantizer
+
+        try:
+            with quiet_native():
+                q = quantizer.Quantizer(model)
+                q.load_quantization_recipe(recipe)
+                if q.need_calibration:
+                    count = int(next(iter(calibration.values())).shape[0])
+                    samples = [{k: v[i : i + 1] for k, v in calibration.items()} for i in range(count)]
+                    result = q.quantize(q.calibrate({SIGNATURE: samples}))
+                else:
+                    result = q.quantize()
+        except Exception as exc:  # noqa: BLE001
+            raise ConversionError(f"ai-edge-quantizer failed: {exc}") from exc
+        content: bytes = result.quantized_model
+        return content

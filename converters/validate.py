@@ -1,0 +1,183 @@
+"""Validation of a variant in the runtime the device will use, against the reference outputs.
+
+The variant is loaded from bytes through ``edgesdk.agent.runtimes.load_variant``: exactly the
+code path of the agent. Measured here: the accuracy metric and per-output max abs diff, load
+time, batch-1 latency (median, p95) and the peak RSS growth of load + inference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from edgesdk.converters.data import batches, subset
+
+from edgesdk.errors import ConversionError
+from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
+from edgesdk.schemas.report import VariantMeasurements
+
+Metric = Literal["top1", "cosine", "max_abs"]
+DEFAULT_GATES: dict[str, float] = {"top1": 0.99, "cosine": 0.99, "max_abs": 1e-3}
+
+
+def choose_metric(outputs: list[TensorSpec]) -> Metric:
+    """top-1 agreement for classifiers ([batch, classes] float logits), cosine for anything else."""
+    first = outputs[0]
+    classes = first.shape[-1] if first.shape else None
+    if first.dtype.startswith("float") and len(first.shape) == 2 and isinstance(classes, int) and classes > 1:
+        return "top1"
+    return "cosine"
+
+
+def score(metric: Metric, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
+    """The metric over all samples (top1/cosine: on every output, the worst; max_abs: the largest)."""
+    values = []
+    for name, ref in reference.items():
+        out = np.asarray(outputs[name], dtype=np.float64).reshape(ref.shape[0], -1)
+        want = np.asarray(ref, dtype=np.float64).reshape(ref.shape[0], -1)
+        if metric == "top1":
+            values.append(float((out.argmax(1) == want.argmax(1)).mean()))
+            break  # the first output is the prediction
+        if metric == "cosine":
+            dot = (out * want).sum(1)
+            norms = np.linalg.norm(out, axis=1) * np.linalg.norm(want, axis=1)
+            values.append(float(np.mean(np.where(norms > 0, dot / np.maximum(norms, 1e-30), 1.0))))
+        else:
+            values.append(float(np.abs(out - want).max()))
+    return max(values) if metric == "max_abs" else min(values)
+
+
+def passes(metric: Metric, value: float, gate: float) -> bool:
+    return value <= gate if metric == "max_abs" else value >= gate
+
+
+class _PeakRss:
+    """Samples this process's RSS in a thread: the peak while a variant loads and runs."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self.baseline = self._process.memory_info().rss
+        self.peak = self.baseline
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.baseline) / 2**20
+
+
+def _quantize(value: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    if spec.quantization is None or value.dtype.name == spec.dtype:
+        return value.astype(spec.dtype, copy=False)
+    info = np.iinfo(np.dtype(spec.dtype))
+    scale, zero = spec.quantization.scale[0], spec.quantization.zero_point[0]
+    return np.clip(np.round(value / scale) + zero, info.min, info.max).astype(spec.dtype)
+
+
+def _dequantize(value: np.ndarray, spec: TensorSpec | None) -> np.ndarray:
+    if spec is None or spec.quantization is None:
+        return value
+    return (value.astype(np.float32) - spec.quantization.zero_point[0]) * np.float32(spec.quantization.scale[0])
+
+
+@dataclass
+class ValidationResult:
+    accuracy: AccuracyResult | None
+    measurements: VariantMeasurements
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    validation: Literal["numeric", "spec-only"] = "numeric"
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def validate_numeric(
+    runtime: str,
+    files: Mapping[str, Path],
+    data: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    *,
+    metric: Metric,
+    gate: float,
+    options: Mapping[str, str] | None = None,
+    latency_runs: int = 30,
+) -> ValidationResult:
+    """Load the variant from bytes in ``runtime`` and compare it with the reference."""
+    from edgesdk.agent.runtimes import load_variant
+
+    blobs = {name: path.read_bytes() for name, path in files.items()}
+    with _PeakRss() as rss:
+        started = time.perf_counter()
+        model = load_variant(runtime, blobs, options=options)
+        load_ms = (time.perf_counter() - started) * 1000
+        in_specs = {s.name: s for s in model.inputs}
+        fixed_batch = all(s.shape and isinstance(s.shape[0], int) for s in model.inputs)
+        chunks: list[dict[str, np.ndarray]] = []
+        for batch in batches(data, 1 if fixed_batch else 64):
+            feeds = {}
+            for name, value in batch.items():
+                if name not in in_specs:
+                    raise ConversionError(
+                        f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
+                    )
+                feeds[name] = _quantize(value, in_specs[name])
+            chunks.append(model.run(feeds))
+    out_specs = {s.name: s for s in model.outputs}
+    # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
+    names = list(reference)
+    produced = list(chunks[0])
+    mapping = {n: (n if n in chunks[0] else produced[i]) for i, n in enumerate(names)}
+    outputs = {
+        n: np.concatenate([_dequantize(c[mapping[n]], out_specs.get(mapping[n])) for c in chunks]) for n in names
+    }
+    value = score(metric, outputs, reference)
+    max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
+    one = {k: _quantize(v, in_specs[k]) for k, v in subset(data, 1).items()}
+    for _ in range(3):
+        model.run(one)  # warm-up: first calls allocate and pick kernels
+    latencies = []
+    for _ in range(latency_runs):
+        started = time.perf_counter()
+        model.run(one)
+        latencies.append((time.perf_counter() - started) * 1000)
+    inputs, outputs_spec = list(model.inputs), list(model.outputs)
+    model.close()
+    return ValidationResult(
+        accuracy=AccuracyResult(
+            metric=metric,
+            value=value,
+            gate=gate,
+            passed=passes(metric, value, gate),
+            samples=int(next(iter(reference.values())).shape[0]),
+            max_abs_diff=max_abs,
+        ),
+        measurements=VariantMeasurements(
+            load_ms=round(load_ms, 3),
+            latency_p50_ms=round(float(np.median(latencies)), 4),
+            latency_p95_ms=round(float(np.percentile(latencies, 95)), 4),
+            peak_rss_mb=round(rss.growth_mb, 2),
+            note=f"batch 1 on this host ({runtime}); peak RSS is growth during load + validation",
+        ),
+        inputs=inputs,
+        outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
+        latencies_ms=latencies,
+    )

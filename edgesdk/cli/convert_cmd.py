@@ -1,0 +1,131 @@
+"""``edgesdk convert``: a model → validated device artifacts + report, for one device profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from edgesdk.cli.output import console, json_option, print_json, print_table, profiles_dirs
+from edgesdk.errors import UsageError
+
+_DTYPES = ("float32", "float16", "int64", "int32", "uint8", "int8", "bool")
+
+
+def _parse_input(spec: str) -> tuple[str, np.ndarray]:
+    """``name=1x3x224x224[:dtype]`` → a zero example of that shape."""
+    name, _, rest = spec.partition("=")
+    shape_text, _, dtype = rest.partition(":")
+    dtype = dtype or "float32"
+    try:
+        shape = tuple(int(d) for d in shape_text.replace(",", "x").split("x") if d)
+    except ValueError as exc:
+        raise UsageError(f"--input {spec!r}: expected NAME=1x3x224x224[:dtype]") from exc
+    if not name or not shape or dtype not in _DTYPES:
+        raise UsageError(f"--input {spec!r}: expected NAME=1x3x224x224[:dtype] with dtype one of {', '.join(_DTYPES)}")
+    return name, np.zeros(shape, dtype=dtype)
+
+
+@click.command("convert")
+@click.argument("model")
+@click.option("--profile", "profile_name", required=True, help="Device profile name (see `edgesdk profiles list`).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output directory (must not exist or be empty).",
+)
+@click.option("--calibration", type=click.Path(path_type=Path), help=".npz of calibration inputs, keyed by input name.")
+@click.option("--validation", type=click.Path(path_type=Path), help=".npz of validation inputs (and optional labels).")
+@click.option("--metric", type=click.Choice(["auto", "top1", "cosine", "max_abs"]), default="auto", show_default=True)
+@click.option("--gate", type=float, help="Accuracy gate (default: 0.99 for top1 and cosine).")
+@click.option("--formats", help="Comma-separated subset of the profile's formats (onnx,tflite,openvino,coreml).")
+@click.option("--precisions", help="Comma-separated subset of precisions (fp32,fp16,int8).")
+@click.option("--name", help="Model name in the report (default: from the file or factory).")
+@click.option("--output-names", help="Comma-separated output names for a PyTorch model (default: output).")
+@click.option(
+    "--input", "inputs", multiple=True, help="Example input NAME=1x3x224x224[:dtype] when no data file names it."
+)
+@json_option
+@click.pass_context
+def convert(
+    ctx: click.Context,
+    model: str,
+    profile_name: str,
+    out: Path,
+    calibration: Path | None,
+    validation: Path | None,
+    metric: str,
+    gate: float | None,
+    formats: str | None,
+    precisions: str | None,
+    name: str | None,
+    output_names: str | None,
+    inputs: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Convert MODEL (an .onnx file or module:factory returning an nn.Module) for a device profile.
+
+    \b
+    Every variant is validated in the runtime the device uses; the ones that miss the
+    accuracy gate are repaired or dropped, the report says why. OUT gets report.json,
+    report.html, golden.npz and artifacts/<variant>/.
+    """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from edgesdk.converters import convert as run_convert
+    from edgesdk.profiles import get_profile
+
+    profile = get_profile(profile_name, profiles_dirs(ctx))  # fail fast, before any heavy import
+    example = dict(_parse_input(s) for s in inputs) or None
+    split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console() if not as_json else None,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("converting", total=None)
+        report = run_convert(
+            model,
+            profile,
+            out,
+            calibration=calibration,
+            validation=validation,
+            metric=metric,
+            gate=gate,
+            formats=split(formats),
+            precisions=split(precisions),
+            name=name,
+            output_names=split(output_names),
+            example=example,
+            progress=lambda message: progress.update(task, description=message),
+        )
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+        return
+    rows = []
+    for v in report.variants:
+        acc = f"{v.accuracy.value:.4f}" if v.accuracy else "spec-only"
+        rows.append(
+            [
+                v.id,
+                v.runtime.value,
+                v.quantization_method or "",
+                f"{v.size / 1024:.1f} KiB",
+                acc,
+                v.measurements.latency_p50_ms,
+            ]
+        )
+    print_table(
+        f"{report.model_name} → {report.profile} ({report.metric}, gate {report.gate:g})",
+        ["variant", "runtime", "method", "size", report.metric, "p50 ms"],
+        rows,
+    )
+    for r in report.rejected:
+        click.echo(f"rejected {r.format.value} {r.precision.value}: {r.reason}")
+    click.echo(f"wrote {out}/report.json, report.html, golden.npz and {len(report.variants)} variant(s)")
