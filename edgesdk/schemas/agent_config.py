@@ -44,6 +44,11 @@ class MqttConfig(Schema):
     telemetry_interval_s: float = Field(5.0, gt=0)
     queue_max_mb: float = Field(64.0, gt=0, description="disk quota of the store-and-forward queue")
     keepalive_s: int = Field(30, gt=0)
+    protocol: Literal["auto", "5", "3.1.1"] = Field("auto", description="MQTT 5 first, 3.1.1 when refused")
+    max_inbound_bytes: int = Field(
+        1024 * 1024, gt=0, description="larger messages on the device's topics are ignored and counted"
+    )
+    events_per_minute: int = Field(120, gt=0, description="events beyond this rate are summarized, not queued")
 
 
 class GovernorConfig(Schema):

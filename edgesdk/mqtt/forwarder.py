@@ -1,0 +1,113 @@
+"""Moves messages from the SQLite outbox to the broker, in order, deleting each after its PUBACK.
+
+``QueueForwarder`` keeps a window of messages in flight (``window`` QoS 1 publishes waiting
+for PUBACK). It tracks packet id → row id; a PUBACK deletes the row (in small batches, so a
+drain is not one fsync-free transaction per message either). If the connection drops, paho
+keeps the in-flight messages with their packet ids and resends them (DUP) after the reconnect,
+so the window and the id map stay valid; after a process restart everything still in the
+outbox is sent again from the oldest row.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from edgesdk.errors import LinkError
+from edgesdk.mqtt.client import MqttClient
+from edgesdk.mqtt.queue import MessageQueue
+
+log = logging.getLogger(__name__)
+
+_ACK_BATCH = 64
+_ACK_FLUSH_S = 0.05
+
+
+class QueueForwarder:
+    """Drains ``queue`` through ``client``; call ``pump()`` after enqueueing."""
+
+    def __init__(self, queue: MessageQueue, client: MqttClient, *, window: int = 64) -> None:
+        self.queue = queue
+        self.client = client
+        self.window = max(1, min(window, client.options.max_inflight))
+        self._lock = threading.RLock()
+        self._inflight: dict[int, int] = {}  # packet id → row id
+        self._last_sent = 0
+        self._acked: list[int] = []
+        self._last_flush = time.monotonic()
+        self.sent = 0
+        self.delivered = 0
+        self.rejected = 0
+        client.on_published = self._on_published
+        client.on_connected = self._chain(client.on_connected)
+        client.on_tick = self._on_tick
+
+    def _chain(self, previous: Callable[[bool], None] | None) -> Callable[[bool], None]:
+        def on_connected(session_present: bool) -> None:
+            if previous is not None:
+                previous(session_present)
+            self.pump()
+
+        return on_connected
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def pump(self) -> int:
+        """Publish queued messages up to the window; returns how many were handed over."""
+        if not self.client.connected:
+            return 0
+        handed = 0
+        with self._lock:
+            room = self.window - len(self._inflight)
+            if room <= 0:
+                return 0
+            for message in self.queue.peek(self._last_sent, room):
+                try:
+                    mid = self.client.publish(message.topic, message.payload, qos=1, retain=message.retain)
+                except LinkError as exc:
+                    log.warning("cannot publish queued message %d: %s", message.row_id, exc)
+                    break
+                self._inflight[mid] = message.row_id
+                self._last_sent = message.row_id
+                handed += 1
+            self.sent += handed
+        return handed
+
+    def _on_published(self, mid: int, ok: bool) -> None:
+        with self._lock:
+            row_id = self._inflight.pop(mid, None)
+            if row_id is None:
+                return
+            if ok:
+                self.delivered += 1
+            else:
+                # The broker refused it (MQTT 5 PUBACK >= 0x80, e.g. not authorized): resending
+                # would be refused again forever, so it leaves the queue, counted and logged.
+                self.rejected += 1
+                log.error("broker rejected queued message %d (row %d); dropping it", mid, row_id)
+            self._acked.append(row_id)
+            if len(self._acked) >= _ACK_BATCH or not self._inflight:
+                self._flush_acks()
+        self.pump()
+
+    def _on_tick(self) -> None:
+        with self._lock:
+            if self._acked and time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
+                self._flush_acks()
+        if self.client.connected and not self._inflight and self.queue.depth:
+            self.pump()
+
+    def _flush_acks(self) -> None:
+        acked, self._acked = self._acked, []
+        self._last_flush = time.monotonic()
+        if acked:
+            self.queue.ack(acked)
+
+    def flush(self) -> None:
+        """Delete every acknowledged row now (call before a clean shutdown)."""
+        with self._lock:
+            self._flush_acks()
