@@ -168,3 +168,22 @@ class ChunkHeader(Schema):
     bundle_sha256: str = Field(pattern=SHA256_PATTERN)
     index: int = Field(ge=0)
     error: str | None = Field(None, description="set (and no data) when the server cannot serve this chunk")
+
+
+class EnrollRequest(Schema):
+    """Retained on ``devices/{id}/enroll``: a device asks to receive bundles with its own key.
+
+    The key pair was made on the device at first start; only the public half travels. The
+    operator compares ``key_id`` with what the device shows locally before approving it
+    (``edgesdk fleet enroll approve``), see docs/enrollment.md.
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["enroll_request"] = "enroll_request"
+    device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    ts: datetime
+    public_key: str = Field(pattern=r"^[A-Za-z0-9+/]{43}=$", description="X25519 public key, raw 32 bytes, base64")
+    key_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="edgesdk.keys.key_id of the public key")
+    profile: str | None = None
+    agent_version: str | None = None
+    hostname: str | None = None
