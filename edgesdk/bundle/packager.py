@@ -224,6 +224,12 @@ def package_bundle(
     created = (now or datetime.now(timezone.utc)).replace(microsecond=0)
     expiry = created + expires if isinstance(expires, timedelta) else expires
     release = default_release(created) if release is None else release
+    # Checked before any work, so a bad --version is one clear line, not a spent encryption pass.
+    model_info = ModelInfo.parse_obj_clear(
+        {"name": name, "version": version, "release": release, "description": description}, source="bundle"
+    )
+    if expiry is not None and expiry <= created:
+        raise UsageError(f"expiry {expiry.isoformat()} is not in the future")
 
     payloads = [_PlainPayload(f"{v.id}.enc", _collect_files(root, v)) for v in report.variants]
     if report.golden:
@@ -263,7 +269,7 @@ def package_bundle(
         locations = [done.location for done in sealed]
         try:
             manifest = BundleManifest(
-                model=ModelInfo(name=name, version=version, release=release, description=description),
+                model=model_info,
                 publisher=Publisher(name=publisher_name, key_id=key_id(signer.public_key())),
                 created=created,
                 expires=expiry,

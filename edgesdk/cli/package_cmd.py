@@ -1,0 +1,131 @@
+"""``edgesdk package CONVERT_DIR ...``: a convert output → one signed, encrypted bundle."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import click
+
+from edgesdk.bundle import inspect_bundle, package_bundle
+from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
+from edgesdk.errors import UsageError
+from edgesdk.profiles import get_profile
+
+_DURATION = re.compile(r"^(\d+)([hdw])$")
+_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_expiry(text: str) -> timedelta | datetime | None:
+    """``90d``/``12h``/``4w`` (from now), an ISO date or date-time (UTC if no zone), or ``never``."""
+    value = text.strip().lower()
+    if value in {"never", "none"}:
+        return None
+    match = _DURATION.match(value)
+    if match:
+        amount = int(match.group(1))
+        if amount == 0:
+            raise UsageError(f"--expires {text!r}: a bundle that expires at once cannot be installed")
+        return timedelta(**{_UNITS[match.group(2)]: amount})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"--expires {text!r} is not a duration (90d, 12h, 4w), an ISO date (2027-01-31) or 'never'"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@click.command("package")
+@click.argument("convert_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", required=True, help="Model name (lower case, digits, . _ -).")
+@click.option("--version", "version", required=True, help="Semantic version, e.g. 1.4.0.")
+@click.option(
+    "--release",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Monotonic release counter for anti-rollback (default: seconds since the Unix epoch, UTC).",
+)
+@click.option(
+    "--publisher-key", required=True, type=click.Path(dir_okay=False, path_type=Path), help="publisher.key that signs."
+)
+@click.option(
+    "--recipient",
+    "recipients",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A device public key (device.pub) that may decrypt; repeatable.",
+)
+@click.option(
+    "--recipient-group",
+    "groups",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A group public key shared by several devices; repeatable.",
+)
+@click.option("--expires", default="never", show_default=True, help="90d, 12h, 4w, an ISO date, or never.")
+@click.option(
+    "--target", "targets", multiple=True, help="Device profile the bundle is for; repeatable (default: the report's)."
+)
+@click.option(
+    "--allow-downgrade", is_flag=True, help="Sign permission to install over a newer release (explicit downgrade)."
+)
+@click.option("--publisher-name", default="edgesdk-publisher", show_default=True, help="Shown to operators.")
+@click.option("--description", default="", help="Free text stored in the manifest.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.edgepkg to write.")
+@json_option
+@click.pass_context
+def package(
+    ctx: click.Context,
+    convert_dir: Path,
+    name: str,
+    version: str,
+    release: int | None,
+    publisher_key: Path,
+    recipients: tuple[Path, ...],
+    groups: tuple[Path, ...],
+    expires: str,
+    targets: tuple[str, ...],
+    allow_downgrade: bool,
+    publisher_name: str,
+    description: str,
+    out: Path,
+    as_json: bool,
+) -> None:
+    """Sign and encrypt the variants of CONVERT_DIR (an `edgesdk convert` output) into one bundle."""
+    if not recipients and not groups:
+        raise UsageError("no recipients: pass --recipient DEVICE.pub and/or --recipient-group GROUP.pub")
+    for target in targets:
+        get_profile(target, profiles_dirs(ctx))  # an unknown profile is one line listing the known ones
+    path = package_bundle(
+        convert_dir,
+        name=name,
+        version=version,
+        release=release,
+        publisher_key=publisher_key,
+        recipients=recipients,
+        group_recipients=groups,
+        targets=list(targets) or None,
+        expires=parse_expiry(expires),
+        allow_downgrade=allow_downgrade,
+        out=out,
+        publisher_name=publisher_name,
+        description=description,
+    )
+    manifest = inspect_bundle(path).manifest
+    summary = {
+        "bundle": str(path),
+        "size": path.stat().st_size,
+        "name": manifest.model.name,
+        "version": manifest.model.version,
+        "release": manifest.model.release,
+        "targets": manifest.targets,
+        "expires": manifest.expires.isoformat() if manifest.expires else None,
+        "variants": [v.id for v in manifest.variants],
+        "recipients": [s.recipient for s in manifest.encryption.key_slots] if manifest.encryption else [],
+    }
+    if as_json:
+        print_json(summary)
+        return
+    print_table(f"packaged {path}", ["field", "value"], [(k, v) for k, v in summary.items()])
