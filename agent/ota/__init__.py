@@ -5,6 +5,18 @@ Public surface: :class:`UpdateManager` (what the agent uses), the state/event en
 """
 
 from edgesdk.agent.ota.machine import UpdateMachine, UpdateTarget
+from edgesdk.agent.ota.manager import UpdateManager
+from edgesdk.agent.ota.signing import sign_deployment, verify_deployment
 from edgesdk.agent.ota.states import RESUME, TRANSITIONS, UpdateEvent, UpdateState
 
-__all__ = ["RESUME", "TRANSITIONS", "UpdateEvent", "UpdateMachine", "UpdateState", "UpdateTarget"]
+__all__ = [
+    "RESUME",
+    "TRANSITIONS",
+    "UpdateEvent",
+    "UpdateMachine",
+    "UpdateManager",
+    "UpdateState",
+    "UpdateTarget",
+    "sign_deployment",
+    "verify_deployment",
+]

@@ -1,0 +1,283 @@
+"""UpdateManager: the agent's entry point to over-the-air updates.
+
+The daemon creates one per agent and calls :meth:`UpdateManager.resume` at start. Deployments
+arrive from the MQTT link (:meth:`handle_deployment`, signature checked before anything else),
+sideloads from ``edge-agent install`` (:meth:`install_local`). One worker thread runs the state
+machine, so the link and the API never block on an update and two updates never interleave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import shutil
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.ota.chunks import DATA_SUFFIX
+from edgesdk.agent.ota.machine import UpdateMachine
+from edgesdk.agent.ota.record import StateFile
+from edgesdk.agent.ota.signing import verify_deployment
+from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
+from edgesdk.agent.ota.target import AgentUpdateTarget
+
+from edgesdk.errors import EdgeSDKError, UpdateError
+from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_SUFFIX = "ota/deployment"
+STATUS_SUFFIX = "ota/status"
+#: Test hook (integration tests only): SIGKILL the agent right after this state is persisted.
+KILL_AT_ENV = "EDGESDK_OTA_TEST_KILL_AT"
+#: Bytes of a chunk frame beyond the chunk itself (magic, length, JSON header).
+_FRAME_HEADROOM = 4096
+
+
+def _kill_hook(state_name: str) -> Callable[[UpdateState], None]:
+    def hook(state: UpdateState) -> None:
+        if state.value == state_name:
+            log.warning("test hook %s=%s: killing the agent now", KILL_AT_ENV, state_name)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+class UpdateManager:
+    """Owns the update state machine of one agent."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.device_id: str = agent.config.device_id
+        self.ota_dir = Path(agent.config.data_dir) / "ota"
+        self.ota_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.target = AgentUpdateTarget(agent, self.ota_dir, publish=self._publish)
+        kill_at = os.environ.get(KILL_AT_ENV)
+        self.machine = UpdateMachine(
+            self.target,
+            StateFile(self.ota_dir / "state.json"),
+            device_id=self.device_id,
+            on_state_saved=_kill_hook(kill_at) if kill_at else None,
+        )
+        self._jobs: queue.Queue[Callable[[], object]] = queue.Queue()
+        self._stopping = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._worker: threading.Thread | None = None
+        self._lock = threading.RLock()
+        link = getattr(agent, "link", None)
+        if link is not None:
+            link.subscribe(DEPLOYMENT_SUFFIX, self.handle_deployment)
+            link.subscribe(DATA_SUFFIX, self.target.on_chunk_frame)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def resume(self) -> UpdateState:
+        """Continue an update the last run left behind (in the background); returns the saved state."""
+        saved = self.machine.state
+        if saved is not UpdateState.IDLE:
+            self._submit(self.machine.resume)
+        return saved
+
+    def stop(self) -> None:
+        """Stop the worker after the current job (used by the daemon at shutdown)."""
+        # No cancel: an interrupted update is resumed at the next start like after a power loss.
+        self._stopping = True
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no update work is queued or running (tests, install_local)."""
+        return self._idle.wait(timeout)
+
+    @property
+    def state(self) -> UpdateState:
+        return self.machine.state
+
+    def status(self) -> dict[str, Any]:
+        """For the agent's status page."""
+        record = self.machine.record
+        return {
+            "state": record.state.value,
+            "deployment_id": record.deployment.deployment_id if record.deployment else None,
+            "reason": record.reason,
+            "updated": record.updated.isoformat() if record.updated else None,
+        }
+
+    # -- entry points -------------------------------------------------------------------------
+
+    def handle_deployment(self, payload: bytes) -> None:
+        """A message on ``ota/deployment`` (device or group topic). Never raises for bad input:
+        refusals are published as FAILED statuses with the reason."""
+        try:
+            deployment = Deployment.parse_json_clear(payload, source="deployment message")
+        except EdgeSDKError as exc:
+            log.warning("ignored deployment message: %s", exc)
+            self.agent_event("ota_refused", {"reason": str(exc)})
+            return
+        if deployment.targets and self.device_id not in deployment.targets:
+            return  # a group message meant for other members
+        try:
+            verify_deployment(deployment, self.agent.trusted_publishers)
+        except EdgeSDKError as exc:
+            log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
+            self._refuse(deployment, str(exc))
+            return
+        self.accept(deployment)
+
+    def accept(self, deployment: Deployment) -> None:
+        """Act on a deployment whose signature was checked."""
+        record = self.machine.record
+        current = record.deployment.deployment_id if record.deployment else None
+        same = current == deployment.deployment_id
+        if deployment.action == "cancel":
+            if same and self.machine.busy:
+                self.machine.cancel(f"cancelled by operator (deployment {deployment.deployment_id})")
+            elif same:
+                self._republish()
+            return
+        if deployment.action == "rollback":
+            if same and self.machine.busy:
+                self.machine.cancel("rollback requested by operator")
+            elif same and record.state is UpdateState.COMMITTED:
+                self._submit(self.machine.rollback_committed)
+            elif same:
+                self._republish()
+            else:
+                self._refuse(
+                    deployment, f"cannot roll back {deployment.deployment_id!r}: the last update here is {current!r}"
+                )
+            return
+        if same:
+            self._republish()  # a repeated message (retry, retained, reconnect): report, do nothing
+            return
+        if deployment.url is None and deployment.chunk_size + _FRAME_HEADROOM > self._max_inbound_bytes():
+            self._refuse(
+                deployment,
+                f"chunk_size {deployment.chunk_size} does not fit this device's MQTT message limit "
+                f"({self._max_inbound_bytes()} bytes); use smaller chunks or a url",
+            )
+            return
+        with self._lock:
+            if self.machine.busy or not self._idle.is_set():
+                self._refuse(
+                    deployment,
+                    f"device is busy with deployment {current!r} ({record.state.value}); "
+                    "cancel it or retry when it finishes",
+                )
+                return
+            self._submit(lambda: self._start(deployment))
+
+    def install_local(self, path: Path | str, *, probation_s: float = 0.0, timeout: float | None = None) -> UpdateState:
+        """Sideload a bundle file through the same states as an OTA update; returns the final state.
+
+        Raises UpdateError with the reason when the update did not commit."""
+        source = Path(path)
+        if not source.is_file():
+            raise UpdateError(f"bundle file {str(source)!r} not found")
+        digest = hashlib.sha256()
+        with open(source, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        sha = digest.hexdigest()
+        from edgesdk.bundle import inspect_bundle
+
+        model = inspect_bundle(source).manifest.model  # display data only; VERIFYING checks everything
+        deployment = Deployment(
+            deployment_id=f"local-{sha[:12]}-{uuid.uuid4().hex[:6]}",
+            issued_at=datetime.now(timezone.utc),
+            model_name=model.name,
+            model_version=model.version,
+            release=model.release,
+            bundle_sha256=sha,
+            bundle_size=source.stat().st_size,
+            health=HealthCriteria(probation_s=probation_s),
+        )
+        staged_copy = self.ota_dir / f"{deployment.deployment_id}.edgepkg"
+        shutil.copyfile(source, staged_copy)  # still encrypted; the machine works from its own copy
+        with self._lock:
+            if self.machine.busy or not self._idle.is_set():
+                staged_copy.unlink(missing_ok=True)
+                raise UpdateError(f"an update is in progress ({self.machine.state.value}); retry when it finishes")
+            self._submit(lambda: self._start(deployment))
+        self.wait_idle(timeout)
+        record = self.machine.record
+        if record.state is not UpdateState.COMMITTED or record.deployment != deployment:
+            raise UpdateError(f"install of {source} ended {record.state.value}: {record.reason}")
+        return record.state
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _start(self, deployment: Deployment) -> None:
+        try:
+            self.machine.start(deployment)
+        except UpdateError as exc:  # raced with another start: refuse the newcomer, keep the first
+            self._refuse(deployment, str(exc))
+
+    def _submit(self, job: Callable[[], object]) -> None:
+        with self._lock:
+            self._idle.clear()
+            self._jobs.put(job)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run_jobs, name="ota-update", daemon=True)
+                self._worker.start()
+
+    def _run_jobs(self) -> None:
+        while True:
+            with self._lock:
+                if self._jobs.empty() or self._stopping:
+                    self._worker = None
+                    self._idle.set()
+                    return
+                job = self._jobs.get_nowait()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - the worker must survive a bug in one job
+                log.exception("update job failed")
+
+    def _max_inbound_bytes(self) -> int:
+        mqtt = getattr(self.agent.config, "mqtt", None)
+        return int(getattr(mqtt, "max_inbound_bytes", 1024 * 1024))
+
+    def _refuse(self, deployment: Deployment, reason: str) -> None:
+        """Report a deployment we will not run, without touching the running one."""
+        self._publish(
+            OtaStatus(
+                device_id=self.device_id,
+                deployment_id=deployment.deployment_id,
+                msg_id=uuid.uuid4().hex,
+                ts=datetime.now(timezone.utc),
+                state="FAILED",
+                reason=f"refused: {reason}",
+                model=self.target.running_model(),
+            )
+        )
+
+    def _republish(self) -> None:
+        self.machine._publish()  # noqa: SLF001 - same module family; reports the current truth
+
+    def agent_event(self, name: str, detail: dict[str, Any]) -> None:
+        events = getattr(self.agent, "events", None)
+        if events is not None:
+            events.emit(name, detail)
+
+    def _publish(self, status: OtaStatus) -> None:
+        log.info(
+            "update %s: %s%s",
+            status.deployment_id,
+            status.state,
+            f" ({status.reason})" if status.reason and status.progress is None else "",
+        )
+        if status.state in {s.value for s in RESTING_STATES} or status.progress is None:
+            self.agent_event(
+                "ota_state",
+                {"deployment_id": status.deployment_id, "state": status.state, "reason": status.reason},
+            )
+        link = getattr(self.agent, "link", None)
+        if link is not None:
+            link.publish_reliable(STATUS_SUFFIX, status)

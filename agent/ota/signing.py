@@ -1,0 +1,74 @@
+"""Signed Deployment messages: Ed25519 by the operator over canonical JSON.
+
+Canonical JSON = the Deployment as JSON without its ``signature`` field, keys sorted, no
+whitespace, UTF-8. The signature field reads ``ed25519:<key id>:<base64 signature>`` so the
+device knows which of its trusted keys to check with. A device acts on no deployment whose
+signature does not verify — not even a cancel.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from edgesdk.errors import SignatureError
+from edgesdk.keys import key_id, load_publisher_public_key
+from edgesdk.schemas.messages import Deployment
+
+_PREFIX = "ed25519"
+
+
+def canonical_json(deployment: Deployment) -> bytes:
+    """The exact bytes that are signed."""
+    data = deployment.model_dump(mode="json", exclude={"signature"})
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sign_deployment(deployment: Deployment, private_key: Ed25519PrivateKey) -> Deployment:
+    """A copy of ``deployment`` carrying the operator's signature."""
+    unsigned = deployment.model_copy(update={"signature": None})
+    raw = private_key.sign(canonical_json(unsigned))
+    signature = f"{_PREFIX}:{key_id(private_key.public_key())}:{base64.b64encode(raw).decode()}"
+    return unsigned.model_copy(update={"signature": signature})
+
+
+def trusted_key_map(trusted: Any) -> dict[str, Ed25519PublicKey]:
+    """Key id → key from a mapping, an iterable of keys, or paths of ``.pub`` files."""
+    items: Iterable[Any] = trusted.values() if isinstance(trusted, Mapping) else (trusted or [])
+    keys: dict[str, Ed25519PublicKey] = {}
+    for item in items:
+        key = item if isinstance(item, Ed25519PublicKey) else load_publisher_public_key(item)
+        keys[key_id(key)] = key
+    return keys
+
+
+def verify_deployment(deployment: Deployment, trusted: Any) -> str:
+    """Check the signature against the trusted keys; return the signer's key id.
+
+    Raises SignatureError naming what is wrong (missing, malformed, unknown key, bad signature)."""
+    if not deployment.signature:
+        raise SignatureError(f"deployment {deployment.deployment_id!r} is not signed")
+    parts = deployment.signature.split(":")
+    if len(parts) != 3 or parts[0] != _PREFIX:
+        raise SignatureError(f"deployment {deployment.deployment_id!r}: malformed signature field")
+    _, signer, encoded = parts
+    keys = trusted_key_map(trusted)
+    key = keys.get(signer)
+    if key is None:
+        raise SignatureError(
+            f"deployment {deployment.deployment_id!r} signed by unknown key {signer}; "
+            f"trusted: {', '.join(sorted(keys)) or 'none'}"
+        )
+    try:
+        key.verify(base64.b64decode(encoded, validate=True), canonical_json(deployment))
+    except (InvalidSignature, binascii.Error, ValueError) as exc:
+        raise SignatureError(
+            f"deployment {deployment.deployment_id!r}: signature does not verify with key {signer} (tampered?)"
+        ) from exc
+    return signer

@@ -1,0 +1,136 @@
+"""The smoke test: before a bundle may serve, every variant this device can run is loaded from
+memory and must reproduce the golden outputs the publisher shipped in the bundle.
+
+Plaintext never touches the disk: decrypt_variant/decrypt_golden return bytes and arrays, the
+runtime loads from bytes, and everything is dropped when the test ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError, UpdateError
+from edgesdk.schemas.manifest import BundleManifest, Variant
+
+log = logging.getLogger(__name__)
+
+
+class SmokeTestError(UpdateError):
+    """A variant failed to load, or did not reproduce the golden outputs."""
+
+
+@dataclass
+class SmokeReport:
+    """What the smoke test found, per variant."""
+
+    passed: dict[str, float] = field(default_factory=dict)  # variant id → score
+    skipped: dict[str, str] = field(default_factory=dict)  # variant id → why
+
+
+def split_golden(golden: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """golden.npz holds inputs under their names and expected outputs under ``output:<name>``."""
+    inputs = {k: v for k, v in golden.items() if not k.startswith("output:")}
+    expected = {k.removeprefix("output:"): v for k, v in golden.items() if k.startswith("output:")}
+    return inputs, expected
+
+
+def score(metric: str, got: np.ndarray, want: np.ndarray) -> float:
+    """top1: share of rows with the same argmax; cosine: mean row cosine; max_abs: max |diff|."""
+    got = np.asarray(got, dtype=np.float64).reshape(len(want), -1) if want.ndim > 0 else np.asarray(got, np.float64)
+    want = np.asarray(want, dtype=np.float64).reshape(len(want), -1) if want.ndim > 0 else want
+    if got.shape != want.shape:
+        raise SmokeTestError(f"output shape {got.shape} != golden {want.shape}")
+    if metric == "top1":
+        return float(np.mean(np.argmax(got, axis=-1) == np.argmax(want, axis=-1)))
+    if metric == "cosine":
+        num = np.sum(got * want, axis=-1)
+        den = np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1) + 1e-12
+        return float(np.mean(num / den))
+    return float(np.max(np.abs(got - want))) if got.size else 0.0
+
+
+def passes(metric: str, value: float, gate: float) -> bool:
+    return value <= gate if metric == "max_abs" else value >= gate
+
+
+def run_variant(
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], inputs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Run the golden batch at once; models with a fixed batch of 1 get it row by row."""
+    try:
+        return run(inputs)
+    except EdgeSDKError:
+        rows = len(next(iter(inputs.values())))
+        if rows <= 1:
+            raise
+        parts = [run({k: v[i : i + 1] for k, v in inputs.items()}) for i in range(rows)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def smoke_test(verified: Any, device_key: Any, *, runnable: Callable[[Variant], bool] | None = None) -> SmokeReport:
+    """Load every eligible variant of ``verified`` from memory and compare with its golden set.
+
+    Raises SmokeTestError naming the first variant that fails. Variants whose runtime is not
+    installed here are skipped (and listed); at least one variant must pass."""
+    from edgesdk.agent.runtimes import load_variant
+    from edgesdk.agent.serving import ServedVariant, gate_passed
+
+    from edgesdk.bundle import decrypt_golden, decrypt_variant
+
+    manifest: BundleManifest = verified.manifest
+    golden = decrypt_golden(verified, device_key)
+    inputs, expected = split_golden(golden) if golden else ({}, {})
+    metric = manifest.golden.metric if manifest.golden else "top1"
+    gate = manifest.golden.gate if manifest.golden else 0.0
+    report = SmokeReport()
+    for meta in manifest.variants:
+        if not gate_passed(meta):
+            report.skipped[meta.id] = "failed its accuracy gate when packaged (never served)"
+            continue
+        if runnable is not None and not runnable(meta):
+            report.skipped[meta.id] = f"runtime {meta.runtime} not available on this device"
+            continue
+        try:
+            files = decrypt_variant(verified, meta.id, device_key)
+            loaded = load_variant(meta.runtime, files)
+            del files
+        except EdgeSDKError as exc:
+            raise SmokeTestError(f"variant {meta.id} does not load: {exc}") from exc
+        try:
+            variant = ServedVariant(meta, loaded)
+            feeds = inputs or {
+                s.name: np.zeros([d if isinstance(d, int) else 1 for d in s.shape], s.dtype) for s in variant.inputs
+            }
+            try:
+                outputs = run_variant(variant.run, feeds)
+            except EdgeSDKError as exc:
+                raise SmokeTestError(f"variant {meta.id} fails on the golden inputs: {exc}") from exc
+            if not expected:
+                report.passed[meta.id] = 1.0
+                continue
+            worst: float | None = None
+            for name, want in expected.items():
+                if name not in outputs:
+                    raise SmokeTestError(f"variant {meta.id} has no output {name!r} (golden has it)")
+                value = score(metric, outputs[name], want)
+                if not passes(metric, value, gate):
+                    raise SmokeTestError(
+                        f"variant {meta.id} output {name!r}: {metric} {value:.4f} vs golden, gate {gate} "
+                        "(the model does not reproduce what its publisher shipped)"
+                    )
+                worst = value if worst is None else (max(worst, value) if metric == "max_abs" else min(worst, value))
+            report.passed[meta.id] = float(worst if worst is not None else 1.0)
+        finally:
+            loaded.close()
+    if not report.passed:
+        raise SmokeTestError(
+            "no variant of the bundle can run on this device: "
+            + "; ".join(f"{k}: {v}" for k, v in report.skipped.items())
+        )
+    log.info("smoke test passed: %s (skipped: %s)", report.passed, report.skipped or "none")
+    return report

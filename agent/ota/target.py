@@ -1,0 +1,246 @@
+"""The real :class:`UpdateTarget`: each state's work done with the agent's own parts.
+
+Verification is B's ``verify_bundle``, the A/B slots are C's ModelStore, the atomic serving
+switch is C's ModelServer, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
+writes a decrypted model to disk, and nothing removes the serving slot before the new one has
+committed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.ota.chunks import REQUEST_SUFFIX, decode_frame
+from edgesdk.agent.ota.machine import ProbationFailed
+from edgesdk.agent.ota.probation import ProbationMonitor
+from edgesdk.agent.ota.smoke import smoke_test, split_golden
+from edgesdk.agent.ota.transfer import FAULT_ENV, ChunkReceiver, download_url
+
+from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
+from edgesdk.schemas.messages import ChunkRequest, Deployment, OtaStatus, RunningModel
+
+log = logging.getLogger(__name__)
+
+#: Room kept free beside a staged bundle (journal, queue, logs) before we call the disk full.
+STAGING_HEADROOM_BYTES = 4 * 1024 * 1024
+
+
+class AgentUpdateTarget:
+    """Does the work of every update state on one running agent."""
+
+    def __init__(self, agent: Any, ota_dir: Path, *, publish: Callable[[OtaStatus], None]) -> None:
+        self.agent = agent
+        self.ota_dir = ota_dir
+        self._publish = publish
+        self._receiver: ChunkReceiver | None = None
+        self._receiver_lock = threading.Lock()
+        # The model that served before activation, kept loaded during probation: rolling back
+        # is then a reference switch (well under a second), not a decrypt-and-load.
+        self._previous_model: Any = None
+        self._golden: tuple[dict[str, Any], dict[str, Any], str] | None = None
+        self.chunk_window = 4
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @property
+    def _link(self) -> Any:
+        return getattr(self.agent, "link", None)
+
+    def _profile_name(self) -> str | None:
+        profile = getattr(self.agent, "profile", None)
+        return getattr(profile, "name", None) if profile is not None else None
+
+    def _verify(self, path: Path, *, installed_release: int | None) -> Any:
+        from edgesdk.bundle import verify_bundle
+
+        return verify_bundle(
+            path,
+            trusted_publishers=self.agent.trusted_publishers,
+            profile=self._profile_name(),
+            installed_release=installed_release,
+        )
+
+    def on_chunk_frame(self, payload: bytes) -> None:
+        """Link handler for ``ota/chunks/data``: hand the frame to the running download."""
+        header, data = decode_frame(payload)
+        with self._receiver_lock:
+            receiver = self._receiver
+        if receiver is not None:
+            receiver.on_frame(header, data)
+
+    def _request_chunks(self, deployment: Deployment, indices: list[int]) -> None:
+        link = self._link
+        if link is None:
+            return
+        request = ChunkRequest(
+            device_id=self.agent.config.device_id,
+            deployment_id=deployment.deployment_id,
+            bundle_sha256=deployment.bundle_sha256,
+            indices=indices,
+        )
+        link.publish_now(REQUEST_SUFFIX, request, qos=1)  # False when offline: the receiver asks again
+
+    # -- UpdateTarget ---------------------------------------------------------------------------
+
+    def download(
+        self, deployment: Deployment, progress: Callable[[float], None], cancelled: Callable[[], bool]
+    ) -> Path:
+        local = self.ota_dir / f"{deployment.deployment_id}.edgepkg"
+        if deployment.url is None and not deployment.chunk_sha256 and local.exists():
+            return local  # a sideload: install_local placed the file here before starting
+        if deployment.url is not None:
+            return download_url(deployment, self.ota_dir, progress, cancelled)
+        receiver = ChunkReceiver(
+            deployment,
+            self.ota_dir,
+            lambda indices: self._request_chunks(deployment, indices),
+            window=self.chunk_window,
+        )
+        with self._receiver_lock:
+            self._receiver = receiver
+        try:
+            return receiver.run(progress, cancelled)
+        finally:
+            with self._receiver_lock:
+                self._receiver = None
+
+    def verify(self, deployment: Deployment, path: Path) -> None:
+        from edgesdk.agent.runtimes import available_runtimes
+
+        verified = self._verify(path, installed_release=self.agent.store.installed_release())
+        model = verified.manifest.model
+        if deployment.bundle_sha256 != verified.sha256:
+            raise IntegrityError(f"bundle sha256 {verified.sha256} is not the deployment's {deployment.bundle_sha256}")
+        if (model.name, model.version, model.release) != (
+            deployment.model_name,
+            deployment.model_version,
+            deployment.release,
+        ):
+            raise UpdateError(
+                f"bundle is {model.name} {model.version} (release {model.release}); the deployment announced "
+                f"{deployment.model_name} {deployment.model_version} (release {deployment.release})"
+            )
+        available = {str(getattr(r, "value", r)) for r in available_runtimes()}
+        smoke_test(
+            verified,
+            self.agent.device_key,
+            runnable=lambda v: str(getattr(v.runtime, "value", v.runtime)) in available,
+        )
+
+    def stage(self, deployment: Deployment, path: Path) -> str:
+        store = self.agent.store
+        free = shutil.disk_usage(store.slots_dir).free
+        needed = path.stat().st_size + STAGING_HEADROOM_BYTES
+        if os.environ.get(FAULT_ENV) == "enospc-stage":
+            # Fault injection at the staging write boundary (tests): what ENOSPC from the copy looks like.
+            raise UpdateError(f"cannot stage bundle: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)} (injected)")
+        if free < needed:
+            raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
+        verified = self._verify(path, installed_release=store.installed_release())
+        return str(store.stage(verified))
+
+    def _load_golden(self, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+        """Golden inputs/outputs for probation probes (in memory only)."""
+        from edgesdk.bundle import decrypt_golden
+
+        golden = decrypt_golden(verified, self.agent.device_key)
+        if not golden:
+            return None
+        inputs, expected = split_golden(golden)
+        metric = verified.manifest.golden.metric if verified.manifest.golden else "top1"
+        return inputs, expected, metric
+
+    def activate(self, deployment: Deployment, slot: str) -> None:
+        store = self.agent.store
+        server = self.agent.server
+        store.reload()
+        verified = self._verify(store.bundle_path(slot), installed_release=None)
+        self._golden = self._load_golden(verified)
+        self._previous_model = server.model
+        store.activate(slot)
+        server.swap(verified, self.agent.device_key)  # raises with the old model still serving
+
+    def probation(
+        self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
+    ) -> None:
+        server = self.agent.server
+        if server.model is None:
+            raise ProbationFailed("no model serving after activation")
+        if self._golden is None and deployment.health.probation_s > 0:
+            # After a restart in probation the golden set is read again from the active slot.
+            store = self.agent.store
+            try:
+                if store.active_slot is not None:
+                    self._golden = self._load_golden(
+                        self._verify(store.bundle_path(store.active_slot), installed_release=None)
+                    )
+            except EdgeSDKError as exc:
+                log.warning("probation runs without golden probes: %s", exc)
+        monitor = ProbationMonitor(server, server.model.name, self._golden)
+        summary = monitor.watch(deployment.health, started, cancelled)
+        log.info("%s", summary)
+
+    def commit(self, deployment: Deployment) -> None:
+        store = self.agent.store
+        store.reload()
+        if store.active_slot is not None and not store.committed:
+            store.commit()
+        self._previous_model = None
+        self._golden = None
+
+    def rollback(self, activated_slot: str | None) -> None:
+        store = self.agent.store
+        server = self.agent.server
+        store.reload()
+        if activated_slot is not None and store.active_slot == activated_slot:
+            if store.rollback() is None:
+                raise UpdateError(f"no previous good slot to roll back to; slot {activated_slot} keeps serving")
+        active = store.active_slot
+        if active is None:
+            return
+        info = store.slot_info(active) or {}
+        serving = server.model
+        if serving is not None and info.get("sha256") and serving.bundle_sha256 == info["sha256"]:
+            return  # already serving the good slot (a resumed rollback, or activation never happened)
+        previous = self._previous_model
+        if previous is not None and previous.bundle_sha256 == info.get("sha256"):
+            server.serve(
+                name=previous.name,
+                version=previous.version,
+                release=previous.release,
+                bundle_sha256=previous.bundle_sha256,
+                variants=[(v.meta, v.loaded) for v in previous.ladder],
+                start_variant=previous.active.id,
+            )
+        else:
+            server.swap(self._verify(store.bundle_path(active), installed_release=None), self.agent.device_key)
+        self._previous_model = None
+
+    def discard(self, deployment: Deployment | None) -> None:
+        if deployment is None:
+            return
+        for suffix in (".part", ".edgepkg"):
+            (self.ota_dir / f"{deployment.deployment_id}{suffix}").unlink(missing_ok=True)
+
+    def running_model(self) -> RunningModel | None:
+        active = self.agent.server.active
+        if not active:
+            return None
+        return RunningModel(
+            name=active["model"],
+            version=active["version"],
+            release=active["release"],
+            variant=active["variant"],
+            sha256=active["sha256"],
+        )
+
+    def publish(self, status: OtaStatus) -> None:
+        self._publish(status)

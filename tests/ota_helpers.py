@@ -1,0 +1,160 @@
+"""Shared by the OTA tests and benchmark: real bundles of the digits CNN in several flavours,
+signed deployments for them, and a stand-in agent built from the real agent parts
+(ModelStore, ModelServer, Metrics, EventBus) for in-process tests and simulated fleets."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.ota.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
+from edgesdk.agent.ota.signing import sign_deployment
+
+from edgesdk.schemas.messages import Deployment, HealthCriteria
+from tests.bundle_helpers import KeySet, make_digits_convert_dir, make_keys
+
+PROFILE = "rpi5-8gb"
+
+
+@dataclass
+class OtaBundles:
+    """Keys and bundle files for the OTA scenarios (release numbers in the names)."""
+
+    keys: KeySet
+    operator_key: Path
+    operator_pub: Path
+    v1: Path
+    v2: Path
+    v3_bad_golden: Path
+    v4_other_profile: Path
+    v5_untrusted_signer: Path
+    extra: dict[str, Path] = field(default_factory=dict)
+
+
+def _with_wrong_golden(convert_dir: Path, out: Path) -> Path:
+    """A copy of ``convert_dir`` whose golden outputs disagree with the model (smoke test fails)."""
+    shutil.copytree(convert_dir, out)
+    golden = dict(np.load(out / "golden.npz"))
+    golden["output:logits"] = np.roll(golden["output:logits"], 3, axis=1)
+    buffer = io.BytesIO()
+    np.savez(buffer, **golden)  # type: ignore[arg-type]
+    (out / "golden.npz").write_bytes(buffer.getvalue())
+    return out
+
+
+def build_ota_bundles(digits: Any, root: Path) -> OtaBundles:
+    from edgesdk.bundle import package_bundle
+    from edgesdk.keys import generate_publisher_key
+
+    root.mkdir(parents=True, exist_ok=True)
+    keys = make_keys(root / "keys")
+    operator_key, operator_pub = generate_publisher_key(root / "keys" / "operator")
+    stranger_key, _ = generate_publisher_key(root / "keys" / "stranger")
+    convert = make_digits_convert_dir(digits, root / "convert", profile=PROFILE, int8=False)
+    bad = _with_wrong_golden(convert, root / "convert-bad-golden")
+
+    def pack(source: Path, name: str, version: str, release: int, **kwargs: Any) -> Path:
+        return package_bundle(
+            source,
+            name="digits",
+            version=version,
+            release=release,
+            publisher_key=kwargs.pop("publisher_key", keys.publisher_key),
+            recipients=[keys.device_pub],
+            out=root / f"{name}.edgepkg",
+            **kwargs,
+        )
+
+    return OtaBundles(
+        keys=keys,
+        operator_key=operator_key,
+        operator_pub=operator_pub,
+        v1=pack(convert, "v1", "1.0.0", 1),
+        v2=pack(convert, "v2", "1.1.0", 2),
+        v3_bad_golden=pack(bad, "v3-bad-golden", "1.2.0", 3),
+        v4_other_profile=pack(convert, "v4-other-profile", "1.3.0", 4, targets=["jetson-orin-nano-8gb"]),
+        v5_untrusted_signer=pack(convert, "v5-untrusted", "1.4.0", 5, publisher_key=stranger_key),
+    )
+
+
+def make_deployment(
+    bundle: Path,
+    deployment_id: str,
+    operator_key: Path,
+    *,
+    health: HealthCriteria | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    url: str | None = None,
+    action: str = "install",
+    targets: list[str] | None = None,
+) -> Deployment:
+    """A signed deployment of ``bundle`` (manifest fields read from the file, unverified)."""
+    from edgesdk.bundle import inspect_bundle
+    from edgesdk.keys import load_publisher_private_key
+
+    model = inspect_bundle(bundle).manifest.model
+    data = bundle.read_bytes()
+    deployment = Deployment(
+        deployment_id=deployment_id,
+        issued_at=datetime.now(timezone.utc),
+        model_name=model.name,
+        model_version=model.version,
+        release=model.release,
+        bundle_sha256=hashlib.sha256(data).hexdigest(),
+        bundle_size=len(data),
+        chunk_size=chunk_size,
+        chunk_sha256=[] if url else chunk_hashes(bundle, chunk_size),
+        url=url,
+        health=health or HealthCriteria(probation_s=1.0),
+        action=action,  # type: ignore[arg-type]
+        targets=targets or [],
+    )
+    return sign_deployment(deployment, load_publisher_private_key(operator_key))
+
+
+class StandInAgent:
+    """The contract surface of edgesdk.agent.daemon.Agent, from the real parts, without the API."""
+
+    def __init__(self, data_dir: Path, bundles: OtaBundles, *, device_id: str = "dev-1", link: Any = None) -> None:
+        from edgesdk.agent.events import EventBus
+        from edgesdk.agent.metrics import Metrics
+        from edgesdk.agent.serving import ModelServer
+        from edgesdk.agent.store import ModelStore
+
+        from edgesdk.keys import load_publisher_public_key
+        from edgesdk.profiles import get_profile
+        from edgesdk.schemas.agent_config import AgentConfig
+
+        self.config = AgentConfig(device_id=device_id, profile=PROFILE, data_dir=data_dir)
+        self.profile = get_profile(PROFILE)
+        self.events = EventBus()
+        self.store = ModelStore(data_dir)
+        self.metrics = Metrics()
+        self.server = ModelServer(
+            profile=self.profile, events=self.events, observe=self.metrics.observe, count_error=self.metrics.count_error
+        )
+        self.metrics.server = self.server
+        self.device_key = bundles.keys.device()
+        self.trusted_publishers = [
+            load_publisher_public_key(bundles.keys.publisher_pub),
+            load_publisher_public_key(bundles.operator_pub),
+        ]
+        self.link = link
+        verified = self.store.load_active(self.trusted_publishers, self.profile)
+        if verified is not None:
+            self.server.swap(verified, self.device_key)
+
+    def infer_once(self) -> np.ndarray:
+        image = np.zeros((1, 1, 8, 8), dtype=np.float32)
+        return self.server.infer("digits", {"image": image})["logits"]
+
+
+def statuses(published: list[Any]) -> list[str]:
+    return [json.loads(p.model_dump_json())["state"] for p in published]
