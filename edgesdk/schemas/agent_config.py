@@ -24,6 +24,8 @@ class ApiConfig(Schema):
     request_timeout_s: float = Field(30.0, gt=0)
     header_timeout_s: float = Field(10.0, gt=0, description="slow clients are cut off after this")
     allow_nonfinite: bool = Field(False, description="accept NaN/Inf in float inputs")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this")
+    keepalive_timeout_s: float = Field(15.0, gt=0, description="idle keep-alive connections close after this")
 
 
 class TlsConfig(Schema):
@@ -69,5 +71,8 @@ class AgentConfig(Schema):
     api: ApiConfig = Field(default_factory=ApiConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
+    runtime_threads: int | None = Field(
+        None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["journald", "json", "text"] = "journald"

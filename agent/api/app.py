@@ -1,0 +1,204 @@
+"""The routes of the local API and its admission control.
+
+At most ``max_concurrency`` inferences run at once (the size of the thread pool) and at
+most ``max_queue`` more wait; beyond that a request is answered 503 with ``Retry-After``
+at once, so a flood costs a few microseconds per refused request and never unbounded
+memory. Decoding, inference and encoding all run in the pool: the event loop only moves
+bytes, so a large JSON body cannot stall other connections.
+
+Status codes: 400 malformed body, 404 unknown route or model, 405 wrong method, 406/415
+encodings, 408 slow client, 411 no Content-Length, 413 body too large, 422 the tensors do
+not match the model's signature (wrong dtype/shape, NaN/Inf), 500 the runtime failed, 503
+overload (Retry-After) or no model loaded, 504 the request waited past ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from edgesdk.agent.api.codec import (
+    DecodeError,
+    UnsupportedEncodingError,
+    decode_request,
+    encode_response,
+    media_type,
+    response_encoding,
+)
+from edgesdk.agent.api.http import Request, Respond, Response, json_response
+from edgesdk.agent.metrics import Metrics
+from edgesdk.agent.serving import ModelNotFoundError, ModelServer, NoModelError
+
+from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.schemas.agent_config import ApiConfig
+
+log = logging.getLogger("edgesdk.agent.api")
+
+_INFER_PREFIX = "/v1/models/"
+_INFER_SUFFIX = "/infer"
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class QueueTimeoutError(Exception):
+    """The request waited in the queue longer than request_timeout_s."""
+
+
+class ApiApp:
+    """Routes + admission control. ``handle`` is the HTTP server's handler."""
+
+    def __init__(
+        self,
+        server: ModelServer,
+        metrics: Metrics,
+        config: ApiConfig,
+        *,
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.server = server
+        self.metrics = metrics
+        self.config = config
+        self.status = status or (lambda: {})
+        self.pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="infer")
+        self.capacity = config.max_concurrency + config.max_queue
+        self.in_flight = 0  # running + waiting; touched only on the event loop thread
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drained: asyncio.Event | None = None
+        metrics.queue_depth = lambda: self.in_flight
+
+    def handle(self, request: Request, respond: Respond) -> None:
+        path = request.path
+        if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
+            if request.method != "POST":
+                respond(json_response(405, {"error": f"{request.method} not allowed; use POST"}, [("Allow", "POST")]))
+                return
+            self._infer(request, path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)], respond)
+            return
+        route = _GET_ROUTES.get(path)
+        if route is None:
+            self.metrics.count_error("not_found")
+            respond(json_response(404, {"error": f"no route {path!r}"}))
+            return
+        if request.method not in ("GET", "HEAD"):
+            respond(json_response(405, {"error": f"{request.method} not allowed; use GET"}, [("Allow", "GET")]))
+            return
+        respond(route(self))
+
+    # -- GET routes -----------------------------------------------------------------------------
+
+    def healthz(self) -> Response:
+        return Response(200, b'{"status":"ok"}')
+
+    def readyz(self) -> Response:
+        active = self.server.active
+        if active is None:
+            return json_response(503, {"ready": False, "reason": "no model loaded"})
+        return json_response(200, {"ready": True, "model": active["model"], "variant": active["variant"]})
+
+    def models(self) -> Response:
+        return json_response(200, {"models": self.server.describe_models()})
+
+    def status_route(self) -> Response:
+        return json_response(200, self.status())
+
+    def metrics_route(self) -> Response:
+        return Response(200, self.metrics.prometheus().encode(), content_type=PROMETHEUS_TYPE)
+
+    # -- inference --------------------------------------------------------------------------------
+
+    def _infer(self, request: Request, model_name: str, respond: Respond) -> None:
+        if self.in_flight >= self.capacity:
+            self.metrics.count_error("overload")
+            respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
+            return
+        self.in_flight += 1
+        enqueued = time.monotonic()
+        future = self.pool.submit(self._work, request, model_name, enqueued)
+        loop = self.loop or asyncio.get_running_loop()
+        timer = loop.call_later(self.config.request_timeout_s, self._too_late, respond)
+
+        def done(fut: Future[Response]) -> None:
+            # Runs in the worker thread: hop back onto the loop to touch the transport.
+            loop.call_soon_threadsafe(self._finish, fut, respond, timer)
+
+        future.add_done_callback(done)
+
+    def _too_late(self, respond: Respond) -> None:
+        self.metrics.count_error("timeout")
+        respond(json_response(504, {"error": f"no answer within {self.config.request_timeout_s:g} s"}))
+
+    def _finish(self, future: Future[Response], respond: Respond, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self.in_flight -= 1
+        try:
+            response = future.result()
+        except Exception:  # noqa: BLE001 - _work turns every expected error into a response
+            log.exception("inference worker failed")
+            self.metrics.count_error("internal")
+            response = json_response(500, {"error": "internal error"})
+        respond(response)
+        if self.in_flight == 0 and self._drained is not None:
+            self._drained.set()
+
+    def _work(self, request: Request, model_name: str, enqueued: float) -> Response:
+        if time.monotonic() - enqueued > self.config.request_timeout_s:
+            return json_response(504, {"error": "request expired in the queue"})
+        try:
+            model = self.server.get_model(model_name)
+            content_type = media_type(request.headers.get("content-type"))
+            encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
+            feeds = decode_request(content_type, request.body, request.headers, request.query, model.signature)
+            outputs, variant = self.server.infer_with_variant(model_name, feeds)
+            body, headers = encode_response(
+                encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
+            )
+        except ModelNotFoundError as exc:
+            self.metrics.count_error("not_found")
+            return json_response(404, {"error": str(exc)})
+        except NoModelError as exc:
+            self.metrics.count_error("no_model")
+            return json_response(503, {"error": str(exc)}, [("Retry-After", "5")])
+        except DecodeError as exc:
+            self.metrics.count_error("bad_request")
+            return json_response(400, {"error": str(exc)})
+        except UnsupportedEncodingError as exc:
+            self.metrics.count_error("bad_request")
+            return json_response(exc.status, {"error": str(exc)})
+        except InferenceInputError as exc:
+            # The server already counted bad_input for signature errors it raised itself.
+            return json_response(422, {"error": str(exc)})
+        except RuntimeBackendError as exc:
+            log.error("runtime failed on %s: %s", model_name, exc)
+            return json_response(500, {"error": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - a bug in one request is a 500, never a dead agent
+            log.exception("inference on %s failed", model_name)
+            self.metrics.count_error("internal")
+            return json_response(500, {"error": f"internal error: {type(exc).__name__}"})
+        headers.append(("X-Model-Variant", variant))
+        return Response(200, body, content_type=encoding, headers=headers)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no request is running or queued (SIGTERM); False on timeout."""
+        if self.in_flight == 0:
+            return True
+        self._drained = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+_GET_ROUTES: dict[str, Callable[[ApiApp], Response]] = {
+    "/healthz": ApiApp.healthz,
+    "/readyz": ApiApp.readyz,
+    "/v1/models": ApiApp.models,
+    "/v1/status": ApiApp.status_route,
+    "/metrics": ApiApp.metrics_route,
+}

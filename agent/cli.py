@@ -1,0 +1,145 @@
+"""``edge-agent``: run the device agent, sideload a bundle, show the device key and status.
+
+    edge-agent run --config /etc/edgesdk/agent.toml
+    edge-agent install --config /etc/edgesdk/agent.toml model.edgepkg
+    edge-agent key --config ...          (the device public key, for enrollment)
+    edge-agent status --config ...       (asks the running agent over its local API)
+
+Every user error is one ``error: ...`` line and exit status 1 (same as ``edgesdk``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from edgesdk._version import __version__
+from edgesdk.cli.main import run_cli
+from edgesdk.errors import AgentError
+
+CONFIG_ENV = "EDGESDK_AGENT_CONFIG"
+_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=CONFIG_ENV,
+    default=None,
+    help=f"Agent config (TOML); also ${CONFIG_ENV}. Environment EDGESDK_AGENT__SECTION__KEY overrides.",
+)
+
+
+def _load(config_path: Path | None):  # type: ignore[no-untyped-def]
+    from edgesdk.agent.config import load_config
+
+    if config_path is None and not any(k.startswith("EDGESDK_AGENT__") for k in os.environ):
+        raise click.UsageError("no configuration: pass --config FILE (or set EDGESDK_AGENT_CONFIG)")
+    return load_config(config_path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="edge-agent", message="%(prog)s %(version)s")
+def cli() -> None:
+    """edge-agent: the edgesdk device agent (offline inference, precision governor, metrics)."""
+
+
+@cli.command()
+@_config_option
+def run(config_path: Path | None) -> None:
+    """Run the agent until SIGTERM (drains requests in flight first)."""
+    config = _load(config_path)
+    from edgesdk.agent.daemon import Agent
+    from edgesdk.agent.logs import setup_logging
+
+    setup_logging(config.log_level, config.log_format)
+    code = Agent(config).run()
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@cli.command()
+@_config_option
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--no-reload", is_flag=True, help="Do not signal a running agent to load the new bundle.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def install(config_path: Path | None, bundle: Path, no_reload: bool, as_json: bool) -> None:
+    """Sideload BUNDLE (.edgepkg): verify, stage, prove it loads, commit; then tell a running agent."""
+    config = _load(config_path)
+    if not bundle.is_file():
+        raise AgentError(f"bundle {str(bundle)!r} not found")
+    from edgesdk.agent.daemon import PID_FILE, Agent
+    from edgesdk.agent.logs import setup_logging
+
+    setup_logging("warning", "text")
+    agent = Agent(config)
+    result = agent.install(bundle)
+    reloaded = False if no_reload else _signal_running_agent(Path(config.data_dir) / PID_FILE)
+    result["running_agent_reloaded"] = reloaded
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(
+            f"installed {result.get('model')} {result.get('version')} (release {result.get('release')}) "
+            f"into slot {result.get('slot')}"
+            + ("; the running agent is loading it" if reloaded else "; it serves from the next agent start")
+        )
+
+
+def _signal_running_agent(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@cli.command()
+@_config_option
+def key(config_path: Path | None) -> None:
+    """Print this device's X25519 public key (PEM), creating the key pair if needed."""
+    config = _load(config_path)
+    from cryptography.hazmat.primitives import serialization
+    from edgesdk.agent.daemon import Agent
+
+    agent = Agent(config)
+    pem = agent.device_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    click.echo(pem.decode().strip())
+
+
+@cli.command()
+@_config_option
+def status(config_path: Path | None) -> None:
+    """Ask the running agent for /v1/status (over loopback)."""
+    import urllib.error
+    import urllib.request
+
+    from edgesdk.agent.daemon import PORT_FILE
+
+    config = _load(config_path)
+    port_file = Path(config.data_dir) / PORT_FILE
+    try:
+        port = int(port_file.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise AgentError(f"no running agent found ({port_file} missing)") from exc
+    host = config.api.host if config.api.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/v1/status", timeout=5) as response:  # noqa: S310 - loopback
+            click.echo(json.dumps(json.loads(response.read()), indent=2))
+    except (urllib.error.URLError, OSError) as exc:
+        raise AgentError(f"agent on port {port} does not answer: {exc}") from exc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point for ``edge-agent``."""
+    sys.exit(run_cli(cli, argv, prog_name="edge-agent"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""The agent daemon: wires the store, the model server, the API, the governor, metrics and
+the optional MQTT link and OTA manager together, and runs them until SIGTERM.
+
+Start order: telemetry opt-outs (before any runtime import), data dir, device key, trusted
+publishers, the installed bundle (verified again; a broken slot falls back to the last good
+one), the governor, the API (TCP port written to ``data_dir/api.port``), then the link and
+the updater. Stop order is the reverse, and in-flight requests are drained first.
+SIGHUP re-reads the store (``edge-agent install`` sends it) and swaps to a newly installed bundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.api.app import ApiApp
+from edgesdk.agent.api.http import HttpLimits, HttpServer
+from edgesdk.agent.events import EventBus
+from edgesdk.agent.fsutil import atomic_write_bytes
+from edgesdk.agent.governor.runner import Governor
+from edgesdk.agent.governor.sensors import make_source
+from edgesdk.agent.metrics import Metrics
+from edgesdk.agent.serving import ModelServer
+from edgesdk.agent.store import ModelStore
+from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
+
+from edgesdk._version import __version__
+from edgesdk.errors import AgentError, ConfigError, EdgeSDKError, ProfileError
+from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.schemas.agent_config import AgentConfig
+from edgesdk.schemas.profile import DeviceProfile
+
+log = logging.getLogger("edgesdk.agent")
+
+PORT_FILE = "api.port"
+PID_FILE = "agent.pid"
+
+
+class Agent:
+    """One device agent. Construct, then ``run()`` (blocking) or use the parts directly."""
+
+    def __init__(self, config: AgentConfig, *, profile: DeviceProfile | None = None) -> None:
+        disable_vendor_telemetry()  # before anything can import a runtime
+        self.config = config
+        self.profile = profile or self._load_profile(config.profile)
+        self.data_dir = Path(config.data_dir)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise ConfigError(f"data_dir {str(self.data_dir)!r} cannot be created: {exc.strerror or exc}") from exc
+        self.events = EventBus()
+        self.metrics = Metrics()
+        self.server = ModelServer(
+            profile=self.profile,
+            events=self.events,
+            allow_nonfinite=config.api.allow_nonfinite,
+            runtime_options=self._runtime_options(),
+            observe=self.metrics.observe,
+            count_error=self.metrics.count_error,
+        )
+        self.metrics.server = self.server
+        self.store = ModelStore(self.data_dir)
+        self.device_key = self._load_device_key()
+        self.trusted_publishers = self._load_publishers()
+        self.governor = Governor(
+            self.server,
+            make_source(config.governor.source, trace_file=config.governor.trace_file),
+            self.profile,
+            events=self.events,
+            poll_interval_s=config.governor.poll_interval_s,
+            min_dwell_s=config.governor.min_dwell_s,
+            enabled=config.governor.enabled,
+        )
+        self.metrics.sensors = lambda: self.governor.last_reading.as_dict()
+        self.metrics.governor_state = lambda: self.governor.state
+        self.api: ApiApp | None = None
+        self.http: HttpServer | None = None
+        self.port: int | None = None
+        self.link: Any = None
+        self.updates: Any = None
+        self.started_at = time.time()
+        self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.events.subscribe(self._log_event)
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _load_profile(name: str) -> DeviceProfile:
+        from edgesdk.profiles import get_profile
+
+        try:
+            return get_profile(name)
+        except ProfileError as exc:
+            raise ConfigError(f"profile: {exc}") from exc
+
+    def _runtime_options(self) -> dict[str, str]:
+        threads = self.config.runtime_threads
+        return {"intra_op_num_threads": str(threads)} if threads else {}
+
+    def _load_device_key(self) -> Any:
+        from edgesdk import keys
+
+        path = self.config.device_key
+        if path is not None:
+            return keys.load_device_private_key(path)  # configured: must exist
+        default = self.data_dir / "device.key"
+        if not default.exists():
+            priv, pub = keys.generate_device_key(self.data_dir)
+            log.info("created device key %s (public key %s)", priv, pub)
+        return keys.load_device_private_key(default)
+
+    def _load_publishers(self) -> list[Any]:
+        from edgesdk import keys
+
+        loaded = [keys.load_publisher_public_key(path) for path in self.config.publisher_keys]
+        if not loaded:
+            log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
+        return loaded
+
+    def _log_event(self, name: str, detail: dict[str, Any]) -> None:
+        log.debug("event %s %s", name, detail)
+
+    # -- the model ----------------------------------------------------------------------------------
+
+    def load_installed(self) -> bool:
+        """Verify the active slot and serve it (or the last good one). False when nothing usable."""
+        verified = self.store.load_active(self.trusted_publishers, self.profile)
+        report = self.store.load_report
+        self.problems.extend(report.get("problems", []))
+        if report.get("fell_back"):
+            self.events.emit("bundle_fallback", {"slot": report["slot"], "problems": "; ".join(report["problems"])})
+        while verified is not None:
+            try:
+                self.server.swap(verified, self.device_key)
+                return True
+            except EdgeSDKError as exc:
+                problem = f"slot {self.store.active_slot}: cannot serve: {exc}"
+                self.problems.append(problem)
+                log.error("%s", problem)
+                if self.store.rollback() is None:
+                    return False
+                verified = self.store.load_active(self.trusted_publishers, self.profile)
+        if not self.store.active_slot:
+            log.info("no bundle installed yet; waiting for one (edge-agent install FILE.edgepkg, or OTA)")
+        return False
+
+    def install(self, path: Path) -> dict[str, Any]:
+        """Sideload: verify, stage, activate, prove it loads, commit. The old slot stays until then."""
+        if self.updates is not None and hasattr(self.updates, "install_local"):
+            result = self.updates.install_local(path)
+            return result if isinstance(result, dict) else {"result": str(result)}
+        from edgesdk.bundle import verify_bundle
+
+        verified = verify_bundle(
+            path,
+            trusted_publishers=self.trusted_publishers,
+            profile=self.profile,
+            installed_release=self.store.installed_release(),
+        )
+        slot = self.store.stage(verified)
+        self.store.activate(slot)
+        try:
+            self.server.swap(verified, self.device_key)
+        except EdgeSDKError:
+            self.store.rollback()
+            raise
+        self.store.commit()
+        manifest = verified.manifest
+        self.events.emit(
+            "installed",
+            {
+                "model": manifest.model.name,
+                "version": manifest.model.version,
+                "release": manifest.model.release,
+                "slot": slot,
+            },
+        )
+        return {
+            "model": manifest.model.name,
+            "version": manifest.model.version,
+            "release": manifest.model.release,
+            "slot": slot,
+            "sha256": verified.sha256,
+            "variants": [v.id for v in self.server.model.ladder] if self.server.model else [],
+        }
+
+    def reload(self) -> None:
+        """Serve what the store says is active now, if it changed (SIGHUP)."""
+        self.store.reload()
+        info = self.store.slot_info(self.store.active_slot) if self.store.active_slot else None
+        current = self.server.model
+        if info and current and info.get("sha256") == current.bundle_sha256:
+            log.info("reload: the active bundle is already serving")
+            return
+        log.info("reload: loading the newly installed bundle")
+        self.load_installed()
+
+    # -- status -------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What /v1/status shows: identity, model, governor, sensors, store, problems."""
+        return {
+            "device_id": self.config.device_id,
+            "profile": self.profile.name,
+            "agent_version": __version__,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "model": self.server.active,
+            "governor": self.governor.status(),
+            "temperatures_c": dict(self.governor.last_reading.temperatures_c),
+            "power_source": self.governor.last_reading.power_source,
+            "switch_count": self.server.switch_count,
+            "store": {
+                "active_slot": self.store.active_slot,
+                "previous_slot": self.store.previous_slot,
+                "committed": self.store.committed,
+                "last_load": self.store.load_report,
+            },
+            "problems": list(self.problems),
+            "link": self.link is not None,
+            "updates": getattr(self.updates, "status", lambda: None)() if self.updates is not None else None,
+        }
+
+    # -- hooks for the link (D) and the updater (E) -----------------------------------------------
+
+    def _start_hooks(self) -> None:
+        if self.config.mqtt.enabled:
+            try:
+                from edgesdk.agent.link import start_link
+
+                self.link = start_link(self)
+            except ImportError as exc:
+                log.error("mqtt.enabled but the MQTT link is not available: %s", exc)
+            except EdgeSDKError as exc:
+                log.error("MQTT link did not start: %s (serving goes on offline)", exc)
+                self.problems.append(f"mqtt: {exc}")
+        try:
+            from edgesdk.agent.ota import UpdateManager  # type: ignore[attr-defined]
+        except ImportError:
+            log.debug("OTA updates not available in this agent")
+            return
+        try:
+            self.updates = UpdateManager(self)
+            self.updates.resume()
+        except EdgeSDKError as exc:
+            log.error("OTA resume failed: %s", exc)
+            self.problems.append(f"ota: {exc}")
+
+    def _stop_hooks(self) -> None:
+        for part in (self.updates, self.link):
+            stop = getattr(part, "stop", None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:  # noqa: BLE001 - shutting down: log and go on
+                    log.exception("stopping %r failed", part)
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit code."""
+        return asyncio.run(self.serve())
+
+    def request_stop(self) -> None:
+        """Ask a running agent to stop (thread-safe)."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _loop_turns(self) -> bool:
+        """Watchdog health: the event loop answers within 5 s (a hung loop is a hung agent)."""
+        import concurrent.futures
+
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(done.set_result, True)
+        try:
+            return done.result(timeout=5)
+        except concurrent.futures.TimeoutError:
+            return False
+
+    async def serve(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.load_installed()
+        self.governor.start()
+        self.governor.tick()
+        api_config = self.config.api
+        self.api = ApiApp(self.server, self.metrics, api_config, status=self.status)
+        self.api.loop = self._loop
+        self.http = HttpServer(
+            self.api.handle,
+            HttpLimits(
+                max_body_bytes=api_config.max_body_bytes,
+                header_timeout_s=api_config.header_timeout_s,
+                body_timeout_s=api_config.body_timeout_s,
+                keepalive_timeout_s=api_config.keepalive_timeout_s,
+            ),
+        )
+        try:
+            self.port = await self.http.listen_tcp(api_config.host, api_config.port)
+            if api_config.unix_socket is not None:
+                await self.http.listen_unix(str(api_config.unix_socket))
+        except OSError as exc:
+            self.governor.stop()
+            raise AgentError(f"cannot listen on {api_config.host}:{api_config.port}: {exc.strerror or exc}") from exc
+        atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
+        atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._stop.set)
+        self._loop.add_signal_handler(signal.SIGHUP, lambda: self._loop.run_in_executor(None, self.reload))  # type: ignore[union-attr]
+        self._start_hooks()
+        where = f"http://{api_config.host}:{self.port}" + (
+            f" and {api_config.unix_socket}" if api_config.unix_socket else ""
+        )
+        active = self.server.active
+        log.info(
+            "edge-agent %s ready on %s (device %s, profile %s, model %s)",
+            __version__,
+            where,
+            self.config.device_id,
+            self.profile.name,
+            f"{active['model']} {active['version']} [{active['variant']}]" if active else "none",
+        )
+        notify_ready(f"serving {active['model']} {active['version']}" if active else "no model installed")
+        watchdog = Watchdog(self._loop_turns).start()
+        await self._stop.wait()
+        watchdog.stop()
+        log.info("stopping: draining requests in flight")
+        notify_stopping()
+        await self.http.stop_listening()
+        drained = await self.api.drain(api_config.request_timeout_s)
+        if not drained:
+            log.warning("stopped with requests still running after %.0f s", api_config.request_timeout_s)
+        self.http.close_idle()
+        self._stop_hooks()
+        self.governor.stop()
+        self.api.close()
+        (self.data_dir / PORT_FILE).unlink(missing_ok=True)
+        (self.data_dir / PID_FILE).unlink(missing_ok=True)
+        if api_config.unix_socket is not None:
+            Path(api_config.unix_socket).unlink(missing_ok=True)
+        log.info("stopped")
+        return 0

@@ -1,0 +1,234 @@
+"""What the agent measures about itself, kept in memory, served as ``/metrics`` and handed
+to the MQTT link as telemetry.
+
+Latency is recorded per variant into a bounded rolling window (the last ``window_s``
+seconds, at most ``max_samples`` samples), so percentiles follow what the device does now
+and memory stays flat however long it runs. Recording is one deque append from the
+inference thread; percentiles are computed only when someone asks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.serving import ModelServer
+
+
+class LatencyWindow:
+    """Rolling latencies of one variant: (monotonic time, seconds) pairs."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.total = 0
+
+    def add(self, now: float, seconds: float) -> None:
+        self.samples.append((now, seconds))
+        self.total += 1  # a lost increment under a race is harmless for a counter of this kind
+
+    def recent(self, since: float) -> np.ndarray:
+        # list() snapshots the deque; another thread may append meanwhile (safe in CPython).
+        return np.fromiter((s for t, s in list(self.samples) if t >= since), dtype=np.float64)
+
+
+class Metrics:
+    """Counters and gauges of one agent. Providers are plugged in by the daemon."""
+
+    def __init__(self, server: ModelServer | None = None, *, window_s: float = 60.0, max_samples: int = 8192) -> None:
+        self.server = server
+        self.window_s = window_s
+        self.max_samples = max_samples
+        self.started = time.monotonic()
+        self._windows: dict[str, LatencyWindow] = {}
+        self._errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.queue_depth: Callable[[], int] = lambda: 0
+        self.sensors: Callable[[], dict[str, Any]] = dict  # temperatures_c, power_source, ...
+        self.governor_state: Callable[[], str | None] = lambda: None
+        self._process: Any = None
+        try:
+            import psutil
+
+            self._process = psutil.Process(os.getpid())
+            self._process.cpu_percent(None)  # prime: the first call always returns 0.0
+        except ImportError:
+            self._process = None
+
+    # -- recording (hot path) -------------------------------------------------------------------
+
+    def observe(self, variant_id: str, seconds: float) -> None:
+        """One successful inference of ``variant_id`` that took ``seconds``."""
+        window = self._windows.get(variant_id)
+        if window is None:
+            with self._lock:
+                window = self._windows.setdefault(variant_id, LatencyWindow(self.max_samples))
+        window.add(time.monotonic(), seconds)
+
+    def count_error(self, kind: str) -> None:
+        """One failed request, by kind (bad_input, not_found, overload, timeout, runtime, ...)."""
+        with self._lock:
+            self._errors[kind] += 1
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def latency(self) -> dict[str, dict[str, Any]]:
+        since = time.monotonic() - self.window_s
+        stats: dict[str, dict[str, Any]] = {}
+        for variant_id, window in list(self._windows.items()):
+            recent = window.recent(since)
+            if recent.size:
+                p50, p95, p99 = np.percentile(recent, [50, 95, 99]) * 1000.0
+                stats[variant_id] = {
+                    "count": int(recent.size),
+                    "p50_ms": round(float(p50), 4),
+                    "p95_ms": round(float(p95), 4),
+                    "p99_ms": round(float(p99), 4),
+                }
+            else:
+                stats[variant_id] = {"count": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None}
+        return stats
+
+    def throughput_rps(self) -> float:
+        now = time.monotonic()
+        span = min(self.window_s, max(now - self.started, 1e-3))
+        since = now - span
+        count = sum(int(w.recent(since).size) for w in list(self._windows.values()))
+        return round(count / span, 3)
+
+    def totals(self) -> dict[str, int]:
+        return {variant_id: w.total for variant_id, w in list(self._windows.items())}
+
+    def errors(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._errors)
+
+    def process(self) -> tuple[float | None, float | None]:
+        """(CPU percent since the last call, RSS in MB) of the agent process."""
+        if self._process is None:
+            return None, None
+        try:
+            cpu = float(self._process.cpu_percent(None))
+            rss = self._process.memory_info().rss / (1024 * 1024)
+        except Exception:  # noqa: BLE001 - psutil may fail in odd containers; metrics must not
+            return None, None
+        return round(cpu, 2), round(rss, 2)
+
+    def running_model(self) -> dict[str, Any] | None:
+        active = self.server.active if self.server else None
+        if active is None:
+            return None
+        return {
+            "name": active["model"],
+            "version": active["version"],
+            "release": active["release"],
+            "variant": active["variant"],
+            "sha256": active["sha256"],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The Telemetry fields (schemas.messages.Telemetry) minus device_id, msg_id, seq, ts."""
+        cpu, rss = self.process()
+        sensors = self.sensors() or {}
+        power = sensors.get("power_source", "unknown")
+        return {
+            "model": self.running_model(),
+            "latency": self.latency(),
+            "throughput_rps": self.throughput_rps(),
+            "errors": self.errors(),
+            "queue_depth": int(self.queue_depth()),
+            "cpu_percent": cpu,
+            "rss_mb": rss,
+            "temperatures_c": {k: float(v) for k, v in (sensors.get("temperatures_c") or {}).items()},
+            "power_source": power if power in ("ac", "battery") else "unknown",
+            "governor_state": self.governor_state(),
+            "switch_count": self.server.switch_count if self.server else 0,
+            "dropped_messages": 0,
+        }
+
+    def prometheus(self) -> str:
+        """The snapshot in the Prometheus text exposition format (version 0.0.4)."""
+        snap = self.snapshot()
+        out: list[str] = []
+
+        def metric(
+            name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]
+        ) -> None:
+            out.append(f"# HELP edgesdk_agent_{name} {help_text}")
+            out.append(f"# TYPE edgesdk_agent_{name} {kind}")
+            for labels, value in samples:
+                if value is None:
+                    continue
+                label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                out.append(
+                    f"edgesdk_agent_{name}{{{label_text}}} {value}" if label_text else f"edgesdk_agent_{name} {value}"
+                )
+
+        latency = snap["latency"]
+        quantiles = []
+        for variant_id, stats in latency.items():
+            for q, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms")):
+                if stats[key] is not None:
+                    quantiles.append(({"variant": variant_id, "quantile": q}, stats[key] / 1000.0))
+        metric("inference_latency_seconds", "gauge", f"rolling latency quantiles over {self.window_s:g} s", quantiles)
+        metric(
+            "inferences_total",
+            "counter",
+            "successful inferences per variant",
+            [({"variant": v}, n) for v, n in self.totals().items()],
+        )
+        metric("throughput_rps", "gauge", "inferences per second over the window", [({}, snap["throughput_rps"])])
+        metric(
+            "errors_total",
+            "counter",
+            "failed requests by kind",
+            [({"kind": k}, n) for k, n in sorted(snap["errors"].items())],
+        )
+        metric("queue_depth", "gauge", "requests running or waiting", [({}, snap["queue_depth"])])
+        metric("cpu_percent", "gauge", "CPU of the agent process", [({}, snap["cpu_percent"])])
+        rss = snap["rss_mb"]
+        metric("rss_bytes", "gauge", "resident memory of the agent", [({}, int(rss * 1024 * 1024) if rss else None)])
+        metric(
+            "temperature_celsius",
+            "gauge",
+            "sensor temperatures",
+            [({"sensor": k}, v) for k, v in sorted(snap["temperatures_c"].items())],
+        )
+        metric("power_source", "gauge", "1 for the current power source", [({"source": snap["power_source"]}, 1)])
+        metric("precision_switches_total", "counter", "precision switches since start", [({}, snap["switch_count"])])
+        if snap["governor_state"]:
+            metric("governor_state", "gauge", "1 for the governor's state", [({"state": snap["governor_state"]}, 1)])
+        model = snap["model"]
+        if model:
+            metric(
+                "model_info",
+                "gauge",
+                "the model now serving (sha256 of the active artifact)",
+                [
+                    (
+                        {
+                            "model": model["name"],
+                            "version": model["version"],
+                            "release": str(model["release"]),
+                            "variant": model["variant"],
+                            "sha256": model["sha256"],
+                        },
+                        1,
+                    )
+                ],
+            )
+        metric(
+            "uptime_seconds",
+            "gauge",
+            "seconds since the agent started",
+            [({}, round(time.monotonic() - self.started, 1))],
+        )
+        return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

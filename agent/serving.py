@@ -1,0 +1,412 @@
+"""Serving the installed model: every gated variant loaded from memory, one of them active.
+
+A bundle is swapped in whole: all of its variants are decrypted and loaded (in memory
+only) BEFORE anything changes, then one reference assignment makes the new model the one
+requests see. A request takes its variant reference once at the start, so requests in
+flight finish on the variant they started on; a switched-out or swapped-out variant is
+released when the last request holding it drops it (CPython reference counting), never
+while it is running.
+
+The governor moves between variants with :meth:`ModelServer.switch_variant`; the ladder is
+the model's variants ordered by precision (fp32 first), one per precision, each the one
+whose runtime the device profile prefers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.events import EventBus
+from edgesdk.agent.runtimes.base import LoadedModel
+from edgesdk.agent.signature import Signature, dequantize, quantize
+
+from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError
+from edgesdk.schemas.common import PRECISION_LADDER, Precision
+from edgesdk.schemas.manifest import TensorSpec, Variant
+from edgesdk.schemas.profile import DeviceProfile
+
+log = logging.getLogger("edgesdk.agent.serving")
+
+
+class ModelNotFoundError(AgentError):
+    """The request names a model this agent does not serve."""
+
+
+class NoModelError(AgentError):
+    """No model is loaded yet."""
+
+
+class ServedVariant:
+    """One loaded variant, with the adapters that make it look like the public signature."""
+
+    def __init__(self, meta: Variant, loaded: LoadedModel) -> None:
+        self.meta = meta
+        self.id = meta.id
+        self.precision = Precision(meta.precision)
+        self.runtime = str(getattr(meta.runtime, "value", meta.runtime))
+        self.sha256 = meta.sha256
+        self.loaded = loaded
+        self.inputs = self._merge_quantization(loaded.inputs, meta.inputs)
+        self.outputs = self._merge_quantization(loaded.outputs, meta.outputs)
+        # Non-thread-safe runtimes (a LiteRT interpreter) run one request at a time.
+        self._lock: threading.Lock | None = None if loaded.thread_safe else threading.Lock()
+        self._in_adapters = [(s.name, np.dtype(s.dtype), s) for s in self.inputs]
+        self._out_specs = [s for s in self.outputs if s.quantization is not None]
+        self._plain = all(s.quantization is None for s in self.inputs)
+
+    @staticmethod
+    def _merge_quantization(
+        runtime_specs: Sequence[TensorSpec], manifest_specs: Sequence[TensorSpec]
+    ) -> list[TensorSpec]:
+        """The runtime's specs are the truth for names/dtypes; quantization may only be in the manifest."""
+        by_name = {s.name: s for s in manifest_specs}
+        merged = []
+        for spec in runtime_specs or manifest_specs:
+            declared = by_name.get(spec.name)
+            if spec.quantization is None and declared is not None and declared.quantization is not None:
+                spec = spec.model_copy(update={"quantization": declared.quantization})
+            merged.append(spec)
+        return merged
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run with public-signature feeds; returns public-signature outputs."""
+        adapted: dict[str, np.ndarray] = {}
+        for name, dtype, spec in self._in_adapters:
+            array = feeds[name]
+            if spec.quantization is not None and array.dtype.kind == "f":
+                array = quantize(array, spec)
+            elif array.dtype != dtype:
+                array = array.astype(dtype)
+            adapted[name] = array
+        if self._lock is None:
+            outputs = self.loaded.run(adapted)
+        else:
+            with self._lock:
+                outputs = self.loaded.run(adapted)
+        for spec in self._out_specs:
+            if spec.name in outputs:
+                outputs[spec.name] = dequantize(outputs[spec.name], spec)
+        return outputs
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "precision": self.precision.value,
+            "runtime": self.runtime,
+            "format": str(getattr(self.meta.format, "value", self.meta.format)),
+            "sha256": self.sha256,
+            "accuracy": self.meta.accuracy.model_dump(mode="json") if self.meta.accuracy else None,
+        }
+
+
+@dataclass
+class ServedModel:
+    """A loaded model: its identity, its ladder of variants (best first), the active one."""
+
+    name: str
+    version: str
+    release: int
+    bundle_sha256: str | None
+    ladder: list[ServedVariant]
+    signature: Signature
+    active: ServedVariant
+    loaded_at: float = field(default_factory=time.time)
+
+    def variant(self, variant_id: str) -> ServedVariant:
+        for v in self.ladder:
+            if v.id == variant_id:
+                return v
+        raise AgentError(f"variant {variant_id!r} is not loaded; loaded: {[v.id for v in self.ladder]}")
+
+
+ObserveFn = Callable[[str, float], None]
+ErrorFn = Callable[[str], None]
+
+
+def _noop_observe(variant_id: str, seconds: float) -> None:
+    return None
+
+
+def _noop_error(kind: str) -> None:
+    return None
+
+
+def _default_decrypt(bundle: Any, variant_id: str, device_key: Any) -> dict[str, bytes]:
+    import edgesdk.bundle
+
+    files: dict[str, bytes] = edgesdk.bundle.decrypt_variant(bundle, variant_id, device_key)  # type: ignore[attr-defined]
+    return files
+
+
+def gate_passed(variant: Variant) -> bool:
+    """A variant may serve unless its accuracy gate failed. No result means the packager's host
+    could not run that runtime (Core ML on Linux): it is served, and logged as unvalidated."""
+    return variant.accuracy is None or variant.accuracy.passed
+
+
+def order_ladder(variants: Sequence[Variant], profile: DeviceProfile | None) -> list[list[Variant]]:
+    """Group by precision, highest first; inside a group the profile's preferred runtime first."""
+    preference = [str(getattr(r.runtime, "value", r.runtime)) for r in profile.runtimes] if profile else []
+    formats = {str(getattr(f, "value", f)) for f in profile.formats} if profile else None
+
+    def runtime_rank(v: Variant) -> int:
+        name = str(getattr(v.runtime, "value", v.runtime))
+        return preference.index(name) if name in preference else len(preference)
+
+    groups: list[list[Variant]] = []
+    for precision in PRECISION_LADDER:
+        group = [
+            v
+            for v in variants
+            if Precision(v.precision) == precision
+            and (formats is None or str(getattr(v.format, "value", v.format)) in formats)
+        ]
+        if group:
+            groups.append(sorted(group, key=runtime_rank))
+    return groups
+
+
+class ModelServer:
+    """Holds the served model; ``infer`` is safe from many threads; ``swap``/``switch_variant`` are atomic."""
+
+    def __init__(
+        self,
+        *,
+        profile: DeviceProfile | None = None,
+        events: EventBus | None = None,
+        allow_nonfinite: bool = False,
+        runtime_options: Mapping[str, str] | None = None,
+        observe: ObserveFn | None = None,
+        count_error: ErrorFn | None = None,
+    ) -> None:
+        self.profile = profile
+        self.events = events or EventBus()
+        self.allow_nonfinite = allow_nonfinite
+        self.runtime_options = dict(runtime_options or {})
+        self.observe = observe or _noop_observe
+        self.count_error = count_error or _noop_error
+        self.switch_count = 0
+        self._model: ServedModel | None = None
+        self._change_lock = threading.Lock()  # one swap/switch at a time; infer never takes it
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def swap(
+        self, verified_bundle: Any, device_key: Any, *, decrypt: Callable[..., dict[str, bytes]] | None = None
+    ) -> ServedModel:
+        """Decrypt and load every gated variant of ``verified_bundle`` in memory, then switch to it.
+
+        The model serving now keeps serving if anything fails (AgentError with every reason).
+        """
+        from edgesdk.agent.runtimes import load_variant
+
+        decrypt = decrypt or _default_decrypt
+
+        manifest = verified_bundle.manifest
+        loaded: list[tuple[Variant, LoadedModel]] = []
+        problems: list[str] = []
+        for group in order_ladder([v for v in manifest.variants if self._eligible(v, problems)], self.profile):
+            for meta in group:
+                try:
+                    files = decrypt(verified_bundle, meta.id, device_key)
+                    model = load_variant(meta.runtime, files, options=self._options_for(meta))
+                    del files  # plaintext bytes: drop our reference as soon as the runtime has them
+                except EdgeSDKError as exc:
+                    problems.append(f"{meta.id}: {exc}")
+                    log.warning("variant %s not loaded: %s", meta.id, exc)
+                    continue
+                loaded.append((meta, model))
+                break  # one variant per precision
+        if not loaded:
+            raise AgentError(
+                f"no variant of {manifest.model.name} {manifest.model.version} could be loaded here: "
+                + ("; ".join(problems) or "no variant matches this device's profile")
+            )
+        return self.serve(
+            name=manifest.model.name,
+            version=manifest.model.version,
+            release=manifest.model.release,
+            bundle_sha256=getattr(verified_bundle, "sha256", None),
+            variants=loaded,
+        )
+
+    def _eligible(self, meta: Variant, problems: list[str]) -> bool:
+        if not gate_passed(meta):
+            problems.append(f"{meta.id}: failed its accuracy gate")
+            log.info("variant %s skipped: it failed its accuracy gate", meta.id)
+            return False
+        if meta.accuracy is None:
+            log.warning("variant %s has no accuracy result (unvalidated on the packaging host)", meta.id)
+        return True
+
+    def _options_for(self, meta: Variant) -> dict[str, str] | None:
+        options = dict(self.runtime_options)
+        if self.profile is not None:
+            support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
+            if (
+                support
+                and support.execution_providers
+                and str(getattr(meta.runtime, "value", meta.runtime)) == "onnxruntime"
+            ):
+                options.setdefault("providers", ",".join(support.execution_providers))
+        return options or None
+
+    def serve(
+        self,
+        *,
+        name: str,
+        version: str,
+        release: int,
+        variants: Sequence[tuple[Variant, LoadedModel]],
+        bundle_sha256: str | None = None,
+        start_variant: str | None = None,
+    ) -> ServedModel:
+        """Serve already-loaded variants (best first) — the switch itself; ``swap`` ends here."""
+        if not variants:
+            raise AgentError(f"model {name!r}: no variants to serve")
+        ladder = [ServedVariant(meta, model) for meta, model in variants]
+        signature = Signature.from_specs([(v.inputs, v.outputs) for v in ladder], allow_nonfinite=self.allow_nonfinite)
+        with self._change_lock:
+            old = self._model
+            active = ladder[0]
+            if start_variant is not None:
+                active = next((v for v in ladder if v.id == start_variant), active)
+            model = ServedModel(name, version, release, bundle_sha256, ladder, signature, active)
+            self._model = model  # the switch: one reference assignment
+        log.info(
+            "serving %s %s (release %d), variants %s, active %s",
+            name,
+            version,
+            release,
+            [v.id for v in ladder],
+            active.id,
+        )
+        self.events.emit(
+            "model_loaded",
+            {
+                "model": name,
+                "version": version,
+                "release": release,
+                "variant": active.id,
+                "previous_model": f"{old.name} {old.version}" if old else None,
+            },
+        )
+        return model
+
+    def unload(self) -> None:
+        """Stop serving (requests in flight finish on what they hold)."""
+        with self._change_lock:
+            self._model = None
+
+    # -- switching ----------------------------------------------------------------------------
+
+    def switch_variant(self, variant_id: str, reason: str) -> bool:
+        """Make ``variant_id`` active; False when it already is. Logged, counted, emitted."""
+        with self._change_lock:
+            model = self._require_model()
+            target = model.variant(variant_id)
+            previous = model.active
+            if target is previous:
+                return False
+            model.active = target  # atomic: requests read it once
+            self.switch_count += 1
+        log.info("precision switch %s -> %s (%s)", previous.id, target.id, reason)
+        self.events.emit(
+            "precision_switch",
+            {
+                "from": previous.id,
+                "to": target.id,
+                "from_precision": previous.precision.value,
+                "to_precision": target.precision.value,
+                "reason": reason,
+                "switch_count": self.switch_count,
+            },
+        )
+        return True
+
+    # -- inference ----------------------------------------------------------------------------
+
+    @property
+    def model(self) -> ServedModel | None:
+        return self._model
+
+    def _require_model(self) -> ServedModel:
+        model = self._model
+        if model is None:
+            raise NoModelError("no model is loaded (install a bundle with 'edge-agent install FILE.edgepkg')")
+        return model
+
+    def get_model(self, model_name: str) -> ServedModel:
+        """The served model called ``model_name``; ModelNotFoundError otherwise."""
+        model = self._require_model()
+        if model.name != model_name:
+            raise ModelNotFoundError(f"model {model_name!r} is not served here; served: [{model.name!r}]")
+        return model
+
+    def infer(self, model_name: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validate ``feeds`` against the public signature and run the active variant."""
+        return self.infer_with_variant(model_name, feeds)[0]
+
+    def infer_with_variant(self, model_name: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+        """Like ``infer``; also returns the id of the variant that ran."""
+        model = self._model
+        if model is None or model.name != model_name:
+            self.count_error("not_found" if model is not None else "no_model")
+            model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
+        try:
+            model.signature.check(feeds)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        variant = model.active  # taken once: this request finishes on this variant
+        start = time.perf_counter()
+        try:
+            outputs = variant.run(feeds)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        except Exception:
+            self.count_error("runtime")
+            raise
+        self.observe(variant.id, time.perf_counter() - start)
+        return outputs, variant.id
+
+    # -- status -------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> dict[str, Any] | None:
+        """What runs now: model, version, release, variant, precision, runtime, hashes."""
+        model = self._model
+        if model is None:
+            return None
+        return {
+            "model": model.name,
+            "version": model.version,
+            "release": model.release,
+            "variant": model.active.id,
+            "precision": model.active.precision.value,
+            "runtime": model.active.runtime,
+            "sha256": model.active.sha256,
+            "bundle_sha256": model.bundle_sha256,
+        }
+
+    def describe_models(self) -> list[dict[str, Any]]:
+        model = self._model
+        if model is None:
+            return []
+        return [
+            {
+                "name": model.name,
+                "version": model.version,
+                "release": model.release,
+                "active_variant": model.active.id,
+                "variants": [v.describe() for v in model.ladder],
+                **model.signature.describe(),
+            }
+        ]

@@ -1,0 +1,281 @@
+"""A/B slots of installed bundles, kept ENCRYPTED on disk.
+
+Layout under the agent's data dir::
+
+    slots/a/bundle.edgepkg     the bundle exactly as published (encrypted payloads)
+    slots/b/bundle.edgepkg
+    store.json                 which slot is active, which was before, which are proven
+    store.lock                 serialises writers (the daemon and ``edge-agent install``)
+
+A new bundle is staged into the slot that is not active, then activated, then committed
+once it has proven itself (the OTA probation, or at once for a sideload). The serving slot
+is never overwritten before the new one is proven: staging always targets the other slot.
+At start, :meth:`ModelStore.load_active` verifies the active slot again (signature and
+hashes: a bundle on an SD card can rot) and falls back to the last proven slot when it
+fails, reporting why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
+
+from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
+
+log = logging.getLogger("edgesdk.agent.store")
+
+Slot = Literal["a", "b"]
+SLOTS: tuple[Slot, Slot] = ("a", "b")
+BUNDLE_FILE = "bundle.edgepkg"
+_COPY_CHUNK = 1 << 20
+
+
+def _other(slot: Slot | None) -> Slot:
+    return "b" if slot == "a" else "a"
+
+
+def _default_verify(path: Path, **kwargs: Any) -> Any:
+    import edgesdk.bundle
+
+    return edgesdk.bundle.verify_bundle(path, **kwargs)  # type: ignore[attr-defined]
+
+
+class ModelStore:
+    """The A/B slot store of one device. Every change is persisted atomically before it counts."""
+
+    def __init__(self, data_dir: Path, *, verify: Callable[..., Any] | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.slots_dir = self.data_dir / "slots"
+        self.state_path = self.data_dir / "store.json"
+        self._lock_path = self.data_dir / "store.lock"
+        self._verify = verify or _default_verify
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for slot in SLOTS:
+            (self.slots_dir / slot).mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._state = self._read_state()
+        #: What the last ``load_active`` found: slot used, problems met, whether it fell back.
+        self.load_report: dict[str, Any] = {}
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _read_state(self) -> dict[str, Any]:
+        empty: dict[str, Any] = {"active": None, "previous": None, "committed": False, "slots": {}}
+        try:
+            data = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return empty
+        except (OSError, ValueError) as exc:
+            # A torn state file cannot happen with atomic writes, but a bad disk can do anything.
+            log.error("store state %s unreadable (%s); starting with an empty store", self.state_path, exc)
+            return empty
+        if not isinstance(data, dict) or data.get("active") not in (None, *SLOTS):
+            log.error("store state %s malformed; starting with an empty store", self.state_path)
+            return empty
+        return {**empty, **data}
+
+    def _save(self) -> None:
+        atomic_write_json(self.state_path, self._state)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Exclusive across processes; re-reads the state so another writer's change is seen."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._state = self._read_state()
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def reload(self) -> None:
+        """Re-read ``store.json`` (after ``edge-agent install`` changed it)."""
+        self._state = self._read_state()
+
+    @property
+    def active_slot(self) -> Slot | None:
+        return self._state["active"]
+
+    @property
+    def previous_slot(self) -> Slot | None:
+        return self._state["previous"]
+
+    @property
+    def committed(self) -> bool:
+        """True when the active slot has been committed (proven)."""
+        return bool(self._state["committed"])
+
+    def slot_info(self, slot: Slot) -> dict[str, Any] | None:
+        """What was recorded when ``slot`` was staged (name, version, release, sha256, good)."""
+        info = self._state["slots"].get(slot)
+        return dict(info) if info else None
+
+    def bundle_path(self, slot: Slot) -> Path:
+        return self.slots_dir / slot / BUNDLE_FILE
+
+    def installed_release(self) -> int | None:
+        """Release counter of the active slot (the anti-rollback floor), None when empty."""
+        active = self.active_slot
+        info = self._state["slots"].get(active) if active else None
+        return int(info["release"]) if info else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the persisted state, for status pages."""
+        return json.loads(json.dumps(self._state))
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def stage(self, verified: Any) -> Slot:
+        """Copy a verified bundle (still encrypted) into the inactive slot; returns the slot.
+
+        The copy is hashed on the way and must match the hash taken at verification, so a
+        file swapped on disk between verify and stage is refused.
+        """
+        with self._locked():
+            slot = _other(self.active_slot)
+            target = self.bundle_path(slot)
+            tmp = target.with_name(f".{BUNDLE_FILE}.tmp-{os.getpid()}")
+            digest = hashlib.sha256()
+            try:
+                with open(verified.path, "rb") as src, open(tmp, "wb") as dst:
+                    os.fchmod(dst.fileno(), 0o600)
+                    while chunk := src.read(_COPY_CHUNK):
+                        digest.update(chunk)
+                        dst.write(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                if digest.hexdigest() != verified.sha256:
+                    raise IntegrityError(
+                        f"bundle {str(verified.path)!r} changed after it was verified "
+                        f"(sha256 {digest.hexdigest()} != {verified.sha256})"
+                    )
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise AgentError(f"cannot stage bundle into slot {slot}: {exc}") from exc
+            finally:
+                tmp.unlink(missing_ok=True)
+            fsync_dir(target.parent)
+            manifest = verified.manifest
+            self._state["slots"][slot] = {
+                "name": manifest.model.name,
+                "version": manifest.model.version,
+                "release": manifest.model.release,
+                "sha256": verified.sha256,
+                "staged_at": time.time(),
+                "good": False,
+            }
+            if self._state["previous"] == slot:
+                self._state["previous"] = None  # its old content is gone
+            self._save()
+            log.info(
+                "staged %s %s (release %d) into slot %s",
+                manifest.model.name,
+                manifest.model.version,
+                manifest.model.release,
+                slot,
+            )
+            return slot
+
+    def activate(self, slot: Slot) -> None:
+        """Make ``slot`` the one to serve; the current one becomes ``previous`` (uncommitted)."""
+        if slot not in SLOTS:
+            raise AgentError(f"unknown slot {slot!r}; known: a, b")
+        with self._locked():
+            if slot not in self._state["slots"]:
+                raise AgentError(f"slot {slot} holds no staged bundle")
+            if self._state["active"] != slot:
+                self._state["previous"] = self._state["active"]
+            self._state["active"] = slot
+            self._state["committed"] = False
+            self._save()
+            log.info("activated slot %s (previous %s)", slot, self._state["previous"])
+
+    def commit(self) -> None:
+        """The active slot has proven itself: it becomes the last good one."""
+        with self._locked():
+            active = self._state["active"]
+            if active is None:
+                raise AgentError("nothing to commit: no active slot")
+            self._state["committed"] = True
+            self._state["slots"][active]["good"] = True
+            self._save()
+            log.info("committed slot %s", active)
+
+    def rollback(self) -> Slot | None:
+        """Go back to the previous good slot; returns it, or None when there is none."""
+        with self._locked():
+            previous = self._state["previous"]
+            info = self._state["slots"].get(previous) if previous else None
+            if previous is None or not info or not info.get("good"):
+                log.warning("rollback requested but no previous good slot")
+                return None
+            failed = self._state["active"]
+            self._state["active"] = previous
+            self._state["previous"] = None
+            self._state["committed"] = True
+            if failed in self._state["slots"]:
+                self._state["slots"][failed]["good"] = False
+            self._save()
+            log.warning("rolled back from slot %s to slot %s", failed, previous)
+            return previous
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _verify_slot(self, slot: Slot, trusted_publishers: Any, profile: Any) -> Any:
+        path = self.bundle_path(slot)
+        if not path.is_file():
+            raise AgentError(f"slot {slot}: {path} is missing")
+        profile_name = getattr(profile, "name", profile)
+        verified = self._verify(path, trusted_publishers=trusted_publishers, profile=profile_name)
+        expected = (self._state["slots"].get(slot) or {}).get("sha256")
+        if expected and verified.sha256 != expected:
+            raise IntegrityError(f"slot {slot}: bundle sha256 {verified.sha256} is not the one installed ({expected})")
+        return verified
+
+    def load_active(self, trusted_publishers: Any, profile: Any) -> Any:
+        """Verify and return the active bundle; on failure fall back to the last good slot.
+
+        Returns None when no slot holds a usable bundle. ``load_report`` says what happened;
+        a fallback is persisted (the good slot becomes active) so the next install stages
+        over the broken one and never over the one serving.
+        """
+        problems: list[str] = []
+        candidates: list[Slot] = []
+        active = self.active_slot
+        if active is not None:
+            candidates.append(active)
+        for slot in (self.previous_slot, _other(active)):
+            info = self._state["slots"].get(slot) if slot else None
+            if slot and slot not in candidates and info and info.get("good"):
+                candidates.append(slot)
+        for slot in candidates:
+            try:
+                verified = self._verify_slot(slot, trusted_publishers, profile)
+            except EdgeSDKError as exc:
+                problems.append(f"slot {slot}: {exc}")
+                log.error("installed bundle in slot %s failed verification: %s", slot, exc)
+                continue
+            fell_back = slot != active
+            if fell_back:
+                with self._locked():
+                    self._state["previous"] = None
+                    self._state["active"] = slot
+                    self._state["committed"] = True
+                    if active in self._state["slots"]:
+                        self._state["slots"][active]["good"] = False
+                    self._save()
+                log.warning("started on last good slot %s instead of broken slot %s", slot, active)
+            self.load_report = {"slot": slot, "fell_back": fell_back, "problems": problems}
+            return verified
+        self.load_report = {"slot": None, "fell_back": False, "problems": problems}
+        return None
