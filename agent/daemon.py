@@ -152,10 +152,40 @@ class Agent:
         return False
 
     def install(self, path: Path) -> dict[str, Any]:
-        """Sideload: verify, stage, activate, prove it loads, commit. The old slot stays until then."""
-        if self.updates is not None and hasattr(self.updates, "install_local"):
-            result = self.updates.install_local(path)
-            return result if isinstance(result, dict) else {"result": str(result)}
+        """Sideload through the OTA install path (verify, stage, smoke-test, activate, commit).
+
+        Without the OTA module the same steps run here directly; either way the serving slot
+        is kept until the new bundle has loaded.
+        """
+        updates = self.updates
+        if updates is None:
+            try:
+                from edgesdk.agent.ota import UpdateManager
+            except ImportError:
+                UpdateManager = None  # type: ignore[assignment,misc]  # noqa: N806
+            if UpdateManager is not None:
+                updates = UpdateManager(self)
+        if updates is not None:
+            state = updates.install_local(path)
+            result = self._installed_summary()
+            result["state"] = getattr(state, "value", str(state))
+            return result
+        return self._install_directly(path)
+
+    def _installed_summary(self) -> dict[str, Any]:
+        slot = self.store.active_slot
+        info = self.store.slot_info(slot) if slot else None
+        info = info or {}
+        return {
+            "model": info.get("name"),
+            "version": info.get("version"),
+            "release": info.get("release"),
+            "slot": slot,
+            "sha256": info.get("sha256"),
+            "variants": [v.id for v in self.server.model.ladder] if self.server.model else [],
+        }
+
+    def _install_directly(self, path: Path) -> dict[str, Any]:
         from edgesdk.bundle import verify_bundle
 
         verified = verify_bundle(
@@ -182,14 +212,7 @@ class Agent:
                 "slot": slot,
             },
         )
-        return {
-            "model": manifest.model.name,
-            "version": manifest.model.version,
-            "release": manifest.model.release,
-            "slot": slot,
-            "sha256": verified.sha256,
-            "variants": [v.id for v in self.server.model.ladder] if self.server.model else [],
-        }
+        return self._installed_summary()
 
     def reload(self) -> None:
         """Serve what the store says is active now, if it changed (SIGHUP)."""

@@ -1,0 +1,205 @@
+"""A real agent process through its life: config errors, sideload, a corrupted installed
+bundle at start, reload on SIGHUP, precision switches under load, draining on SIGTERM, and
+no vendor telemetry written under a fresh HOME."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.agent_helpers import AgentProcess, agent_env, make_device, run_agent_cli
+from tests.conftest import assert_one_line_error
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def convert_dir(digits, request):
+    from tests.bundle_helpers import make_digits_convert_dir
+
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
+@pytest.fixture(scope="module")
+def images(digits):
+    return np.load(digits.validation)["image"][:4]
+
+
+def install(device, bundle) -> None:
+    proc = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundle))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "needles"),
+    [
+        ('device_id = "d"\n', {}, ["profile", "Field required"]),
+        ('device_id = "d"\nprofile = "rpi5-8gb"\nbogus = 1\n', {}, ["bogus"]),
+        ('device_id = "d"\nprofile = "rpi5-8gb"\n[api\n', {}, ["not valid TOML"]),
+        ('device_id = "d"\nprofile = "rpi9"\n', {}, ["rpi9"]),
+        ('device_id = "d"\nprofile = "rpi5-8gb"\n', {"EDGESDK_AGENT__API__PORT": "99999"}, ["api.port", "99999"]),
+        ('device_id = "d"\nprofile = "rpi5-8gb"\n', {"EDGESDK_AGENT__API__MAX_QUEUE": "lots"}, ["max_queue", "lots"]),
+    ],
+)
+def test_bad_config_is_one_clear_error(tmp_path, content, env, needles) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(content.replace('profile = "rpi5-8gb"\n', f'profile = "rpi5-8gb"\ndata_dir = "{tmp_path}/d"\n'))
+    proc = run_agent_cli("run", "--config", str(config), env={**agent_env(), **env}, timeout=60)
+    assert_one_line_error(proc, *needles)
+
+
+def test_missing_config_file_and_missing_bundle(tmp_path) -> None:
+    assert_one_line_error(run_agent_cli("run", "--config", str(tmp_path / "nope.toml")), "nope.toml", "not found")
+    device = make_device(tmp_path / "dev")
+    assert_one_line_error(
+        run_agent_cli("install", "--config", str(device.config), str(tmp_path / "x.edgepkg")), "x.edgepkg"
+    )
+
+
+def test_tampered_bundle_is_refused_by_install(tmp_path, convert_dir) -> None:
+    device = make_device(tmp_path / "dev")
+    bundle = device.bundle(convert_dir, version="1.0.0", release=1)
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "tampered.edgepkg"
+    bad.write_bytes(bytes(data))
+    proc = run_agent_cli("install", "--config", str(device.config), str(bad))
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert not (device.data_dir / "slots" / "a" / "bundle.edgepkg").exists()
+
+
+def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, images) -> None:
+    device = make_device(tmp_path / "dev")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    install(device, device.bundle(convert_dir, version="2.0.0", release=2))
+    store = json.loads((device.data_dir / "store.json").read_text())
+    assert store["active"] == "b" and store["previous"] == "a"
+    broken = device.data_dir / "slots" / "b" / "bundle.edgepkg"
+    data = bytearray(broken.read_bytes())
+    data[-100] ^= 0xFF  # rot inside an encrypted payload: the hash check must catch it
+    broken.write_bytes(bytes(data))
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
+        status = client.get("/v1/status").json()
+        assert status["model"]["version"] == "1.0.0"
+        assert status["store"]["active_slot"] == "a"
+        assert status["store"]["last_load"]["fell_back"] is True
+        assert any("slot b" in p for p in status["problems"]), status["problems"]
+        r = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
+        assert r.status_code == 200
+    assert "started on last good slot a" in agent.log()
+
+
+def test_sighup_reload_after_install_and_sigterm_drain(tmp_path, convert_dir, digits) -> None:
+    device = make_device(tmp_path / "dev")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    big = np.repeat(np.load(digits.validation)["image"], 4, axis=0)[:4096]
+    body = big.tobytes()
+    headers = {"content-type": "application/x-edgesdk-tensors", "x-tensors": f"image=float32[{len(big)},1,8,8]"}
+    with AgentProcess(device) as agent:
+        proc = run_agent_cli(
+            "install", "--config", str(device.config), str(device.bundle(convert_dir, version="2.0.0", release=2))
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "running agent is loading it" in proc.stdout
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=agent.url) as client:
+            while client.get("/v1/status").json()["model"]["version"] != "2.0.0":
+                assert time.monotonic() < deadline, agent.log()
+                time.sleep(0.2)
+
+        results: list[object] = []
+        started = threading.Barrier(5)
+
+        def client_loop() -> None:
+            with httpx.Client(base_url=agent.url, timeout=30) as c:
+                started.wait()
+                for _ in range(50):
+                    try:
+                        results.append(c.post("/v1/models/digits/infer", content=body, headers=headers).status_code)
+                    except httpx.TransportError as exc:  # after the listener closed: refused, not failed mid-way
+                        results.append(type(exc).__name__)
+                        return
+
+        threads = [threading.Thread(target=client_loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.5)
+        code = agent.stop(signal.SIGTERM)
+        for t in threads:
+            t.join()
+    assert code == 0, agent.log()
+    answered = [r for r in results if isinstance(r, int)]
+    assert answered and set(answered) == {200}, results
+    assert "draining" in agent.log() and "stopped" in agent.log()
+    assert not (device.data_dir / "api.port").exists()
+
+
+def test_precision_switches_under_load_fail_no_request(tmp_path, convert_dir, images) -> None:
+    device = make_device(tmp_path / "dev")
+    trace = tmp_path / "trace.jsonl"
+    # rpi5-8gb: step down at 76 °C, up at 67 °C. Hot and cool every 0.4 s for 60 s.
+    trace.write_text(
+        "\n".join(json.dumps({"at_s": i * 0.4, "temperatures_c": {"soc": 79.0 if i % 2 else 55.0}}) for i in range(150))
+    )
+    device.write_config(
+        governor={"source": "trace", "trace_file": str(trace), "poll_interval_s": 0.05, "min_dwell_s": 0.1}
+    )
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    body = images.tobytes()
+    headers = {"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[4,1,8,8]"}
+    outcomes: list[tuple[int, str]] = []
+    with AgentProcess(device) as agent:
+        stop = time.monotonic() + 4
+
+        def client_loop() -> None:
+            with httpx.Client(base_url=agent.url, timeout=30) as c:
+                while time.monotonic() < stop:
+                    r = c.post("/v1/models/digits/infer", content=body, headers=headers)
+                    outcomes.append((r.status_code, r.headers.get("x-model-variant", "")))
+
+        threads = [threading.Thread(target=client_loop) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with httpx.Client(base_url=agent.url) as client:
+            status = client.get("/v1/status").json()
+            metrics = client.get("/metrics").text
+    assert outcomes and {code for code, _ in outcomes} == {200}
+    assert {variant for _, variant in outcomes} == {"onnx-fp32", "onnx-int8"}
+    assert status["switch_count"] >= 4, status
+    assert "edgesdk_agent_precision_switches_total" in metrics
+    assert "precision switch onnx-fp32 -> onnx-int8 (temperature 79.0" in agent.log()
+
+
+def test_no_vendor_telemetry_under_a_fresh_home_and_journald_lines(tmp_path, convert_dir, images) -> None:
+    from edgesdk.offline import telemetry_dirs
+
+    home = tmp_path / "home"
+    home.mkdir()
+    device = make_device(tmp_path / "dev")
+    device.write_config(log_format="journald")
+    env = agent_env(home)
+    proc = run_agent_cli(
+        "install", "--config", str(device.config), str(device.bundle(convert_dir, version="1.0.0", release=1)), env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    with AgentProcess(device, env=env) as agent, httpx.Client(base_url=agent.url) as client:
+        for _ in range(20):
+            assert (
+                client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}}).status_code == 200
+            )
+    for path in telemetry_dirs(home):
+        assert not path.exists(), f"vendor telemetry wrote {path}"
+    lines = [line for line in agent.log().splitlines() if line.strip()]
+    assert lines and all(line.startswith("<") and line[1] in "01234567" and line[2] == ">" for line in lines), lines
+    assert any(line.startswith("<6>edgesdk.agent: edge-agent") for line in lines)
