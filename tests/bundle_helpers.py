@@ -249,3 +249,110 @@ def resign_bundle(source: Path, out: Path, signer: Any, mutate: Any, *, payload_
     manifest, payloads = split_bundle(source)
     mutate(manifest)
     return craft_bundle(out, json.dumps(manifest).encode(), payloads if payload_area is None else payload_area, signer)
+
+
+def trained_digits_cnn() -> Any:
+    """``module:factory`` for ``edgesdk convert``: the trained digits CNN (state dict path in
+    the DIGITS_STATE environment variable), so the convert can reach TFLite via PyTorch."""
+    import os
+
+    import torch
+
+    from edgesdk.workloads.digits import build_digits_cnn
+
+    model = build_digits_cnn()
+    model.load_state_dict(torch.load(os.environ["DIGITS_STATE"], weights_only=True))
+    return model.eval()
+
+
+def convert_digits_with_edgesdk(digits: Any, out: Path, *, precisions: str = "fp32", timeout: float = 600) -> Path:
+    """Run the real ``edgesdk convert`` (engineer A's pipeline) on the trained digits CNN for
+    rpi5-8gb (onnx, tflite, openvino). Returns ``out``; raises RuntimeError with the CLI's
+    error line if the convert fails. Reuses ``out`` when a previous run completed."""
+    import os
+    import subprocess
+    import sys
+
+    if (out / "report.json").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    repo_root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, DIGITS_STATE=str(digits.state_dict), PYTHONPATH=str(repo_root))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk.cli.main",
+            "convert",
+            "tests.bundle_helpers:trained_digits_cnn",
+            "--profile",
+            "rpi5-8gb",
+            "--out",
+            str(out),
+            "--name",
+            "digits",
+            "--calibration",
+            str(digits.calibration),
+            "--validation",
+            str(digits.validation),
+            "--precisions",
+            precisions,
+            "--input",
+            "image=1x1x8x8",
+            "--output-names",
+            "logits",
+            "--json",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=repo_root,
+        timeout=timeout,
+    )
+    if proc.returncode != 0 or not (out / "report.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        raise RuntimeError(f"edgesdk convert failed: {proc.stderr.strip()[-500:]}")
+    return out
+
+
+def in_memory_probe(argv: list[str] | None = None) -> None:
+    """Subprocess entry of the in-memory loading proof: verify, decrypt, load, infer, print JSON.
+
+    ``argv``: bundle, publisher .pub, device .key, variant id, and optionally ``--leak`` (the
+    positive control: also write the plaintext to a temp file, which the scan must find)."""
+    import json
+    import sys
+    import tempfile
+
+    from edgesdk.offline import disable_vendor_telemetry
+
+    disable_vendor_telemetry()  # as the agent does before importing any runtime
+    from edgesdk.agent.runtimes import load_variant
+
+    from edgesdk.bundle import decrypt_golden, decrypt_variant, verify_bundle
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    bundle_path, publisher_pub, device_key_path, variant_id = args[:4]
+    verified = verify_bundle(bundle_path, trusted_publishers=[publisher_pub], profile="rpi5-8gb")
+    device_key = load_device_private_key(device_key_path)
+    files = decrypt_variant(verified, variant_id, device_key)
+    golden = decrypt_golden(verified, device_key)
+    if golden is None:
+        raise SystemExit("bundle has no golden set")
+    variant = verified.manifest.variant(variant_id)
+    model = load_variant(variant.runtime.value, files)
+    images = golden["image"]
+    fixed_batch = isinstance(model.inputs[0].shape[0], int)
+    if fixed_batch:
+        logits = np.concatenate([model.run({"image": images[i : i + 1]})["logits"] for i in range(len(images))])
+    else:
+        logits = model.run({"image": images})["logits"]
+    agreement = float((logits.argmax(1) == golden["output:logits"].argmax(1)).mean())
+    if "--leak" in args:
+        with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as leak:
+            leak.write(next(iter(files.values())))
+    print(json.dumps({"variant": variant_id, "runtime": variant.runtime.value, "agreement": agreement}))
+
+
+if __name__ == "__main__":
+    in_memory_probe()
