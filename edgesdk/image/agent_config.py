@@ -26,6 +26,10 @@ RUNTIME_DIR = PurePosixPath("/run/edgesdk")
 CONFIG_FILE = CONFIG_DIR / "agent.toml"
 CA_FILE = CONFIG_DIR / "ca.pem"
 PUBLISHERS_DIR = CONFIG_DIR / "publishers"
+PROFILES_DIR = CONFIG_DIR / "profiles"
+#: Where the agent makes its key pair on first start (``device_key`` is left unset on purpose:
+#: a configured key file must already exist, the default one is created when missing).
+DEVICE_KEY_FILE = STATE_DIR / "device.key"
 DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 
 
@@ -78,7 +82,6 @@ def agent_config_document(settings: ProvisioningConfig) -> dict[str, Any]:
         "device_id": "unprovisioned",
         "profile": settings.profile,
         "data_dir": str(STATE_DIR),
-        "device_key": str(STATE_DIR / "device.key"),
         "publisher_keys": [str(PUBLISHERS_DIR / name) for name in settings.publisher_key_names],
         "log_level": "info",
         "log_format": "journald",

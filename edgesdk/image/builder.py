@@ -25,12 +25,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError, ImageError
 from edgesdk.image import wheelhouse
 from edgesdk.image.agent_config import (
     CA_FILE,
     CONFIG_FILE,
+    PROFILES_DIR,
     PUBLISHERS_DIR,
     ProvisioningConfig,
     check_broker_url,
@@ -155,6 +158,13 @@ def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
         api_port=options.api_port,
     )
     (overlay / str(CONFIG_FILE).lstrip("/")).write_text(render_agent_config(settings), encoding="utf-8")
+    profiles = overlay / str(PROFILES_DIR).lstrip("/")
+    profiles.mkdir(parents=True, exist_ok=True)
+    # The resolved profile, standalone: the device knows a custom profile without its parents.
+    resolved = options.profile.model_copy(update={"extends": None}).model_dump(mode="json")
+    (profiles / f"{options.profile.name}.yaml").write_text(
+        yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )
     if options.ca is not None:
         shutil.copyfile(options.ca, overlay / str(CA_FILE).lstrip("/"))
     if options.publisher_keys:

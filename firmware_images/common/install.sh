@@ -110,10 +110,24 @@ step "installing the overlay (unit, config, trust anchors)"
     fi
 done
 
+# Runs a command as the agent's user on a device, as the current user when staged.
+as_agent() { if [ "$SYSTEM" = 1 ]; then runuser -u edgesdk -- "$@"; else "$@"; fi; }
+CONFIG="$P/etc/edgesdk/agent.toml"
+
 if [ -f "$HERE/bundle/initial.edgepkg" ]; then
-    step "placing the initial model bundle in the agent's inbox"
-    install -m 0600 "$HERE/bundle/initial.edgepkg" "$P/var/lib/edgesdk/inbox/initial.edgepkg"
-    if [ "$SYSTEM" = 1 ]; then chown edgesdk:edgesdk "$P/var/lib/edgesdk/inbox/initial.edgepkg"; fi
+    step "installing the initial model bundle"
+    INBOX="$P/var/lib/edgesdk/inbox/initial.edgepkg"
+    install -m 0600 "$HERE/bundle/initial.edgepkg" "$INBOX"
+    if [ "$SYSTEM" = 1 ]; then chown edgesdk:edgesdk "$INBOX"; fi
+    # Bundles are encrypted to enrolled device keys: this works for a device that was enrolled
+    # before (re-imaged with its state kept); a new device gets its model after approval (OTA).
+    if as_agent env EDGESDK_PROFILE_PATH="$P/etc/edgesdk/profiles" \
+        "$VENV/bin/edge-agent" install --no-reload --config "$CONFIG" "$INBOX"; then
+        rm -f "$INBOX"
+    else
+        echo "    not installed: this device cannot open the bundle yet (see above); it stays in the inbox."
+        echo "    Approve the device (edgesdk fleet enroll approve) and push the model to it."
+    fi
 fi
 
 UNIT="$P/etc/systemd/system/edge-agent.service"
@@ -121,8 +135,9 @@ if [ "$SYSTEM" = 1 ] && [ "$START" = 1 ] && [ -d /run/systemd/system ]; then
     step "enabling and starting edge-agent.service"
     systemctl daemon-reload
     systemctl enable --now edge-agent.service
-    echo "    the agent creates its device key on first start; approve it with:"
-    echo "    edgesdk fleet enroll approve $DEVICE_ID"
+    echo "    the agent made its device key on first start; its public key (compare the key id"
+    echo "    before approving): edge-agent key --config $CONFIG"
+    echo "    approve it on the operator machine: edgesdk fleet enroll approve $DEVICE_ID --broker URL"
 else
     step "not starting the service; start the agent with the unit's ExecStart:"
     echo "    $(sed -n 's/^ExecStart=//p' "$UNIT")"

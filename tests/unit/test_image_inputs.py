@@ -42,13 +42,13 @@ def test_rendered_config_is_valid_toml_and_a_valid_agent_config() -> None:
     assert config.mqtt.tls is not None and str(config.mqtt.tls.ca_file) == "/etc/edgesdk/ca.pem"
     assert [str(p) for p in config.publisher_keys] == ["/etc/edgesdk/publishers/acme.pub"]
     assert config.api.port == 9100 and config.api.host == "127.0.0.1"
-    assert str(config.device_key) == "/var/lib/edgesdk/device.key"
+    assert config.device_key is None  # the agent makes data_dir/device.key on first start
 
 
 def test_root_prefix_moves_every_path_and_nothing_else() -> None:
     text = render_agent_config(ProvisioningConfig(profile="rpi5-8gb", broker="mqtt://10.0.0.2"))
     config = load_config(text, root="/tmp/stage")
-    for path in (config.data_dir, config.device_key, config.api.unix_socket):
+    for path in (config.data_dir, config.api.unix_socket):
         assert str(path).startswith("/tmp/stage/"), path
     assert config.mqtt.broker == "mqtt://10.0.0.2" and config.mqtt.tls is None
 
