@@ -1,0 +1,126 @@
+"""The agent's HTTP/1.1 server in-process with a fake handler: keep-alive, pipelining,
+limits (header size, body size before reading, slow clients) and a handler that raises."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from edgesdk.agent.api.http import HttpLimits, HttpServer, Request, Respond, Response
+
+
+def handler(request: Request, respond: Respond) -> None:
+    if request.path == "/boom":
+        raise RuntimeError("handler bug")
+    if request.path == "/later":
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, respond, Response(200, b"late"))
+        return
+    respond(Response(200, f"{request.method} {request.path} {len(request.body)}".encode(), content_type="text/plain"))
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[int, HttpServer]]:
+    limits = HttpLimits(
+        max_header_bytes=1024, max_body_bytes=1000, header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5
+    )
+    http = HttpServer(handler, limits)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    port: list[int] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        port.append(loop.run_until_complete(http.listen_tcp("127.0.0.1", 0)))
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(5)
+    yield port[0], http
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def exchange(port: int, data: bytes, *, timeout: float = 2.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_pipelined_keep_alive_requests_answer_in_order(server) -> None:
+    port, _ = server
+    data = b"GET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyzGET /later HTTP/1.1\r\n\r\nGET /c HTTP/1.1\r\nConnection: close\r\n\r\n"
+    answer = exchange(port, data)
+    bodies = [part.split(b"\r\n\r\n", 1)[1][:40] for part in answer.split(b"HTTP/1.1 ")[1:]]
+    assert [b.split(b"HTTP")[0] for b in bodies] == [b"GET /a 0", b"POST /b 3", b"late", b"GET /c 0"]
+    assert answer.count(b"Connection: close") == 1
+
+
+def test_http10_closes_by_default(server) -> None:
+    port, _ = server
+    assert exchange(port, b"GET /x HTTP/1.0\r\n\r\n").endswith(b"GET /x 0")
+
+
+def test_oversized_body_refused_before_reading(server) -> None:
+    port, http = server
+    start = time.monotonic()
+    answer = exchange(port, b"POST /x HTTP/1.1\r\nContent-Length: 1001\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert time.monotonic() - start < 0.25  # not after the body timeout
+    assert http.oversized == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * 2000 + b"\r\n\r\n", b"431"),
+        (b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * 2000, b"431"),
+        (b"GARBAGE\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1\r\nContent-Length: -5\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"400"),
+        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"411"),
+    ],
+)
+def test_malformed_requests(server, data, status) -> None:
+    port, _ = server
+    assert exchange(port, data).startswith(b"HTTP/1.1 " + status)
+
+
+def test_slow_header_and_body_are_cut_off(server) -> None:
+    port, http = server
+    for partial in (b"GET /x HTTP/1.1\r\nHost:", b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"):
+        start = time.monotonic()
+        answer = exchange(port, partial)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert 0.25 < time.monotonic() - start < 1.5
+    assert http.slow_clients == 2
+
+
+def test_idle_keep_alive_connection_is_closed(server) -> None:
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        start = time.monotonic()
+        assert sock.recv(10) == b""  # closed without a response: it never asked anything
+        assert 0.4 < time.monotonic() - start < 2
+
+
+def test_handler_error_is_a_500_and_the_server_lives(server) -> None:
+    port, _ = server
+    assert exchange(port, b"GET /boom HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 500")
+    assert exchange(port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
