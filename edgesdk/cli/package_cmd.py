@@ -64,6 +64,12 @@ def parse_expiry(text: str) -> timedelta | datetime | None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="A group public key shared by several devices; repeatable.",
 )
+@click.option(
+    "--recipients-from-registry",
+    "registry",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also encrypt to every approved device of this enrollment registry (edgesdk fleet enroll).",
+)
 @click.option("--expires", default="never", show_default=True, help="90d, 12h, 4w, an ISO date, or never.")
 @click.option(
     "--target", "targets", multiple=True, help="Device profile the bundle is for; repeatable (default: the report's)."
@@ -85,6 +91,7 @@ def package(
     publisher_key: Path,
     recipients: tuple[Path, ...],
     groups: tuple[Path, ...],
+    registry: Path | None,
     expires: str,
     targets: tuple[str, ...],
     allow_downgrade: bool,
@@ -94,6 +101,10 @@ def package(
     as_json: bool,
 ) -> None:
     """Sign and encrypt the variants of CONVERT_DIR (an `edgesdk convert` output) into one bundle."""
+    if registry is not None:
+        from edgesdk.fleet.enrollment import recipients_from_registry
+
+        recipients = (*recipients, *recipients_from_registry(registry))  # type: ignore[arg-type]
     if not recipients and not groups:
         raise UsageError("no recipients: pass --recipient DEVICE.pub and/or --recipient-group GROUP.pub")
     for target in targets:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates, recipients_from_registry
+from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates
 from edgesdk.keys import generate_publisher_key, key_id, load_device_public_key
 from tests.bundle_helpers import make_digits_convert_dir
 from tests.integration.conftest import require_mosquitto
@@ -225,18 +225,15 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         )
 
         # Operator: package for the approved keys; deliver it; the running agent loads it.
-        from edgesdk.bundle import package_bundle
-
         convert = make_digits_convert_dir(digits, work / "convert", profile=PROFILE, int8=False)
-        bundle = package_bundle(
-            convert,
-            name="digits",
-            version="1.0.0",
-            release=1,
-            publisher_key=publisher_key,
-            recipients=recipients_from_registry(registry_path),
-            out=work / "digits-1.0.0.edgepkg",
-        )
+        bundle = work / "digits-1.0.0.edgepkg"
+        packaged = edgesdk_cli(
+            "--profiles-dir", str(profiles), "package", str(convert), "--name", "digits", "--version", "1.0.0",
+            "--release", "1", "--publisher-key", str(publisher_key),
+            "--recipients-from-registry", str(registry_path), "--out", str(bundle), "--json",
+        )  # fmt: skip
+        assert packaged.returncode == 0, packaged.stderr
+        assert json.loads(packaged.stdout)["recipients"] == [key_id(device_public)]
         sideload = subprocess.run(
             [
                 str(root / "opt/edgesdk/venv/bin/edge-agent"),

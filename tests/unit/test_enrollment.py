@@ -247,3 +247,24 @@ def test_agent_stand_in_type_is_enough_for_announce() -> None:
     ((topic, payload, qos, retain),) = published
     assert topic == "fleet1/devices/cam-a/enroll" and qos == 1 and retain
     assert json.loads(payload)["key_id"] == request.key_id
+
+
+def test_package_cli_takes_recipients_from_the_registry(edgesdk_cli, tmp_path: Path) -> None:
+    keys = make_keys(tmp_path / "keys")
+    convert = write_convert_dir(tmp_path / "convert", {"onnx-fp32": {"model.onnx": os.urandom(2048)}})
+    registry = RegistryFile(tmp_path / "reg.json")
+    keep, lose = new_device(), new_device()
+    registry.approve("cam-keep", keep.public_key())
+    registry.approve("cam-lose", lose.public_key())
+    registry.revoke("cam-lose")
+
+    def package(*extra: str):
+        return edgesdk_cli(
+            "package", str(convert), "--name", "digits", "--version", "1.0.0", "--release", "3",
+            "--publisher-key", str(keys.publisher_key), "--out", str(tmp_path / "b.edgepkg"), "--json", *extra,
+        )  # fmt: skip
+
+    proc = package("--recipients-from-registry", str(tmp_path / "reg.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recipients"] == [key_id(keep.public_key())]
+    assert_one_line_error(package("--recipients-from-registry", str(tmp_path / "nope.json")), "nope.json")
