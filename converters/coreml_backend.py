@@ -53,7 +53,7 @@ class CoreMLConverter:
             return ct.convert(
                 traced,
                 inputs=inputs,
-                outputs=[ct.TensorType(name=s.name) for s in source.outputs],
+                outputs=[ct.TensorType(name=s.name, dtype=np.float32) for s in source.outputs],
                 convert_to="mlprogram",
                 compute_precision=ct.precision.FLOAT32 if precision == Precision.FP32 else ct.precision.FLOAT16,
                 minimum_deployment_target=ct.target.iOS16,

@@ -56,6 +56,9 @@ def _prepare_out(out: Path) -> Path:
 
 
 def _finish_out(staging: Path, out: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp made it private; the result is an ordinary directory
     if out.exists():
         out.rmdir()  # empty (checked above)
     os.replace(staging, out)
@@ -86,6 +89,7 @@ class _Run:
         self.decisions: list[str] = []
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None
+        self.unsupported: dict[ModelFormat, str] = {}
 
     def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
         converter = get_converter(planned.converter)
@@ -118,6 +122,10 @@ class _Run:
 
             result = validate_spec(artifact, self.source)
         return _Built(planned, artifact, result, convert_s)
+
+    def _reject(self, planned: PlannedVariant, reason: str) -> None:
+        self.rejected.append(RejectedVariant(format=planned.format, precision=planned.precision, reason=reason))
+        self.decisions.append(f"{planned.id} dropped: {reason}")
 
     def ranking(self) -> list[str]:
         if self._ranking is None:
@@ -161,13 +169,19 @@ class _Run:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
         candidates: list[tuple[str | None, _Built]] = []
         misses: list[str] = []
+        if planned.format in self.unsupported:
+            self._reject(planned, self.unsupported[planned.format])
+            return None
         for method in planned.methods:
             label = f"{planned.id}" + (f" ({method})" if method else "")
             self.progress(f"{label}: converting")
             try:
                 built = self.build(planned, method)
-            except UnsupportedOpError:
-                raise
+            except UnsupportedOpError as exc:
+                # The op is missing from the format, whatever the precision: say it once per variant.
+                self.unsupported[planned.format] = str(exc)
+                self._reject(planned, str(exc))
+                return None
             except EdgeSDKError as exc:
                 misses.append(f"{method or planned.precision.value} failed: {exc}")
                 continue
@@ -180,9 +194,7 @@ class _Run:
                 built = repaired
             candidates.append((method, built))
         if not candidates:
-            reason = "; ".join(misses) or "no method produced a variant"
-            self.rejected.append(RejectedVariant(format=planned.format, precision=planned.precision, reason=reason))
-            self.decisions.append(f"{planned.id} dropped: {reason}")
+            self._reject(planned, "; ".join(misses) or "no method produced a variant")
             return None
         for miss in misses:
             self.decisions.append(f"{planned.id}: {miss}")
@@ -323,13 +335,18 @@ def convert(
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
         if not shipped:
-            tried = (
-                "; ".join(f"{r.format.value} {r.precision.value}: {r.reason}" for r in run.rejected)
-                or "nothing was planned"
-            )
-            error = BudgetError if any("budget" in r.reason for r in run.rejected) else AccuracyGateError
-            if not plan.variants:
-                error = ConversionError  # type: ignore[assignment]
+            grouped: dict[tuple[str, str], list[str]] = {}
+            for r in run.rejected:
+                grouped.setdefault((r.format.value, r.reason), []).append(r.precision.value)
+            tried = "; ".join(f"{fmt} {'/'.join(ps)}: {reason}" for (fmt, reason), ps in grouped.items())
+            tried = tried or "nothing was planned"
+            error: type[EdgeSDKError] = AccuracyGateError
+            if run.unsupported:
+                error = UnsupportedOpError
+            elif any("budget" in r.reason for r in run.rejected):
+                error = BudgetError
+            elif not plan.variants:
+                error = ConversionError
             raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
         say("writing the report")
         report = _write(staging, run, shipped, profile)

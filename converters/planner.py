@@ -149,6 +149,12 @@ def make_plan(
                         continue
                     plan.decisions.append(f"{fmt.value} int8: no calibration data, so only {', '.join(usable)}")
                     methods = usable
+                if len(methods) > 1 and not numeric:
+                    plan.decisions.append(
+                        f"{fmt.value} int8: speed cannot be measured on this host; building {methods[0]} "
+                        f"(first in preference), not {', '.join(str(m) for m in methods[1:])}"
+                    )
+                    methods = methods[:1]
                 if len(methods) > 1:
                     plan.decisions.append(
                         f"{fmt.value} int8: will build {' and '.join(str(m) for m in methods)} and keep the faster one that holds the gate"

@@ -53,7 +53,9 @@ CONVERTERS: dict[str, ConverterEntry] = {
             extra="convert-tflite",
             # No ONNX route installs beside the rest (onnx2tf pins old numpy/onnx/TF).
             sources=("pytorch",),
-            supports_repair=True,
+            # Layer names of the .tflite do not map back to the source's: when static int8
+            # misses the gate, dynamic int8 (float activations) is the fallback instead.
+            supports_repair=False,
         ),
     ),
     "openvino": ConverterEntry(

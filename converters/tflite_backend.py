@@ -66,7 +66,17 @@ class TFLiteConverter:
     def quantizable_layers(self, source: SourceModel) -> list[str]:
         return []
 
+    def __init__(self) -> None:
+        # One fp32 conversion per source serves fp32, fp16 and every int8 method.
+        self._float_cache: dict[tuple[int, str], bytes] = {}
+
     def _float_model(self, source: SourceModel) -> bytes:
+        key = (id(source.torch_module), str(source.onnx_path))
+        if key not in self._float_cache:
+            self._float_cache = {key: self._convert_float(source)}
+        return self._float_cache[key]
+
+    def _convert_float(self, source: SourceModel) -> bytes:
         if source.torch_module is None:
             raise ConversionError(
                 "tflite needs a PyTorch model: no ONNX→TFLite route installs beside the other converters"

@@ -56,6 +56,15 @@ class OpenVINOModel:
         known = {s.name for s in self.inputs}
         if set(feeds) != known:
             raise InferenceInputError(f"OpenVINO model inputs are {sorted(known)}, got {sorted(feeds)}")
+        for spec in self.inputs:
+            value = np.asarray(feeds[spec.name])
+            # OpenVINO would convert silently; the agent's contract is the model's own dtype.
+            if value.dtype.name != spec.dtype:
+                raise InferenceInputError(f"input {spec.name!r} must be {spec.dtype}, got {value.dtype.name}")
+            if len(value.shape) != len(spec.shape) or any(
+                isinstance(w, int) and w != g for w, g in zip(spec.shape, value.shape)
+            ):
+                raise InferenceInputError(f"input {spec.name!r} must have shape {spec.shape}, got {list(value.shape)}")
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self._compiled.create_infer_request()

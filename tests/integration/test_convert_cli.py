@@ -1,0 +1,244 @@
+"""``edgesdk convert`` end to end on the real digits CNN, in the real runtimes, as a user runs it.
+
+The digits conversions run once per session (module fixtures) and the tests read their output.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from edgesdk.schemas.report import ConversionReport
+from tests.conftest import assert_one_line_error
+
+FACTORY = textwrap.dedent(
+    """
+    import os
+
+    import torch
+
+
+    def digits():
+        from edgesdk.workloads.digits import build_digits_cnn
+
+        model = build_digits_cnn()
+        model.load_state_dict(torch.load(os.environ["DIGITS_STATE"], weights_only=True))
+        return model
+
+
+    class Det(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.det(x)
+
+
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x, dim=-1).abs()
+
+
+    def det():
+        return Det()
+
+
+    def spectrum():
+        return Spectrum()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def factory_env(digits, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("factory")
+    (folder / "user_models.py").write_text(FACTORY)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
+    env["DIGITS_STATE"] = str(digits.state_dict)
+    return env
+
+
+@pytest.fixture(scope="module")
+def rpi5_from_pytorch(edgesdk_cli_module, digits, factory_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rpi5") / "out"
+    proc = edgesdk_cli_module(
+        "convert", "user_models:digits", "--profile", "rpi5-8gb", "--out", str(out),
+        "--calibration", str(digits.calibration), "--validation", str(digits.validation),
+        "--output-names", "logits", "--name", "digits", "--json", env=factory_env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def edgesdk_cli_module():
+    import subprocess
+    import sys
+
+    def invoke(*args: str, env=None, timeout: float = 600):
+        return subprocess.run(
+            [sys.executable, "-m", "edgesdk.cli.main", *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
+
+    return invoke
+
+
+def test_pytorch_model_to_rpi5_ships_a_validated_ladder_per_runtime(rpi5_from_pytorch) -> None:
+    out, proc = rpi5_from_pytorch
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert json.loads(proc.stdout)["profile"] == "rpi5-8gb"  # --json prints the report
+    shipped = {v.id: v for v in report.variants}
+    for fmt in ("tflite", "onnx", "openvino"):
+        for precision in ("fp32", "fp16", "int8"):
+            assert f"{fmt}-{precision}" in shipped, (fmt, precision, report.rejected)
+    for variant in report.variants:
+        assert variant.validation == "numeric"
+        assert variant.accuracy.passed and variant.accuracy.value >= 0.99
+        assert variant.measurements.latency_p50_ms > 0 and variant.measurements.load_ms > 0
+        assert variant.size == sum((out / f).stat().st_size for f in variant.files)
+        for spec in variant.inputs:
+            assert spec.name == "image"
+    # Full-integer TFLite takes int8: the report carries what the packager needs to quantize.
+    tflite_int8 = shipped["tflite-int8"]
+    assert tflite_int8.inputs[0].dtype == "int8" and tflite_int8.inputs[0].quantization is not None
+    # int8 methods were measured against each other, and the ratio to fp32 is reported.
+    assert any("onnx-int8: measured static-qdq-per-channel" in d for d in report.decisions)
+    assert any(d.startswith("onnx: int8/fp32 median latency") for d in report.decisions)
+
+
+def test_output_dir_has_golden_data_and_an_html_report_with_plots(rpi5_from_pytorch, digits) -> None:
+    out, _ = rpi5_from_pytorch
+    golden = np.load(out / "golden.npz")
+    assert set(golden.files) == {"image", "output:logits"}
+    validation = np.load(digits.validation)
+    np.testing.assert_array_equal(golden["image"], validation["image"][: len(golden["image"])])
+    page = (out / "report.html").read_text()
+    start = page.index("data:image/png;base64,") + len("data:image/png;base64,")
+    png = base64.b64decode(page[start : page.index('"', start)])
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert "Planner decisions" in page
+    assert not [p.name for p in out.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_artifacts_load_from_bytes_in_the_agent_runtimes(rpi5_from_pytorch, digits) -> None:
+    from edgesdk.agent.runtimes import load_variant
+
+    out, _ = rpi5_from_pytorch
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    golden = np.load(out / "golden.npz")
+    for variant in report.variants:
+        if variant.precision.value != "fp32":
+            continue
+        options = {"INFERENCE_PRECISION_HINT": "f32"} if variant.runtime.value == "openvino" else None
+        model = load_variant(variant.runtime.value, {f: (out / f).read_bytes() for f in variant.files}, options=options)
+        got = model.run({"image": golden["image"][:1]})["logits"]
+        np.testing.assert_allclose(got, golden["output:logits"][:1], atol=1e-3)
+
+
+def test_onnx_file_to_rpi5_says_which_formats_it_cannot_reach(edgesdk_cli_module, digits, tmp_path) -> None:
+    out = tmp_path / "onnx-out"
+    proc = edgesdk_cli_module(
+        "convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out), "--calibration", str(digits.calibration),
+        "--validation", str(digits.validation), "--precisions", "fp32,int8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert {v.id for v in report.variants} == {"onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8"}
+    assert all(v.inputs[0].shape[0] == "batch" for v in report.variants if v.format.value == "onnx")
+    assert {r.format.value for r in report.rejected} == {"tflite"}
+    assert "rejected tflite fp32" in proc.stdout and "onnx2tf" in proc.stdout
+
+
+def test_apple_profile_gets_coreml_with_spec_only_validation(edgesdk_cli_module, digits, factory_env, tmp_path) -> None:
+    pytest.importorskip("coremltools")
+    out = tmp_path / "apple"
+    proc = edgesdk_cli_module(
+        "convert", "user_models:digits", "--profile", "apple-m2-mac", "--out", str(out), "--calibration",
+        str(digits.calibration), "--output-names", "logits", "--formats", "coreml", "--json", env=factory_env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert {v.id for v in report.variants} == {"coreml-fp32", "coreml-fp16", "coreml-int8"}
+    for variant in report.variants:
+        assert variant.validation == "spec-only" and variant.accuracy is None
+        assert "macOS" in variant.measurements.note
+        assert variant.inputs[0].name == "image" and variant.outputs[0].dtype == "float32"
+        assert all(f.startswith(f"artifacts/{variant.id}/model.mlpackage/") for f in variant.files)
+    sizes = {v.precision.value: v.size for v in report.variants}
+    assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
+
+
+# --- bad input: one clear line, non-zero exit, nothing in --out ------------------------------------
+
+
+def _bad_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("case", "needles"),
+    [
+        ("unknown-profile", ["profile 'rpi9' not found", "rpi5-8gb"]),
+        ("missing-model", ["nope.onnx", "not found"]),
+        ("garbage-model", ["garbage.onnx", "not a readable ONNX file"]),
+        ("calibration-shape", ["calibration data", "'image'", "(4, 3, 8, 8)", "(N, 1, 8, 8)"]),
+        ("calibration-dtype", ["calibration data", "'image'", "float64", "float32"]),
+        ("custom-op", ["custom.onnx", "'frob'", "com.example::Frobnicate"]),
+        ("export-op", ["aten::fft_rfft", "not supported"]),
+        ("tflite-op", ["tflite", "aten._linalg_det"]),
+        ("bad-factory", ["user_models:nothing_here", "no callable"]),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_leaves_nothing(
+    case, needles, edgesdk_cli_module, digits, factory_env, tmp_path
+) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    model, profile, extra = str(digits.onnx), "rpi5-8gb", []
+    if case == "unknown-profile":
+        profile = "rpi9"
+    elif case == "missing-model":
+        model = str(tmp_path / "nope.onnx")
+    elif case == "garbage-model":
+        model = str(tmp_path / "garbage.onnx")
+        (tmp_path / "garbage.onnx").write_bytes(b"\x00garbage" * 100)
+    elif case == "calibration-shape":
+        extra = ["--calibration", _bad_npz(tmp_path / "c.npz", image=np.zeros((4, 3, 8, 8), np.float32))]
+    elif case == "calibration-dtype":
+        extra = ["--calibration", _bad_npz(tmp_path / "c.npz", image=np.zeros((4, 1, 8, 8), np.float64))]
+    elif case == "custom-op":
+        graph = helper.make_graph(
+            [helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.example")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        )  # fmt: skip
+        custom = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+        )
+        model = str(tmp_path / "custom.onnx")
+        onnx.save_model(custom, model)
+    elif case == "export-op":
+        model, extra = "user_models:spectrum", ["--input", "x=1x16"]
+    elif case == "tflite-op":
+        model, extra = "user_models:det", ["--input", "x=1x3x3", "--formats", "tflite"]
+    elif case == "bad-factory":
+        model = "user_models:nothing_here"
+    out = tmp_path / "out"
+    proc = edgesdk_cli_module("convert", model, "--profile", profile, "--out", str(out), *extra, env=factory_env)
+    assert_one_line_error(proc, *needles)
+    assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_existing_output_is_never_overwritten(edgesdk_cli_module, digits, tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = edgesdk_cli_module("convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out))
+    assert_one_line_error(proc, str(out), "not empty")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]

@@ -1,0 +1,93 @@
+"""The planner: formats × precision ladder from real device profiles, with a reason for everything."""
+
+from __future__ import annotations
+
+import pytest
+from edgesdk.converters import planner
+from edgesdk.converters.planner import make_plan
+
+from edgesdk.profiles import get_profile
+from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+
+ALL_HOST_RUNTIMES = [RuntimeName.ONNXRUNTIME, RuntimeName.LITERT, RuntimeName.OPENVINO]
+
+
+@pytest.fixture(autouse=True)
+def everything_installed(monkeypatch):
+    # The plan must not depend on what this test machine happens to have installed.
+    monkeypatch.setattr(planner, "missing_packages", lambda name: [])
+
+
+def ids(plan) -> list[str]:
+    return [v.id for v in plan.variants]
+
+
+def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
+    plan = make_plan(get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert ids(plan) == [
+        "tflite-fp32", "tflite-fp16", "tflite-int8",
+        "onnx-fp32", "onnx-fp16", "onnx-int8",
+        "openvino-fp32", "openvino-fp16", "openvino-int8",
+    ]  # fmt: skip
+    assert plan.rejected == []
+    onnx_int8 = next(v for v in plan.variants if v.id == "onnx-int8")
+    assert onnx_int8.methods == ("static-qdq-per-channel", "dynamic-int8")
+    assert any("keep the faster one" in d for d in plan.decisions)
+    ov_fp32 = next(v for v in plan.variants if v.id == "openvino-fp32")
+    assert ov_fp32.options["INFERENCE_PRECISION_HINT"] == "f32"
+
+
+def test_onnx_input_cannot_reach_tflite_and_says_why() -> None:
+    plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert not any(v.format == ModelFormat.TFLITE for v in plan.variants)
+    reasons = [r.reason for r in plan.rejected if r.format == ModelFormat.TFLITE]
+    assert len(reasons) == 3 and all("onnx2tf" in r and "PyTorch" in r for r in reasons)
+
+
+def test_without_calibration_only_dynamic_int8_or_a_reason() -> None:
+    plan = make_plan(
+        get_profile("intel-nuc-core-ultra"), "pytorch", has_calibration=False, host_runtimes=ALL_HOST_RUNTIMES
+    )
+    assert next(v for v in plan.variants if v.id == "onnx-int8").methods == ("dynamic-int8",)
+    rejected = {(r.format, r.precision): r.reason for r in plan.rejected}
+    assert "calibration" in rejected[(ModelFormat.OPENVINO, Precision.INT8)]
+
+
+def test_accelerators_are_named_in_the_reasoning() -> None:
+    plan = make_plan(
+        get_profile("jetson-orin-nano-8gb"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES
+    )
+    line = next(d for d in plan.decisions if d.startswith("onnx int8 planned"))
+    assert "Ampere GPU" in line
+
+
+def test_coreml_is_spec_only_on_a_host_that_cannot_predict() -> None:
+    plan = make_plan(get_profile("iphone-15-pro"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert ids(plan) == ["coreml-fp16", "coreml-int8"]  # the profile lists no fp32 for iPhone
+    assert all(not v.numeric_validation for v in plan.variants)
+    assert next(v for v in plan.variants if v.id == "coreml-int8").methods == ("linear-weights-int8",)
+    assert any("spec-only" in d for d in plan.decisions)
+
+
+def test_filters_and_formats_the_device_does_not_run() -> None:
+    plan = make_plan(
+        get_profile("rpi5-8gb"),
+        "pytorch",
+        has_calibration=True,
+        host_runtimes=ALL_HOST_RUNTIMES,
+        formats={ModelFormat.ONNX, ModelFormat.COREML},
+        precisions={Precision.FP32, Precision.INT8},
+    )
+    assert ids(plan) == ["onnx-fp32", "onnx-int8"]
+    coreml = [r for r in plan.rejected if r.format == ModelFormat.COREML]
+    assert coreml and "does not run coreml" in coreml[0].reason
+    assert any("not in --precisions" in d for d in plan.decisions)
+
+
+def test_missing_converter_packages_and_host_runtime_are_reasons(monkeypatch) -> None:
+    monkeypatch.setattr(planner, "missing_packages", lambda name: ["openvino"] if name == "openvino" else [])
+    plan = make_plan(get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=[RuntimeName.ONNXRUNTIME])
+    assert ids(plan) == ["onnx-fp32", "onnx-fp16", "onnx-int8"]
+    reasons = {r.format: r.reason for r in plan.rejected}
+    assert "edgesdk[convert-openvino]" in reasons[ModelFormat.OPENVINO]
+    assert "litert is not installed on this host" in reasons[ModelFormat.TFLITE]
