@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from edgesdk.bundle.background_hash import BackgroundHasher
 from edgesdk.bundle.container import AEAD_TAG_SIZE, segment_count
 from edgesdk.bundle.key_slots import unwrap_content_key
 from edgesdk.bundle.reader import open_bundle_file
@@ -74,7 +75,7 @@ def decrypt_payload(bundle: VerifiedBundle, payload_name: str, device_key: X2551
     out = memoryview(plaintext)
     ciphertext = bytearray(segment_size + AEAD_TAG_SIZE)
     cipher_view = memoryview(ciphertext)
-    with open_bundle_file(bundle.path) as handle:
+    with open_bundle_file(bundle.path) as handle, BackgroundHasher(hashlib.sha256(), expected_bytes=size) as digest:
         handle.seek(bundle.payload_area_offset + location.offset)
         position = 0
         for index in range(count):
@@ -85,10 +86,12 @@ def decrypt_payload(bundle: VerifiedBundle, payload_name: str, device_key: X2551
                 raise BundleFormatError(
                     f"{source}: truncated in payload {payload_name!r} (changed since it was verified?)"
                 )
-            opener.open_into(index, cipher_view[:wanted], index == count - 1, out[position : position + plain_length])
+            segment = out[position : position + plain_length]
+            opener.open_into(index, cipher_view[:wanted], index == count - 1, segment)
+            digest.update(segment)  # hashed on the worker while the next segment is read and decrypted
             position += plain_length
-    if hashlib.sha256(plaintext).hexdigest() != expected_sha:
-        raise IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")
+        if digest.hexdigest() != expected_sha:
+            raise IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")
     return plaintext
 
 
@@ -96,7 +99,8 @@ def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519P
     """The files of one variant (file name → plaintext bytes), in memory only.
 
     File names are as the runtime loaders expect them ("model.onnx", "model.xml" +
-    "model.bin", …). Every hash is checked; a mismatch raises IntegrityError."""
+    "model.bin", …). Every segment's tag and the payload's signed SHA-256 are checked; a
+    mismatch raises IntegrityError."""
     bundle = _require_verified(bundle)
     try:
         variant = bundle.manifest.variant(variant_id)
@@ -110,15 +114,12 @@ def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519P
     files: dict[str, bytes] = {}
     position = 0
     try:
+        # The payload's SHA-256 (checked above) covers the concatenation, and the signed file
+        # sizes fix where each file starts, so every file's bytes are already authenticated.
         for entry in variant.files:
             # bytes (immutable) is what the runtimes want: LiteRT keeps a reference to it.
-            content = bytes(view[position : position + entry.size])
+            files[entry.name] = bytes(view[position : position + entry.size])
             position += entry.size
-            if hashlib.sha256(content).hexdigest() != entry.sha256:
-                raise IntegrityError(
-                    f"{bundle.path}: file {entry.name!r} of variant {variant_id!r} does not match its SHA-256"
-                )
-            files[entry.name] = content
     finally:
         view.release()
         del plaintext  # drop the working copy now rather than when the caller's frame ends

@@ -23,6 +23,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from edgesdk.bundle.background_hash import BackgroundHasher
 from edgesdk.bundle.container import ContainerHeader, check_layout, signed_message
 from edgesdk.bundle.reader import ContainerFront, iter_range, open_bundle_file, read_front
 from edgesdk.errors import (
@@ -199,20 +200,20 @@ def _hash_payloads(
     expected = {v.payload: v.encrypted_sha256 for v in manifest.variants}
     if manifest.golden is not None:
         expected[manifest.golden.payload] = manifest.golden.encrypted_sha256
-    whole = hashlib.sha256()
-    whole.update(header.raw)
-    whole.update(front.manifest_bytes)
-    whole.update(front.signature)
     encryption = manifest.encryption
     if encryption is None:  # check_layout refused this already; keeps the type checker honest
         raise BundleFormatError(f"{source}: manifest has no encryption section")
-    for location in sorted(encryption.payloads, key=lambda item: item.offset):
-        digest = hashlib.sha256()
-        for chunk in iter_range(handle, header.payload_area_offset + location.offset, location.length, source=source):
-            digest.update(chunk)
-            whole.update(chunk)
-        if digest.hexdigest() != expected[location.name]:
-            raise IntegrityError(
-                f"{source}: payload {location.name!r} does not match its signed SHA-256 (tampered or corrupted)"
-            )
-    return whole.hexdigest()
+    front_bytes = header.raw + front.manifest_bytes + front.signature
+    with BackgroundHasher(hashlib.sha256(front_bytes), expected_bytes=header.payload_area_length) as whole:
+        for location in sorted(encryption.payloads, key=lambda item: item.offset):
+            digest = hashlib.sha256()
+            chunks = iter_range(handle, header.payload_area_offset + location.offset, location.length, source=source)
+            for chunk in chunks:
+                whole.update(chunk)  # on the worker thread, while this one hashes the payload
+                digest.update(chunk)
+                whole.wait()  # the chunk's buffer is reused by the next read
+            if digest.hexdigest() != expected[location.name]:
+                raise IntegrityError(
+                    f"{source}: payload {location.name!r} does not match its signed SHA-256 (tampered or corrupted)"
+                )
+        return whole.hexdigest()

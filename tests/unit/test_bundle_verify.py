@@ -535,3 +535,35 @@ def test_packager_needs_recipients_and_a_report(env, tmp_path) -> None:
             out=tmp_path / "x.edgepkg",
         )
     assert list(tmp_path.glob("*.edgepkg")) == [] and list(tmp_path.glob(".*tmp")) == []
+
+
+def test_plaintext_hash_is_checked_after_decryption(env, tmp_path) -> None:
+    # AES-GCM is not key-committing: a malicious publisher could hand different devices
+    # different keys for one ciphertext. The signed plaintext SHA-256 pins the plaintext.
+    def mutate(m: dict) -> None:
+        m["variants"][0]["sha256"] = "0" * 64
+
+    path = resign_bundle(env["bundle"], tmp_path / "plain.edgepkg", _signer(env), mutate)
+    verified = verify(path, env)
+    with pytest.raises(IntegrityError, match="payload 'onnx-fp32.enc' plaintext does not match its signed SHA-256"):
+        decrypt_variant(verified, "onnx-fp32", env["keys"].device())
+
+
+def test_large_payload_hashes_on_a_second_thread(env, tmp_path) -> None:
+    # Above the threshold verify and decrypt overlap two hash passes; results must not change.
+    from edgesdk.bundle.background_hash import THREAD_MIN_BYTES
+
+    content = os.urandom(THREAD_MIN_BYTES + 12345)
+    convert = write_convert_dir(tmp_path / "c", {"onnx-fp32": {"model.onnx": content}})
+    out = package_bundle(convert, name="d", version="1.0.0", release=1, publisher_key=env["keys"].publisher_key,
+                         recipients=[env["keys"].device_pub], out=tmp_path / "big.edgepkg")  # fmt: skip
+    verified = verify(out, env)
+    import hashlib
+
+    assert verified.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert decrypt_variant(verified, "onnx-fp32", env["keys"].device()) == {"model.onnx": content}
+    data = bytearray(out.read_bytes())
+    data[-THREAD_MIN_BYTES] ^= 1
+    out.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="onnx-fp32.enc"):
+        verify(out, env)
