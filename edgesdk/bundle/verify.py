@@ -113,10 +113,11 @@ def check_policy(
     profile: DeviceProfile | str | None,
     installed_release: int | None,
     now: datetime | None,
+    allow_expired: bool = False,
 ) -> None:
     """Expiry, target profile and anti-rollback of a manifest whose signature already checked."""
     moment = _as_utc(now or datetime.now(timezone.utc))
-    if manifest.expires is not None and moment >= _as_utc(manifest.expires):
+    if not allow_expired and manifest.expires is not None and moment >= _as_utc(manifest.expires):
         raise ExpiredBundleError(
             f"{source}: bundle expired at {_as_utc(manifest.expires).isoformat()} (now {moment.isoformat()})"
         )
@@ -141,6 +142,7 @@ def verify_bundle(
     profile: DeviceProfile | str | None = None,
     installed_release: int | None = None,
     now: datetime | None = None,
+    allow_expired: bool = False,
 ) -> VerifiedBundle:
     """Check a bundle file completely and return it as a :class:`VerifiedBundle`.
 
@@ -148,6 +150,8 @@ def verify_bundle(
     mapping key id → key). ``profile``: the device's profile (name or DeviceProfile); None
     skips the target check. ``installed_release``: the release counter installed now; None
     skips anti-rollback. ``now``: the time to check expiry against (default: the clock).
+    ``allow_expired``: skip only the expiry check — for re-verifying a bundle that was
+    installed while it was valid (expiry stops *installing* stale bundles, not serving one).
     Raises a BundleError subclass naming what failed; nothing is returned half-checked."""
     path = Path(path)
     source = str(path)
@@ -179,7 +183,14 @@ def verify_bundle(
                 f"{source}: manifest names publisher key {manifest.publisher.key_id}, but {signer_id} signed it"
             )
         check_layout(manifest, header, source=source)
-        check_policy(manifest, source=source, profile=profile, installed_release=installed_release, now=now)
+        check_policy(
+            manifest,
+            source=source,
+            profile=profile,
+            installed_release=installed_release,
+            now=now,
+            allow_expired=allow_expired,
+        )
         file_hash = _hash_payloads(handle, manifest, header, front, source=source)
     return VerifiedBundle(
         _token=_TOKEN,

@@ -311,6 +311,11 @@ def test_expired(env) -> None:
     with pytest.raises(ExpiredBundleError, match="bundle expired at 2026-12-30") as info:
         verify(env["bundle"], env, now=NOW + timedelta(days=31))
     assert_refused(info, env["bundle"])
+    # Re-verifying an installed bundle: expiry alone is waived, everything else still holds.
+    later = NOW + timedelta(days=31)
+    assert verify(env["bundle"], env, now=later, allow_expired=True).manifest.model.release == RELEASE
+    with pytest.raises(RollbackError):
+        verify(env["bundle"], env, now=later, allow_expired=True, installed_release=RELEASE)
 
 
 def test_older_release_is_a_rollback(env) -> None:
