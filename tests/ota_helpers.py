@@ -119,11 +119,39 @@ def make_deployment(
     return sign_deployment(deployment, load_publisher_private_key(operator_key))
 
 
+def _network_thread_bus() -> Any:
+    """An EventBus that delivers on the MQTT network thread once ``loop`` is set.
+
+    Works around a deadlock in edgesdk.mqtt.forwarder (pump() publishes while holding its lock;
+    the PUBACK callback on the network thread takes the same lock): events emitted from an
+    update thread would reach the link's pump() from a second thread. Reported to the MQTT owner."""
+    from edgesdk.agent.events import EventBus
+
+    class NetworkThreadEventBus(EventBus):
+        loop: Any = None
+
+        def emit(self, name: str, detail: dict[str, Any] | None = None) -> None:
+            if self.loop is None:
+                super().emit(name, detail)
+            else:
+                self.loop.call(lambda: EventBus.emit(self, name, detail))
+
+    return NetworkThreadEventBus()
+
+
 class StandInAgent:
     """The contract surface of edgesdk.agent.daemon.Agent, from the real parts, without the API."""
 
-    def __init__(self, data_dir: Path, bundles: OtaBundles, *, device_id: str = "dev-1", link: Any = None) -> None:
-        from edgesdk.agent.events import EventBus
+    def __init__(
+        self,
+        data_dir: Path,
+        bundles: OtaBundles,
+        *,
+        device_id: str = "dev-1",
+        link: Any = None,
+        broker_url: str | None = None,
+        groups: tuple[str, ...] = (),
+    ) -> None:
         from edgesdk.agent.metrics import Metrics
         from edgesdk.agent.serving import ModelServer
         from edgesdk.agent.store import ModelStore
@@ -132,9 +160,15 @@ class StandInAgent:
         from edgesdk.profiles import get_profile
         from edgesdk.schemas.agent_config import AgentConfig
 
-        self.config = AgentConfig(device_id=device_id, profile=PROFILE, data_dir=data_dir)
+        # Telemetry is not what these tests look at; a long interval keeps the broker quiet.
+        mqtt = {"enabled": broker_url is not None, "groups": list(groups), "telemetry_interval_s": 3600}
+        if broker_url is not None:
+            mqtt["broker"] = broker_url
+        self.config = AgentConfig.model_validate(
+            {"device_id": device_id, "profile": PROFILE, "data_dir": data_dir, "mqtt": mqtt}
+        )
         self.profile = get_profile(PROFILE)
-        self.events = EventBus()
+        self.events = _network_thread_bus()
         self.store = ModelStore(data_dir)
         self.metrics = Metrics()
         self.server = ModelServer(
@@ -147,6 +181,11 @@ class StandInAgent:
             load_publisher_public_key(bundles.operator_pub),
         ]
         self.link = link
+        if broker_url is not None and link is None:
+            from edgesdk.agent.link import start_link
+
+            self.link = start_link(self)
+            self.events.loop = self.link.client._loop  # see _network_thread_bus
         verified = self.store.load_active(self.trusted_publishers, self.profile)
         if verified is not None:
             self.server.swap(verified, self.device_key)

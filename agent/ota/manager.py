@@ -279,5 +279,13 @@ class UpdateManager:
                 {"deployment_id": status.deployment_id, "state": status.state, "reason": status.reason},
             )
         link = getattr(self.agent, "link", None)
-        if link is not None:
+        if link is None:
+            return
+        network_loop = getattr(getattr(link, "client", None), "_loop", None)
+        if network_loop is not None and hasattr(network_loop, "call"):
+            # Enqueue from the MQTT network thread: the link's forwarder publishes while holding
+            # its lock, and its PUBACK callback (network thread) takes that lock too; calling
+            # publish_reliable from another thread can deadlock the two (reported to the MQTT owner).
+            network_loop.call(lambda: link.publish_reliable(STATUS_SUFFIX, status))
+        else:
             link.publish_reliable(STATUS_SUFFIX, status)

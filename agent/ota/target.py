@@ -47,6 +47,8 @@ class AgentUpdateTarget:
         self._previous_model: Any = None
         self._golden: tuple[dict[str, Any], dict[str, Any], str] | None = None
         self.chunk_window = 4
+        #: Counters of the MQTT downloads so far (diagnostics, tests, benchmarks).
+        self.download_stats: dict[str, int] = {"requests": 0, "rerequests": 0, "bad_chunks": 0}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -111,6 +113,9 @@ class AgentUpdateTarget:
         finally:
             with self._receiver_lock:
                 self._receiver = None
+            self.download_stats["requests"] += receiver.requests_sent
+            self.download_stats["rerequests"] += receiver.rerequests
+            self.download_stats["bad_chunks"] += receiver.bad_chunks
 
     def verify(self, deployment: Deployment, path: Path) -> None:
         from edgesdk.agent.runtimes import available_runtimes

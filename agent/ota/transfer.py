@@ -140,6 +140,7 @@ class ChunkReceiver:
         self.max_bad_chunks = max_bad_chunks
         self.bad_chunks = 0
         self.requests_sent = 0
+        self.rerequests = 0  # chunks asked for again after a timeout (lost request or frame)
         self._arrivals: queue.Queue[tuple[int, bytes]] = queue.Queue()
 
     def on_frame(self, header: ChunkHeader, data: memoryview) -> None:
@@ -174,6 +175,7 @@ class ChunkReceiver:
                     if now - sent > self.timeout_s:  # lost request or frame: ask again
                         del in_flight[index]
                         missing.appendleft(index)
+                        self.rerequests += 1
                 batch: list[int] = []
                 while missing and len(in_flight) + len(batch) < self.window:
                     index = missing.popleft()

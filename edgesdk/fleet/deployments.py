@@ -1,0 +1,331 @@
+"""Operator-side deployment records (SQLite) and signed Deployment messages.
+
+The rollout controller writes every decision and every device status here before acting on
+it, so a controller that is stopped or crashes is resumed from the database (``fleet push
+--deployment-id ID`` again), and ``fleet status/abort/rollback`` work from another shell while
+a rollout runs. One file, WAL mode, short transactions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.ota.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
+from edgesdk.agent.ota.signing import sign_deployment
+from edgesdk.errors import UpdateError, UsageError
+from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
+
+#: Rollout states of a whole deployment.
+PENDING, IN_PROGRESS, SUCCEEDED, ABORTED, ROLLED_BACK = "PENDING", "IN_PROGRESS", "SUCCEEDED", "ABORTED", "ROLLED_BACK"
+FINISHED_ROLLOUT_STATES = frozenset({SUCCEEDED, ABORTED, ROLLED_BACK})
+#: Device states that end a device's part of a wave.
+DEVICE_SUCCESS = frozenset({"COMMITTED"})
+DEVICE_FAILURE = frozenset({"FAILED", "ROLLED_BACK", "TIMED_OUT"})
+
+DEFAULT_DB_ENV = "EDGESDK_FLEET_DB"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS deployments (
+    id TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    bundle_path TEXT NOT NULL,
+    message TEXT NOT NULL,          -- the signed Deployment JSON sent to devices
+    plan TEXT NOT NULL,             -- RolloutPlan JSON
+    state TEXT NOT NULL,
+    wave INTEGER NOT NULL DEFAULT -1,
+    reason TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS devices (
+    deployment_id TEXT NOT NULL REFERENCES deployments(id),
+    device_id TEXT NOT NULL,
+    wave INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'PENDING',
+    reason TEXT NOT NULL DEFAULT '',
+    progress REAL,
+    model_release INTEGER,
+    sent REAL,
+    updated REAL,
+    status_ts TEXT,
+    PRIMARY KEY (deployment_id, device_id)
+);
+"""
+
+
+def default_db_path() -> Path:
+    """``$EDGESDK_FLEET_DB``, else ``~/.local/share/edgesdk/fleet.sqlite3``."""
+    env = os.environ.get(DEFAULT_DB_ENV)
+    if env:
+        return Path(env)
+    return Path.home() / ".local" / "share" / "edgesdk" / "fleet.sqlite3"
+
+
+def build_deployment(
+    bundle: Path,
+    *,
+    deployment_id: str,
+    operator_key: Any,
+    health: HealthCriteria,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    url: str | None = None,
+) -> Deployment:
+    """A signed install Deployment for ``bundle`` (manifest read for display fields only: the
+    device verifies the bundle itself)."""
+    from edgesdk.bundle import inspect_bundle
+
+    if not bundle.is_file():
+        raise UsageError(f"bundle file {str(bundle)!r} not found")
+    model = inspect_bundle(bundle).manifest.model
+    digest = hashlib.sha256()
+    with open(bundle, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    deployment = Deployment(
+        deployment_id=deployment_id,
+        issued_at=datetime.now(timezone.utc),
+        model_name=model.name,
+        model_version=model.version,
+        release=model.release,
+        bundle_sha256=digest.hexdigest(),
+        bundle_size=bundle.stat().st_size,
+        chunk_size=chunk_size,
+        chunk_sha256=[] if url else chunk_hashes(bundle, chunk_size),
+        url=url,
+        health=health,
+    )
+    return sign_deployment(deployment, operator_key)
+
+
+def control_message(deployment: Deployment, action: str, operator_key: Any) -> Deployment:
+    """The same deployment with ``action`` cancel or rollback, signed again."""
+    return sign_deployment(
+        deployment.model_copy(update={"action": action, "issued_at": datetime.now(timezone.utc)}), operator_key
+    )
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    deployment_id: str
+    device_id: str
+    wave: int
+    state: str
+    reason: str
+    progress: float | None
+    model_release: int | None
+    updated: float | None
+
+
+@dataclass(frozen=True)
+class DeploymentRow:
+    id: str
+    created: float
+    updated: float
+    bundle_path: str
+    message: Deployment
+    plan: dict[str, Any]
+    state: str
+    wave: int
+    reason: str
+
+
+class DeploymentStore:
+    """The operator's SQLite database of deployments and per-device results."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._db().executescript(_SCHEMA)  # executescript manages its own transaction
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- deployments --------------------------------------------------------------------------
+
+    def create(self, message: Deployment, bundle_path: Path, plan: dict[str, Any], waves: list[list[str]]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM deployments WHERE id = ?", (message.deployment_id,)).fetchone():
+                raise UsageError(f"deployment {message.deployment_id!r} already exists; pick another id")
+            db.execute(
+                "INSERT INTO deployments (id, created, updated, bundle_path, message, plan, state) VALUES (?,?,?,?,?,?,?)",
+                (
+                    message.deployment_id,
+                    now,
+                    now,
+                    str(bundle_path.resolve()),
+                    message.model_dump_json(),
+                    json.dumps(plan),
+                    PENDING,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO devices (deployment_id, device_id, wave) VALUES (?,?,?)",
+                [(message.deployment_id, device, index) for index, wave in enumerate(waves) for device in wave],
+            )
+
+    def get(self, deployment_id: str) -> DeploymentRow:
+        row = self._db().execute("SELECT * FROM deployments WHERE id = ?", (deployment_id,)).fetchone()
+        if row is None:
+            known = [r.id for r in self.all()][-10:]
+            raise UsageError(
+                f"deployment {deployment_id!r} not found in {self.path}; recent: {', '.join(known) or 'none'}"
+            )
+        return _deployment(row)
+
+    def all(self) -> list[DeploymentRow]:
+        rows = self._db().execute("SELECT * FROM deployments ORDER BY created").fetchall()
+        return [_deployment(r) for r in rows]
+
+    def set_state(self, deployment_id: str, state: str, *, reason: str | None = None, wave: int | None = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE deployments SET state = ?, updated = ?, reason = COALESCE(?, reason), wave = COALESCE(?, wave) "
+                "WHERE id = ?",
+                (state, time.time(), reason, wave, deployment_id),
+            )
+
+    # -- devices ------------------------------------------------------------------------------
+
+    def devices(self, deployment_id: str, wave: int | None = None) -> list[DeviceRow]:
+        query = "SELECT * FROM devices WHERE deployment_id = ?"
+        args: tuple[Any, ...] = (deployment_id,)
+        if wave is not None:
+            query += " AND wave = ?"
+            args += (wave,)
+        rows = self._db().execute(query + " ORDER BY wave, device_id", args).fetchall()
+        return [
+            DeviceRow(
+                r["deployment_id"],
+                r["device_id"],
+                r["wave"],
+                r["state"],
+                r["reason"],
+                r["progress"],
+                r["model_release"],
+                r["updated"],
+            )
+            for r in rows
+        ]
+
+    def wave_count(self, deployment_id: str) -> int:
+        row = self._db().execute("SELECT MAX(wave) FROM devices WHERE deployment_id = ?", (deployment_id,)).fetchone()
+        return -1 if row[0] is None else int(row[0]) + 1
+
+    def mark_sent(self, deployment_id: str, device_ids: list[str]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE devices SET sent = ?, state = CASE WHEN state = 'PENDING' THEN 'SENT' ELSE state END "
+                "WHERE deployment_id = ? AND device_id = ?",
+                [(now, deployment_id, d) for d in device_ids],
+            )
+
+    def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE devices SET state = ?, reason = ?, updated = ? WHERE deployment_id = ? AND device_id = ?",
+                (state, reason, time.time(), deployment_id, device_id),
+            )
+
+    def record_status(self, status: OtaStatus) -> bool:
+        """Store a device's status if it belongs to a known (deployment, device) and is not older
+        than what we have (QoS 1 may redeliver and reorder). Returns True when stored."""
+        ts = status.ts.isoformat()
+        release = status.model.release if status.model else None
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT status_ts, state FROM devices WHERE deployment_id = ? AND device_id = ?",
+                (status.deployment_id, status.device_id),
+            ).fetchone()
+            if row is None or (row["status_ts"] is not None and row["status_ts"] > ts):
+                return False
+            if status.progress is not None and row["state"] not in ("PENDING", "SENT", "DOWNLOADING"):
+                return False  # a late progress tick must not hide a later state
+            db.execute(
+                "UPDATE devices SET state = ?, reason = ?, progress = ?, model_release = ?, updated = ?, status_ts = ? "
+                "WHERE deployment_id = ? AND device_id = ?",
+                (
+                    status.state,
+                    status.reason,
+                    status.progress,
+                    release,
+                    time.time(),
+                    ts,
+                    status.deployment_id,
+                    status.device_id,
+                ),
+            )
+        return True
+
+    def summary(self, deployment_id: str) -> dict[str, Any]:
+        """Counts by device state, per wave and overall (for ``fleet status``)."""
+        row = self.get(deployment_id)
+        devices = self.devices(deployment_id)
+        by_state: dict[str, int] = {}
+        waves: dict[int, dict[str, int]] = {}
+        for device in devices:
+            by_state[device.state] = by_state.get(device.state, 0) + 1
+            wave = waves.setdefault(device.wave, {})
+            wave[device.state] = wave.get(device.state, 0) + 1
+        return {
+            "deployment_id": row.id,
+            "state": row.state,
+            "reason": row.reason,
+            "wave": row.wave,
+            "model": f"{row.message.model_name} {row.message.model_version} (release {row.message.release})",
+            "bundle": row.bundle_path,
+            "devices": len(devices),
+            "by_state": by_state,
+            "waves": {str(k): v for k, v in sorted(waves.items())},
+            "plan": row.plan,
+            "created": datetime.fromtimestamp(row.created, timezone.utc).isoformat(),
+            "updated": datetime.fromtimestamp(row.updated, timezone.utc).isoformat(),
+        }
+
+
+def _deployment(row: sqlite3.Row) -> DeploymentRow:
+    try:
+        message = Deployment.model_validate_json(row["message"])
+    except ValueError as exc:  # pragma: no cover - only a hand-edited database gets here
+        raise UpdateError(f"deployment {row['id']!r}: stored message unreadable: {exc}") from exc
+    return DeploymentRow(
+        id=row["id"],
+        created=row["created"],
+        updated=row["updated"],
+        bundle_path=row["bundle_path"],
+        message=message,
+        plan=json.loads(row["plan"]),
+        state=row["state"],
+        wave=row["wave"],
+        reason=row["reason"],
+    )

@@ -1,0 +1,378 @@
+"""The staged rollout controller (operator side): canary, waves, failure threshold, abort.
+
+A push is planned into waves (the canary first), written to the deployment database, then run:
+each wave gets the signed Deployment on its devices' topics, the controller serves their chunk
+requests and records their statuses, and waits until every device of the wave has committed
+(which a device only does after its probation) or failed, or the wave times out. As soon as the
+failures among the devices sent so far exceed ``max_failures``, the rollout aborts and the
+current wave is told to roll back; earlier waves keep the new model (they passed).
+
+Everything is persisted before it is acted on, so ``run()`` on a deployment that is still
+IN_PROGRESS (a restarted controller) picks up at its current wave, and ``fleet abort`` or
+``fleet rollback`` from another shell is seen by a running controller at its next poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesdk.agent.ota.manager import DEPLOYMENT_SUFFIX, STATUS_SUFFIX
+from edgesdk.errors import EdgeSDKError, UsageError
+from edgesdk.fleet.chunk_server import ChunkServer
+from edgesdk.fleet.deployments import (
+    ABORTED,
+    DEVICE_FAILURE,
+    DEVICE_SUCCESS,
+    FINISHED_ROLLOUT_STATES,
+    IN_PROGRESS,
+    ROLLED_BACK,
+    SUCCEEDED,
+    DeploymentStore,
+    build_deployment,
+    control_message,
+)
+from edgesdk.mqtt.topics import PRESENCE, all_devices_filter, device_topic, parse_topic
+from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, Presence
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+#: What ``run`` returns when the controller was stopped; the deployment stays IN_PROGRESS.
+STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """How a deployment spreads: fractions of the target devices, cumulative."""
+
+    canary: float = 0.10
+    waves: tuple[float, ...] = (0.10, 0.50, 1.00)
+    max_failures: float = 0.05
+    probation_s: float = 600.0
+    wave_timeout_s: float | None = None  # default: probation + 10 minutes
+    resend_s: float = 30.0
+
+    def timeout(self) -> float:
+        return self.wave_timeout_s if self.wave_timeout_s is not None else self.probation_s + 600.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RolloutPlan:
+        return cls(**{**data, "waves": tuple(data.get("waves", (1.0,)))})
+
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_percent(text: str, *, option: str) -> float:
+    """``"10%"`` or ``"10"`` → 0.10; UsageError naming the option and value otherwise."""
+    match = _PERCENT.match(text)
+    value = float(match.group(1)) / 100.0 if match else -1.0
+    if not 0.0 <= value <= 1.0:
+        raise UsageError(f"bad {option} {text!r}: expected a percentage between 0% and 100%, e.g. 10%")
+    return value
+
+
+def parse_waves(text: str) -> tuple[float, ...]:
+    """``"10%,50%,100%"`` → (0.1, 0.5, 1.0); must rise and end at 100%."""
+    waves = tuple(parse_percent(part, option="--waves") for part in text.split(",") if part.strip())
+    if not waves or list(waves) != sorted(waves) or waves[-1] != 1.0:
+        raise UsageError(f"bad --waves {text!r}: expected rising percentages ending at 100%, e.g. 10%,50%,100%")
+    return waves
+
+
+def parse_duration(text: str, *, option: str) -> float:
+    """``"10m"``, ``"30s"``, ``"1h"``, ``"250ms"``, ``"90"`` (seconds) → seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise UsageError(f"bad {option} {text!r}: expected a duration like 30s, 10m or 1h")
+    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def plan_waves(devices: list[str], plan: RolloutPlan, *, seed: str) -> list[list[str]]:
+    """Split ``devices`` into the canary and the waves. The order is a hash of the deployment
+    id, so each rollout picks a different canary but a resumed one picks the same."""
+    ordered = sorted(dict.fromkeys(devices), key=lambda d: hashlib.sha256(f"{seed}/{d}".encode()).hexdigest())
+    total = len(ordered)
+    cuts: list[int] = []
+    if plan.canary > 0 and total > 1:
+        cuts.append(max(1, math.ceil(plan.canary * total)))
+    cuts += [math.ceil(f * total) for f in plan.waves]
+    waves: list[list[str]] = []
+    start = 0
+    for cut in cuts:
+        cut = min(max(cut, start), total)
+        if cut > start:
+            waves.append(ordered[start:cut])
+            start = cut
+    if start < total:
+        waves.append(ordered[start:])
+    return waves
+
+
+class RolloutController:
+    """Runs deployments over one MQTT client (from edgesdk.mqtt.client)."""
+
+    def __init__(
+        self,
+        store: DeploymentStore,
+        client: Any,
+        namespace: str,
+        operator_key: Any,
+        *,
+        on_progress: ProgressFn | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.namespace = namespace
+        self.operator_key = operator_key
+        self.on_progress = on_progress or (lambda _event, _info: None)
+        self.poll_s = poll_s
+        self.chunks = ChunkServer(namespace, lambda topic, payload, qos: client.publish(topic, payload, qos=qos))
+        self._statuses: queue.Queue[bytes] = queue.Queue()
+        self._presence: dict[str, Presence] = {}
+        self._presence_lock = threading.Lock()
+        self._status_filter = all_devices_filter(namespace, STATUS_SUFFIX)
+        self._presence_filter = all_devices_filter(namespace, PRESENCE)
+        self._stopping = threading.Event()
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def start(self) -> RolloutController:
+        """Subscribe to statuses, chunk requests and presence; call before ``run``."""
+        self.client.on_message = self._on_message
+        self.client.subscribe(self._status_filter, qos=1)
+        self.client.subscribe(self.chunks.request_filter, qos=0)
+        self.client.subscribe(self._presence_filter, qos=0)
+        return self
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        parsed = parse_topic(self.namespace, topic)
+        if parsed is None or parsed.scope != "devices":
+            return
+        if parsed.suffix == STATUS_SUFFIX:
+            self._statuses.put(payload)  # SQLite work happens on the controller thread
+        elif parsed.suffix == self.chunks.request_filter.rsplit("/+/", 1)[1]:
+            self.chunks.on_message(topic, payload)
+        elif parsed.suffix == PRESENCE:
+            try:
+                presence = Presence.model_validate_json(payload)
+            except ValueError:
+                return
+            with self._presence_lock:
+                self._presence[presence.device_id] = presence
+
+    def devices_in_group(self, group: str, *, wait_s: float = 2.0) -> list[str]:
+        """Devices whose retained presence lists ``group`` (online or not: offline ones get
+        the deployment when they return, through their persistent session)."""
+        time.sleep(wait_s)  # retained presence arrives right after subscribing
+        with self._presence_lock:
+            found = sorted(d for d, p in self._presence.items() if group in p.groups)
+        if not found:
+            raise UsageError(f"no device of group {group!r} has announced itself on this broker")
+        return found
+
+    def stop(self) -> None:
+        """Leave ``run`` at its next poll with the deployment still IN_PROGRESS (resumable)."""
+        self._stopping.set()
+
+    # -- creating -----------------------------------------------------------------------------
+
+    def create(
+        self,
+        bundle: Path,
+        devices: list[str],
+        plan: RolloutPlan,
+        *,
+        deployment_id: str | None = None,
+        url: str | None = None,
+        chunk_size: int | None = None,
+        health: HealthCriteria | None = None,
+    ) -> Deployment:
+        """Sign the deployment, plan its waves, persist both (state PENDING)."""
+        if not devices:
+            raise UsageError("no target devices: give --devices A,B or a --group with members")
+        deployment_id = deployment_id or f"dep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        health = health or HealthCriteria(probation_s=plan.probation_s)
+        kwargs: dict[str, Any] = {"chunk_size": chunk_size} if chunk_size else {}
+        message = build_deployment(
+            bundle, deployment_id=deployment_id, operator_key=self.operator_key, health=health, url=url, **kwargs
+        )
+        waves = plan_waves(devices, plan, seed=deployment_id)
+        self.store.create(message, bundle, plan.to_json(), waves)
+        return message
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, deployment_id: str) -> str:
+        """Run (or resume) a deployment until it succeeds, aborts or is rolled back."""
+        row = self.store.get(deployment_id)
+        if row.state in FINISHED_ROLLOUT_STATES:
+            return row.state
+        plan = RolloutPlan.from_json(row.plan)
+        message = row.message
+        self.chunks.add(Path(row.bundle_path), message)
+        try:
+            total = len(self.store.devices(deployment_id))
+            waves = self.store.wave_count(deployment_id)
+            first = max(row.wave, 0)
+            self.store.set_state(deployment_id, IN_PROGRESS, wave=first)
+            for wave in range(first, waves):
+                outcome = self._run_wave(deployment_id, message, plan, wave, waves, total)
+                if outcome != "passed":
+                    return outcome
+                if wave + 1 < waves:
+                    self.store.set_state(deployment_id, IN_PROGRESS, wave=wave + 1)
+            self.store.set_state(deployment_id, SUCCEEDED, reason="every wave committed")
+            self.on_progress("finished", {"state": SUCCEEDED})
+            return SUCCEEDED
+        finally:
+            self._drain_statuses()
+            self.chunks.remove(deployment_id)
+
+    def _run_wave(
+        self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, waves: int, total: int
+    ) -> str:
+        devices = [d.device_id for d in self.store.devices(deployment_id, wave)]
+        self.on_progress("wave_started", {"wave": wave, "waves": waves, "devices": len(devices)})
+        pending = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state in ("PENDING", "SENT")]
+        self._send(message, pending)
+        self.store.mark_sent(deployment_id, pending)
+        deadline = time.monotonic() + plan.timeout()
+        last_sent = time.monotonic()
+        while True:
+            self._drain_statuses()
+            row = self.store.get(deployment_id)
+            if row.state in FINISHED_ROLLOUT_STATES:  # aborted/rolled back from another shell
+                self.on_progress("finished", {"state": row.state, "reason": row.reason})
+                return row.state
+            if self._stopping.is_set():
+                return STOPPED
+            rows = self.store.devices(deployment_id)
+            sent = [d for d in rows if d.wave <= wave]
+            failures = [d for d in sent if d.state in DEVICE_FAILURE]
+            in_wave = [d for d in rows if d.wave == wave]
+            done = [d for d in in_wave if d.state in DEVICE_SUCCESS or d.state in DEVICE_FAILURE]
+            self.on_progress(
+                "wave_progress",
+                {
+                    "wave": wave,
+                    "done": len(done),
+                    "devices": len(in_wave),
+                    "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
+                    "states": _count(d.state for d in in_wave),
+                },
+            )
+            if len(failures) > plan.max_failures * len(sent):
+                reason = (
+                    f"{len(failures)} of {len(sent)} devices failed in waves 0..{wave} "
+                    f"(max_failures {plan.max_failures:.0%}); first: {failures[0].device_id}: {failures[0].reason}"
+                )
+                self._abort_wave(deployment_id, message, wave, reason)
+                return ABORTED
+            if len(done) == len(in_wave):
+                self.on_progress(
+                    "wave_done", {"wave": wave, "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE])}
+                )
+                return "passed"
+            now = time.monotonic()
+            if now > deadline:
+                for device in in_wave:
+                    if device not in done:
+                        self.store.set_device_state(
+                            deployment_id,
+                            device.device_id,
+                            "TIMED_OUT",
+                            f"no result within {plan.timeout():.0f} s (last {device.state})",
+                        )
+                continue  # judged again with the timeouts counted as failures
+            if now - last_sent > plan.resend_s:
+                # A device that never answered may have been offline: send again (devices ignore repeats).
+                silent = [d.device_id for d in in_wave if d.state == "SENT"]
+                self._send(message, silent)
+                last_sent = now
+            time.sleep(self.poll_s)
+
+    def _abort_wave(self, deployment_id: str, message: Deployment, wave: int, reason: str) -> None:
+        """Stop the rollout and roll the failing wave back (earlier waves passed and stay)."""
+        self.store.set_state(deployment_id, ABORTED, reason=reason)
+        in_wave = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state not in ("PENDING",)]
+        self._send(control_message(message, "rollback", self.operator_key), in_wave)
+        log.warning("deployment %s aborted: %s", deployment_id, reason)
+        self.on_progress("aborted", {"wave": wave, "reason": reason})
+
+    def abort(self, deployment_id: str, reason: str = "aborted by operator") -> None:
+        """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
+        row = self.store.get(deployment_id)
+        active = [
+            d.device_id
+            for d in self.store.devices(deployment_id)
+            if d.state not in ("PENDING",) and d.state not in DEVICE_SUCCESS
+        ]
+        self.store.set_state(deployment_id, ABORTED, reason=reason)
+        self._send(control_message(row.message, "cancel", self.operator_key), active)
+
+    def rollback(self, deployment_id: str, reason: str = "rolled back by operator") -> int:
+        """Roll every device the deployment reached back to its previous model; returns how many were asked."""
+        row = self.store.get(deployment_id)
+        reached = [d.device_id for d in self.store.devices(deployment_id) if d.state != "PENDING"]
+        self.store.set_state(deployment_id, ROLLED_BACK, reason=reason)
+        self._send(control_message(row.message, "rollback", self.operator_key), reached)
+        return len(reached)
+
+    def wait_for_states(self, deployment_id: str, states: set[str], timeout: float) -> bool:
+        """Record statuses until every reached device is in one of ``states`` (tests, CLI)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._drain_statuses()
+            rows = [d for d in self.store.devices(deployment_id) if d.state != "PENDING"]
+            if all(d.state in states for d in rows):
+                return True
+            time.sleep(self.poll_s)
+        return False
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _send(self, message: Deployment, devices: list[str]) -> None:
+        payload = message.model_dump_json().encode()
+        for device in devices:
+            try:
+                self.client.publish(device_topic(self.namespace, device, DEPLOYMENT_SUFFIX), payload, qos=1)
+            except EdgeSDKError as exc:
+                log.warning("deployment to %s not sent now (%s); will resend", device, exc)
+
+    def _drain_statuses(self) -> None:
+        while True:
+            try:
+                payload = self._statuses.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                status = OtaStatus.model_validate_json(payload)
+            except ValueError as exc:
+                log.warning("ignored malformed status: %s", exc)
+                continue
+            self.store.record_status(status)
+
+
+def _count(states: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    return counts

@@ -1,0 +1,164 @@
+"""A staged rollout over a real mosquitto: several in-process devices (real agent parts, the
+real MQTT link and UpdateManager), the real rollout controller, chunk server and SQLite
+deployment records. Covers canary → waves → commit, auto-abort with rollback of the failed
+wave, a broker restart mid-download, and a controller restarted mid-rollout."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from edgesdk.agent.ota import UpdateManager, UpdateState
+
+from edgesdk.fleet.deployments import ABORTED, SUCCEEDED, DeploymentStore
+from edgesdk.fleet.rollout import STOPPED, RolloutController, RolloutPlan
+from edgesdk.keys import load_publisher_private_key
+from edgesdk.mqtt.client import ClientOptions, MqttClient
+from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bundles(digits, tmp_path_factory) -> OtaBundles:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("paho.mqtt")
+    return build_ota_bundles(digits, tmp_path_factory.mktemp("ota-fleet-bundles"))
+
+
+class Fleet:
+    def __init__(self, root: Path, bundles: OtaBundles, broker_url: str, count: int) -> None:
+        self.agents: list[StandInAgent] = []
+        self.managers: list[UpdateManager] = []
+        for i in range(count):
+            agent = StandInAgent(
+                root / f"dev-{i}", bundles, device_id=f"dev-{i}", broker_url=broker_url, groups=("line-1",)
+            )
+            manager = UpdateManager(agent)
+            manager.install_local(bundles.v1, timeout=60)
+            agent.updates = manager  # type: ignore[attr-defined]
+            self.agents.append(agent)
+            self.managers.append(manager)
+        for agent in self.agents:
+            assert agent.link.client.wait_connected(10)
+
+    def releases(self) -> list[int]:
+        return [a.server.active["release"] for a in self.agents]
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            agent.link.stop()
+
+
+def controller(tmp_path: Path, bundles: OtaBundles, broker_url: str) -> tuple[RolloutController, MqttClient]:
+    client = MqttClient(
+        ClientOptions(client_id=f"fleet-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
+    )
+    client.start()
+    assert client.wait_connected(10)
+    store = DeploymentStore(tmp_path / "fleet.sqlite3")
+    ctl = RolloutController(store, client, "edgesdk", load_publisher_private_key(bundles.operator_key), poll_s=0.05)
+    return ctl.start(), client
+
+
+def test_canary_and_waves_commit_everywhere_and_group_discovery(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker
+) -> None:
+    fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 4)
+    ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
+    try:
+        devices = ctl.devices_in_group("line-1", wait_s=1.0)
+        assert devices == ["dev-0", "dev-1", "dev-2", "dev-3"]
+        events: list[tuple[str, dict]] = []
+        ctl.on_progress = lambda event, info: events.append((event, info))
+        plan = RolloutPlan(canary=0.25, waves=(0.5, 1.0), max_failures=0.0, probation_s=0.5, wave_timeout_s=60)
+        message = ctl.create(bundles.v2, devices, plan, chunk_size=64 * 1024)
+        assert ctl.run(message.deployment_id) == SUCCEEDED
+        assert fleet.releases() == [2, 2, 2, 2]
+        assert [info["devices"] for event, info in events if event == "wave_started"] == [1, 1, 2]
+        summary = ctl.store.summary(message.deployment_id)
+        assert summary["by_state"] == {"COMMITTED": 4}
+    finally:
+        client.stop()
+        fleet.stop()
+
+
+def test_failing_canary_aborts_and_nothing_else_changes(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 3)
+    ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
+    try:
+        plan = RolloutPlan(canary=0.30, waves=(1.0,), max_failures=0.0, probation_s=0.5, wave_timeout_s=60)
+        message = ctl.create(bundles.v3_bad_golden, [f"dev-{i}" for i in range(3)], plan, chunk_size=64 * 1024)
+        assert ctl.run(message.deployment_id) == ABORTED
+        row = ctl.store.get(message.deployment_id)
+        assert "golden" in row.reason
+        assert fleet.releases() == [1, 1, 1]
+        states = {d.device_id: d.state for d in ctl.store.devices(message.deployment_id)}
+        assert sorted(states.values()) == ["FAILED", "PENDING", "PENDING"]
+    finally:
+        client.stop()
+        fleet.stop()
+
+
+def _run_in_thread(ctl: RolloutController, deployment_id: str) -> tuple[threading.Thread, dict[str, str]]:
+    result: dict[str, str] = {}
+    runner = threading.Thread(target=lambda: result.setdefault("state", ctl.run(deployment_id)))
+    runner.start()
+    return runner, result
+
+
+def _wait(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_broker_restart_mid_download(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 2)
+    ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
+    try:
+        plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=0.0, probation_s=0.5, wave_timeout_s=120)
+        for manager in fleet.managers:
+            manager.target.chunk_window = 1  # one chunk in flight: slow enough to cut the broker under it
+        message = ctl.create(bundles.v2, ["dev-0", "dev-1"], plan, chunk_size=1024)
+        runner, result = _run_in_thread(ctl, message.deployment_id)
+        assert _wait(lambda: any(m.state is UpdateState.DOWNLOADING for m in fleet.managers))
+        mqtt_broker.stop()
+        time.sleep(1.0)
+        assert all(m.state is UpdateState.DOWNLOADING for m in fleet.managers)
+        mqtt_broker.start()
+        runner.join(180)
+        assert result.get("state") == SUCCEEDED, ctl.store.summary(message.deployment_id)
+        assert fleet.releases() == [2, 2]
+        # The outage lost requests or frames; they were asked for again, and nothing was corrupted.
+        assert sum(m.target.download_stats["rerequests"] for m in fleet.managers) > 0
+        assert sum(m.target.download_stats["bad_chunks"] for m in fleet.managers) == 0
+    finally:
+        client.stop()
+        fleet.stop()
+
+
+def test_restarted_controller_resumes_from_its_database(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 3)
+    ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
+    try:
+        plan = RolloutPlan(canary=0.30, waves=(1.0,), max_failures=0.0, probation_s=2.0, wave_timeout_s=120)
+        message = ctl.create(bundles.v2, [f"dev-{i}" for i in range(3)], plan, chunk_size=64 * 1024)
+        runner, result = _run_in_thread(ctl, message.deployment_id)
+        assert _wait(lambda: any(m.state is UpdateState.PROBATION for m in fleet.managers))
+        ctl.stop()  # the operator's laptop goes to sleep mid-canary
+        runner.join(30)
+        client.stop()
+        assert result["state"] == STOPPED
+        assert ctl.store.get(message.deployment_id).state == "IN_PROGRESS"
+        ctl2, client = controller(tmp_path, bundles, mqtt_broker.url)  # same database file
+        assert ctl2.run(message.deployment_id) == SUCCEEDED
+        assert fleet.releases() == [2, 2, 2]
+    finally:
+        client.stop()
+        fleet.stop()
