@@ -47,16 +47,16 @@ if [ "$(id -u)" = 0 ] && [ -z "$P" ]; then SYSTEM=1; else SYSTEM=0; fi
 step "checking the image against SHA256SUMS"
 (cd "$HERE" && sha256sum --quiet --strict -c SHA256SUMS) || die "image is corrupt: a file does not match SHA256SUMS"
 
-step "checking Python"
-PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || die "no Python at '$PYTHON' (use --python)"
-[ "$PYVER" = "$EDGESDK_IMAGE_PYTHON" ] || die "this image's wheels are for Python $EDGESDK_IMAGE_PYTHON (profile $EDGESDK_IMAGE_PROFILE) but $PYTHON is Python $PYVER"
-
 if [ -z "$DEVICE_ID" ]; then
     # The host name is what an operator sees in `edgesdk fleet enroll list`; make it a valid id.
-    DEVICE_ID=$(hostname | tr -c 'A-Za-z0-9._-\n' '-' | cut -c1-64)
+    DEVICE_ID=$(hostname | tr -c 'A-Za-z0-9._\n-' '-' | cut -c1-64)
 fi
 printf '%s' "$DEVICE_ID" | grep -Eq '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' \
     || die "device id '$DEVICE_ID' is invalid: use letters, digits, '.', '_', '-' (max 64)"
+
+step "checking Python"
+PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || die "no Python at '$PYTHON' (use --python)"
+[ "$PYVER" = "$EDGESDK_IMAGE_PYTHON" ] || die "this image's wheels are for Python $EDGESDK_IMAGE_PYTHON (profile $EDGESDK_IMAGE_PROFILE) but $PYTHON is Python $PYVER"
 
 if [ "$SYSTEM" = 1 ]; then
     step "creating user edgesdk"
