@@ -13,20 +13,9 @@ import pytest
 
 from edgesdk.image.wheelhouse import download_args
 from edgesdk.profiles import get_profile
+from tests.image_helpers import require_package_index
 
 pytestmark = pytest.mark.slow
-
-
-def require_package_index() -> None:
-    """Skip visibly when pip cannot reach its index (this test resolves real aarch64 wheels)."""
-    probe = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "paho-mqtt", "--disable-pip-version-check"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"the package index cannot be reached: {probe.stderr.strip().splitlines()[-1:]}")
 
 
 def test_rpi5_image_resolves_a_complete_aarch64_wheelhouse(tmp_path: Path, edgesdk_cli) -> None:

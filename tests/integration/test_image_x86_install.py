@@ -26,8 +26,8 @@ import pytest
 from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates
 from edgesdk.keys import generate_publisher_key, key_id, load_device_public_key
 from tests.bundle_helpers import make_digits_convert_dir
+from tests.image_helpers import parse_unit, require_package_index
 from tests.integration.conftest import require_mosquitto
-from tests.unit.test_firmware_units import parse_unit
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +108,7 @@ def log_text(log: Path | None) -> str:
 
 def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqtt_broker, edgesdk_cli) -> None:
     require_mosquitto()
+    require_package_index()  # the image's wheelhouse is resolved from it
     work = tmp_path_factory.mktemp("img")
     profiles = write_test_profile(work / "profiles")
     publisher_key, publisher_pub = generate_publisher_key(work / "publisher")

@@ -20,26 +20,10 @@ from edgesdk.image.agent_config import (
     render_agent_config,
 )
 from edgesdk.image.recipes import load_recipes
+from tests.image_helpers import parse_unit
 
 RECIPES = load_recipes()
 FAMILIES = sorted(RECIPES)
-
-
-def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """Sections → key → every value (systemd keys may repeat, e.g. DeviceAllow)."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        assert current is not None, f"key outside a section: {line}"
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
 
 
 def one(section: dict[str, list[str]], key: str) -> str:
