@@ -1,9 +1,9 @@
 """Decrypting a verified bundle's payloads in memory: the plaintext never touches disk.
 
 Only a :class:`VerifiedBundle` is accepted. Payloads are read segment by segment and
-decrypted straight into one buffer of the declared plaintext size (so a payload can never
-grow past what the signed manifest says); each segment's GCM tag, the payload's SHA-256
-and every file's SHA-256 are checked before any byte is handed out.
+decrypted straight into the ``bytes`` objects handed to the runtimes, each allocated at its
+signed size (so a payload can never grow past what the manifest says); every segment's GCM
+tag and the payload's signed SHA-256 are checked before any byte is handed out.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from edgesdk.bundle.background_hash import BackgroundHasher
+from edgesdk.bundle.bytes_buffer import BytesBuilder
 from edgesdk.bundle.container import AEAD_TAG_SIZE, segment_count
 from edgesdk.bundle.key_slots import unwrap_content_key
 from edgesdk.bundle.reader import open_bundle_file
@@ -56,50 +57,84 @@ def _declared(bundle: VerifiedBundle, payload_name: str) -> tuple[int, str]:
     raise UsageError(f"bundle has no payload {payload_name!r}")
 
 
-def decrypt_payload(bundle: VerifiedBundle, payload_name: str, device_key: X25519PrivateKey) -> bytearray:
-    """One payload's plaintext, decrypted into a buffer of exactly its declared size."""
+def _decrypt_parts(
+    bundle: VerifiedBundle, payload_name: str, sizes: list[int], device_key: X25519PrivateKey
+) -> list[bytes]:
+    """Decrypt one payload straight into one ``bytes`` object per part (a variant's files).
+
+    Each segment is decrypted into the part it belongs to; the rare segment that spans two
+    parts goes through a scratch buffer. The payload's signed SHA-256 is checked over the
+    plaintext in order before any part is returned."""
     bundle = _require_verified(bundle)
     encryption = _encryption(bundle)
     location = next((p for p in encryption.payloads if p.name == payload_name), None)
     if location is None:
         raise UsageError(f"bundle has no payload {payload_name!r}")
     size, expected_sha = _declared(bundle, payload_name)
+    source = str(bundle.path)
+    if sum(sizes) != size:
+        raise BundleFormatError(f"{source}: payload {payload_name!r}: files add up to {sum(sizes)}, not {size} bytes")
     content_key = unwrap_content_key(encryption.key_slots, _require_device_key(device_key))
     opener = SegmentOpener(
         derive_payload_key(content_key, bytes.fromhex(location.salt), payload_name), payload_name=payload_name
     )
-    source = str(bundle.path)
     segment_size = encryption.segment_size
     count = segment_count(size, segment_size)
-    plaintext = bytearray(size)
-    out = memoryview(plaintext)
-    ciphertext = bytearray(segment_size + AEAD_TAG_SIZE)
-    cipher_view = memoryview(ciphertext)
+    parts = [BytesBuilder(part) for part in sizes]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    cipher_view = memoryview(bytearray(segment_size + AEAD_TAG_SIZE))
+    scratch: memoryview | None = None
     with open_bundle_file(bundle.path) as handle, BackgroundHasher(hashlib.sha256(), expected_bytes=size) as digest:
         handle.seek(bundle.payload_area_offset + location.offset)
         position = 0
         for index in range(count):
             plain_length = min(segment_size, size - position)
             wanted = plain_length + AEAD_TAG_SIZE
-            got = handle.readinto(cipher_view[:wanted])
-            if got != wanted:
+            if handle.readinto(cipher_view[:wanted]) != wanted:
                 raise BundleFormatError(
                     f"{source}: truncated in payload {payload_name!r} (changed since it was verified?)"
                 )
-            segment = out[position : position + plain_length]
-            opener.open_into(index, cipher_view[:wanted], index == count - 1, segment)
-            digest.update(segment)  # hashed on the worker while the next segment is read and decrypted
+            final = index == count - 1
+            targets = _targets(parts, starts, position, plain_length)
+            if plain_length == 0:
+                opener.open(index, cipher_view[:wanted], final)
+            elif len(targets) == 1:
+                opener.open_into(index, cipher_view[:wanted], final, targets[0])
+                digest.update(targets[0])  # hashed on the worker while the next segment is decrypted
+            else:
+                digest.wait()  # the scratch buffer may still be hashed from an earlier spanning segment
+                scratch = scratch if scratch is not None else memoryview(bytearray(segment_size))
+                segment = scratch[:plain_length]
+                opener.open_into(index, cipher_view[:wanted], final, segment)
+                digest.update(segment)
+                offset = 0
+                for target in targets:
+                    target[:] = segment[offset : offset + len(target)]
+                    offset += len(target)
+                digest.wait()
             position += plain_length
         if digest.hexdigest() != expected_sha:
             raise IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")
-    return plaintext
+    return [part.finish() for part in parts]
+
+
+def _targets(parts: list[BytesBuilder], starts: list[int], position: int, length: int) -> list[memoryview]:
+    """The slices of the parts that plaintext bytes [position, position + length) go to."""
+    end = position + length
+    slices = []
+    for part, start in zip(parts, starts, strict=True):
+        lo, hi = max(position, start), min(end, start + part.size)
+        if lo < hi:
+            slices.append(part.view[lo - start : hi - start])
+    return slices
 
 
 def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519PrivateKey) -> dict[str, bytes]:
     """The files of one variant (file name → plaintext bytes), in memory only.
 
     File names are as the runtime loaders expect them ("model.onnx", "model.xml" +
-    "model.bin", …). Every segment's tag and the payload's signed SHA-256 are checked; a
+    "model.bin", …). Every segment's tag and the payload's signed SHA-256 are checked (the
+    payload is the files in order, and their signed sizes fix where each one starts); a
     mismatch raises IntegrityError."""
     bundle = _require_verified(bundle)
     try:
@@ -109,21 +144,9 @@ def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519P
         raise UsageError(f"bundle has no variant {variant_id!r}; it has: {known}") from None
     if not variant.files:
         raise BundleFormatError(f"{bundle.path}: variant {variant_id!r} lists no files")
-    plaintext = decrypt_payload(bundle, variant.payload, device_key)
-    view = memoryview(plaintext)
-    files: dict[str, bytes] = {}
-    position = 0
-    try:
-        # The payload's SHA-256 (checked above) covers the concatenation, and the signed file
-        # sizes fix where each file starts, so every file's bytes are already authenticated.
-        for entry in variant.files:
-            # bytes (immutable) is what the runtimes want: LiteRT keeps a reference to it.
-            files[entry.name] = bytes(view[position : position + entry.size])
-            position += entry.size
-    finally:
-        view.release()
-        del plaintext  # drop the working copy now rather than when the caller's frame ends
-    return files
+    contents = _decrypt_parts(bundle, variant.payload, [f.size for f in variant.files], device_key)
+    # bytes (immutable) is what the runtimes want: LiteRT keeps a reference to it.
+    return {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
 
 
 def decrypt_golden(bundle: VerifiedBundle, device_key: X25519PrivateKey) -> dict[str, np.ndarray] | None:
@@ -132,7 +155,7 @@ def decrypt_golden(bundle: VerifiedBundle, device_key: X25519PrivateKey) -> dict
     golden = bundle.manifest.golden
     if golden is None:
         return None
-    plaintext = decrypt_payload(bundle, golden.payload, device_key)
+    plaintext = _decrypt_parts(bundle, golden.payload, [golden.size], device_key)[0]
     try:
         with np.load(io.BytesIO(plaintext), allow_pickle=False) as archive:
             arrays: dict[str, Any] = {name: archive[name] for name in archive.files}

@@ -1,0 +1,321 @@
+"""Bundle benchmarks, side by side in one run, figures printed (issue 4).
+
+1. Throughput on a 100 MB bundle: package, verify (streamed hashes), decrypt (in memory),
+   verify + decrypt — next to a plain ``read + sha256`` of the same file as the floor.
+2. Cold start: verify + decrypt + create an onnxruntime session from memory, divided by
+   creating the same session from the plaintext file (digits CNN; MobileNetV2 when the
+   workload ``edgesdk.workloads.mobilenet`` exists).
+3. Peak memory (RSS above the process's baseline, in a fresh process per case) while
+   verifying ("install": what the device does before staging) and while verifying +
+   decrypting the 100 MB bundle, as multiples of the bundle size.
+
+Run: ``.venv/bin/python benchmarks/bench_bundle.py [--size-mb 100] [--repeat 5] [--json]``.
+Crypto figures do not depend on what the payload holds, so the 100 MB payload is random
+bytes; the cold-start figures use real models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from edgesdk.offline import disable_vendor_telemetry  # noqa: E402
+
+disable_vendor_telemetry()
+
+from edgesdk.bundle import decrypt_variant, package_bundle, verify_bundle  # noqa: E402
+from tests.bundle_helpers import make_digits_convert_dir, make_keys, write_convert_dir  # noqa: E402
+
+MB = 1_000_000
+
+
+def best_and_median(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def throughput(work: Path, keys: Any, size_mb: int, repeat: int) -> tuple[dict[str, Any], Path]:
+    convert = write_convert_dir(work / "big-convert", {"onnx-fp32": {"model.onnx": os.urandom(size_mb * MB)}})
+    out = work / "big.edgepkg"
+    start = time.perf_counter()
+    package_bundle(convert, name="big", version="1.0.0", release=1, publisher_key=keys.publisher_key,
+                   recipients=[keys.device_pub], out=out)  # fmt: skip
+    package_s = time.perf_counter() - start
+    trusted = [keys.trusted()]
+    device = keys.device()
+    bundle_mb = out.stat().st_size / MB
+    sha256_file(out)  # warm the page cache so every row reads from memory alike
+
+    def verify() -> Any:
+        return verify_bundle(out, trusted_publishers=trusted)
+
+    verified = verify()
+
+    def decrypt() -> Any:
+        return decrypt_variant(verified, "onnx-fp32", device)
+
+    def both() -> Any:
+        return decrypt_variant(verify(), "onnx-fp32", device)
+
+    rows = {}
+    for name, fn in [("read+sha256 (floor)", lambda: sha256_file(out)), ("verify", verify), ("decrypt", decrypt),
+                     ("verify+decrypt", both)]:  # fmt: skip
+        best, median = best_and_median(fn, repeat)
+        rows[name] = {"best_s": best, "median_s": median, "MB_per_s": bundle_mb / median}
+    rows["package"] = {"best_s": package_s, "median_s": package_s, "MB_per_s": bundle_mb / package_s}
+    return {"bundle_MB": round(bundle_mb, 1), "rows": rows}, out
+
+
+def cold_start(name: str, convert: Path, variant_id: str, keys: Any, work: Path, repeat: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    bundle = package_bundle(convert, name=name, version="1.0.0", release=1, publisher_key=keys.publisher_key,
+                            recipients=[keys.device_pub], out=work / f"{name}.edgepkg")  # fmt: skip
+    plaintext = convert / "artifacts" / variant_id / "model.onnx"
+    trusted = [keys.trusted()]
+    device = keys.device()
+    options = ort.SessionOptions()
+
+    def from_file() -> Any:
+        return ort.InferenceSession(str(plaintext), sess_options=options, providers=["CPUExecutionProvider"])
+
+    def from_bundle() -> Any:
+        verified = verify_bundle(bundle, trusted_publishers=trusted, profile="rpi5-8gb")
+        files = decrypt_variant(verified, variant_id, device)
+        return ort.InferenceSession(files["model.onnx"], sess_options=options, providers=["CPUExecutionProvider"])
+
+    verified = verify_bundle(bundle, trusted_publishers=trusted, profile="rpi5-8gb")
+    files = decrypt_variant(verified, variant_id, device)
+    steps = {
+        "verify": lambda: verify_bundle(bundle, trusted_publishers=trusted, profile="rpi5-8gb"),
+        "decrypt": lambda: decrypt_variant(verified, variant_id, device),
+        "session_from_bytes": lambda: ort.InferenceSession(
+            files["model.onnx"], sess_options=options, providers=["CPUExecutionProvider"]
+        ),
+    }
+    from_file(), from_bundle()  # one-time runtime initialisation is not what we compare
+    file_times, bundle_times = [], []
+    step_times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeat):  # interleaved, so drift on a shared machine hits both alike
+        for fn, times in (
+            (from_file, file_times),
+            (from_bundle, bundle_times),
+            *((f, step_times[n]) for n, f in steps.items()),
+        ):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    file_ms, bundle_ms = statistics.median(file_times) * 1000, statistics.median(bundle_times) * 1000
+    return {
+        "model": name,
+        "model_MB": round(plaintext.stat().st_size / MB, 3),
+        "session_from_file_ms": round(file_ms, 2),
+        "verify_decrypt_session_ms": round(bundle_ms, 2),
+        "ratio": round(bundle_ms / file_ms, 3),
+        "steps_ms": {name: round(statistics.median(times) * 1000, 2) for name, times in step_times.items()},
+        **cold_start_fresh_process(bundle, plaintext, variant_id, keys, max(5, repeat // 3)),
+    }
+
+
+_COLD_PROBE = r"""
+import time
+start = time.perf_counter()
+import sys
+sys.path.insert(0, sys.argv[1])
+from edgesdk.offline import disable_vendor_telemetry
+disable_vendor_telemetry()
+import onnxruntime as ort
+mode, path = sys.argv[2], sys.argv[3]
+if mode == "file":
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+else:
+    from edgesdk.bundle import decrypt_variant, verify_bundle
+    from edgesdk.keys import load_device_private_key, load_publisher_public_key
+    verified = verify_bundle(path, trusted_publishers=[load_publisher_public_key(sys.argv[4])], profile="rpi5-8gb")
+    files = decrypt_variant(verified, sys.argv[6], load_device_private_key(sys.argv[5]))
+    session = ort.InferenceSession(files["model.onnx"], providers=["CPUExecutionProvider"])
+print((time.perf_counter() - start) * 1000)
+"""
+
+
+def cold_start_fresh_process(bundle: Path, plaintext: Path, variant_id: str, keys: Any, repeat: int) -> dict[str, Any]:
+    """Python already started; imports + keys + verify + decrypt + session, in a new process each time."""
+
+    def once(mode: str) -> float:
+        args = [sys.executable, "-c", _COLD_PROBE, str(REPO_ROOT), mode]
+        args += (
+            [str(plaintext)]
+            if mode == "file"
+            else [str(bundle), str(keys.publisher_pub), str(keys.device_key), variant_id]
+        )
+        return float(subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip())
+
+    file_ms, bundle_ms = [], []
+    for _ in range(repeat):
+        file_ms.append(once("file"))
+        bundle_ms.append(once("bundle"))
+    f, b = statistics.median(file_ms), statistics.median(bundle_ms)
+    return {"fresh_file_ms": round(f, 1), "fresh_bundle_ms": round(b, 1), "fresh_ratio": round(b / f, 3)}
+
+
+_PEAK_PROBE = r"""
+import sys, json
+sys.path.insert(0, sys.argv[1])
+from edgesdk.bundle import verify_bundle, decrypt_variant
+from edgesdk.keys import load_device_private_key, load_publisher_public_key
+
+def high_water_mb():
+    # VmHWM belongs to this process image (ru_maxrss would carry the parent's peak over exec).
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e6
+
+trusted = [load_publisher_public_key(sys.argv[3])]
+device = load_device_private_key(sys.argv[4])
+before = high_water_mb()
+verified = verify_bundle(sys.argv[2], trusted_publishers=trusted)
+if sys.argv[5] == "decrypt":
+    files = decrypt_variant(verified, "onnx-fp32", device)
+after = high_water_mb()
+print(json.dumps({"baseline_MB": before, "peak_above_baseline_MB": after - before}))
+"""
+
+
+def peak_memory(bundle: Path, keys: Any) -> dict[str, Any]:
+    size_mb = bundle.stat().st_size / MB
+    result = {}
+    for case in ("verify", "decrypt"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _PEAK_PROBE, str(REPO_ROOT), str(bundle), str(keys.publisher_pub),
+             str(keys.device_key), case],  # fmt: skip
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        data = json.loads(proc.stdout)
+        data["x_bundle_size"] = round(data["peak_above_baseline_MB"] / size_mb, 3)
+        result["verify (install)" if case == "verify" else "verify+decrypt"] = data
+    return result
+
+
+def digits_convert(work: Path) -> Path | None:
+    if not (importlib.util.find_spec("torch") and importlib.util.find_spec("sklearn")):
+        return None
+    from edgesdk.workloads.digits import prepare_digits
+
+    cached = REPO_ROOT / ".pytest_cache" / "d" / "edgesdk-digits-v1"
+    digits = prepare_digits(cached if (cached / "meta.json").exists() else work / "digits")
+    return make_digits_convert_dir(digits, work / "digits-convert", int8=False)
+
+
+def mobilenet_convert(work: Path) -> tuple[Path | None, str]:
+    """A convert dir with MobileNetV2 (engineer A's workload) exported to ONNX fp32.
+
+    Session creation time depends on the architecture and the size of the weights, not on
+    their values, so without the ImageNet weights file the same network with its initial
+    weights stands in (said in the output)."""
+    if importlib.util.find_spec("edgesdk.workloads.mobilenet") is None:
+        return None, "edgesdk.workloads.mobilenet does not exist"
+    if importlib.util.find_spec("torch") is None:
+        return None, "needs torch to export MobileNetV2 to ONNX"
+    import torch
+
+    from edgesdk.errors import ModelError
+    from edgesdk.workloads import mobilenet
+
+    try:
+        model, weights = mobilenet.pretrained_mobilenet_v2(), "ImageNet weights"
+    except ModelError:
+        model, weights = mobilenet.build_mobilenet_v2().eval(), "initial weights (ImageNet file not installed)"
+    onnx_path = work / "mobilenet_v2.onnx"
+    torch.onnx.export(
+        model,
+        (torch.zeros(1, 3, 224, 224),),
+        str(onnx_path),
+        input_names=[mobilenet.INPUT_NAME],
+        output_names=[mobilenet.OUTPUT_NAME],
+        dynamic_axes={mobilenet.INPUT_NAME: {0: "batch"}, mobilenet.OUTPUT_NAME: {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+    )
+    convert = write_convert_dir(work / "mobilenet-convert", {"onnx-fp32": {"model.onnx": onnx_path.read_bytes()}})
+    return convert, weights
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="bench-bundle-") as tmp:
+        work = Path(tmp)
+        keys = make_keys(work / "keys")
+        report["throughput"], big = throughput(work, keys, args.size_mb, args.repeat)
+        report["peak_memory"] = peak_memory(big, keys)
+        cold = []
+        digits = digits_convert(work)
+        if digits is None:
+            cold.append({"model": "digits", "skipped": "needs torch and scikit-learn"})
+        else:
+            cold.append(cold_start("digits", digits, "onnx-fp32", keys, work, max(15, args.repeat * 3)))
+        mobilenet, note = mobilenet_convert(work)
+        if mobilenet is None:
+            cold.append({"model": "mobilenet_v2", "skipped": note})
+        else:
+            row = cold_start("mobilenet_v2", mobilenet, "onnx-fp32", keys, work, max(7, args.repeat))
+            cold.append(row | {"note": note})
+        report["cold_start"] = cold
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    t = report["throughput"]
+    print(f"== throughput, {t['bundle_MB']} MB bundle (goal: verify+decrypt >= 500 MB/s)")
+    floor = t["rows"]["read+sha256 (floor)"]["median_s"]
+    for name, row in t["rows"].items():
+        print(f"  {name:<22} {row['median_s'] * 1000:8.1f} ms  {row['MB_per_s']:8.0f} MB/s  "
+              f"(best {row['best_s'] * 1000:6.1f} ms; {row['median_s'] / floor:4.2f}x one read+sha256)")  # fmt: skip
+    print("== peak RSS above baseline (goal: streaming, well under 3x the bundle)")
+    for name, row in report["peak_memory"].items():
+        print(f"  {name:<22} {row['peak_above_baseline_MB']:8.1f} MB  = {row['x_bundle_size']:.2f}x bundle")
+    print("== cold start: verify+decrypt+session / session from plaintext file (goal <= 1.15)")
+    print("   in-process = runtime already imported and initialised; fresh process = imports + keys + load")
+    for row in report["cold_start"]:
+        if "skipped" in row:
+            print(f"  {row['model']:<14} skipped: {row['skipped']}")
+            continue
+        print(f"  {row['model']:<14} {row['model_MB']:7.3f} MB  in-process: file {row['session_from_file_ms']:7.2f} ms"
+              f"  bundle {row['verify_decrypt_session_ms']:7.2f} ms  ratio {row['ratio']:.3f}")  # fmt: skip
+        steps = "  ".join(f"{k} {v:.2f}" for k, v in row["steps_ms"].items())
+        print(f"  {'':<14} {'':7} {'':2}  bundle steps (ms): {steps}")
+        print(f"  {'':<14} {'':7} {'':2}  fresh process: file {row['fresh_file_ms']:7.1f} ms"
+              f"  bundle {row['fresh_bundle_ms']:7.1f} ms  ratio {row['fresh_ratio']:.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
