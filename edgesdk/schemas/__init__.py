@@ -3,8 +3,10 @@
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.common import PRECISION_LADDER, ModelFormat, Precision, RuntimeName
+from edgesdk.schemas.enrollment import EnrollmentRegistry
+from edgesdk.schemas.image import ImageManifest
 from edgesdk.schemas.manifest import BundleManifest, TensorSpec, Variant
-from edgesdk.schemas.messages import Deployment, Event, OtaStatus, Presence, Telemetry
+from edgesdk.schemas.messages import Deployment, EnrollRequest, Event, OtaStatus, Presence, Telemetry
 from edgesdk.schemas.profile import DeviceProfile
 from edgesdk.schemas.report import ConversionReport
 
@@ -19,6 +21,9 @@ EXPORTED_SCHEMAS: dict[str, type[Schema]] = {
     "mqtt-deployment": Deployment,
     "mqtt-ota-status": OtaStatus,
     "conversion-report": ConversionReport,
+    "mqtt-enroll-request": EnrollRequest,
+    "enrollment-registry": EnrollmentRegistry,
+    "image-manifest": ImageManifest,
 }
 
 __all__ = [
