@@ -1,0 +1,334 @@
+"""``edgesdk fleet push|status|abort|rollback``: staged OTA rollouts from the operator's shell.
+
+``push`` blocks while the rollout runs (it also serves the bundle's chunks to the devices), with
+a progress bar per wave; Ctrl-C leaves the deployment IN_PROGRESS in the database, and
+``push --deployment-id ID`` with the same id resumes it. ``status`` reads the database only;
+``abort`` and ``rollback`` also tell the devices (signed cancel/rollback messages).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgesdk.cli.output import console, json_option, print_json, print_table
+from edgesdk.errors import UpdateError, UsageError
+
+OPERATOR_KEY_ENV = "EDGESDK_OPERATOR_KEY"
+
+_db_option = click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Deployment database (default $EDGESDK_FLEET_DB or ~/.local/share/edgesdk/fleet.sqlite3).",
+)
+_broker_option = click.option("--broker", required=True, help="MQTT broker URL, e.g. mqtt://127.0.0.1:1883.")
+_namespace_option = click.option("--namespace", default="edgesdk", show_default=True, help="MQTT topic namespace.")
+_key_option = click.option(
+    "--key",
+    "key_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Operator's Ed25519 private key that signs deployments (or ${OPERATOR_KEY_ENV}).",
+)
+
+
+def _store(db_path: Path | None) -> Any:
+    from edgesdk.fleet.deployments import DeploymentStore, default_db_path
+
+    return DeploymentStore(db_path or default_db_path())
+
+
+def _operator_key(key_path: Path | None) -> Any:
+    from edgesdk.keys import load_publisher_private_key
+
+    path = key_path or (Path(os.environ[OPERATOR_KEY_ENV]) if os.environ.get(OPERATOR_KEY_ENV) else None)
+    if path is None:
+        raise UsageError(
+            f"no operator key: pass --key FILE or set {OPERATOR_KEY_ENV} (edgesdk keys publisher makes one)"
+        )
+    return load_publisher_private_key(path)
+
+
+def _controller(store: Any, broker: str, namespace: str, key: Any, **kwargs: Any) -> tuple[Any, Any]:
+    from edgesdk.errors import LinkError
+    from edgesdk.fleet.rollout import RolloutController
+    from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+    client = MqttClient(
+        ClientOptions(client_id=f"edgesdk-fleet-{uuid.uuid4().hex[:8]}", broker_url=broker, clean_start=True)
+    )
+    client.start()
+    if not client.wait_connected(10):
+        client.stop(graceful=False)
+        raise LinkError(f"cannot connect to broker {broker}: {client.stats.last_error or 'no answer in 10 s'}")
+    return RolloutController(store, client, namespace, key, **kwargs).start(), client
+
+
+class _WaveBars:
+    """A rich progress bar per wave, fed by the controller's progress events."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=console(),
+        )
+        self.tasks: dict[int, Any] = {}
+        self.messages: list[str] = []
+
+    def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event == "wave_started":
+            name = "canary" if info["wave"] == 0 and info["waves"] > 1 else f"wave {info['wave']}"
+            self.tasks[info["wave"]] = self.progress.add_task(name, total=info["devices"], detail="")
+        elif event == "wave_progress" and info["wave"] in self.tasks:
+            states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(info["states"].items()))
+            self.progress.update(self.tasks[info["wave"]], completed=info["done"], detail=states)
+        elif event == "aborted":
+            self.messages.append(f"aborted in wave {info['wave']}: {info['reason']}")
+
+
+@click.command("push")
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@_broker_option
+@click.option("--group", default=None, help="Deploy to every device that announces this group.")
+@click.option("--devices", default=None, help="Comma-separated device ids.")
+@click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
+@click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave.")
+@click.option("--max-failures", default="5%", show_default=True, help="Abort when more of the reached devices fail.")
+@click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model.")
+@click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms).")
+@click.option("--max-error-rate", default="1%", show_default=True, help="Error rate allowed during probation.")
+@click.option("--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m).")
+@click.option("--url", default=None, help="Devices download from this HTTP(S) URL instead of MQTT chunks.")
+@click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
+@click.option("--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes.")
+@_namespace_option
+@_key_option
+@_db_option
+@json_option
+def push(
+    bundle: Path,
+    broker: str,
+    group: str | None,
+    devices: str | None,
+    canary: str,
+    waves: str,
+    max_failures: str,
+    probation: str,
+    p95_ms: float | None,
+    max_error_rate: str,
+    wave_timeout: str | None,
+    url: str | None,
+    chunk_size: int | None,
+    deployment_id: str | None,
+    namespace: str,
+    key_path: Path | None,
+    db_path: Path | None,
+    as_json: bool,
+) -> None:
+    """Roll BUNDLE out in waves: canary first, abort and roll back at the failure threshold."""
+    from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
+    from edgesdk.fleet.rollout import STOPPED, RolloutPlan, parse_duration, parse_percent, parse_waves
+    from edgesdk.schemas.messages import HealthCriteria
+
+    store = _store(db_path)
+    resuming = False
+    if deployment_id is not None:
+        try:
+            existing = store.get(deployment_id)
+        except UsageError:
+            existing = None
+        if existing is not None:
+            if existing.state in FINISHED_ROLLOUT_STATES:
+                raise UsageError(f"deployment {deployment_id!r} already ended {existing.state}; pick a new id")
+            resuming = True
+    if not resuming:
+        if (group is None) == (devices is None):
+            raise UsageError("give exactly one of --group G or --devices A,B")
+        if not bundle.is_file():
+            raise UsageError(f"bundle file {str(bundle)!r} not found")
+        plan = RolloutPlan(
+            canary=parse_percent(canary, option="--canary"),
+            waves=parse_waves(waves),
+            max_failures=parse_percent(max_failures, option="--max-failures"),
+            probation_s=parse_duration(probation, option="--probation"),
+            wave_timeout_s=parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
+        )
+        health = HealthCriteria(
+            probation_s=plan.probation_s,
+            p95_latency_ms=p95_ms,
+            max_error_rate=parse_percent(max_error_rate, option="--max-error-rate"),
+        )
+    key = _operator_key(key_path)
+    bars = _WaveBars()
+    ctl, client = _controller(store, broker, namespace, key, on_progress=bars if not as_json else None)
+    try:
+        if not resuming:
+            targets = (
+                [d.strip() for d in (devices or "").split(",") if d.strip()]
+                if devices is not None
+                else ctl.devices_in_group(group or "")
+            )
+            message = ctl.create(
+                bundle, targets, plan, deployment_id=deployment_id, url=url, chunk_size=chunk_size, health=health
+            )
+            deployment_id = message.deployment_id
+        if deployment_id is None:  # pragma: no cover - set above
+            raise UsageError("no deployment id")
+        if not as_json:
+            console().print(f"deployment {deployment_id}{' (resumed)' if resuming else ''}")
+            with bars.progress:
+                try:
+                    state = ctl.run(deployment_id)
+                except KeyboardInterrupt:
+                    ctl.stop()
+                    state = STOPPED
+        else:
+            state = ctl.run(deployment_id)
+    finally:
+        client.stop()
+    summary = store.summary(deployment_id)
+    if as_json:
+        print_json(summary)
+    else:
+        for line in bars.messages:
+            console().print(line)
+        _print_summary(summary)
+    if state == STOPPED:
+        raise UpdateError(f"deployment {deployment_id} interrupted; resume with --deployment-id {deployment_id}")
+    if state != SUCCEEDED:
+        raise UpdateError(f"deployment {deployment_id} {state}: {summary['reason']}")
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    rows = [
+        (wave, ", ".join(f"{k} {v}" for k, v in sorted(states.items()))) for wave, states in summary["waves"].items()
+    ]
+    print_table(
+        f"{summary['deployment_id']}: {summary['state']} — {summary['model']}",
+        ["wave", "devices by state"],
+        rows,
+    )
+    if summary["reason"]:
+        console().print(summary["reason"])
+
+
+@click.command("status")
+@click.argument("deployment", required=False)
+@_db_option
+@json_option
+def status(deployment: str | None, db_path: Path | None, as_json: bool) -> None:
+    """Show all deployments, or one deployment's devices."""
+    store = _store(db_path)
+    if deployment is None:
+        rows = [store.summary(row.id) for row in store.all()]
+        if as_json:
+            print_json(rows)
+            return
+        print_table(
+            "deployments",
+            ["id", "state", "model", "devices", "by state", "updated"],
+            [
+                (
+                    r["deployment_id"],
+                    r["state"],
+                    r["model"],
+                    r["devices"],
+                    ", ".join(f"{k} {v}" for k, v in sorted(r["by_state"].items())),
+                    r["updated"],
+                )
+                for r in rows
+            ],
+        )
+        return
+    summary = store.summary(deployment)
+    devices = store.devices(deployment)
+    if as_json:
+        summary["device_states"] = [
+            {
+                "device_id": d.device_id,
+                "wave": d.wave,
+                "state": d.state,
+                "reason": d.reason,
+                "progress": d.progress,
+                "model_release": d.model_release,
+            }
+            for d in devices
+        ]
+        print_json(summary)
+        return
+    _print_summary(summary)
+    print_table(
+        None,
+        ["device", "wave", "state", "release", "reason"],
+        [(d.device_id, d.wave, d.state, d.model_release, d.reason) for d in devices],
+    )
+
+
+@click.command("abort")
+@click.argument("deployment")
+@_broker_option
+@_namespace_option
+@_key_option
+@_db_option
+def abort(deployment: str, broker: str, namespace: str, key_path: Path | None, db_path: Path | None) -> None:
+    """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
+    store = _store(db_path)
+    store.get(deployment)  # unknown id → one clear error before touching the broker
+    ctl, client = _controller(store, broker, namespace, _operator_key(key_path))
+    try:
+        ctl.abort(deployment)
+        time.sleep(0.5)  # let QoS 1 messages leave before disconnecting
+    finally:
+        client.stop()
+    console().print(f"deployment {deployment} aborted")
+
+
+@click.command("rollback")
+@click.argument("deployment")
+@_broker_option
+@_namespace_option
+@_key_option
+@_db_option
+@click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
+@json_option
+def rollback(
+    deployment: str,
+    broker: str,
+    namespace: str,
+    key_path: Path | None,
+    db_path: Path | None,
+    wait_s: str,
+    as_json: bool,
+) -> None:
+    """Roll every device the deployment reached back to the model it ran before."""
+    from edgesdk.fleet.rollout import parse_duration
+
+    store = _store(db_path)
+    store.get(deployment)
+    timeout = parse_duration(wait_s, option="--wait")
+    ctl, client = _controller(store, broker, namespace, _operator_key(key_path))
+    try:
+        asked = ctl.rollback(deployment)
+        confirmed = ctl.wait_for_states(deployment, {"ROLLED_BACK", "FAILED", "TIMED_OUT"}, timeout)
+    finally:
+        client.stop()
+    summary = store.summary(deployment)
+    if as_json:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+    if not confirmed:
+        raise UpdateError(f"asked {asked} devices to roll back; not all confirmed within {wait_s} (see fleet status)")

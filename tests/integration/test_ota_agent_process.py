@@ -1,0 +1,230 @@
+"""The SIGKILL table with real ``edge-agent run`` processes and a real mosquitto: the agent is
+killed right after each update state is persisted (test hook EDGESDK_OTA_TEST_KILL_AT), then
+started again. It must end serving the old or the new model — never none — and the status it
+reported last (recorded by the real rollout controller) must name what it serves."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from edgesdk.fleet.deployments import DeploymentStore
+from edgesdk.fleet.rollout import RolloutController, RolloutPlan
+from edgesdk.keys import load_publisher_private_key
+from edgesdk.mqtt.client import ClientOptions, MqttClient
+from edgesdk.schemas.messages import HealthCriteria
+from tests.agent_helpers import AgentProcess, Device, agent_env, run_agent_cli
+from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bundles(digits, tmp_path_factory) -> OtaBundles:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("paho.mqtt")
+    return build_ota_bundles(digits, tmp_path_factory.mktemp("ota-process-bundles"))
+
+
+def make_device(root: Path, bundles: OtaBundles, broker_url: str) -> Device:
+    data_dir = root / "data"
+    data_dir.mkdir(parents=True, mode=0o700)
+    device = Device(
+        root,
+        data_dir,
+        bundles.keys.publisher_key,
+        bundles.keys.publisher_pub,
+        bundles.keys.device_pub,
+        root / "agent.toml",
+    )
+    device.write_config(
+        device_key=str(bundles.keys.device_key),
+        publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
+        governor={"enabled": False, "source": "psutil"},
+        mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
+    )
+    proc = run_agent_cli("install", "--config", str(device.config), str(bundles.v1))
+    assert proc.returncode == 0, proc.stderr
+    return device
+
+
+def api_get(agent: AgentProcess, path: str) -> dict:
+    with urllib.request.urlopen(agent.url + path, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def infer(agent: AgentProcess) -> list[float]:
+    body = json.dumps({"inputs": {"image": [[[[0.0] * 8] * 8]]}}).encode()
+    request = urllib.request.Request(
+        agent.url + "/v1/models/digits/infer", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["outputs"]["logits"]
+
+
+class Operator:
+    def __init__(self, root: Path, bundles: OtaBundles, broker_url: str) -> None:
+        self.client = MqttClient(
+            ClientOptions(client_id=f"op-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
+        )
+        self.client.start()
+        assert self.client.wait_connected(10)
+        self.ctl = RolloutController(
+            DeploymentStore(root / "fleet.sqlite3"),
+            self.client,
+            "edgesdk",
+            load_publisher_private_key(bundles.operator_key),
+            poll_s=0.05,
+        ).start()
+        self.result: dict[str, str] = {}
+
+    def push(self, bundle: Path, health: HealthCriteria) -> str:
+        # max_failures 100%: the controller only waits for the device's final word here.
+        plan = RolloutPlan(
+            canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=health.probation_s, wave_timeout_s=240
+        )
+        message = self.ctl.create(bundle, ["dev-1"], plan, health=health, chunk_size=32 * 1024)
+        self.thread = threading.Thread(
+            target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
+        )
+        self.thread.start()
+        return message.deployment_id
+
+    def device_row(self, deployment_id: str):
+        self.ctl._drain_statuses()
+        return self.ctl.store.devices(deployment_id)[0]
+
+    def close(self) -> None:
+        self.ctl.stop()
+        if hasattr(self, "thread"):
+            self.thread.join(30)
+        self.client.stop()
+
+
+KILL_TABLE = [
+    # (state the agent is killed in, deployment health, final state, release serving at the end)
+    ("DOWNLOADING", HealthCriteria(probation_s=1), "COMMITTED", 2),
+    ("VERIFYING", HealthCriteria(probation_s=1), "COMMITTED", 2),
+    ("STAGED", HealthCriteria(probation_s=1), "COMMITTED", 2),
+    ("ACTIVATING", HealthCriteria(probation_s=1), "ROLLED_BACK", 1),
+    ("PROBATION", HealthCriteria(probation_s=1), "COMMITTED", 2),
+    ("COMMITTED", HealthCriteria(probation_s=1), "COMMITTED", 2),
+    ("ROLLING_BACK", HealthCriteria(probation_s=20, p95_latency_ms=0.001), "ROLLED_BACK", 1),
+]
+
+
+@pytest.mark.parametrize(("kill_at", "health", "final", "release"), KILL_TABLE, ids=[row[0] for row in KILL_TABLE])
+def test_sigkill_at_every_persisted_state(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker, kill_at: str, health: HealthCriteria, final: str, release: int
+) -> None:
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    env = {**agent_env(), "EDGESDK_OTA_TEST_KILL_AT": kill_at}
+    first = AgentProcess(device, env=env).start()
+    second: AgentProcess | None = None
+    try:
+        assert api_get(first, "/v1/status")["model"]["release"] == 1
+        deployment_id = operator.push(bundles.v2, health)
+        first.proc.wait(120)
+        assert first.proc.returncode == -9, first.log()  # killed by the hook, in that state
+        state_file = json.loads((device.data_dir / "ota" / "state.json").read_text())
+        assert state_file["state"] == kill_at
+        second = AgentProcess(device).start()
+        # Serving again at once: the old or the new model, never none.
+        assert api_get(second, "/v1/status")["model"]["release"] in (1, 2)
+        operator.thread.join(240)
+        row = operator.device_row(deployment_id)
+        assert row.state == final, (row, second.log()[-3000:])
+        status = api_get(second, "/v1/status")
+        assert status["model"]["release"] == release == row.model_release  # the report is the truth
+        assert status["updates"]["state"] == final
+        assert len(infer(second)) == 1
+    finally:
+        operator.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_device_keeps_serving_through_an_update(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    failures: list[str] = []
+    releases: set[int] = set()
+    stop = threading.Event()
+    with AgentProcess(device) as agent:
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    assert len(infer(agent)) == 1
+                except Exception as exc:  # noqa: BLE001 - every failed request counts
+                    failures.append(repr(exc))
+
+        def watch() -> None:
+            while not stop.is_set():
+                releases.add(api_get(agent, "/v1/status")["model"]["release"])
+                time.sleep(0.05)
+
+        threads = [threading.Thread(target=client), threading.Thread(target=watch)]
+        for thread in threads:
+            thread.start()
+        try:
+            deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1))
+            operator.thread.join(180)
+            assert operator.device_row(deployment_id).state == "COMMITTED"
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            operator.close()
+    assert failures == []
+    assert releases == {1, 2}
+
+
+def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    """Bad signature on the deployment, unsigned bundle publisher, other profile, older release,
+    smoke-test failure: each ends FAILED with its reason, and v1 keeps serving."""
+    from edgesdk.agent.ota.signing import sign_deployment
+
+    from edgesdk.keys import generate_publisher_key
+
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    with AgentProcess(device) as agent:
+        try:
+            cases = [
+                (bundles.v5_untrusted_signer, "unknown publisher"),
+                (bundles.v4_other_profile, PROFILE),
+                (bundles.v3_bad_golden, "golden"),
+            ]
+            for bundle, needle in cases:
+                deployment_id = operator.push(bundle, HealthCriteria(probation_s=1))
+                operator.thread.join(120)
+                row = operator.device_row(deployment_id)
+                assert row.state == "FAILED" and needle in row.reason, row
+                assert row.model_release == 1
+            # Install v2, then offer v1 again: a rollback attack.
+            operator.push(bundles.v2, HealthCriteria(probation_s=0.5))
+            operator.thread.join(120)
+            deployment_id = operator.push(bundles.v1, HealthCriteria(probation_s=0.5))
+            operator.thread.join(120)
+            row = operator.device_row(deployment_id)
+            assert row.state == "FAILED" and "not newer" in row.reason, row
+            # A deployment signed by a key the device does not trust is refused before download.
+            rogue_key, _ = generate_publisher_key(tmp_path / "rogue")
+            message = operator.ctl.store.get(deployment_id).message.model_copy(update={"deployment_id": "rogue-1"})
+            forged = sign_deployment(message, load_publisher_private_key(rogue_key))
+            operator.client.publish("edgesdk/devices/dev-1/ota/deployment", forged.model_dump_json().encode(), qos=1)
+            time.sleep(2.0)
+            assert not (device.data_dir / "ota" / "rogue-1.part").exists()
+            status = api_get(agent, "/v1/status")
+            assert status["model"]["release"] == 2
+            assert status["updates"]["deployment_id"] == deployment_id
+        finally:
+            operator.close()
