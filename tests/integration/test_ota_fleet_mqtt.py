@@ -162,3 +162,38 @@ def test_restarted_controller_resumes_from_its_database(tmp_path: Path, bundles:
     finally:
         client.stop()
         fleet.stop()
+
+
+def test_corrupted_chunk_and_a_racing_deployment(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 1)
+    ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
+    try:
+        from edgesdk.agent.ota.chunks import decode_frame
+
+        corrupted: list[int] = []
+        publish = ctl.chunks.publish
+
+        def corrupting_publish(topic: str, frame: bytes, qos: int) -> object:
+            header, _ = decode_frame(frame)
+            if header.index == 2 and not corrupted:
+                corrupted.append(2)
+                frame = frame[:-1] + bytes([frame[-1] ^ 0xFF])  # one flipped byte on the wire
+            return publish(topic, frame, qos)
+
+        ctl.chunks.publish = corrupting_publish
+        plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=1.0, wave_timeout_s=120)
+        first = ctl.create(bundles.v2, ["dev-0"], plan, chunk_size=16 * 1024)
+        second = ctl.create(bundles.v2, ["dev-0"], plan, chunk_size=16 * 1024)
+        runner, result = _run_in_thread(ctl, first.deployment_id)
+        assert _wait(lambda: fleet.managers[0].state is UpdateState.DOWNLOADING)
+        ctl._send(second, ["dev-0"])  # a second operator pushes at the same time
+        runner.join(120)
+        assert result["state"] == SUCCEEDED
+        assert ctl.wait_for_states(second.deployment_id, {"FAILED"}, 10)
+        assert "busy with deployment" in ctl.store.devices(second.deployment_id)[0].reason
+        assert ctl.store.devices(first.deployment_id)[0].state == "COMMITTED"
+        assert corrupted and fleet.managers[0].target.download_stats["bad_chunks"] == 1
+        assert fleet.releases() == [2]
+    finally:
+        client.stop()
+        fleet.stop()

@@ -121,3 +121,23 @@ def test_device_keeps_serving_during_an_update(tmp_path: Path, bundles: OtaBundl
             thread.join()
     assert failures == []
     assert 1 in served and 2 in served
+
+
+def test_disk_full_while_staging_keeps_the_old_model(
+    tmp_path: Path, bundles: OtaBundles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Disk full is simulated by an injected ENOSPC at the staging write boundary
+    (EDGESDK_OTA_FAULT=enospc-stage): this machine has no small tmpfs to fill for real."""
+    link = RecordingLink()
+    agent, manager = fresh_agent(tmp_path, bundles, link)
+    manager.install_local(bundles.v1, timeout=60)
+    monkeypatch.setenv("EDGESDK_OTA_FAULT", "enospc-stage")
+    with pytest.raises(Exception, match="No space left"):
+        manager.install_local(bundles.v2, timeout=60)
+    assert agent.server.active["release"] == 1
+    assert agent.store.installed_release() == 1 and agent.store.committed
+    last = link.published[-1]
+    assert last.state == "FAILED" and "No space left" in last.reason and last.model.release == 1
+    assert not list((tmp_path / "agent" / "ota").glob("*.edgepkg")), "download leftovers not cleaned up"
+    monkeypatch.delenv("EDGESDK_OTA_FAULT")
+    assert manager.install_local(bundles.v2, timeout=60) is UpdateState.COMMITTED  # space is back: it works
