@@ -8,6 +8,7 @@ The profile is the Intel NUC one re-based on this machine's OS (Debian 12: glibc
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -16,15 +17,17 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates
-from edgesdk.keys import generate_publisher_key, key_id, load_device_public_key
+from edgesdk.keys import generate_publisher_key, key_id, load_device_private_key, load_device_public_key
 from tests.bundle_helpers import make_digits_convert_dir
 from tests.image_helpers import parse_unit, require_package_index
 from tests.integration.conftest import require_mosquitto
@@ -100,6 +103,32 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}:\n{log_text(log)}")
+
+
+class Sniffer:
+    """Subscribes to the whole namespace and keeps every payload."""
+
+    def __init__(self, broker_url: str) -> None:
+        from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+        self._payloads: list[bytes] = []
+        self._lock = threading.Lock()
+        self.client = MqttClient(ClientOptions(client_id="sniffer", broker_url=broker_url, clean_start=True))
+        self.client.on_message = self._on_message
+        self.client.subscribe("edgesdk/#")
+        self.client.start()
+        assert self.client.wait_connected(10)
+
+    def _on_message(self, _topic: str, payload: bytes) -> None:
+        with self._lock:
+            self._payloads.append(payload)
+
+    def payloads(self) -> list[bytes]:
+        with self._lock:
+            return list(self._payloads)
+
+    def stop(self) -> None:
+        self.client.stop()
 
 
 def log_text(log: Path | None) -> str:
@@ -185,6 +214,7 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
     data_dir = root / "var/lib/edgesdk"
     assert not (data_dir / "device.key").exists()
     log = work / "agent.log"
+    wire = Sniffer(mqtt_broker.url)  # everything the device publishes, to prove what never leaves it
     with open(log, "w") as log_handle:
         agent = subprocess.Popen(argv, stdout=log_handle, stderr=subprocess.STDOUT, env=env)
     try:
@@ -256,7 +286,18 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         answer = http_json(f"{url}/v1/models/digits/infer", {"inputs": {"image": images.tolist()}})
         predicted = np.asarray(answer["outputs"]["logits"]).argmax(1)
         assert (predicted == labels).mean() >= 0.9, (predicted, labels)
+
+        # The private key never left the device: not in any form in anything it published.
+        private_raw = load_device_private_key(private).private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        published = wire.payloads()
+        # Positive control: the public half is on the wire (that is how it got enrolled).
+        assert any(offered.public_key.encode() in payload for payload in published)
+        for secret in (private_raw, base64.b64encode(private_raw), private_raw.hex().encode(), private.read_bytes()):
+            assert not any(secret in payload for payload in published)
     finally:
+        wire.stop()
         agent.send_signal(signal.SIGTERM)
         try:
             agent.wait(30)
