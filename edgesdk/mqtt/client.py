@@ -203,6 +203,10 @@ class MqttClient:
         if self._own_loop:
             self._loop.stop()
 
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on this client's network-loop thread (at once when already on it)."""
+        self._loop.call(fn)
+
     def subscribe(self, topic_filter: str, qos: int = 1) -> None:
         """Subscribe now if connected, and again after every reconnect."""
         with self._lock:

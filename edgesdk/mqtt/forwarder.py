@@ -26,15 +26,20 @@ _ACK_FLUSH_S = 0.05
 
 
 class QueueForwarder:
-    """Drains ``queue`` through ``client``; call ``pump()`` after enqueueing."""
+    """Drains ``queue`` through ``client``; call ``pump()`` after enqueueing.
+
+    Everything that touches paho runs on the client's network-loop thread: paho calls
+    ``on_publish`` while holding its own message lock, so publishing from another thread
+    under a lock of ours would invert the lock order and could deadlock.
+    """
 
     def __init__(self, queue: MessageQueue, client: MqttClient, *, window: int = 64) -> None:
         self.queue = queue
         self.client = client
         self.window = max(1, min(window, client.options.max_inflight))
-        self._lock = threading.RLock()
-        self._inflight: dict[int, int] = {}  # packet id → row id
+        self._inflight: dict[int, int] = {}  # packet id → row id (loop thread only)
         self._last_sent = 0
+        self._ack_lock = threading.Lock()
         self._acked: list[int] = []
         self._last_flush = time.monotonic()
         self.sent = 0
@@ -48,7 +53,7 @@ class QueueForwarder:
         def on_connected(session_present: bool) -> None:
             if previous is not None:
                 previous(session_present)
-            self.pump()
+            self._pump_now()
 
         return on_connected
 
@@ -56,58 +61,57 @@ class QueueForwarder:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def pump(self) -> int:
-        """Publish queued messages up to the window; returns how many were handed over."""
+    def pump(self) -> None:
+        """Ask the network loop to publish queued messages (up to the window); returns at once."""
+        self.client.call_soon(self._pump_now)
+
+    def _pump_now(self) -> int:
         if not self.client.connected:
             return 0
+        room = self.window - len(self._inflight)
+        if room <= 0:
+            return 0
         handed = 0
-        with self._lock:
-            room = self.window - len(self._inflight)
-            if room <= 0:
-                return 0
-            for message in self.queue.peek(self._last_sent, room):
-                try:
-                    mid = self.client.publish(message.topic, message.payload, qos=1, retain=message.retain)
-                except LinkError as exc:
-                    log.warning("cannot publish queued message %d: %s", message.row_id, exc)
-                    break
-                self._inflight[mid] = message.row_id
-                self._last_sent = message.row_id
-                handed += 1
-            self.sent += handed
+        for message in self.queue.peek(self._last_sent, room):
+            try:
+                mid = self.client.publish(message.topic, message.payload, qos=1, retain=message.retain)
+            except LinkError as exc:
+                log.warning("cannot publish queued message %d: %s", message.row_id, exc)
+                break
+            self._inflight[mid] = message.row_id
+            self._last_sent = message.row_id
+            handed += 1
+        self.sent += handed
         return handed
 
     def _on_published(self, mid: int, ok: bool) -> None:
-        with self._lock:
-            row_id = self._inflight.pop(mid, None)
-            if row_id is None:
-                return
-            if ok:
-                self.delivered += 1
-            else:
-                # The broker refused it (MQTT 5 PUBACK >= 0x80, e.g. not authorized): resending
-                # would be refused again forever, so it leaves the queue, counted and logged.
-                self.rejected += 1
-                log.error("broker rejected queued message %d (row %d); dropping it", mid, row_id)
+        row_id = self._inflight.pop(mid, None)
+        if row_id is None:
+            return
+        if ok:
+            self.delivered += 1
+        else:
+            # The broker refused it (MQTT 5 PUBACK >= 0x80, e.g. not authorized): resending
+            # would be refused again forever, so it leaves the queue, counted and logged.
+            self.rejected += 1
+            log.error("broker rejected queued message %d (row %d); dropping it", mid, row_id)
+        with self._ack_lock:
             self._acked.append(row_id)
-            if len(self._acked) >= _ACK_BATCH or not self._inflight:
-                self._flush_acks()
-        self.pump()
+            due = len(self._acked) >= _ACK_BATCH or not self._inflight
+        if due:
+            self.flush()
+        self._pump_now()
 
     def _on_tick(self) -> None:
-        with self._lock:
-            if self._acked and time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
-                self._flush_acks()
+        if self._acked and time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
+            self.flush()
         if self.client.connected and not self._inflight and self.queue.depth:
-            self.pump()
-
-    def _flush_acks(self) -> None:
-        acked, self._acked = self._acked, []
-        self._last_flush = time.monotonic()
-        if acked:
-            self.queue.ack(acked)
+            self._pump_now()
 
     def flush(self) -> None:
-        """Delete every acknowledged row now (call before a clean shutdown)."""
-        with self._lock:
-            self._flush_acks()
+        """Delete every acknowledged row now (also called before a clean shutdown)."""
+        with self._ack_lock:
+            acked, self._acked = self._acked, []
+            self._last_flush = time.monotonic()
+            if acked:
+                self.queue.ack(acked)
