@@ -94,6 +94,16 @@ def _check_pem(path: Path, what: str) -> None:
         raise ImageError(f"{what} {str(path)!r} is not a PEM file (no '-----BEGIN' line)")
 
 
+def _check_group(namespace: str, group: str) -> None:
+    # The device builds topics from these; a bad one would only fail there, at run time.
+    from edgesdk.mqtt.topics import group_topic
+
+    try:
+        group_topic(namespace, group, "presence")
+    except EdgeSDKError as exc:
+        raise ImageError(str(exc)) from exc
+
+
 def check_options(options: ImageOptions) -> tuple[Recipe, str]:
     """Validate everything before any slow step; returns the recipe and the device's Python."""
     python = wheelhouse.device_python(options.profile)
@@ -114,6 +124,12 @@ def check_options(options: ImageOptions) -> tuple[Recipe, str]:
         raise ImageError(f"publisher key file names must differ (they share /etc/edgesdk/publishers): {names}")
     if options.bundle is not None and not options.publisher_keys:
         raise ImageError("--bundle needs --publisher-key: the device must be able to verify the bundle's signature")
+    if options.agent_wheel is not None and not (
+        options.agent_wheel.name.startswith("edgesdk-") and options.agent_wheel.suffix == ".whl"
+    ):
+        raise ImageError(f"agent wheel {str(options.agent_wheel)!r} is not an edgesdk-*.whl file")
+    for group in options.groups:
+        _check_group(options.namespace, group)
     unknown = [e for e in options.extras if e not in DEVICE_EXTRAS]
     if unknown:
         raise ImageError(f"extra {unknown[0]!r} is not a device runtime; choose from: {', '.join(DEVICE_EXTRAS)}")
@@ -200,9 +216,13 @@ def _hash_files(stage: Path) -> list[ImageFile]:
 
 def _write_tar(stage: Path, out: Path, top: str) -> None:
     partial = out.with_name(out.name + ".partial")
-    with tarfile.open(partial, "w:gz", compresslevel=6) as tar:
-        tar.add(stage, arcname=top)
-    os.replace(partial, out)  # never leave a half-written image under the final name
+    try:
+        with tarfile.open(partial, "w:gz", compresslevel=6) as tar:
+            tar.add(stage, arcname=top)
+        os.replace(partial, out)  # never leave a half-written image under the final name
+    except BaseException:
+        partial.unlink(missing_ok=True)  # also on Ctrl-C
+        raise
 
 
 def build_image(options: ImageOptions, progress: Progress = lambda _line: None) -> BuiltImage:

@@ -178,6 +178,8 @@ def test_check_options_catches_bad_files_before_any_slow_step(tmp_path: Path) ->
         (_options(tmp_path, out=tmp_path / "image.zip"), ".tar.gz"),
         (_options(tmp_path, out=tmp_path / "nowhere" / "i.tar.gz"), "does not exist"),
         (_options(tmp_path, extras=["torch"]), "'torch'"),
+        (_options(tmp_path, groups=["line/1"]), "'line/1'"),
+        (_options(tmp_path, agent_wheel=bundle), "edgesdk-*.whl"),
     ]
     for options, needle in cases:
         with pytest.raises(ImageError) as info:
