@@ -134,7 +134,9 @@ UNIT="$P/etc/systemd/system/edge-agent.service"
 if [ "$SYSTEM" = 1 ] && [ "$START" = 1 ] && [ -d /run/systemd/system ]; then
     step "enabling and starting edge-agent.service"
     systemctl daemon-reload
-    systemctl enable --now edge-agent.service
+    systemctl enable edge-agent.service
+    # restart, not start: re-running the installer upgrades a device whose agent is running.
+    systemctl restart edge-agent.service
     echo "    the agent made its device key on first start; its public key (compare the key id"
     echo "    before approving): edge-agent key --config $CONFIG"
     echo "    approve it on the operator machine: edgesdk fleet enroll approve $DEVICE_ID --broker URL"
