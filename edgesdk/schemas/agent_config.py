@@ -26,6 +26,12 @@ class ApiConfig(Schema):
     allow_nonfinite: bool = Field(False, description="accept NaN/Inf in float inputs")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this")
     keepalive_timeout_s: float = Field(15.0, gt=0, description="idle keep-alive connections close after this")
+    inline_max_ms: float = Field(
+        0.5,
+        ge=0,
+        description="when no other request runs and recent requests took less than this, answer on the event "
+        "loop without the thread-pool hop (tiny models); 0 disables",
+    )
 
 
 class TlsConfig(Schema):
