@@ -1,0 +1,461 @@
+"""OTA benchmarks, side by side in one run, figures printed (issue 7).
+
+1. Fleet: N simulated devices in ONE process against one local mosquitto, each running the
+   real update code (UpdateManager → state machine → chunked MQTT transfer → verify_bundle →
+   smoke test in onnxruntime → ModelStore A/B slots → ModelServer swap → probation → commit)
+   on its own data dir, updating to a ~5 MB bundle pushed by the real rollout controller and
+   chunk server. Reported: time until 100 % committed, MQTT bytes per device / bundle size
+   (payloads + topics + fixed headers of every message a device sends or receives for the
+   update), mosquitto CPU seconds. Simulated devices share one device key and use a light
+   MQTT link (one shared network loop, QoS 1 publish without the SQLite outbox), so a
+   thousand paho clients fit one process; everything after the link is the agent's code.
+2. Serving during an update: a real ``edge-agent run`` process (real link) under steady
+   request load while it downloads, verifies, stages and activates the 5 MB bundle: failed
+   requests and p50/p99 before vs during.
+3. Rollback speed: time from the failed probation decision (p95 SLO breach) to the old model
+   serving again — with the old model kept loaded during probation (the normal path) and
+   without it (after an agent restart in probation: decrypt + load from the old slot).
+
+Run: ``.venv/bin/python benchmarks/bench_ota.py [--devices 100,500] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from edgesdk.offline import disable_vendor_telemetry  # noqa: E402
+
+disable_vendor_telemetry()
+
+from edgesdk.agent.ota import UpdateManager, UpdateState  # noqa: E402
+from edgesdk.agent.ota.machine import ProbationFailed  # noqa: E402
+
+from edgesdk.fleet.deployments import DeploymentStore  # noqa: E402
+from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
+from edgesdk.keys import load_publisher_private_key  # noqa: E402
+from edgesdk.mqtt import topics  # noqa: E402
+from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
+from edgesdk.mqtt.client import ClientOptions, MqttClient, NetworkLoop  # noqa: E402
+from edgesdk.schemas.messages import HealthCriteria  # noqa: E402
+from tests.bundle_helpers import make_keys, write_convert_dir  # noqa: E402
+from tests.ota_helpers import PROFILE, StandInAgent  # noqa: E402
+
+MQTT_FIXED_OVERHEAD = 7  # fixed header (≤5) + packet id (2); topic length prefix counted with the topic
+
+
+# -- the bundles ---------------------------------------------------------------------------------
+
+
+def wide_mlp_onnx(hidden: int, seed: int) -> bytes:
+    """An MLP on the digits input whose weights make the model ~``hidden * 296`` bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((64, hidden)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, 10)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["image"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["hr"]),
+            helper.make_node("MatMul", ["hr", "w2"], ["logits"]),
+        ],
+        "wide_mlp",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def golden_for(model: bytes) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    images = np.random.default_rng(0).standard_normal((16, 1, 8, 8)).astype(np.float32)
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return {"image": images, "output:logits": session.run(["logits"], {"image": images})[0]}
+
+
+class Bundles:
+    """v1: a small model (what devices run first); v2, v3: ~5 MB updates; keys."""
+
+    def __init__(self, root: Path, size_mb: float) -> None:
+        from edgesdk.bundle import package_bundle
+        from edgesdk.keys import generate_publisher_key
+
+        self.keys = make_keys(root / "keys")
+        self.operator_key, self.operator_pub = generate_publisher_key(root / "keys" / "operator")
+        small = wide_mlp_onnx(64, seed=1)
+        big = wide_mlp_onnx(int(size_mb * 1_000_000 / 296), seed=2)
+        self.model_bytes = len(big)
+        paths = {}
+        bigger = wide_mlp_onnx(int(size_mb * 1_000_000 / 296), seed=3)
+        for name, model, release in (("v1", small, 1), ("v2", big, 2), ("v3", bigger, 3)):
+            convert = write_convert_dir(
+                root / f"convert-{name}", {"onnx-fp32": {"model.onnx": model}}, golden=golden_for(model)
+            )
+            paths[name] = package_bundle(
+                convert,
+                name="digits",
+                version=f"1.{release}.0",
+                release=release,
+                publisher_key=self.keys.publisher_key,
+                recipients=[self.keys.device_pub],
+                targets=[PROFILE],
+                out=root / f"{name}.edgepkg",
+            )
+        self.v1, self.v2, self.v3 = paths["v1"], paths["v2"], paths["v3"]
+
+
+# -- part 1: the simulated fleet -------------------------------------------------------------------
+
+
+class BenchLink:
+    """The link contract (subscribe / publish_reliable / publish_now) on a shared network loop,
+    counting every byte a device sends and receives."""
+
+    def __init__(self, device_id: str, broker_url: str, loop: NetworkLoop, namespace: str = "edgesdk") -> None:
+        self.device_id = device_id
+        self.namespace = namespace
+        self.client = MqttClient(
+            ClientOptions(client_id=device_id, broker_url=broker_url, clean_start=True, max_inflight=20), loop=loop
+        )
+        self.client.on_message = self._on_message
+        self.handlers: dict[str, Any] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.messages = 0
+
+    def start(self) -> BenchLink:
+        self.client.start()
+        return self
+
+    def subscribe(self, suffix: str, handler: Any) -> None:
+        self.handlers[suffix] = handler
+        self.client.subscribe(topics.device_topic(self.namespace, self.device_id, suffix), qos=1)
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        self.bytes_in += len(topic) + 2 + len(payload) + MQTT_FIXED_OVERHEAD
+        self.messages += 1
+        suffix = topic.split(f"/{self.device_id}/", 1)[1]
+        handler = self.handlers.get(suffix)
+        if handler is not None:
+            # Chunk frames are only queued by the handler; deployments start a worker thread.
+            handler(payload)
+
+    def _count(self, suffix: str, data: bytes) -> str:
+        topic = topics.device_topic(self.namespace, self.device_id, suffix)
+        self.bytes_out += len(topic) + 2 + len(data) + MQTT_FIXED_OVERHEAD
+        self.messages += 1
+        return topic
+
+    def publish_reliable(self, suffix: str, model: Any) -> int:
+        data = model.model_dump_json().encode()
+        return self.client.publish(self._count(suffix, data), data, qos=1)
+
+    def publish_now(self, suffix: str, payload: Any, qos: int = 0) -> bool:
+        data = payload.model_dump_json().encode() if hasattr(payload, "model_dump_json") else bytes(payload)
+        if not self.client.connected:
+            return False
+        self.client.publish(self._count(suffix, data), data, qos=qos)
+        return True
+
+    def stop(self) -> None:
+        self.client.stop(graceful=False)
+
+
+class SimDevice:
+    def __init__(self, root: Path, index: int, bundles: Bundles, broker_url: str, loop: NetworkLoop) -> None:
+        self.device_id = f"sim-{index:04d}"
+        self.link = BenchLink(self.device_id, broker_url, loop)
+        self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
+        self.manager = UpdateManager(self.agent)
+
+    def install_first(self, bundle: Path) -> None:
+        self.manager.install_local(bundle, timeout=120)
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def bench_fleet(bundles: Bundles, count: int, root: Path) -> dict[str, Any]:
+    import psutil
+
+    root.mkdir(parents=True)
+    with MosquittoBroker(data_dir=root / "mosquitto") as broker:
+        loop = NetworkLoop(name="sim-fleet").start()
+        devices = [SimDevice(root / "devices", i, bundles, broker.url, loop) for i in range(count)]
+        for device in devices:
+            device.link.start()
+        for device in devices:
+            device.install_first(bundles.v1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(d.link.client.connected for d in devices):
+            time.sleep(0.1)
+        for device in devices:
+            device.link.bytes_in = device.link.bytes_out = device.link.messages = 0
+        operator = MqttClient(
+            ClientOptions(client_id="bench-operator", broker_url=broker.url, clean_start=True, max_inflight=1000)
+        )
+        operator.start()
+        operator.wait_connected(10)
+        ctl = RolloutController(
+            DeploymentStore(root / "fleet.sqlite3"),
+            operator,
+            "edgesdk",
+            load_publisher_private_key(bundles.operator_key),
+            poll_s=0.2,
+        ).start()
+        plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=0.0, probation_s=1.0, wave_timeout_s=1800)
+        message = ctl.create(bundles.v2, [d.device_id for d in devices], plan)
+        process = psutil.Process()
+        broker_cpu0, own_cpu0 = cpu_seconds(broker.pid), cpu_seconds(process.pid)  # type: ignore[arg-type]
+        rss0 = process.memory_info().rss
+        start = time.perf_counter()
+        state = ctl.run(message.deployment_id)
+        elapsed = time.perf_counter() - start
+        broker_cpu, own_cpu = cpu_seconds(broker.pid) - broker_cpu0, cpu_seconds(process.pid) - own_cpu0  # type: ignore[arg-type]
+        committed = sum(1 for d in devices if d.manager.state is UpdateState.COMMITTED)
+        size = bundles.v2.stat().st_size
+        per_device = [(d.link.bytes_in + d.link.bytes_out) / size for d in devices]
+        rerequests = sum(d.manager.target.download_stats["rerequests"] for d in devices)
+        result = {
+            "devices": count,
+            "rollout_state": state,
+            "committed": committed,
+            "bundle_bytes": size,
+            "seconds_to_all_committed": round(elapsed, 1),
+            "wire_bytes_per_device_over_bundle": {
+                "mean": round(statistics.mean(per_device), 4),
+                "max": round(max(per_device), 4),
+            },
+            "chunk_rerequests_total": rerequests,
+            "broker_cpu_s": round(broker_cpu, 2),
+            "fleet_process_cpu_s": round(own_cpu, 1),
+            "fleet_process_rss_growth_mb": round((process.memory_info().rss - rss0) / 1e6, 0),
+        }
+        operator.stop()
+        for device in devices:
+            device.link.stop()
+        loop.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+# -- part 2: serving during an update (real agent process) ----------------------------------------
+
+
+def _load(port: int, stop: threading.Event, records: list[tuple[float, float, bool]]) -> None:
+    body = json.dumps({"inputs": {"image": np.zeros((1, 1, 8, 8)).tolist()}}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    while not stop.is_set():
+        start = time.perf_counter()
+        ok = False
+        try:
+            connection.request("POST", "/v1/models/digits/infer", body, {"content-type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            ok = response.status == 200
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        records.append((time.time(), time.perf_counter() - start, ok))
+
+
+def _stats(records: list[tuple[float, float, bool]]) -> dict[str, Any]:
+    latencies = np.array([r[1] for r in records if r[2]]) * 1000
+    return {
+        "requests": len(records),
+        "failed": sum(1 for r in records if not r[2]),
+        "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
+        "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
+    }
+
+
+def bench_serving(bundles: Bundles, root: Path, clients: int, before_s: float) -> dict[str, Any]:
+    from tests.agent_helpers import AgentProcess, Device, run_agent_cli
+
+    root.mkdir(parents=True)
+    with MosquittoBroker(data_dir=root / "mosquitto") as broker:
+        data_dir = root / "data"
+        data_dir.mkdir(mode=0o700)
+        device = Device(
+            root,
+            data_dir,
+            bundles.keys.publisher_key,
+            bundles.keys.publisher_pub,
+            bundles.keys.device_pub,
+            root / "agent.toml",
+        )
+        device.write_config(
+            device_key=str(bundles.keys.device_key),
+            publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
+            governor={"enabled": False, "source": "psutil"},
+            mqtt={"enabled": True, "broker": broker.url, "telemetry_interval_s": 5},
+        )
+        proc = run_agent_cli("install", "--config", str(device.config), str(bundles.v1))
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr)
+        with AgentProcess(device) as agent:
+            operator = MqttClient(ClientOptions(client_id="bench-operator-2", broker_url=broker.url, clean_start=True))
+            operator.start()
+            operator.wait_connected(10)
+            ctl = RolloutController(
+                DeploymentStore(root / "fleet.sqlite3"),
+                operator,
+                "edgesdk",
+                load_publisher_private_key(bundles.operator_key),
+                poll_s=0.1,
+            ).start()
+            records: list[tuple[float, float, bool]] = []
+            stop = threading.Event()
+            threads = [threading.Thread(target=_load, args=(agent.port, stop, records)) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            time.sleep(before_s)
+            t_push = time.time()
+            plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=0.0, probation_s=2.0, wave_timeout_s=600)
+            message = ctl.create(bundles.v2, ["dev-1"], plan)
+            state = ctl.run(message.deployment_id)
+            t_done = time.time()
+            time.sleep(1.0)
+            stop.set()
+            for thread in threads:
+                thread.join()
+            operator.stop()
+    before = [r for r in records if r[0] < t_push]
+    during = [r for r in records if t_push <= r[0] <= t_done]
+    shutil.rmtree(root, ignore_errors=True)
+    b, d = _stats(before), _stats(during)
+    return {
+        "rollout_state": state,
+        "update_seconds": round(t_done - t_push, 1),
+        "clients": clients,
+        "before": b,
+        "during": d,
+        "p99_during_over_before": round(d["p99_ms"] / b["p99_ms"], 2) if b["p99_ms"] and d["p99_ms"] else None,
+    }
+
+
+# -- part 3: rollback speed -----------------------------------------------------------------------
+
+
+def _one_rollback(bundles: Bundles, data: Path, keep_old_loaded: bool) -> float:
+    """One failed probation (p95 SLO no model meets); ms from the decision to the old model serving."""
+    from datetime import datetime, timezone
+
+    from edgesdk.schemas.messages import Deployment
+
+    agent = StandInAgent(data, bundles)  # type: ignore[arg-type]
+    manager = UpdateManager(agent)
+    manager.install_local(bundles.v2, timeout=120)  # the old model is a 5 MB one too
+    target = manager.target
+    marks: dict[str, float] = {}
+    original = target.probation
+
+    def probation(*args: Any, **kwargs: Any) -> None:
+        try:
+            original(*args, **kwargs)
+        except ProbationFailed:
+            marks["decision"] = time.perf_counter()
+            if not keep_old_loaded:
+                target._previous_model = None  # what an agent restarted in probation has
+            raise
+
+    def on_event(name: str, detail: dict[str, Any]) -> None:
+        if name == "model_loaded" and detail.get("release") == 2 and "decision" in marks:
+            marks.setdefault("serving_old", time.perf_counter())
+
+    target.probation = probation  # type: ignore[method-assign]
+    agent.events.subscribe(on_event)
+    shutil.copyfile(bundles.v3, data / "ota" / "slo.edgepkg")  # delivered already: time only the rollback
+    deployment = Deployment(
+        deployment_id="slo",
+        issued_at=datetime.now(timezone.utc),
+        model_name="digits",
+        model_version="1.3.0",
+        release=3,
+        bundle_sha256=hashlib.sha256(bundles.v3.read_bytes()).hexdigest(),
+        bundle_size=bundles.v3.stat().st_size,
+        health=HealthCriteria(probation_s=30, p95_latency_ms=0.0001),
+    )
+    manager.accept(deployment)
+    threading.Thread(target=lambda: [agent.infer_once() for _ in range(60)], daemon=True).start()
+    manager.wait_idle(120)
+    if manager.state is not UpdateState.ROLLED_BACK or "serving_old" not in marks:
+        raise RuntimeError(f"expected a rollback, got {manager.state}: {manager.machine.record.reason}")
+    shutil.rmtree(data, ignore_errors=True)
+    return (marks["serving_old"] - marks["decision"]) * 1000
+
+
+def bench_rollback(bundles: Bundles, root: Path, repeat: int) -> dict[str, Any]:
+    modes = {"old_model_kept_loaded": True, "after_restart_decrypt_and_load": False}
+    results: dict[str, Any] = {}
+    for mode, keep in modes.items():
+        runs = [_one_rollback(bundles, root / f"{mode}-{i}", keep) for i in range(repeat)]
+        results[mode] = {
+            "median_ms": round(statistics.median(runs), 1),
+            "max_ms": round(max(runs), 1),
+            "runs": len(runs),
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", default="100,500", help="fleet sizes, comma-separated")
+    parser.add_argument("--bundle-mb", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=2, help="load threads in the serving benchmark")
+    parser.add_argument("--before-s", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip", default="", help="parts to skip: fleet,serving,rollback")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    work = Path(tempfile.mkdtemp(prefix="bench-ota-"))
+    try:
+        bundles = Bundles(work / "bundles", args.bundle_mb)
+        results: dict[str, Any] = {"bundle_bytes": bundles.v2.stat().st_size, "model_bytes": bundles.model_bytes}
+        if "rollback" not in skip:
+            results["rollback"] = bench_rollback(bundles, work / "rollback", args.repeat)
+            print(json.dumps({"rollback": results["rollback"]}), flush=True)
+        if "serving" not in skip:
+            results["serving"] = bench_serving(bundles, work / "serving", args.clients, args.before_s)
+            print(json.dumps({"serving": results["serving"]}), flush=True)
+        if "fleet" not in skip:
+            results["fleet"] = []
+            for count in (int(c) for c in args.devices.split(",") if c):
+                results["fleet"].append(bench_fleet(bundles, count, work / f"fleet-{count}"))
+                print(json.dumps({"fleet": results["fleet"][-1]}), flush=True)
+        print(json.dumps(results, indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # the figures, not the agents' warnings
+    main()
