@@ -210,3 +210,16 @@ def test_no_vendor_telemetry_under_a_fresh_home_and_journald_lines(tmp_path, con
     lines = [line for line in agent.log().splitlines() if line.strip()]
     assert lines and all(line.startswith("<") and line[1] in "01234567" and line[2] == ">" for line in lines), lines
     assert any(line.startswith("<6>edgesdk.agent: edge-agent") for line in lines)
+
+
+def test_key_and_status_commands(tmp_path, convert_dir) -> None:
+    device = make_device(tmp_path / "dev")
+    key = run_agent_cli("key", "--config", str(device.config))
+    assert key.returncode == 0, key.stderr
+    assert key.stdout.strip() == device.device_pub.read_text().strip()
+    assert_one_line_error(run_agent_cli("status", "--config", str(device.config)), "no running agent")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    with AgentProcess(device):
+        status = run_agent_cli("status", "--config", str(device.config))
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["model"]["version"] == "1.0.0"
