@@ -288,7 +288,9 @@ class AgentLink:
     def send_telemetry(self) -> int:
         """Queue one telemetry message now; returns its sequence number."""
         topic = topics.device_topic(self.namespace, self.device_id, topics.TELEMETRY)
-        _, seq = self.queue.enqueue_built(topic, self.telemetry_payload, qos=1, counter="telemetry_seq")
+        # Retained: the broker keeps each device's latest report, so `edgesdk fleet devices`
+        # shows the whole fleet at once instead of waiting a telemetry interval.
+        _, seq = self.queue.enqueue_built(topic, self.telemetry_payload, qos=1, retain=True, counter="telemetry_seq")
         self.forwarder.pump()
         model = self._running_model()
         if self.client.connected and model != self._last_presence_model:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "demo": "edgesdk.cli.demo_cmd:demo",
     "convert": "edgesdk.cli.convert_cmd:convert",
     "image": "edgesdk.cli.image_cmd:image",
+    "fleet": "edgesdk.cli.fleet_cmd:fleet",
     "keys": "edgesdk.cli.keys_cmd:keys",
     "package": "edgesdk.cli.package_cmd:package",
     "bundle": "edgesdk.cli.bundle_cmd:bundle",

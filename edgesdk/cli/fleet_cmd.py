@@ -1,0 +1,211 @@
+"""``edgesdk fleet``: see and steer a fleet of devices over MQTT.
+
+Subcommands are registered in ``FLEET_COMMANDS`` (name → ``"module:attr"``) and imported
+lazily, so rollout (push/status/abort/rollback) and enrollment commands each add one line.
+``broker_options`` and ``client_options_from`` give every subcommand the same connection flags.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgesdk.cli.main import LazyGroup
+from edgesdk.cli.output import json_option, print_json, print_table
+from edgesdk.errors import UsageError
+
+FLEET_COMMANDS: dict[str, str] = {
+    "devices": "edgesdk.cli.fleet_cmd:devices",
+    "watch": "edgesdk.cli.fleet_cmd:watch",
+    "push": "edgesdk.cli.fleet_rollout_cmd:push",
+    "status": "edgesdk.cli.fleet_rollout_cmd:status",
+    "abort": "edgesdk.cli.fleet_rollout_cmd:abort",
+    "rollback": "edgesdk.cli.fleet_rollout_cmd:rollback",
+}
+
+COLUMNS = ("device", "online", "profile", "model", "version", "variant", "temp °C", "p95 ms", "errors", "queue", "seen")
+
+
+@click.group(cls=LazyGroup, lazy=FLEET_COMMANDS)
+def fleet() -> None:
+    """See and update a fleet of devices over MQTT."""
+
+
+def broker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the connection flags (broker URL, namespace, credentials, TLS) to a command."""
+    options = [
+        click.option(
+            "--broker",
+            envvar="EDGESDK_BROKER",
+            required=True,
+            help="mqtt://HOST:PORT or mqtts://HOST:PORT (also EDGESDK_BROKER).",
+        ),
+        click.option("--namespace", default="edgesdk", show_default=True, help="Topic prefix of the fleet."),
+        click.option("--username", envvar="EDGESDK_BROKER_USER", help="Broker user name."),
+        click.option(
+            "--password-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="File holding the broker password (never pass it on the command line).",
+        ),
+        click.option("--ca-file", type=click.Path(dir_okay=False, path_type=Path), help="CA that signed the broker."),
+        click.option("--cert-file", type=click.Path(dir_okay=False, path_type=Path), help="Client certificate (mTLS)."),
+        click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), help="Client key (mTLS)."),
+        click.option("--connect-timeout", default=5.0, show_default=True, type=float, help="Seconds to connect."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def client_options_from(params: dict[str, Any], client_id: str) -> Any:
+    """Build ``ClientOptions`` from the ``broker_options`` flags; bad values raise UsageError."""
+    from edgesdk.mqtt.client import ClientOptions, TlsSettings, parse_broker_url
+
+    address = parse_broker_url(params["broker"])
+    password = None
+    if params.get("password_file"):
+        path: Path = params["password_file"]
+        try:
+            password = path.read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --password-file {str(path)!r}: {exc.strerror or exc}") from exc
+    for flag in ("ca_file", "cert_file", "key_file"):
+        value = params.get(flag)
+        if value is not None and not Path(value).is_file():
+            raise UsageError(f"--{flag.replace('_', '-')} {str(value)!r} does not exist")
+    tls = None
+    if address.tls or params.get("ca_file") or params.get("cert_file"):
+        tls = TlsSettings(
+            ca_file=str(params["ca_file"]) if params.get("ca_file") else None,
+            cert_file=str(params["cert_file"]) if params.get("cert_file") else None,
+            key_file=str(params["key_file"]) if params.get("key_file") else None,
+        )
+    return ClientOptions(
+        client_id=client_id,
+        broker_url=params["broker"],
+        username=params.get("username"),
+        password=password,
+        tls=tls,
+        clean_start=True,
+        session_expiry_s=0,
+        backoff_min_s=0.2,
+        backoff_max_s=2.0,
+    )
+
+
+def _open_monitor(params: dict[str, Any]) -> Any:
+    from edgesdk.fleet.monitor import FleetMonitor, monitor_client_id
+
+    if params["connect_timeout"] <= 0:
+        raise UsageError(f"--connect-timeout must be positive (got {params['connect_timeout']})")
+    monitor = FleetMonitor(client_options_from(params, monitor_client_id()), namespace=params["namespace"])
+    return monitor.start(timeout=params["connect_timeout"])
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _rows(views: list[Any]) -> list[list[str]]:
+    now = time.time()
+    rows = []
+    for v in views:
+        seen = f"{max(0.0, now - v.last_seen.timestamp()):.0f}s ago" if v.last_seen else "-"
+        rows.append(
+            [
+                v.device_id,
+                _fmt(v.online),
+                _fmt(v.profile),
+                _fmt(v.model),
+                _fmt(v.model_version),
+                _fmt(v.variant),
+                _fmt(v.temperature_c),
+                _fmt(v.p95_ms, 2),
+                _fmt(v.errors),
+                _fmt(v.queue_depth),
+                seen,
+            ]
+        )
+    return rows
+
+
+def _with_broker(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(**params: Any) -> Any:
+        return fn(params)
+
+    return wrapper
+
+
+@fleet.command()
+@broker_options
+@click.option("--wait", "wait_s", default=2.0, show_default=True, type=float, help="Seconds to collect messages.")
+@json_option
+@_with_broker
+def devices(params: dict[str, Any]) -> None:
+    """List every device the broker knows (retained presence and latest telemetry)."""
+    if params["wait_s"] < 0:
+        raise UsageError(f"--wait must not be negative (got {params['wait_s']})")
+    monitor = _open_monitor(params)
+    try:
+        monitor.settle(params["wait_s"])
+        views = monitor.view.snapshot()
+    finally:
+        monitor.stop()
+    if params["as_json"]:
+        print_json({"devices": [v.as_dict() for v in views], "malformed_messages": monitor.view.stats.malformed})
+        return
+    if not views:
+        click.echo(f"no devices seen under {params['namespace']}/devices/ on {params['broker']}")
+        return
+    online = sum(1 for v in views if v.online)
+    print_table(f"{len(views)} device(s), {online} online", COLUMNS, _rows(views))
+
+
+@fleet.command()
+@broker_options
+@click.option("--interval", default=1.0, show_default=True, type=float, help="Seconds between refreshes.")
+@click.option("--duration", default=0.0, type=float, help="Stop after this many seconds (0: until Ctrl-C).")
+@_with_broker
+def watch(params: dict[str, Any]) -> None:
+    """A live table of the fleet, refreshed every --interval seconds (Ctrl-C to stop)."""
+    from rich.live import Live
+    from rich.table import Table
+
+    from edgesdk.cli.output import console
+
+    if params["interval"] <= 0:
+        raise UsageError(f"--interval must be positive (got {params['interval']})")
+    monitor = _open_monitor(params)
+
+    def render() -> Table:
+        views = monitor.view.snapshot()
+        online = sum(1 for v in views if v.online)
+        table = Table(title=f"{params['broker']} — {len(views)} device(s), {online} online")
+        for column in COLUMNS:
+            table.add_column(column, overflow="fold")
+        for row in _rows(views):
+            table.add_row(*row)
+        return table
+
+    deadline = time.monotonic() + params["duration"] if params["duration"] > 0 else None
+    try:
+        with Live(render(), console=console(), auto_refresh=False, transient=False) as live:
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(params["interval"])
+                live.update(render(), refresh=True)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends: exit 0, not an error
+        pass
+    finally:
+        monitor.stop()
