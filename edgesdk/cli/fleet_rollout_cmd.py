@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from edgesdk.cli.fleet_cmd import broker_options
 from edgesdk.cli.output import console, json_option, print_json, print_table
 from edgesdk.errors import UpdateError, UsageError
 
@@ -28,10 +29,8 @@ _db_option = click.option(
     default=None,
     help="Deployment database (default $EDGESDK_FLEET_DB or ~/.local/share/edgesdk/fleet.sqlite3).",
 )
-_broker_option = click.option("--broker", required=True, help="MQTT broker URL, e.g. mqtt://127.0.0.1:1883.")
-_namespace_option = click.option("--namespace", default="edgesdk", show_default=True, help="MQTT topic namespace.")
 _key_option = click.option(
-    "--key",
+    "--operator-key",
     "key_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -51,24 +50,27 @@ def _operator_key(key_path: Path | None) -> Any:
     path = key_path or (Path(os.environ[OPERATOR_KEY_ENV]) if os.environ.get(OPERATOR_KEY_ENV) else None)
     if path is None:
         raise UsageError(
-            f"no operator key: pass --key FILE or set {OPERATOR_KEY_ENV} (edgesdk keys publisher makes one)"
+            f"no operator key: pass --operator-key FILE or set {OPERATOR_KEY_ENV} (edgesdk keys publisher makes one)"
         )
     return load_publisher_private_key(path)
 
 
-def _controller(store: Any, broker: str, namespace: str, key: Any, **kwargs: Any) -> tuple[Any, Any]:
+def _controller(store: Any, params: dict[str, Any], key: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Connect with the fleet group's connection flags (``broker_options``) and start a controller."""
+    from edgesdk.cli.fleet_cmd import client_options_from
     from edgesdk.errors import LinkError
     from edgesdk.fleet.rollout import RolloutController
-    from edgesdk.mqtt.client import ClientOptions, MqttClient
+    from edgesdk.mqtt.client import MqttClient
 
-    client = MqttClient(
-        ClientOptions(client_id=f"edgesdk-fleet-{uuid.uuid4().hex[:8]}", broker_url=broker, clean_start=True)
-    )
+    client = MqttClient(client_options_from(params, f"edgesdk-fleet-rollout-{uuid.uuid4().hex[:8]}"))
     client.start()
-    if not client.wait_connected(10):
+    timeout = float(params.get("connect_timeout") or 5.0)
+    if not client.wait_connected(timeout):
         client.stop(graceful=False)
-        raise LinkError(f"cannot connect to broker {broker}: {client.stats.last_error or 'no answer in 10 s'}")
-    return RolloutController(store, client, namespace, key, **kwargs).start(), client
+        raise LinkError(
+            f"cannot connect to broker {params['broker']}: {client.stats.last_error or f'no answer in {timeout:g} s'}"
+        )
+    return RolloutController(store, client, params["namespace"], key, **kwargs).start(), client
 
 
 class _WaveBars:
@@ -101,7 +103,7 @@ class _WaveBars:
 
 @click.command("push")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
-@_broker_option
+@broker_options
 @click.option("--group", default=None, help="Deploy to every device that announces this group.")
 @click.option("--devices", default=None, help="Comma-separated device ids.")
 @click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
@@ -114,13 +116,11 @@ class _WaveBars:
 @click.option("--url", default=None, help="Devices download from this HTTP(S) URL instead of MQTT chunks.")
 @click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
 @click.option("--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes.")
-@_namespace_option
 @_key_option
 @_db_option
 @json_option
 def push(
     bundle: Path,
-    broker: str,
     group: str | None,
     devices: str | None,
     canary: str,
@@ -133,10 +133,10 @@ def push(
     url: str | None,
     chunk_size: int | None,
     deployment_id: str | None,
-    namespace: str,
     key_path: Path | None,
     db_path: Path | None,
     as_json: bool,
+    **params: Any,
 ) -> None:
     """Roll BUNDLE out in waves: canary first, abort and roll back at the failure threshold."""
     from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
@@ -173,7 +173,7 @@ def push(
         )
     key = _operator_key(key_path)
     bars = _WaveBars()
-    ctl, client = _controller(store, broker, namespace, key, on_progress=bars if not as_json else None)
+    ctl, client = _controller(store, params, key, on_progress=bars if not as_json else None)
     try:
         if not resuming:
             targets = (
@@ -279,15 +279,14 @@ def status(deployment: str | None, db_path: Path | None, as_json: bool) -> None:
 
 @click.command("abort")
 @click.argument("deployment")
-@_broker_option
-@_namespace_option
+@broker_options
 @_key_option
 @_db_option
-def abort(deployment: str, broker: str, namespace: str, key_path: Path | None, db_path: Path | None) -> None:
+def abort(deployment: str, key_path: Path | None, db_path: Path | None, **params: Any) -> None:
     """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
     store = _store(db_path)
     store.get(deployment)  # unknown id → one clear error before touching the broker
-    ctl, client = _controller(store, broker, namespace, _operator_key(key_path))
+    ctl, client = _controller(store, params, _operator_key(key_path))
     try:
         ctl.abort(deployment)
         time.sleep(0.5)  # let QoS 1 messages leave before disconnecting
@@ -298,20 +297,18 @@ def abort(deployment: str, broker: str, namespace: str, key_path: Path | None, d
 
 @click.command("rollback")
 @click.argument("deployment")
-@_broker_option
-@_namespace_option
+@broker_options
 @_key_option
 @_db_option
 @click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
 @json_option
 def rollback(
     deployment: str,
-    broker: str,
-    namespace: str,
     key_path: Path | None,
     db_path: Path | None,
     wait_s: str,
     as_json: bool,
+    **params: Any,
 ) -> None:
     """Roll every device the deployment reached back to the model it ran before."""
     from edgesdk.fleet.rollout import parse_duration
@@ -319,7 +316,7 @@ def rollback(
     store = _store(db_path)
     store.get(deployment)
     timeout = parse_duration(wait_s, option="--wait")
-    ctl, client = _controller(store, broker, namespace, _operator_key(key_path))
+    ctl, client = _controller(store, params, _operator_key(key_path))
     try:
         asked = ctl.rollback(deployment)
         confirmed = ctl.wait_for_states(deployment, {"ROLLED_BACK", "FAILED", "TIMED_OUT"}, timeout)
