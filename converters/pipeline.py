@@ -142,16 +142,21 @@ class _Run:
                     self.decisions.append(f"int8 sensitivity (added relative error per layer, measured): {top}")
         return self._ranking
 
-    def repair(self, planned: PlannedVariant, method: str, failed: _Built) -> _Built | None:
-        """Keep the most sensitive layers in float, doubling their number, until the gate holds."""
+    def repair(self, planned: PlannedVariant, method: str, failed: _Built) -> tuple[_Built | None, str]:
+        """Keep the most sensitive layers in float, doubling their number, until the gate holds.
+
+        Stops at half of the quantizable layers: past that, int8 no longer buys its size.
+        Returns the repaired variant (or None) and what was tried, for the report.
+        """
         caps = CONVERTERS[planned.converter].capabilities
         if not caps.supports_repair or method not in STATIC_INT8:
-            return None
+            return None, ""
         converter = get_converter(planned.converter)
         allowed = set(converter.quantizable_layers(self.source))
         ranking = [n for n in self.ranking() if n in allowed]
+        tried: list[str] = []
         count = 1
-        while ranking and count < len(ranking):
+        while ranking and count <= len(ranking) // 2:
             keep = ranking[:count]
             self.progress(f"{planned.id}: repair, {count} layer(s) in float")
             built = self.build(planned, method, keep)
@@ -161,9 +166,12 @@ class _Run:
                     f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping the "
                     f"{count} most sensitive layer(s) in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
                 )
-                return built
+                return built, ""
+            tried.append(f"{count}: {accuracy.value:.4g}" if accuracy else f"{count}: n/a")
             count *= 2
-        return None
+        if not tried:
+            return None, ""
+        return None, f"repair kept the most sensitive layers in float ({'; '.join(tried)}) without reaching the gate"
 
     def build_variant(self, planned: PlannedVariant) -> _Built | None:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
@@ -187,9 +195,11 @@ class _Run:
                 continue
             accuracy = built.result.accuracy
             if accuracy is not None and not accuracy.passed:
-                repaired = self.repair(planned, method or "", built)
+                repaired, tried = self.repair(planned, method or "", built)
                 if repaired is None:
-                    misses.append(f"{method or planned.precision.value}: {_fmt_metric(built)}")
+                    misses.append(
+                        f"{method or planned.precision.value}: {_fmt_metric(built)}" + (f"; {tried}" if tried else "")
+                    )
                     continue
                 built = repaired
             candidates.append((method, built))

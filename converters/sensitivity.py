@@ -39,8 +39,8 @@ def rank_layers(
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     workdir.mkdir(parents=True, exist_ok=True)
-    graph = onnx.load(str(source.onnx_path)).graph
-    layers = [(n.name, n.input[0], n.output[0]) for n in graph.node if n.op_type in QUANTIZABLE_OPS and n.name]
+    fp32_graph = onnx.load(str(source.onnx_path)).graph
+    layers = [n.name for n in fp32_graph.node if n.op_type in QUANTIZABLE_OPS and n.name]
     if not layers:
         return []
     quantized = workdir / "all-int8.onnx"
@@ -53,24 +53,39 @@ def rank_layers(
         activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8,
     )
-    tensors = sorted({t for _, i, o in layers for t in (i, o)} - {s.name for s in source.inputs})
+    # The quantizer may rename a layer's tensors (e.g. fusing Conv+Clip), so each model's own
+    # tensors are looked up through the node name: (input, output) per layer, per model.
+    graph_inputs = {s.name for s in source.inputs}
+    int8_nodes = {n.name: n for n in onnx.load(str(quantized)).graph.node}
+    fp32_nodes = {n.name: n for n in fp32_graph.node}
+    ends = {
+        "fp32": {name: (fp32_nodes[name].input[0], fp32_nodes[name].output[0]) for name in layers},
+        "int8": {
+            name: (int8_nodes[name].input[0], int8_nodes[name].output[0]) for name in layers if name in int8_nodes
+        },
+    }
     data = subset(calibration, samples)
-    runs = {}
+    count = len(next(iter(data.values())))
+    runs: dict[str, dict[str, np.ndarray]] = {}
     for label, path in (("fp32", source.onnx_path), ("int8", quantized)):
+        tensors = sorted({t for pair in ends[label].values() for t in pair} - graph_inputs)
         probe = _with_outputs(path, tensors, workdir / f"probe-{label}.onnx")
         session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         per_sample = [
-            dict(zip(names, session.run(names, {k: v[i : i + 1] for k, v in data.items()})))
-            for i in range(len(next(iter(data.values()))))
+            dict(zip(names, session.run(names, {k: v[i : i + 1] for k, v in data.items()}))) for i in range(count)
         ]
         runs[label] = {t: np.concatenate([s[t] for s in per_sample]) for t in tensors}
+        runs[label].update({t: data[t] for t in graph_inputs})
 
-    def error(tensor: str) -> float:
-        if tensor not in runs["fp32"]:
-            return 0.0  # a graph input: identical in both
-        ref, got = runs["fp32"][tensor].astype(np.float64), runs["int8"][tensor].astype(np.float64)
+    def error(layer: str, end: int) -> float:
+        if layer not in ends["int8"]:
+            return 0.0
+        ref = runs["fp32"][ends["fp32"][layer][end]].astype(np.float64)
+        got = runs["int8"][ends["int8"][layer][end]].astype(np.float64)
+        if got.shape != ref.shape:
+            return 0.0
         return float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) + 1e-12))
 
-    scores = [(name, error(out) - error(inp)) for name, inp, out in layers]
+    scores = [(name, error(name, 1) - error(name, 0)) for name in layers]
     return sorted(scores, key=lambda item: item[1], reverse=True)

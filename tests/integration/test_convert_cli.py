@@ -242,3 +242,21 @@ def test_existing_output_is_never_overwritten(edgesdk_cli_module, digits, tmp_pa
     proc = edgesdk_cli_module("convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out))
     assert_one_line_error(proc, str(out), "not empty")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_accuracy_aware_repair_keeps_sensitive_layers_in_float(edgesdk_cli_module, digits, tmp_path) -> None:
+    # A gate tighter than plain static int8 reaches on this model: the planner must repair, not drop.
+    out = tmp_path / "repair"
+    proc = edgesdk_cli_module(
+        "convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out), "--formats", "onnx",
+        "--precisions", "int8", "--metric", "cosine", "--gate", "0.99994", "--calibration", str(digits.calibration),
+        "--validation", str(digits.validation),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    (variant,) = report.variants
+    assert variant.accuracy.passed and variant.accuracy.value >= 0.99994
+    repaired = [d for d in report.decisions if "repaired" in d]
+    assert repaired and "/7/Conv" in repaired[0] and "most sensitive" in repaired[0]
+    assert any(d.startswith("int8 sensitivity") for d in report.decisions)
+    assert variant.size > 100_000  # plain int8 is ~66 kB; kept layers stay fp32
