@@ -325,6 +325,7 @@ class Agent:
                 header_timeout_s=api_config.header_timeout_s,
                 body_timeout_s=api_config.body_timeout_s,
                 keepalive_timeout_s=api_config.keepalive_timeout_s,
+                max_connections=api_config.max_connections,
             ),
         )
         try:
@@ -334,6 +335,11 @@ class Agent:
         except OSError as exc:
             self.governor.stop()
             raise AgentError(f"cannot listen on {api_config.host}:{api_config.port}: {exc.strerror or exc}") from exc
+        if api_config.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning(
+                "the inference API listens on %s, not on loopback only: anyone who can reach it can use it",
+                api_config.host,
+            )
         atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
         atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -39,6 +39,7 @@ class HttpLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0
+    max_connections: int = 256
 
 
 @dataclass
@@ -110,6 +111,13 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.server.connections) >= self.limits.max_connections:
+            # Idle sockets cost memory and descriptors: past the limit, refuse at once.
+            self.server.refused += 1
+            self._send(
+                Response(503, b'{"error":"too many connections"}', headers=[("Retry-After", "1")]), keep_alive=False
+            )
+            return
         self.server.connections.add(self)
         self._arm("idle", self.limits.keepalive_timeout_s)
 
@@ -244,7 +252,7 @@ class HttpProtocol(asyncio.Protocol):
                 return
             answered = True
             keep = request.keep_alive and not self.server.draining
-            self._send(response, keep_alive=keep)
+            self._send(response, keep_alive=keep, head_only=request.method == "HEAD")
             if keep and not self._closing:
                 self._busy = False
                 if self._paused and self.transport is not None:
@@ -261,11 +269,12 @@ class HttpProtocol(asyncio.Protocol):
             log.exception("handler failed on %s %s", request.method, request.path)
             respond(_error(500, "internal error"))
 
-    def _send(self, response: Response, *, keep_alive: bool) -> None:
+    def _send(self, response: Response, *, keep_alive: bool, head_only: bool = False) -> None:
         transport = self.transport
         if transport is None or self._closing or transport.is_closing():
             return
-        transport.writelines((_encode_response(response, keep_alive), response.body))
+        head = _encode_response(response, keep_alive)
+        transport.writelines((head,) if head_only else (head, response.body))
         if not keep_alive:
             self._closing = True
             self._disarm()
@@ -283,6 +292,7 @@ class HttpServer:
         self._servers: list[asyncio.AbstractServer] = []
         self.slow_clients = 0
         self.oversized = 0
+        self.refused = 0
 
     def on_slow_client(self) -> None:
         self.slow_clients += 1

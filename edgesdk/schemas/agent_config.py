@@ -26,6 +26,7 @@ class ApiConfig(Schema):
     allow_nonfinite: bool = Field(False, description="accept NaN/Inf in float inputs")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this")
     keepalive_timeout_s: float = Field(15.0, gt=0, description="idle keep-alive connections close after this")
+    max_connections: int = Field(256, gt=0, description="open connections beyond this are refused with 503")
     inline_max_ms: float = Field(
         0.5,
         ge=0,

@@ -23,28 +23,42 @@ def handler(request: Request, respond: Respond) -> None:
     respond(Response(200, f"{request.method} {request.path} {len(request.body)}".encode(), content_type="text/plain"))
 
 
+class RunningServer:
+    """An HttpServer on its own event loop thread."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.http = HttpServer(handler, limits)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.port = 0
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.port = self.loop.run_until_complete(self.http.listen_tcp("127.0.0.1", 0))
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        ready.wait(5)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
 @pytest.fixture()
 def server() -> Iterator[tuple[int, HttpServer]]:
     limits = HttpLimits(
-        max_header_bytes=1024, max_body_bytes=1000, header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5
+        max_header_bytes=1024,
+        max_body_bytes=1000,
+        header_timeout_s=0.3,
+        body_timeout_s=0.3,
+        keepalive_timeout_s=0.5,
     )
-    http = HttpServer(handler, limits)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    port: list[int] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        port.append(loop.run_until_complete(http.listen_tcp("127.0.0.1", 0)))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(5)
-    yield port[0], http
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    running = RunningServer(limits)
+    yield running.port, running.http
+    running.stop()
 
 
 def exchange(port: int, data: bytes, *, timeout: float = 2.0) -> bytes:
@@ -124,3 +138,31 @@ def test_handler_error_is_a_500_and_the_server_lives(server) -> None:
     port, _ = server
     assert exchange(port, b"GET /boom HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 500")
     assert exchange(port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def test_head_sends_headers_only(server) -> None:
+    port, _ = server
+    answer = exchange(port, b"HEAD /abc HTTP/1.1\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: 11" in head  # "HEAD /abc 0"
+    assert body == b""
+
+
+def test_connections_beyond_the_limit_are_refused() -> None:
+    running = RunningServer(HttpLimits(max_connections=4, keepalive_timeout_s=30))
+    held = [socket.create_connection(("127.0.0.1", running.port), timeout=2) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 5
+        while len(running.http.connections) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        extra = exchange(running.port, b"")
+        assert extra.startswith(b"HTTP/1.1 503") and b"too many connections" in extra, extra
+        assert running.http.refused == 1
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while running.http.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exchange(running.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    running.stop()
