@@ -119,26 +119,6 @@ def make_deployment(
     return sign_deployment(deployment, load_publisher_private_key(operator_key))
 
 
-def _network_thread_bus() -> Any:
-    """An EventBus that delivers on the MQTT network thread once ``loop`` is set.
-
-    Works around a deadlock in edgesdk.mqtt.forwarder (pump() publishes while holding its lock;
-    the PUBACK callback on the network thread takes the same lock): events emitted from an
-    update thread would reach the link's pump() from a second thread. Reported to the MQTT owner."""
-    from edgesdk.agent.events import EventBus
-
-    class NetworkThreadEventBus(EventBus):
-        loop: Any = None
-
-        def emit(self, name: str, detail: dict[str, Any] | None = None) -> None:
-            if self.loop is None:
-                super().emit(name, detail)
-            else:
-                self.loop.call(lambda: EventBus.emit(self, name, detail))
-
-    return NetworkThreadEventBus()
-
-
 class StandInAgent:
     """The contract surface of edgesdk.agent.daemon.Agent, from the real parts, without the API."""
 
@@ -152,6 +132,7 @@ class StandInAgent:
         broker_url: str | None = None,
         groups: tuple[str, ...] = (),
     ) -> None:
+        from edgesdk.agent.events import EventBus
         from edgesdk.agent.metrics import Metrics
         from edgesdk.agent.serving import ModelServer
         from edgesdk.agent.store import ModelStore
@@ -168,7 +149,7 @@ class StandInAgent:
             {"device_id": device_id, "profile": PROFILE, "data_dir": data_dir, "mqtt": mqtt}
         )
         self.profile = get_profile(PROFILE)
-        self.events = _network_thread_bus()
+        self.events = EventBus()
         self.store = ModelStore(data_dir)
         self.metrics = Metrics()
         self.server = ModelServer(
@@ -185,7 +166,6 @@ class StandInAgent:
             from edgesdk.agent.link import start_link
 
             self.link = start_link(self)
-            self.events.loop = self.link.client._loop  # see _network_thread_bus
         verified = self.store.load_active(self.trusted_publishers, self.profile)
         if verified is not None:
             self.server.swap(verified, self.device_key)

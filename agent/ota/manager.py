@@ -264,21 +264,7 @@ class UpdateManager:
     def agent_event(self, name: str, detail: dict[str, Any]) -> None:
         events = getattr(self.agent, "events", None)
         if events is not None:
-            self._on_network_thread(lambda: events.emit(name, detail))
-
-    def _on_network_thread(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on the MQTT network thread when there is a link, else here.
-
-        The link's forwarder publishes while holding its lock and its PUBACK callback (network
-        thread) takes that lock too, so a publish_reliable or an event from this thread can
-        deadlock the two; handing the call to the network thread avoids it (reported to the
-        MQTT owner; remove once the forwarder no longer publishes under its lock)."""
-        link = getattr(self.agent, "link", None)
-        network_loop = getattr(getattr(link, "client", None), "_loop", None)
-        if network_loop is not None and hasattr(network_loop, "call"):
-            network_loop.call(fn)
-        else:
-            fn()
+            events.emit(name, detail)
 
     def _publish(self, status: OtaStatus) -> None:
         log.info(
@@ -294,4 +280,4 @@ class UpdateManager:
             )
         link = getattr(self.agent, "link", None)
         if link is not None:
-            self._on_network_thread(lambda: link.publish_reliable(STATUS_SUFFIX, status))
+            link.publish_reliable(STATUS_SUFFIX, status)
