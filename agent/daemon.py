@@ -246,6 +246,9 @@ class Agent:
                 "last_load": self.store.load_report,
             },
             "problems": list(self.problems),
+            "recent_events": [
+                {"ts": round(ts, 3), "event": name, **detail} for ts, name, detail in list(self.events.recent)[-20:]
+            ],
             "link": self.link is not None,
             "updates": getattr(self.updates, "status", lambda: None)() if self.updates is not None else None,
         }

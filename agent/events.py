@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,8 @@ class EventBus:
     def __init__(self, keep: int = 200) -> None:
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
-        self.recent: deque[tuple[str, dict[str, Any]]] = deque(maxlen=keep)
+        #: The last events as (unix time, name, detail), newest last: /v1/status shows them.
+        self.recent: deque[tuple[float, str, dict[str, Any]]] = deque(maxlen=keep)
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         """Register ``fn``; returns a function that unsubscribes it."""
@@ -38,7 +40,7 @@ class EventBus:
     def emit(self, name: str, detail: dict[str, Any] | None = None) -> None:
         """Deliver an event to every subscriber, in the caller's thread."""
         detail = dict(detail or {})
-        self.recent.append((name, detail))
+        self.recent.append((time.time(), name, detail))
         with self._lock:
             subscribers = list(self._subscribers)
         for fn in subscribers:

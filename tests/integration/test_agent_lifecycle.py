@@ -92,6 +92,8 @@ def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, 
         assert status["store"]["active_slot"] == "a"
         assert status["store"]["last_load"]["fell_back"] is True
         assert any("slot b" in p for p in status["problems"]), status["problems"]
+        fallback = [e for e in status["recent_events"] if e["event"] == "bundle_fallback"]
+        assert fallback and fallback[0]["slot"] == "a"
         r = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
         assert r.status_code == 200
     assert "started on last good slot a" in agent.log()
@@ -184,6 +186,8 @@ def test_precision_switches_under_load_fail_no_request(tmp_path, convert_dir, im
     assert outcomes and {code for code, _ in outcomes} == {200}
     assert {variant for _, variant in outcomes} == {"onnx-fp32", "onnx-int8"}
     assert status["switch_count"] >= 4, status
+    switches = [e for e in status["recent_events"] if e["event"] == "precision_switch"]
+    assert switches and all(e["reason"].startswith("temperature") for e in switches)
     assert "edgesdk_agent_precision_switches_total" in metrics
     assert "precision switch onnx-fp32 -> onnx-int8 (temperature 79.0" in agent.log()
 
