@@ -161,7 +161,8 @@ def _check_bundle(options: ImageOptions, progress: Progress) -> None:
 
 def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
     overlay = stage / "overlay"
-    shutil.copytree(recipe.overlay, overlay)
+    shutil.copytree(common_dir() / "overlay", overlay)  # what every family gets
+    shutil.copytree(recipe.overlay, overlay, dirs_exist_ok=True)
     config_dir = overlay / str(CONFIG_FILE.parent).lstrip("/")
     config_dir.mkdir(parents=True, exist_ok=True)
     settings = ProvisioningConfig(

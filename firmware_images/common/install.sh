@@ -82,6 +82,9 @@ done
 VENV="$P/opt/edgesdk/venv"
 step "creating $VENV"
 "$PYTHON" -m venv --clear "$VENV" || die "'$PYTHON -m venv' failed (on Debian: install python3-venv)"
+if [ "$SYSTEM" = 1 ] && ! runuser -u edgesdk -- "$VENV/bin/python" -c '' 2>/dev/null; then
+    die "user edgesdk cannot run $PYTHON (a Python under /root or a home directory?); use the system Python"
+fi
 
 step "installing $EDGESDK_IMAGE_REQUIREMENT from the wheelhouse (no network)"
 # No index, no user pip.conf, no inherited find-links: only this image's wheels can be used.
@@ -103,16 +106,13 @@ step "installing the overlay (unit, config, trust anchors)"
     sed -e "s|@ROOT@|$P|g" -e "s|@DEVICE_ID@|$DEVICE_ID|g" "$HERE/overlay/$rel" > "$dest"
     case "$rel" in
         etc/edgesdk/agent.toml) chmod 0640 "$dest" ;;
+        usr/local/bin/*) chmod 0755 "$dest" ;;
         *) chmod 0644 "$dest" ;;
     esac
     if [ "$SYSTEM" = 1 ]; then
         case "$rel" in etc/edgesdk/*) chown root:edgesdk "$dest" ;; *) chown root:root "$dest" ;; esac
     fi
 done
-
-# Runs a command as the agent's user on a device, as the current user when staged.
-as_agent() { if [ "$SYSTEM" = 1 ]; then runuser -u edgesdk -- "$@"; else "$@"; fi; }
-CONFIG="$P/etc/edgesdk/agent.toml"
 
 if [ -f "$HERE/bundle/initial.edgepkg" ]; then
     step "installing the initial model bundle"
@@ -121,8 +121,7 @@ if [ -f "$HERE/bundle/initial.edgepkg" ]; then
     if [ "$SYSTEM" = 1 ]; then chown edgesdk:edgesdk "$INBOX"; fi
     # Bundles are encrypted to enrolled device keys: this works for a device that was enrolled
     # before (re-imaged with its state kept); a new device gets its model after approval (OTA).
-    if as_agent env EDGESDK_PROFILE_PATH="$P/etc/edgesdk/profiles" \
-        "$VENV/bin/edge-agent" install --no-reload --config "$CONFIG" "$INBOX"; then
+    if "$P/usr/local/bin/edge-agent" install --no-reload "$INBOX"; then
         rm -f "$INBOX"
     else
         echo "    not installed: this device cannot open the bundle yet (see above); it stays in the inbox."
@@ -137,9 +136,8 @@ if [ "$SYSTEM" = 1 ] && [ "$START" = 1 ] && [ -d /run/systemd/system ]; then
     systemctl enable edge-agent.service
     # restart, not start: re-running the installer upgrades a device whose agent is running.
     systemctl restart edge-agent.service
-    echo "    the agent made its device key on first start; its public key (compare the key id"
-    echo "    before approving): edge-agent key --config $CONFIG"
-    echo "    approve it on the operator machine: edgesdk fleet enroll approve $DEVICE_ID --broker URL"
+    echo "    the agent made its device key on first start; show its public key with: edge-agent key"
+    echo "    then, on the operator machine: edgesdk fleet enroll approve $DEVICE_ID --broker URL"
 else
     step "not starting the service; start the agent with the unit's ExecStart:"
     echo "    $(sed -n 's/^ExecStart=//p' "$UNIT")"

@@ -265,18 +265,14 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         )  # fmt: skip
         assert packaged.returncode == 0, packaged.stderr
         assert json.loads(packaged.stdout)["recipients"] == [key_id(device_public)]
+        # On the device, people use the installed wrapper (config and profiles preset).
+        wrapper = root / "usr/local/bin/edge-agent"
+        device_env = {**offline_env(), "HOME": str(work / "home")}
+        shown = subprocess.run([str(wrapper), "key"], capture_output=True, text=True, env=device_env, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.strip() == (data_dir / "device.pub").read_text().strip()
         sideload = subprocess.run(
-            [
-                str(root / "opt/edgesdk/venv/bin/edge-agent"),
-                "install",
-                "--config",
-                argv[argv.index("--config") + 1],
-                str(bundle),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
+            [str(wrapper), "install", str(bundle)], capture_output=True, text=True, env=device_env, timeout=120
         )
         assert sideload.returncode == 0, sideload.stderr
         wait_for(lambda: http_json(f"{url}/v1/status")["model"], 30, "the model to load", agent, log)
