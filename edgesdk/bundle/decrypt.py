@@ -102,16 +102,14 @@ def _decrypt_parts(
                 opener.open_into(index, cipher_view[:wanted], final, targets[0])
                 digest.update(targets[0])  # hashed on the worker while the next segment is decrypted
             else:
-                digest.wait()  # the scratch buffer may still be hashed from an earlier spanning segment
                 scratch = scratch if scratch is not None else memoryview(bytearray(segment_size))
                 segment = scratch[:plain_length]
                 opener.open_into(index, cipher_view[:wanted], final, segment)
-                digest.update(segment)
                 offset = 0
                 for target in targets:
                     target[:] = segment[offset : offset + len(target)]
+                    digest.update(target)  # the copies, so the scratch buffer is free again at once
                     offset += len(target)
-                digest.wait()
             position += plain_length
         if digest.hexdigest() != expected_sha:
             raise IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")

@@ -64,19 +64,16 @@ def read_front(handle: io.BufferedReader, *, source: str) -> ContainerFront:
 
 def iter_range(
     handle: io.BufferedReader, offset: int, length: int, *, source: str, chunk_size: int = READ_CHUNK
-) -> Iterator[memoryview]:
-    """Yield exactly ``length`` bytes from ``offset`` in chunks of at most ``chunk_size``.
+) -> Iterator[bytes]:
+    """Yield exactly ``length`` bytes from ``offset`` in new chunks of at most ``chunk_size``.
 
-    The views share one buffer: use each before asking for the next. Reading stops at the
-    declared length whatever the file holds beyond it."""
+    Each chunk is its own object, so it may be hashed on another thread while the next one
+    is read. Reading stops at the declared length whatever the file holds beyond it."""
     handle.seek(offset)
-    buffer = bytearray(min(chunk_size, max(length, 1)))
-    view = memoryview(buffer)
     remaining = length
     while remaining:
-        want = min(remaining, len(buffer))
-        got = handle.readinto(view[:want])
-        if not got:
+        chunk = handle.read(min(remaining, chunk_size))
+        if not chunk:
             raise BundleFormatError(f"{source}: truncated at byte {offset + length - remaining}")
-        remaining -= got
-        yield view[:got]
+        remaining -= len(chunk)
+        yield chunk

@@ -222,7 +222,6 @@ def _hash_payloads(
             for chunk in chunks:
                 whole.update(chunk)  # on the worker thread, while this one hashes the payload
                 digest.update(chunk)
-                whole.wait()  # the chunk's buffer is reused by the next read
             if digest.hexdigest() != expected[location.name]:
                 raise IntegrityError(
                     f"{source}: payload {location.name!r} does not match its signed SHA-256 (tampered or corrupted)"

@@ -559,7 +559,9 @@ def test_large_payload_hashes_on_a_second_thread(env, tmp_path) -> None:
     from edgesdk.bundle.background_hash import THREAD_MIN_BYTES
 
     content = os.urandom(THREAD_MIN_BYTES + 12345)
-    convert = write_convert_dir(tmp_path / "c", {"onnx-fp32": {"model.onnx": content}})
+    # A second, multi-file variant whose files meet inside a segment (the spanning path).
+    ir = {"model.xml": os.urandom(1_500_001), "model.bin": os.urandom(THREAD_MIN_BYTES + 7)}
+    convert = write_convert_dir(tmp_path / "c", {"onnx-fp32": {"model.onnx": content}, "openvino-fp32": ir})
     out = package_bundle(convert, name="d", version="1.0.0", release=1, publisher_key=env["keys"].publisher_key,
                          recipients=[env["keys"].device_pub], out=tmp_path / "big.edgepkg")  # fmt: skip
     verified = verify(out, env)
@@ -567,8 +569,9 @@ def test_large_payload_hashes_on_a_second_thread(env, tmp_path) -> None:
 
     assert verified.sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
     assert decrypt_variant(verified, "onnx-fp32", env["keys"].device()) == {"model.onnx": content}
+    assert decrypt_variant(verified, "openvino-fp32", env["keys"].device()) == ir
     data = bytearray(out.read_bytes())
     data[-THREAD_MIN_BYTES] ^= 1
     out.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match="onnx-fp32.enc"):
+    with pytest.raises(IntegrityError, match="openvino-fp32.enc.*does not match its signed SHA-256"):
         verify(out, env)
