@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -10,6 +13,7 @@ from edgesdk.cli.output import json_option, print_json, print_table
 from edgesdk.errors import EnrollmentError
 from edgesdk.fleet.enrollment import (
     REGISTRY_ENV,
+    Candidate,
     RegistryFile,
     decode_public_key,
     discover_candidates,
@@ -22,12 +26,45 @@ registry_option = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"Enrollment registry (JSON). Default: ${REGISTRY_ENV}, else ./edgesdk-enrollment.json.",
 )
-broker_option = click.option("--broker", help="Broker to read enroll requests from: mqtt[s]://HOST[:PORT].")
-namespace_option = click.option("--namespace", default="edgesdk", show_default=True, help="MQTT topic namespace.")
-ca_option = click.option("--ca", type=click.Path(dir_okay=False, exists=True), help="CA certificate for mqtts://.")
 wait_option = click.option(
     "--wait", default=2.0, show_default=True, type=click.FloatRange(0.1, 60), help="Seconds to collect requests."
 )
+
+
+def optional_broker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The connection flags of every ``edgesdk fleet`` command, with --broker optional here."""
+    options = [
+        click.option(
+            "--broker", envvar="EDGESDK_BROKER", help="Read announced keys from this broker (mqtt[s]://HOST:PORT)."
+        ),
+        click.option("--namespace", default="edgesdk", show_default=True, help="Topic prefix of the fleet."),
+        click.option("--username", envvar="EDGESDK_BROKER_USER", help="Broker user name."),
+        click.option(
+            "--password-file", type=click.Path(dir_okay=False, path_type=Path), help="File holding the broker password."
+        ),
+        click.option("--ca-file", type=click.Path(dir_okay=False, path_type=Path), help="CA that signed the broker."),
+        click.option("--cert-file", type=click.Path(dir_okay=False, path_type=Path), help="Client certificate (mTLS)."),
+        click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), help="Client key (mTLS)."),
+        click.option(
+            "--connect-timeout",
+            default=5.0,
+            show_default=True,
+            type=click.FloatRange(min=0.1),
+            help="Seconds to connect.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _candidates(params: dict[str, Any], wait: float) -> dict[str, Candidate]:
+    from edgesdk.cli.fleet_cmd import client_options_from
+
+    options = client_options_from(params, f"edgesdk-enroll-{secrets.token_hex(4)}")
+    return discover_candidates(
+        options, namespace=params["namespace"], wait_s=wait, connect_timeout_s=params["connect_timeout"]
+    )
 
 
 @click.group()
@@ -37,17 +74,13 @@ def enroll() -> None:
 
 @enroll.command("list")
 @registry_option
-@broker_option
-@namespace_option
-@ca_option
+@optional_broker_options
 @wait_option
 @json_option
-def list_devices(
-    registry: Path | None, broker: str | None, namespace: str, ca: str | None, wait: float, as_json: bool
-) -> None:
+def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: Any) -> None:
     """Approved and revoked devices, and (with --broker) devices waiting for approval."""
     path = registry_path(registry)
-    candidates = discover_candidates(broker, namespace=namespace, wait_s=wait, ca_file=ca) if broker else {}
+    candidates = _candidates(broker, wait) if broker["broker"] else {}
     rows = enrollment_table(RegistryFile(path).load(), candidates)
     if as_json:
         print_json(rows)
@@ -72,9 +105,7 @@ def list_devices(
 @enroll.command("approve")
 @click.argument("device_id")
 @registry_option
-@broker_option
-@namespace_option
-@ca_option
+@optional_broker_options
 @wait_option
 @click.option(
     "--public-key", help="The device's public key (base64 or a PEM file) instead of reading it from --broker."
@@ -85,24 +116,24 @@ def list_devices(
 def approve(
     device_id: str,
     registry: Path | None,
-    broker: str | None,
-    namespace: str,
-    ca: str | None,
     wait: float,
     public_key: str | None,
     expect_key_id: str | None,
     replace: bool,
     as_json: bool,
+    **broker: Any,
 ) -> None:
     """Approve DEVICE_ID: bundles packaged from now on are encrypted to its key too."""
     profile = None
     if public_key is not None:
         key = decode_public_key(public_key)
-    elif broker is not None:
-        candidates = discover_candidates(broker, namespace=namespace, wait_s=wait, ca_file=ca)
+    elif broker["broker"]:
+        candidates = _candidates(broker, wait)
         if device_id not in candidates:
             waiting = ", ".join(sorted(candidates)) or "none"
-            raise EnrollmentError(f"device {device_id!r} has not announced a key on {broker}; seen: {waiting}")
+            raise EnrollmentError(
+                f"device {device_id!r} has not announced a key on {broker['broker']}; seen: {waiting}"
+            )
         key = decode_public_key(candidates[device_id].public_key)
         profile = candidates[device_id].profile
     else:

@@ -26,6 +26,7 @@ FLEET_COMMANDS: dict[str, str] = {
     "status": "edgesdk.cli.fleet_rollout_cmd:status",
     "abort": "edgesdk.cli.fleet_rollout_cmd:abort",
     "rollback": "edgesdk.cli.fleet_rollout_cmd:rollback",
+    "enroll": "edgesdk.cli.enroll_cmd:enroll",
 }
 
 COLUMNS = ("device", "online", "profile", "model", "version", "variant", "temp °C", "p95 ms", "errors", "queue", "seen")

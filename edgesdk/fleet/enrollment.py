@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
@@ -31,6 +32,9 @@ from edgesdk.errors import EdgeSDKError, EnrollmentError, SchemaError
 from edgesdk.keys import key_id
 from edgesdk.schemas.enrollment import EnrolledDevice, EnrollmentRegistry
 from edgesdk.schemas.messages import EnrollRequest, Presence
+
+if TYPE_CHECKING:
+    from edgesdk.mqtt.client import ClientOptions
 
 DEFAULT_REGISTRY = Path("edgesdk-enrollment.json")
 REGISTRY_ENV = "EDGESDK_ENROLLMENT_REGISTRY"
@@ -233,21 +237,29 @@ def candidate_from_message(suffix: str, payload: bytes) -> Candidate | None:
 
 
 def discover_candidates(
-    broker_url: str,
+    broker: str | ClientOptions,
     *,
     namespace: str = "edgesdk",
     wait_s: float = 2.0,
-    ca_file: str | None = None,
-    username: str | None = None,
-    password: str | None = None,
+    connect_timeout_s: float = 5.0,
 ) -> dict[str, Candidate]:
     """Devices whose retained enroll request or presence is on the broker, by device id.
 
-    An enroll request wins over presence for the same device (it is the explicit ask).
+    ``broker`` is a URL (anonymous, system CAs for mqtts://) or full ``ClientOptions``
+    (credentials, CA, client certificate). An enroll request wins over presence for the same
+    device (it is the explicit ask).
     """
     from edgesdk.mqtt import topics
     from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
 
+    if isinstance(broker, str):
+        broker = ClientOptions(
+            client_id=f"edgesdk-enroll-{secrets.token_hex(4)}",
+            broker_url=broker,
+            tls=TlsSettings() if broker.startswith("mqtts://") else None,
+            clean_start=True,
+            session_expiry_s=0,
+        )
     found: dict[str, Candidate] = {}
     lock = threading.Lock()
 
@@ -262,24 +274,15 @@ def discover_candidates(
             if parsed.suffix == "enroll" or candidate.device_id not in found:
                 found[candidate.device_id] = candidate
 
-    tls = TlsSettings(ca_file=ca_file) if broker_url.startswith("mqtts://") else None
-    options = ClientOptions(
-        client_id=f"edgesdk-enroll-{secrets.token_hex(4)}",
-        broker_url=broker_url,
-        username=username,
-        password=password,
-        tls=tls,
-        clean_start=True,
-        session_expiry_s=0,
-    )
-    client = MqttClient(options)
+    client = MqttClient(broker)
     client.on_message = on_message
     client.subscribe(topics.all_devices_filter(namespace, topics.ENROLL))
     client.subscribe(topics.all_devices_filter(namespace, topics.PRESENCE))
     client.start()
     try:
-        if not client.wait_connected(max(wait_s, 5.0)):
-            raise EnrollmentError(f"cannot reach broker {broker_url}: {client.stats.last_error or 'no answer'}")
+        if not client.wait_connected(connect_timeout_s):
+            reason = client.stats.last_error or "no answer"
+            raise EnrollmentError(f"cannot reach broker {broker.broker_url}: {reason}")
         threading.Event().wait(wait_s)  # retained messages arrive right after SUBACK
     finally:
         client.stop(graceful=True)

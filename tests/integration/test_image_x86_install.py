@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates
 from edgesdk.keys import generate_publisher_key, key_id, load_device_private_key, load_device_public_key
 from tests.bundle_helpers import make_digits_convert_dir
 from tests.image_helpers import parse_unit, require_package_index
@@ -237,23 +236,23 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         assert stat.S_IMODE(private.stat().st_mode) == 0o600
         device_public = load_device_public_key(data_dir / "device.pub")
 
+        # Operator: the device waits for approval; approve it, pinning the key id it shows.
         registry_path = work / "enrollment.json"
-        candidates = wait_for(
-            lambda: (found := discover_candidates(mqtt_broker.url, wait_s=0.5)).get(DEVICE_ID) and found,
-            30,
-            "the device to announce its key",
-            agent,
-            log,
-        )
-        offered = candidates[DEVICE_ID]
-        assert offered.key_id == key_id(device_public)  # what the device shows == what the broker shows
-        assert "PRIVATE" not in json.dumps(offered.__dict__, default=str)
-        RegistryFile(registry_path).approve(
-            DEVICE_ID,
-            decode_public_key(offered.public_key),
-            profile=offered.profile,
-            expect_key_id=key_id(device_public),
-        )
+        enroll = ("fleet", "enroll")
+        registry_flags = ("--registry", str(registry_path), "--broker", mqtt_broker.url)
+
+        def pending() -> dict | None:
+            listed = edgesdk_cli(*enroll, "list", *registry_flags, "--wait", "0.5", "--json")
+            assert listed.returncode == 0, listed.stderr
+            rows = {row["device_id"]: row for row in json.loads(listed.stdout)}
+            return rows.get(DEVICE_ID)
+
+        offered = wait_for(pending, 30, "the device to announce its key", agent, log)
+        assert offered["status"] == "pending" and offered["profile"] == PROFILE
+        assert offered["offered_key_id"] == key_id(device_public)  # the broker shows what the device shows
+        approved = edgesdk_cli(*enroll, "approve", DEVICE_ID, *registry_flags, "--key-id", key_id(device_public))
+        assert approved.returncode == 0, approved.stderr
+        assert pending()["status"] == "approved"
 
         # Operator: package for the approved keys; deliver it; the running agent loads it.
         convert = make_digits_convert_dir(digits, work / "convert", profile=PROFILE, int8=False)
@@ -279,9 +278,30 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
 
         validation = np.load(digits.validation)
         images, labels = validation["image"][:32], validation["labels"][:32]
-        answer = http_json(f"{url}/v1/models/digits/infer", {"inputs": {"image": images.tolist()}})
-        predicted = np.asarray(answer["outputs"]["logits"]).argmax(1)
-        assert (predicted == labels).mean() >= 0.9, (predicted, labels)
+
+        def infer() -> dict:
+            answer = http_json(f"{url}/v1/models/digits/infer", {"inputs": {"image": images.tolist()}})
+            predicted = np.asarray(answer["outputs"]["logits"]).argmax(1)
+            assert (predicted == labels).mean() >= 0.9, (predicted, labels)
+            return answer
+
+        assert infer()["version"] == "1.0.0"
+
+        # Operator: v2 over the air, packaged for the approved keys, pushed as a rollout.
+        bundle_v2 = work / "digits-2.0.0.edgepkg"
+        packaged = edgesdk_cli(
+            "--profiles-dir", str(profiles), "package", str(convert), "--name", "digits", "--version", "2.0.0",
+            "--release", "2", "--publisher-key", str(publisher_key),
+            "--recipients-from-registry", str(registry_path), "--out", str(bundle_v2),
+        )  # fmt: skip
+        assert packaged.returncode == 0, packaged.stderr
+        pushed = edgesdk_cli(
+            "fleet", "push", str(bundle_v2), "--broker", mqtt_broker.url, "--devices", DEVICE_ID,
+            "--canary", "100%", "--waves", "100%", "--probation", "1s", "--wave-timeout", "90s",
+            "--operator-key", str(publisher_key), "--db", str(work / "fleet.sqlite3"), "--json",
+        )  # fmt: skip
+        assert pushed.returncode == 0, pushed.stderr + log_text(log)
+        assert infer()["version"] == "2.0.0"
 
         # The private key never left the device: not in any form in anything it published.
         private_raw = load_device_private_key(private).private_bytes(
@@ -289,7 +309,8 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         )
         published = wire.payloads()
         # Positive control: the public half is on the wire (that is how it got enrolled).
-        assert any(offered.public_key.encode() in payload for payload in published)
+        public_b64 = base64.b64encode(device_public.public_bytes_raw())
+        assert any(public_b64 in payload for payload in published)
         for secret in (private_raw, base64.b64encode(private_raw), private_raw.hex().encode(), private.read_bytes()):
             assert not any(secret in payload for payload in published)
     finally:

@@ -209,8 +209,6 @@ def test_cli_approve_list_revoke(edgesdk_cli, tmp_path: Path) -> None:
     registry = str(tmp_path / "reg.json")
     key = encode_public_key(new_device().public_key())
     proc = run_enroll(edgesdk_cli, "approve", "cam-a", "--registry", registry, "--public-key", key)
-    if "unknown command 'fleet'" in proc.stderr:
-        pytest.skip("edgesdk fleet is not registered yet (edgesdk/cli/fleet_cmd.py)")
     assert proc.returncode == 0, proc.stderr
     assert "approved cam-a" in proc.stdout
     listed = run_enroll(edgesdk_cli, "list", "--registry", registry, "--json")
