@@ -252,3 +252,19 @@ def test_swap_loads_only_gated_variants_and_keeps_serving_on_failure(monkeypatch
     with pytest.raises(AgentError, match="no variant of m 2.0.0 could be loaded"):
         server.swap(bundle, "key", decrypt=lambda b, vid, key: {"model.onnx": contents[vid]})
     assert server.active["version"] == "1.0.0"
+
+
+def test_all_finite_fast_path_agrees_with_the_exact_check() -> None:
+    from edgesdk.agent.signature import all_finite
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((3, 224, 224)).astype(np.float32)
+    assert all_finite(big)
+    for bad in (np.nan, np.inf, -np.inf):
+        copy = big.copy()
+        copy[1, 100, 7] = bad
+        assert not all_finite(copy)
+    huge = np.full(10000, 3e38, np.float32)  # x·x overflows, yet every value is finite
+    assert all_finite(huge)
+    assert not all_finite(np.asfortranarray(np.full((100, 100), np.nan)))
+    assert all_finite(np.ones(8, np.float16)) and not all_finite(np.array([np.nan], np.float16))
