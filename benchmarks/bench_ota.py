@@ -183,11 +183,24 @@ class BenchLink:
 
 
 class SimDevice:
-    def __init__(self, root: Path, index: int, bundles: Bundles, broker_url: str, loop: NetworkLoop) -> None:
+    def __init__(
+        self, root: Path, index: int, bundles: Bundles, broker_url: str, loop: NetworkLoop, heavy: threading.Semaphore
+    ) -> None:
         self.device_id = f"sim-{index:04d}"
         self.link = BenchLink(self.device_id, broker_url, loop)
         self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
         self.manager = UpdateManager(self.agent)
+        target = self.manager.target
+        # Real devices each have their own CPU and RAM; in one process, at most `heavy` simulated
+        # devices decrypt and load the model at the same time, or RAM runs out (500 × 5 MB × copies).
+        for name in ("verify", "activate"):
+            work = getattr(target, name)
+
+            def limited(*args: Any, _work: Any = work, **kwargs: Any) -> Any:
+                with heavy:
+                    return _work(*args, **kwargs)
+
+            setattr(target, name, limited)
 
     def install_first(self, bundle: Path) -> None:
         self.manager.install_local(bundle, timeout=120)
@@ -200,13 +213,14 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def bench_fleet(bundles: Bundles, count: int, root: Path) -> dict[str, Any]:
+def bench_fleet(bundles: Bundles, count: int, root: Path, heavy_concurrency: int) -> dict[str, Any]:
     import psutil
 
     root.mkdir(parents=True)
     with MosquittoBroker(data_dir=root / "mosquitto") as broker:
         loop = NetworkLoop(name="sim-fleet").start()
-        devices = [SimDevice(root / "devices", i, bundles, broker.url, loop) for i in range(count)]
+        heavy = threading.Semaphore(heavy_concurrency)
+        devices = [SimDevice(root / "devices", i, bundles, broker.url, loop, heavy) for i in range(count)]
         for device in devices:
             device.link.start()
         for device in devices:
@@ -255,6 +269,7 @@ def bench_fleet(bundles: Bundles, count: int, root: Path) -> dict[str, Any]:
             "broker_cpu_s": round(broker_cpu, 2),
             "fleet_process_cpu_s": round(own_cpu, 1),
             "fleet_process_rss_growth_mb": round((process.memory_info().rss - rss0) / 1e6, 0),
+            "heavy_concurrency": heavy_concurrency,
         }
         operator.stop()
         for device in devices:
@@ -430,6 +445,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="load threads in the serving benchmark")
     parser.add_argument("--before-s", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--heavy-concurrency", type=int, default=16, help="simulated devices loading models at once")
     parser.add_argument("--skip", default="", help="parts to skip: fleet,serving,rollback")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -447,7 +463,7 @@ def main() -> None:
         if "fleet" not in skip:
             results["fleet"] = []
             for count in (int(c) for c in args.devices.split(",") if c):
-                results["fleet"].append(bench_fleet(bundles, count, work / f"fleet-{count}"))
+                results["fleet"].append(bench_fleet(bundles, count, work / f"fleet-{count}", args.heavy_concurrency))
                 print(json.dumps({"fleet": results["fleet"][-1]}), flush=True)
         print(json.dumps(results, indent=2))
     finally:

@@ -108,6 +108,46 @@ def check_chunk_list(deployment: Deployment) -> None:
         )
 
 
+class RequestWindow:
+    """How many chunks a device may have requested and not received: AIMD like TCP.
+
+    It opens by one chunk per window's worth of arrivals and halves on a timeout; the timeout
+    itself follows the measured round trip (srtt + 4·rttvar, Jacobson/Karels, sampled only on
+    chunks asked for once — Karn) and doubles after each expiry. When a broker or chunk server
+    is overloaded, devices therefore ask for less and wait longer instead of repeating requests
+    into the congestion (which multiplies the bytes on the wire)."""
+
+    def __init__(self, max_window: int, min_timeout_s: float, max_timeout_s: float = 60.0) -> None:
+        self.max_window = max(1, max_window)
+        self.cwnd = float(min(2, self.max_window))
+        self.min_timeout_s = min_timeout_s
+        self.max_timeout_s = max(max_timeout_s, min_timeout_s)
+        self.timeout_s = min_timeout_s
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+
+    @property
+    def size(self) -> int:
+        return max(1, int(self.cwnd))
+
+    def arrived(self, rtt: float | None) -> None:
+        """A good chunk arrived; ``rtt`` only when it was asked for once."""
+        self.cwnd = min(float(self.max_window), self.cwnd + 1.0 / self.cwnd)
+        if rtt is None:
+            return
+        if self._srtt is None:
+            self._srtt, self._rttvar = rtt, rtt / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
+            self._srtt = 0.875 * self._srtt + 0.125 * rtt
+        self.timeout_s = min(self.max_timeout_s, max(self.min_timeout_s, self._srtt + 4 * self._rttvar))
+
+    def expired(self) -> None:
+        """One or more requests timed out: back off."""
+        self.cwnd = max(1.0, self.cwnd / 2)
+        self.timeout_s = min(self.max_timeout_s, self.timeout_s * 2)
+
+
 class ChunkReceiver:
     """Pulls a bundle over MQTT with a sliding window of outstanding chunk requests.
 
@@ -134,8 +174,7 @@ class ChunkReceiver:
         self.deployment = deployment
         self.paths = DownloadPaths(ota_dir, deployment)
         self.request = request
-        self.window = window
-        self.timeout_s = timeout_s
+        self.window = RequestWindow(window, timeout_s)
         self.stall_timeout_s = stall_timeout_s
         self.max_bad_chunks = max_bad_chunks
         self.bad_chunks = 0
@@ -165,19 +204,23 @@ class ChunkReceiver:
             have = verified_chunks(fd, self.deployment)
             missing = deque(i for i in range(total) if i not in have)
             in_flight: dict[int, float] = {}
+            asked_again: set[int] = set()
             last_progress_at = time.monotonic()
             reported = -1
             while len(have) < total:
                 if cancelled():
                     raise UpdateCancelled("download cancelled")
                 now = time.monotonic()
-                for index, sent in list(in_flight.items()):
-                    if now - sent > self.timeout_s:  # lost request or frame: ask again
+                expired = [i for i, sent in in_flight.items() if now - sent > self.window.timeout_s]
+                if expired:  # lost request or frame (or an overloaded server): back off, ask again
+                    self.window.expired()
+                    for index in sorted(expired, reverse=True):
                         del in_flight[index]
                         missing.appendleft(index)
+                        asked_again.add(index)
                         self.rerequests += 1
                 batch: list[int] = []
-                while missing and len(in_flight) + len(batch) < self.window:
+                while missing and len(in_flight) + len(batch) < self.window.size:
                     index = missing.popleft()
                     if index not in have and index not in in_flight:
                         batch.append(index)
@@ -196,7 +239,7 @@ class ChunkReceiver:
                     continue
                 if index in have or not 0 <= index < total:
                     continue
-                in_flight.pop(index, None)
+                sent_at = in_flight.pop(index, None)
                 if hashlib.sha256(data).hexdigest() != self.deployment.chunk_sha256[index]:
                     self.bad_chunks += 1
                     log.warning("chunk %d failed its hash check; asking again", index)
@@ -207,6 +250,8 @@ class ChunkReceiver:
                 os.pwrite(fd, data, index * self.deployment.chunk_size)
                 have.add(index)
                 last_progress_at = time.monotonic()
+                once = sent_at is not None and index not in asked_again
+                self.window.arrived(last_progress_at - sent_at if once and sent_at is not None else None)
                 tenth = len(have) * 10 // total
                 if tenth != reported:
                     reported = tenth

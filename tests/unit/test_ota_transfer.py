@@ -242,3 +242,24 @@ def test_http_download_checks_the_signed_hash(tmp_path: Path, http_bundle) -> No
         download_url(lying, tmp_path / "ota", lambda _f: None, lambda: False)
     with pytest.raises(UpdateError, match="not http"):
         download_url(deployment.model_copy(update={"url": "file:///etc/passwd"}), tmp_path, print, lambda: False)
+
+
+def test_request_window_backs_off_under_loss_and_adapts_to_the_round_trip() -> None:
+    from edgesdk.agent.ota.transfer import RequestWindow
+
+    window = RequestWindow(8, min_timeout_s=1.0)
+    assert window.size == 2  # starts small
+    for _ in range(40):
+        window.arrived(0.05)
+    assert window.size == 8  # opened up to the maximum, never beyond
+    assert window.timeout_s == 1.0  # fast link: the floor
+    window.expired()
+    assert window.size == 4 and window.timeout_s == 2.0
+    window.expired()
+    window.expired()
+    window.expired()
+    assert window.size == 1 and window.timeout_s == 16.0  # congestion: one at a time, long waits
+    for _ in range(20):
+        window.arrived(5.0)  # a slow, overloaded path: the timeout follows the round trip
+    assert 5.0 < window.timeout_s < 16.0
+    window.arrived(None)  # a repeated chunk gives no RTT sample (Karn)
