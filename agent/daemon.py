@@ -223,7 +223,10 @@ class Agent:
             log.info("reload: the active bundle is already serving")
             return
         log.info("reload: loading the newly installed bundle")
-        self.load_installed()
+        try:
+            self.load_installed()
+        except Exception:  # noqa: BLE001 - runs from a signal; the model serving now must stay up
+            log.exception("reload failed; the model loaded before keeps serving")
 
     # -- status -------------------------------------------------------------------------------------
 
