@@ -417,6 +417,9 @@ class NetworkLoop:
         self.name = name
         self._selector = selectors.DefaultSelector()
         self._clients: set[MqttClient] = set()
+        # Clients without a socket: the only ones that need a (re)connect check each turn,
+        # so a loop with a thousand connected clients does not scan all of them per event.
+        self._unconnected: set[MqttClient] = set()
         self._lock = threading.Lock()
         self._pending: list[Callable[[], object]] = []
         self._wake_r, self._wake_w = socket.socketpair()
@@ -441,13 +444,19 @@ class NetworkLoop:
         self._thread = None
 
     def add(self, client: MqttClient) -> None:
-        self.call(lambda: self._clients.add(client))
+        def register() -> None:
+            self._clients.add(client)
+            if client._paho.socket() is None:
+                self._unconnected.add(client)
+
+        self.call(register)
 
     def remove(self, client: MqttClient, *, wait: bool = False) -> None:
         done = threading.Event()
 
         def drop() -> None:
             self._clients.discard(client)
+            self._unconnected.discard(client)
             done.set()
 
         self.call(drop)
@@ -465,6 +474,12 @@ class NetworkLoop:
 
     # socket callbacks from paho (any thread)
     def socket_opened(self, client: MqttClient, sock: Any) -> None:
+        self._unconnected.discard(client)
+        try:
+            # Small packets (PUBLISH, PUBACK) must not wait for Nagle + delayed ACK (~40 ms each).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AttributeError):
+            pass
         self.call(lambda: self._register(client, sock, write=True))
 
     def socket_closed(self, client: MqttClient, sock: Any) -> None:
@@ -472,6 +487,8 @@ class NetworkLoop:
             self._selector.unregister(sock)
         except (KeyError, ValueError):
             pass
+        if client in self._clients:
+            self._unconnected.add(client)
         client._socket_gone()
 
     def want_write(self, client: MqttClient, sock: Any, wanted: bool) -> None:
@@ -507,7 +524,7 @@ class NetworkLoop:
                 except Exception:
                     log.exception("%s: loop call failed", self.name)
             now = time.monotonic()
-            for client in list(self._clients):
+            for client in list(self._unconnected):
                 client._service_connect(now)
             try:
                 events = self._selector.select(timeout=_TICK_INTERVAL_S)

@@ -100,7 +100,8 @@ class QueueForwarder:
             due = len(self._acked) >= _ACK_BATCH or not self._inflight
         if due:
             self.flush()
-        self._pump_now()
+        if len(self._inflight) <= self.window // 2:
+            self._pump_now()  # refill in batches: one queue read per half window, not per PUBACK
 
     def _on_tick(self) -> None:
         if self._acked and time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
