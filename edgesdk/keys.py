@@ -124,7 +124,7 @@ def generate_device_key(out_dir: Path | str) -> tuple[Path, Path]:
     return _generate(out_dir, "device")
 
 
-def _read_key_file(path: Path | str, *, private: bool) -> tuple[Path, bytes]:
+def _read_key_file(path: Path | str) -> tuple[Path, bytes]:
     path = Path(path)
     try:
         info = path.stat()
@@ -134,13 +134,6 @@ def _read_key_file(path: Path | str, *, private: bool) -> tuple[Path, bytes]:
         raise KeyFileError(f"key file {path} is not a regular file")
     if info.st_size > MAX_KEY_FILE_BYTES:
         raise KeyFileError(f"key file {path} is {info.st_size} bytes; a key file is under {MAX_KEY_FILE_BYTES}")
-    if private and os.name == "posix" and info.st_mode & 0o077:
-        warnings.warn(
-            f"private key {path} has permissions {stat.S_IMODE(info.st_mode):04o}; "
-            f"other users may read it (fix: chmod 600 {path})",
-            LooseKeyPermissionsWarning,
-            stacklevel=3,
-        )
     try:
         return path, path.read_bytes()
     except OSError as exc:
@@ -161,16 +154,28 @@ def _describe(key: object) -> str:
 
 
 def _load_private(path: Path | str) -> tuple[Path, object]:
-    file, data = _read_key_file(path, private=True)
+    file, data = _read_key_file(path)
     try:
-        return file, serialization.load_pem_private_key(data, password=None)
+        key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         hint = " (this looks like a public key)" if b"PUBLIC KEY" in data else ""
         raise KeyFileError(f"key file {file} is not an unencrypted PEM private key{hint}") from exc
+    _warn_if_readable_by_others(file)
+    return file, key
+
+
+def _warn_if_readable_by_others(path: Path) -> None:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if os.name == "posix" and mode & 0o077:
+        warnings.warn(
+            f"private key {path} has permissions {mode:04o}; other users may read it (fix: chmod 600 {path})",
+            LooseKeyPermissionsWarning,
+            stacklevel=4,
+        )
 
 
 def _load_public(path: Path | str) -> tuple[Path, object]:
-    file, data = _read_key_file(path, private=False)
+    file, data = _read_key_file(path)
     try:
         return file, serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
