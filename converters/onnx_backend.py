@@ -63,7 +63,10 @@ class OnnxConverter:
             model = onnx.load(str(request.source.onnx_path))
             try:
                 # keep_io_types: callers feed and read float32 whatever the precision inside.
-                converted = float16.convert_float_to_float16(model, keep_io_types=True)
+                # Casts stay in fp32: the converter retypes their outputs but not their `to`
+                # attribute (int64 mask → float Cast then fails to load); it bridges them instead.
+                casts = [n.name for n in model.graph.node if n.op_type == "Cast"]
+                converted = float16.convert_float_to_float16(model, keep_io_types=True, node_block_list=casts)
             except Exception as exc:  # noqa: BLE001
                 raise ConversionError(f"onnx fp16 conversion failed: {exc}") from exc
             onnx.save_model(converted, str(out))

@@ -56,6 +56,8 @@ def rank_layers(
     # The quantizer may rename a layer's tensors (e.g. fusing Conv+Clip), so each model's own
     # tensors are looked up through the node name: (input, output) per layer, per model.
     graph_inputs = {s.name for s in source.inputs}
+    # A MatMul may take a weight as its first input: constants have no error to measure.
+    constants = {i.name for i in fp32_graph.initializer}
     int8_nodes = {n.name: n for n in onnx.load(str(quantized)).graph.node}
     fp32_nodes = {n.name: n for n in fp32_graph.node}
     ends = {
@@ -68,7 +70,7 @@ def rank_layers(
     count = len(next(iter(data.values())))
     runs: dict[str, dict[str, np.ndarray]] = {}
     for label, path in (("fp32", source.onnx_path), ("int8", quantized)):
-        tensors = sorted({t for pair in ends[label].values() for t in pair} - graph_inputs)
+        tensors = sorted({t for pair in ends[label].values() for t in pair} - graph_inputs - constants)
         probe = _with_outputs(path, tensors, workdir / f"probe-{label}.onnx")
         session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
@@ -81,8 +83,11 @@ def rank_layers(
     def error(layer: str, end: int) -> float:
         if layer not in ends["int8"]:
             return 0.0
-        ref = runs["fp32"][ends["fp32"][layer][end]].astype(np.float64)
-        got = runs["int8"][ends["int8"][layer][end]].astype(np.float64)
+        ref_name, got_name = ends["fp32"][layer][end], ends["int8"][layer][end]
+        if ref_name not in runs["fp32"] or got_name not in runs["int8"]:
+            return 0.0
+        ref = runs["fp32"][ref_name].astype(np.float64)
+        got = runs["int8"][got_name].astype(np.float64)
         if got.shape != ref.shape:
             return 0.0
         return float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) + 1e-12))

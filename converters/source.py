@@ -148,7 +148,10 @@ def export_torch(
     names = list(output_names or (["output"] if len(first) == 1 else [f"output_{i}" for i in range(len(first))]))
     if len(names) != len(first):
         raise ModelError(f"model {where}: it returns {len(first)} outputs but {len(names)} output names were given")
-    axes = dict(dynamic_axes) if dynamic_axes is not None else {n: {0: "batch"} for n in [*example, *names]}
+    # Axis 0 of every input and output is the batch; ``dynamic_axes`` adds more (e.g. sequence).
+    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in [*example, *names]}
+    for tensor, extra in (dynamic_axes or {}).items():
+        axes.setdefault(tensor, {}).update(extra)
     path = workdir / "source.onnx"
     try:
         torch.onnx.export(

@@ -25,10 +25,19 @@ Metric = Literal["top1", "cosine", "max_abs"]
 DEFAULT_GATES: dict[str, float] = {"top1": 0.99, "cosine": 0.99, "max_abs": 1e-3}
 
 
+EMBEDDING_NAMES = ("emb", "feature", "hidden", "pool", "vector", "encod")
+
+
 def choose_metric(outputs: list[TensorSpec]) -> Metric:
-    """top-1 agreement for classifiers ([batch, classes] float logits), cosine for anything else."""
+    """top-1 agreement for classifiers ([batch, classes] float logits), cosine for anything else.
+
+    A [batch, n] output named like an embedding ("embedding", "features", "pooled", ...) is not a
+    classifier: its argmax means nothing, so it gets cosine too.
+    """
     first = outputs[0]
     classes = first.shape[-1] if first.shape else None
+    if any(hint in first.name.lower() for hint in EMBEDDING_NAMES):
+        return "cosine"
     if first.dtype.startswith("float") and len(first.shape) == 2 and isinstance(classes, int) and classes > 1:
         return "top1"
     return "cosine"

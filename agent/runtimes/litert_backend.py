@@ -53,8 +53,10 @@ class LiteRTModel:
             raise RuntimeBackendError("the .tflite model has no signature; export it with a serving signature")
         self._signature = next(iter(signatures))
         self._runner = interpreter.get_signature_runner(self._signature)
-        self.inputs = [_spec(n, d) for n, d in self._runner.get_input_details().items()]
-        self.outputs = [_spec(n, d) for n, d in self._runner.get_output_details().items()]
+        # Signatures list names alphabetically; tensor indices keep the model's own order.
+        by_index = lambda item: item[1]["index"]  # noqa: E731
+        self.inputs = [_spec(n, d) for n, d in sorted(self._runner.get_input_details().items(), key=by_index)]
+        self.outputs = [_spec(n, d) for n, d in sorted(self._runner.get_output_details().items(), key=by_index)]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         expected = {s.name: s for s in self.inputs}

@@ -48,6 +48,12 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
 @click.option(
     "--input", "inputs", multiple=True, help="Example input NAME=1x3x224x224[:dtype] when no data file names it."
 )
+@click.option(
+    "--dynamic-axis",
+    "dynamic_axes",
+    multiple=True,
+    help="Extra dynamic axis of a PyTorch model's tensor, NAME:AXIS:LABEL (e.g. input_ids:1:sequence); axis 0 is always the batch.",
+)
 @json_option
 @click.pass_context
 def convert(
@@ -64,6 +70,7 @@ def convert(
     name: str | None,
     output_names: str | None,
     inputs: tuple[str, ...],
+    dynamic_axes: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Convert MODEL (an .onnx file or module:factory returning an nn.Module) for a device profile.
@@ -80,6 +87,13 @@ def convert(
 
     profile = get_profile(profile_name, profiles_dirs(ctx))  # fail fast, before any heavy import
     example = dict(_parse_input(s) for s in inputs) or None
+    axes: dict[str, dict[int, str]] = {}
+    for spec in dynamic_axes:
+        tensor, _, rest = spec.partition(":")
+        axis, _, label = rest.partition(":")
+        if not tensor or not axis.isdigit() or not label:
+            raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
+        axes.setdefault(tensor, {})[int(axis)] = label
     split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
     with Progress(
         SpinnerColumn(),
@@ -103,6 +117,7 @@ def convert(
             name=name,
             output_names=split(output_names),
             example=example,
+            dynamic_axes=axes or None,
             progress=lambda message: progress.update(task, description=message),
         )
     if as_json:

@@ -1,0 +1,119 @@
+"""A transformer-like model with two int64 inputs (token ids, attention mask) and a dynamic
+sequence axis, through ``edgesdk convert``: not only single-image CNNs."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from edgesdk.schemas.report import ConversionReport
+
+MODEL = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+
+    class TinyEncoder(nn.Module):
+        """ids + mask -> 32-d embedding; attention written out so the sequence axis stays dynamic."""
+
+        def __init__(self, vocab=1000, dim=32, heads=4):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = nn.Embedding(vocab, dim)
+            self.position = nn.Parameter(torch.randn(128, dim) * 0.02)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.norm1 = nn.LayerNorm(dim)
+            self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+            self.norm2 = nn.LayerNorm(dim)
+            self.heads = heads
+
+        def forward(self, input_ids, attention_mask):
+            x = self.embed(input_ids) + self.position[: input_ids.shape[1]]
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5
+            scores = scores + (1.0 - attention_mask[:, None, None, :].to(scores.dtype)) * -1e4
+            x = self.norm1(x + self.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)))
+            x = self.norm2(x + self.ff(x))
+            weights = attention_mask.to(x.dtype)[..., None]
+            return (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+    def tiny_encoder():
+        return TinyEncoder().eval()
+    '''
+)
+
+
+def _tokens(count: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((count, length), np.int64)
+    for row in range(count):
+        mask[row, rng.integers(length // 3, length + 1) :] = 0
+    return {"input_ids": rng.integers(1, 1000, (count, length)).astype(np.int64) * mask, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def converted(digits, tmp_path_factory):  # digits: same "torch + sklearn installed" skip as the other tiers
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("text")
+    (folder / "tiny_text.py").write_text(MODEL)
+    np.savez(folder / "tokens.npz", **_tokens(48, 16, 0))  # type: ignore[arg-type]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    out = folder / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgesdk.cli.main", "convert", "tiny_text:tiny_encoder", "--profile", "rpi5-8gb",
+         "--formats", "onnx,tflite", "--out", str(out), "--calibration", str(folder / "tokens.npz"),
+         "--output-names", "embedding", "--dynamic-axis", "input_ids:1:sequence",
+         "--dynamic-axis", "attention_mask:1:sequence"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sys.path.insert(0, str(folder))
+    try:
+        import tiny_text
+
+        model = tiny_text.tiny_encoder()
+    finally:
+        sys.path.remove(str(folder))
+    return out, ConversionReport.model_validate_json((out / "report.json").read_text()), model
+
+
+def test_int64_multi_input_model_ships_validated_variants(converted) -> None:
+    out, report, _ = converted
+    assert report.metric == "cosine"  # an embedding, not a classifier
+    shipped = {v.id: v for v in report.variants}
+    assert {"onnx-fp32", "onnx-fp16", "onnx-int8", "tflite-fp32"} <= set(shipped), report.rejected
+    for variant in report.variants:
+        assert variant.accuracy.passed and variant.accuracy.value >= 0.99
+        assert [s.name for s in variant.inputs] == ["input_ids", "attention_mask"]
+    onnx_inputs = shipped["onnx-fp32"].inputs
+    assert all(s.dtype == "int64" and s.shape == ["batch", "sequence"] for s in onnx_inputs)
+    assert shipped["tflite-fp32"].inputs[0].shape == [1, 16]  # litert-torch: static shapes
+    golden = np.load(out / "golden.npz")
+    assert {"input_ids", "attention_mask", "output:embedding"} <= set(golden.files)
+
+
+def test_onnx_variants_keep_the_sequence_axis_dynamic(converted) -> None:
+    import torch
+    from edgesdk.agent.runtimes import load_variant
+
+    out, report, model = converted
+    feeds = _tokens(3, 40, 1)  # a longer sequence than the export example
+    with torch.no_grad():
+        want = model(*(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask"))).numpy()
+    for variant in report.variants:
+        if variant.format.value != "onnx":
+            continue
+        loaded = load_variant("onnxruntime", {f: (out / f).read_bytes() for f in variant.files})
+        got = loaded.run(feeds)["embedding"]
+        cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        assert cosine.min() > 0.99, (variant.id, cosine)
