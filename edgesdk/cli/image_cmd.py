@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.cli.output import console, json_option, print_json, profiles_dirs
+from edgesdk.cli.output import json_option, print_json, profiles_dirs
 from edgesdk.image.builder import DEVICE_EXTRAS, ImageOptions, build_image
 from edgesdk.profiles import get_profile
 
@@ -76,9 +76,8 @@ def build(
         family=family,
         agent_wheel=agent_wheel,
     )
-    err = console()
-    err.stderr = True
-    built = build_image(options, progress=lambda line: err.print(line, markup=False))
+    # Plain lines on stderr (stdout stays clean for --json); no wrapping of long paths.
+    built = build_image(options, progress=lambda line: click.echo(line, err=True))
     if as_json:
         print_json(
             {"path": str(built.path), "seconds": round(built.seconds, 1), **built.manifest.model_dump(mode="json")}

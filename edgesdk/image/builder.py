@@ -140,23 +140,24 @@ def check_options(options: ImageOptions) -> tuple[Recipe, str]:
     return recipe, python
 
 
-def _check_bundle(options: ImageOptions, progress: Progress) -> None:
-    """Verify the initial bundle now, as the device will, so a wrong one fails here."""
+def _check_bundle(options: ImageOptions) -> str | None:
+    """Verify the initial bundle now, as the device will, so a wrong one fails here.
+
+    Returns a line for the progress output (None when there is no bundle)."""
     if options.bundle is None:
-        return
+        return None
     try:
         from edgesdk.bundle import verify_bundle
         from edgesdk.keys import load_publisher_public_key
     except ImportError:
-        progress("  (edgesdk.bundle is not available here: the bundle's signature is checked on the device only)")
-        return
-    trusted = [load_publisher_public_key(path) for path in options.publisher_keys]
+        return "  (edgesdk.bundle is not available here: the bundle's signature is checked on the device only)"
     try:
+        trusted = [load_publisher_public_key(path) for path in options.publisher_keys]
         verified = verify_bundle(options.bundle, trusted_publishers=trusted, profile=options.profile)
     except EdgeSDKError as exc:
-        raise ImageError(f"bundle {str(options.bundle)!r} would be refused by the device: {exc}") from exc
-    manifest = verified.manifest
-    progress(f"  bundle verified: {getattr(manifest, 'name', '?')} {getattr(manifest, 'version', '?')}")
+        raise ImageError(f"initial bundle would be refused by the device: {exc}") from exc
+    model = verified.manifest.model
+    return f"initial bundle verified: {model.name} {model.version} (release {model.release})"
 
 
 def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
@@ -229,11 +230,15 @@ def _write_tar(stage: Path, out: Path, top: str) -> None:
 def build_image(options: ImageOptions, progress: Progress = lambda _line: None) -> BuiltImage:
     """Build the image; ``progress`` receives one line per step."""
     started = time.monotonic()
+    # Every check that can fail on the operator's input runs before the first line of output,
+    # so a mistake is one error line and nothing else.
     recipe, python = check_options(options)
+    bundle_line = _check_bundle(options)
     profile = options.profile
     progress(f"profile {profile.name}: {profile.platform.os}, {profile.platform.arch}, Python {python}")
     progress(f"firmware recipe: {recipe.family}")
-    _check_bundle(options, progress)
+    if bundle_line:
+        progress(bundle_line)
     top = f"edgesdk-image-{profile.name}"
     with tempfile.TemporaryDirectory(prefix="edgesdk-image-") as tmp:
         stage = Path(tmp) / top
