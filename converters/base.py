@@ -78,6 +78,8 @@ class ConverterCapabilities:
     extra: str
     #: Which sources it can take: "pytorch", "onnx".
     sources: tuple[str, ...]
+    #: Extra packages needed only for an ONNX source (a separate ONNX route).
+    onnx_route_packages: tuple[str, ...] = ()
     #: Whether variants can run here (False: spec-only validation).
     numeric_validation: bool = True
     #: Whether ``keep_float`` is honoured (accuracy-aware repair).

@@ -35,9 +35,9 @@ class CoreMLConverter:
     def quantizable_layers(self, source: SourceModel) -> list[str]:
         return []
 
-    def _convert(self, source: SourceModel, precision: Precision) -> Any:
+    def _convert(self, source: SourceModel, precision: Precision, workdir: Path) -> Any:
         if source.torch_module is None:
-            raise ConversionError("coreml needs a PyTorch model: onnx2coreml is not installed")
+            return self._convert_onnx(source, precision, workdir)
         import coremltools as ct
         import torch
 
@@ -64,11 +64,52 @@ class CoreMLConverter:
                 raise UnsupportedOpError(f"coreml cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"coremltools conversion of {source.source} failed: {first}") from exc
 
+    def _convert_onnx(self, source: SourceModel, precision: Precision, workdir: Path) -> Any:
+        """ONNX route: onnx2coreml on a static-shape, shape-folded copy of the model."""
+        try:
+            import onnx2coreml
+        except ImportError as exc:
+            raise ConversionError(
+                "coreml from an ONNX model needs onnx2coreml: pip install 'edgesdk[convert-coreml]'"
+            ) from exc
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.load(str(source.onnx_path))
+        # Core ML programs here are static: fix every dynamic dim to the example's, then let
+        # onnxruntime's basic optimizer fold the shape arithmetic (Shape/Range) onnx2coreml rejects.
+        shapes = {name: value.shape for name, value in source.example.items()}
+        for value in model.graph.input:
+            if value.name in shapes:
+                for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
+                    if not dim.HasField("dim_value"):
+                        dim.ClearField("dim_param")
+                        dim.dim_value = int(size)
+        for value in model.graph.output:
+            dims = value.type.tensor_type.shape.dim
+            if dims and not dims[0].HasField("dim_value"):
+                dims[0].ClearField("dim_param")
+                dims[0].dim_value = 1
+        fixed, folded = workdir / "static.onnx", workdir / "folded.onnx"
+        onnx.save_model(model, str(fixed))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(folded)
+        ort.InferenceSession(str(fixed), options, providers=["CPUExecutionProvider"])
+        try:
+            return onnx2coreml.convert(
+                str(folded), format="mlpackage", compute_precision="fp32" if precision == Precision.FP32 else "fp16"
+            )
+        except onnx2coreml.UnsupportedOpError as exc:
+            raise UnsupportedOpError(f"coreml cannot express an op of {source.source}: {exc}") from exc
+        except onnx2coreml.Onnx2CoreMLError as exc:
+            raise ConversionError(f"onnx2coreml failed on {source.source}: {exc}") from exc
+
     def convert(self, request: ConversionRequest) -> ConvertedArtifact:
         import coremltools as ct
 
         request.workdir.mkdir(parents=True, exist_ok=True)
-        model = self._convert(request.source, request.precision)
+        model = self._convert(request.source, request.precision, request.workdir)
         method: str | None = "fp16-compute" if request.precision == Precision.FP16 else None
         if request.precision == Precision.INT8:
             method = request.method or "linear-weights-int8"

@@ -120,7 +120,7 @@ def make_plan(
                     f"cannot convert an {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead",
                 )
             continue
-        missing = missing_packages(converter)
+        missing = missing_packages(converter, source_kind)
         if missing:
             for p in ladder:
                 plan.reject(fmt, p, f"converter needs {', '.join(missing)}: pip install 'edgesdk[{caps.extra}]'")

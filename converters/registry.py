@@ -80,8 +80,10 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=("linear-weights-int8", "palettized-weights-8bit"),
             packages=("coremltools",),
             extra="convert-coreml",
-            # torch.jit.trace route; onnx2coreml is not part of the install.
-            sources=("pytorch",),
+            # PyTorch: torch.jit.trace → coremltools. ONNX: onnx2coreml (coremltools' MIL builder,
+            # torch-free) after fixing dynamic dims to the example and folding shape arithmetic.
+            sources=("pytorch", "onnx"),
+            onnx_route_packages=("onnx2coreml",),
             numeric_validation=False,
         ),
     ),
@@ -91,10 +93,11 @@ CONVERTERS: dict[str, ConverterEntry] = {
 CONVERTER_FOR_FORMAT: dict[ModelFormat, str] = {e.capabilities.format: n for n, e in CONVERTERS.items()}
 
 
-def missing_packages(name: str) -> list[str]:
-    """Packages the converter needs that are not installed (nothing is imported)."""
+def missing_packages(name: str, source_kind: str = "pytorch") -> list[str]:
+    """Packages the converter needs for this kind of source that are not installed (nothing is imported)."""
+    caps = CONVERTERS[name].capabilities
     missing = []
-    for package in CONVERTERS[name].capabilities.packages:
+    for package in caps.packages + (caps.onnx_route_packages if source_kind == "onnx" else ()):
         try:
             found = importlib.util.find_spec(package) is not None
         except (ImportError, ValueError):

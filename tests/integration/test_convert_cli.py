@@ -260,3 +260,18 @@ def test_accuracy_aware_repair_keeps_sensitive_layers_in_float(edgesdk_cli_modul
     assert repaired and "/7/Conv" in repaired[0] and "most sensitive" in repaired[0]
     assert any(d.startswith("int8 sensitivity") for d in report.decisions)
     assert variant.size > 100_000  # plain int8 is ~66 kB; kept layers stay fp32
+
+
+def test_onnx_file_reaches_coreml_through_onnx2coreml(edgesdk_cli_module, digits, tmp_path) -> None:
+    pytest.importorskip("onnx2coreml")
+    out = tmp_path / "apple-onnx"
+    proc = edgesdk_cli_module(
+        "convert", str(digits.onnx), "--profile", "iphone-15-pro", "--out", str(out), "--calibration",
+        str(digits.calibration), "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert {v.id for v in report.variants} == {"coreml-fp16", "coreml-int8"}
+    for variant in report.variants:
+        assert variant.validation == "spec-only"
+        assert variant.inputs[0].shape == [1, 1, 8, 8] and variant.outputs[0].name == "logits"

@@ -15,7 +15,7 @@ ALL_HOST_RUNTIMES = [RuntimeName.ONNXRUNTIME, RuntimeName.LITERT, RuntimeName.OP
 @pytest.fixture(autouse=True)
 def everything_installed(monkeypatch):
     # The plan must not depend on what this test machine happens to have installed.
-    monkeypatch.setattr(planner, "missing_packages", lambda name: [])
+    monkeypatch.setattr(planner, "missing_packages", lambda name, source_kind="pytorch": [])
 
 
 def ids(plan) -> list[str]:
@@ -85,7 +85,9 @@ def test_filters_and_formats_the_device_does_not_run() -> None:
 
 
 def test_missing_converter_packages_and_host_runtime_are_reasons(monkeypatch) -> None:
-    monkeypatch.setattr(planner, "missing_packages", lambda name: ["openvino"] if name == "openvino" else [])
+    monkeypatch.setattr(
+        planner, "missing_packages", lambda name, source_kind="pytorch": ["openvino"] if name == "openvino" else []
+    )
     plan = make_plan(get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=[RuntimeName.ONNXRUNTIME])
     assert ids(plan) == ["onnx-fp32", "onnx-fp16", "onnx-int8"]
     reasons = {r.format: r.reason for r in plan.rejected}
