@@ -182,7 +182,12 @@ def _as_publisher_key(key: Ed25519PrivateKey | Path | str) -> Ed25519PrivateKey:
 
 
 def _as_recipients(keys: Iterable[X25519PublicKey | Path | str]) -> list[X25519PublicKey]:
-    return [k if isinstance(k, X25519PublicKey) else load_device_public_key(k) for k in keys]
+    """Loaded recipient keys, each once (a key named twice gets one slot)."""
+    unique: dict[str, X25519PublicKey] = {}
+    for item in keys:
+        key = item if isinstance(item, X25519PublicKey) else load_device_public_key(item)
+        unique.setdefault(key_id(key), key)
+    return list(unique.values())
 
 
 def package_bundle(
@@ -253,7 +258,8 @@ def package_bundle(
             for payload in payloads:
                 sealed.append(_encrypt_payload(payload, content_key, segment_size, spool, offset))
                 offset += sealed[-1].location.length
-        variants = [_variant_entry(shipped, done) for shipped, done in zip(report.variants, sealed, strict=False)]
+        shipped_sealed = zip(report.variants, sealed[: len(report.variants)], strict=True)  # golden comes last
+        variants = [_variant_entry(shipped, done) for shipped, done in shipped_sealed]
         golden = None
         if report.golden:
             done = sealed[-1]
