@@ -318,9 +318,6 @@ class Agent:
     async def serve(self) -> int:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.load_installed()
-        self.governor.start()
-        self.governor.tick()
         api_config = self.config.api
         self.api = ApiApp(self.server, self.metrics, api_config, status=self.status)
         self.api.loop = self._loop
@@ -339,13 +336,16 @@ class Agent:
             if api_config.unix_socket is not None:
                 await self.http.listen_unix(str(api_config.unix_socket))
         except OSError as exc:
-            self.governor.stop()
             raise AgentError(f"cannot listen on {api_config.host}:{api_config.port}: {exc.strerror or exc}") from exc
         if api_config.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
                 "the inference API listens on %s, not on loopback only: anyone who can reach it can use it",
                 api_config.host,
             )
+        # Listening first: a taken port fails at once, and /healthz answers while a large model
+        # loads (in a thread, so the loop keeps serving); /readyz says 503 until it is in.
+        await self._loop.run_in_executor(None, self.load_installed)
+        self.governor.start()
         atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
         atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -227,3 +227,19 @@ def test_key_and_status_commands(tmp_path, convert_dir) -> None:
         status = run_agent_cli("status", "--config", str(device.config))
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["model"]["version"] == "1.0.0"
+
+
+def test_start_problems_are_one_line_errors(tmp_path) -> None:
+    import socket
+
+    device = make_device(tmp_path / "dev")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        device.write_config(api={"port": taken.getsockname()[1]})
+        assert_one_line_error(run_agent_cli("run", "--config", str(device.config)), "cannot listen", "127.0.0.1")
+    (tmp_path / "bad.jsonl").write_text('{"at_s": 0, "temperature": 50}\n')
+    device.write_config(governor={"source": "trace", "trace_file": str(tmp_path / "bad.jsonl")})
+    assert_one_line_error(run_agent_cli("run", "--config", str(device.config)), "bad.jsonl", "unknown field")
+    device.write_config(publisher_keys=[str(tmp_path / "missing.pub")])
+    assert_one_line_error(run_agent_cli("run", "--config", str(device.config)), "missing.pub")
