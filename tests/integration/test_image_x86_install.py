@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -102,6 +103,28 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}:\n{log_text(log)}")
+
+
+class NotifyListener:
+    """What systemd would receive on NOTIFY_SOCKET from a Type=notify service."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.5)
+        self.seen: set[str] = set()
+
+    def has(self, wanted: set[str]) -> bool:
+        try:
+            while True:
+                self.seen.update(self.sock.recv(4096).decode().splitlines())
+        except (TimeoutError, BlockingIOError):
+            pass
+        return wanted <= self.seen
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class Sniffer:
@@ -214,6 +237,9 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
     assert not (data_dir / "device.key").exists()
     log = work / "agent.log"
     wire = Sniffer(mqtt_broker.url)  # everything the device publishes, to prove what never leaves it
+    # Like systemd for Type=notify + WatchdogSec: a notify socket and a watchdog timeout.
+    notify = NotifyListener(work / "notify.sock")
+    env.update(NOTIFY_SOCKET=str(notify.path), WATCHDOG_USEC="2000000")
     with open(log, "w") as log_handle:
         agent = subprocess.Popen(argv, stdout=log_handle, stderr=subprocess.STDOUT, env=env)
     try:
@@ -227,6 +253,8 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
             )
         )
         url = f"http://127.0.0.1:{port}"
+        # The unit's Type=notify and WatchdogSec= hold: READY=1 once serving, then pings.
+        wait_for(lambda: notify.has({"READY=1", "WATCHDOG=1"}), 20, "READY=1 and WATCHDOG=1", agent, log)
         status = http_json(f"{url}/v1/status")
         assert status["device_id"] == DEVICE_ID and status["profile"] == PROFILE  # the shipped profile
         assert status["model"] is None and status["link"] is True
@@ -314,6 +342,7 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         for secret in (private_raw, base64.b64encode(private_raw), private_raw.hex().encode(), private.read_bytes()):
             assert not any(secret in payload for payload in published)
     finally:
+        notify.close()
         wire.stop()
         agent.send_signal(signal.SIGTERM)
         try:
