@@ -79,10 +79,10 @@ def files_under(*roots: Path) -> list[Path]:
 
 
 def written_paths(trace: Path) -> set[Path]:
-    """Paths the traced process opened with a write flag (strace -e trace=openat,open,creat)."""
+    """Paths the traced process opened with a write flag (strace -e trace=open,openat,openat2,creat)."""
     paths = set()
     for line in trace.read_text(errors="replace").splitlines():
-        match = re.search(r'(?:open|openat|creat)\((?:[^,]+, )?"([^"]+)", ([^)]*)\)', line)
+        match = re.search(r'(?:openat2|openat|open|creat)\((?:[^,]+, )?"([^"]+)", ([^)]*)\)', line)
         if match and (WRITE_FLAGS.search(match.group(2)) or "creat(" in line):
             paths.add(Path(match.group(1)))
     return paths
@@ -113,7 +113,7 @@ def run_probe(shipped, variant_id: str, sandbox: Path, *, leak: bool = False) ->
     trace = sandbox / "strace.txt"
     strace = shutil.which("strace")
     if strace:
-        command = [strace, "-f", "-qq", "-e", "trace=open,openat,creat", "-o", str(trace), *command]
+        command = [strace, "-f", "-qq", "-e", "trace=open,openat,openat2,creat", "-o", str(trace), *command]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
