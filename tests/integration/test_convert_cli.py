@@ -275,3 +275,73 @@ def test_onnx_file_reaches_coreml_through_onnx2coreml(edgesdk_cli_module, digits
     for variant in report.variants:
         assert variant.validation == "spec-only"
         assert variant.inputs[0].shape == [1, 1, 8, 8] and variant.outputs[0].name == "logits"
+
+
+def _small_profile(folder, max_artifact_mb: float):
+    folder.mkdir(exist_ok=True)
+    (folder / "tiny-pi.yaml").write_text(
+        "schema_version: 1\nname: tiny-pi\ndisplay_name: Raspberry Pi 5 with a tiny model budget\nvendor: test\n"
+        f"extends: rpi5-8gb\nstorage:\n  storage_gb: 1\n  max_artifact_mb: {max_artifact_mb}\n"
+    )
+    return str(folder)
+
+
+def test_artifact_budget_drops_what_does_not_fit(edgesdk_cli_module, digits, tmp_path) -> None:
+    profiles = _small_profile(tmp_path / "profiles", 0.1)  # 102 KiB: only int8 (~65 KiB) fits
+    out = tmp_path / "out"
+    proc = edgesdk_cli_module(
+        "--profiles-dir", profiles, "convert", str(digits.onnx), "--profile", "tiny-pi", "--formats", "onnx",
+        "--out", str(out), "--calibration", str(digits.calibration),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert [v.id for v in report.variants] == ["onnx-int8"]
+    reasons = {r.precision.value: r.reason for r in report.rejected}
+    assert reasons["fp32"].startswith("fp32 dropped: 0.2 MB > artifact budget 0.1 MB")
+    assert "fp16 dropped" in reasons["fp16"]
+
+
+def test_nothing_fits_is_one_line_saying_by_how_much(edgesdk_cli_module, digits, tmp_path) -> None:
+    profiles = _small_profile(tmp_path / "profiles", 0.01)
+    out = tmp_path / "out"
+    proc = edgesdk_cli_module(
+        "--profiles-dir", profiles, "convert", str(digits.onnx), "--profile", "tiny-pi", "--formats", "onnx",
+        "--out", str(out), "--calibration", str(digits.calibration),
+    )  # fmt: skip
+    assert_one_line_error(proc, "no variant of digits_cnn can ship to tiny-pi", "artifact budget 0.01 MB", "by 0.")
+    assert not out.exists()
+
+
+def test_converted_variants_survive_packaging_into_a_bundle(rpi5_from_pytorch, tmp_path) -> None:
+    # The hand-over: edgesdk package reads this output dir; the device decrypts in memory and
+    # loads each variant through load_variant, then checks it against the golden outputs.
+    bundle = pytest.importorskip("edgesdk.bundle")
+    from edgesdk.agent.runtimes import load_variant
+
+    from edgesdk.keys import generate_device_key, generate_publisher_key, load_device_private_key
+
+    out, _ = rpi5_from_pytorch
+    publisher, publisher_pub = generate_publisher_key(tmp_path / "publisher")
+    device, device_pub = generate_device_key(tmp_path / "device")
+    path = bundle.package_bundle(
+        out, name="digits", version="1.0.0", release=1, publisher_key=publisher, recipients=[device_pub],
+        out=tmp_path / "digits.edgepkg",
+    )  # fmt: skip
+    from edgesdk.keys import load_publisher_public_key
+
+    verified = bundle.verify_bundle(path, trusted_publishers=[load_publisher_public_key(publisher_pub)])
+    key = load_device_private_key(device)
+    golden = bundle.decrypt_golden(verified, key)
+    for variant in verified.manifest.variants:
+        options = {"INFERENCE_PRECISION_HINT": "f32"} if variant.runtime.value == "openvino" else None
+        model = load_variant(variant.runtime.value, bundle.decrypt_variant(verified, variant.id, key), options=options)
+        spec = model.inputs[0]
+        image = golden["image"][:1]
+        if spec.quantization is not None:
+            q = spec.quantization
+            image = np.clip(np.round(image / q.scale[0]) + q.zero_point[0], -128, 127).astype(spec.dtype)
+        logits = model.run({spec.name: image})["logits"].astype(np.float32)
+        out_q = model.outputs[0].quantization
+        if out_q is not None:
+            logits = (logits - out_q.zero_point[0]) * out_q.scale[0]
+        assert logits.argmax() == golden["output:logits"][0].argmax(), variant.id
