@@ -390,10 +390,34 @@ def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> li
 
 
 def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
-    """Tell, per runtime, how int8 and fp16 compare with fp32 in speed on this host."""
+    """Tell, per runtime, how int8 and fp16 compare with fp32 in speed on this host.
+
+    The variants of one runtime are timed again together, round-robin, so that the ratio is
+    not skewed by whatever else the host was doing while each was validated.
+    """
+    from edgesdk.converters.validate import latency_side_by_side
+
     by_format: dict[ModelFormat, dict[Precision, _Built]] = {}
     for b in shipped:
         by_format.setdefault(b.planned.format, {})[b.planned.precision] = b
+    for variants in by_format.values():
+        numeric = {p: b for p, b in variants.items() if b.result.accuracy is not None}
+        if len(numeric) < 2:
+            continue
+        run.progress(f"{next(iter(numeric.values())).planned.format.value}: timing variants side by side")
+        with quiet_native():
+            timed = latency_side_by_side(
+                {
+                    b.planned.id: (b.planned.runtime.value, b.artifact.files, b.planned.options)
+                    for b in numeric.values()
+                },
+                run.data,
+            )
+        for b in numeric.values():
+            p50, p95 = timed[b.planned.id]
+            b.result.measurements = b.result.measurements.model_copy(
+                update={"latency_p50_ms": p50, "latency_p95_ms": p95}
+            )
     for fmt, variants in by_format.items():
         base = variants.get(Precision.FP32)
         if base is None or not base.result.measurements.latency_p50_ms:

@@ -190,3 +190,31 @@ def validate_numeric(
         outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
         latencies_ms=latencies,
     )
+
+
+def latency_side_by_side(
+    variants: Mapping[str, tuple[str, Mapping[str, Path], Mapping[str, str] | None]],
+    sample: Mapping[str, np.ndarray],
+    rounds: int = 40,
+) -> dict[str, tuple[float, float]]:
+    """Batch-1 (median, p95) ms per variant, measured round-robin so that load from other
+    processes falls on every variant alike: variant id → (runtime, files, options)."""
+    from edgesdk.agent.runtimes import load_variant
+
+    models, feeds = {}, {}
+    for variant_id, (runtime, files, options) in variants.items():
+        model = load_variant(runtime, {n: p.read_bytes() for n, p in files.items()}, options=options)
+        specs = {s.name: s for s in model.inputs}
+        feeds[variant_id] = {k: _quantize(v[:1], specs[k]) for k, v in sample.items()}
+        for _ in range(3):
+            model.run(feeds[variant_id])
+        models[variant_id] = model
+    timings: dict[str, list[float]] = {v: [] for v in models}
+    for _ in range(rounds):
+        for variant_id, model in models.items():
+            started = time.perf_counter()
+            model.run(feeds[variant_id])
+            timings[variant_id].append((time.perf_counter() - started) * 1000)
+    for model in models.values():
+        model.close()
+    return {v: (round(float(np.median(t)), 4), round(float(np.percentile(t, 95)), 4)) for v, t in timings.items()}
