@@ -117,12 +117,21 @@ class RequestWindow:
     is overloaded, devices therefore ask for less and wait longer instead of repeating requests
     into the congestion (which multiplies the bytes on the wire)."""
 
-    def __init__(self, max_window: int, min_timeout_s: float, max_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        max_window: int,
+        min_timeout_s: float,
+        *,
+        initial_timeout_s: float | None = None,
+        max_timeout_s: float = 60.0,
+    ) -> None:
         self.max_window = max(1, max_window)
         self.cwnd = float(min(2, self.max_window))
         self.min_timeout_s = min_timeout_s
         self.max_timeout_s = max(max_timeout_s, min_timeout_s)
-        self.timeout_s = min_timeout_s
+        # Before the first measured round trip, be patient: a whole fleet starting at once, or a
+        # slow link moving a 256 KiB chunk, takes seconds; repeating early only adds load.
+        self.timeout_s = max(min_timeout_s, initial_timeout_s if initial_timeout_s is not None else min_timeout_s)
         self._srtt: float | None = None
         self._rttvar = 0.0
 
@@ -165,6 +174,7 @@ class ChunkReceiver:
         *,
         window: int = 4,
         timeout_s: float = 3.0,
+        initial_timeout_s: float = 15.0,
         stall_timeout_s: float = 600.0,
         max_bad_chunks: int = 8,
     ) -> None:
@@ -174,7 +184,7 @@ class ChunkReceiver:
         self.deployment = deployment
         self.paths = DownloadPaths(ota_dir, deployment)
         self.request = request
-        self.window = RequestWindow(window, timeout_s)
+        self.window = RequestWindow(window, timeout_s, initial_timeout_s=initial_timeout_s)
         self.stall_timeout_s = stall_timeout_s
         self.max_bad_chunks = max_bad_chunks
         self.bad_chunks = 0

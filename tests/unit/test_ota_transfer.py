@@ -135,7 +135,7 @@ def test_persistently_corrupted_chunks_fail_the_download(tmp_path: Path) -> None
 
 def test_lost_requests_time_out_and_are_repeated(tmp_path: Path) -> None:
     path, deployment = make_bundle(tmp_path)
-    wire = Wire(path, deployment, tmp_path / "ota", timeout_s=0.2)
+    wire = Wire(path, deployment, tmp_path / "ota", timeout_s=0.2, initial_timeout_s=0.2)
     wire.drop_requests = 3  # e.g. a broker restart swallowed them
     done = wire.receiver.run(lambda _f: None, lambda: False)
     assert done.read_bytes() == path.read_bytes()
