@@ -1,74 +1,157 @@
-"""``edgesdk demo``: the whole story, locally, on embedded defaults.
+"""``edgesdk demo``: the whole story, locally, on embedded defaults, in a few minutes.
 
-Today it runs the digits model round trip: train the CNN, export it to ONNX, load the
-bytes into the agent's onnxruntime backend (from memory, as a device would) and check
-that the device-side predictions agree with PyTorch on the held-out test set.
+Train the digits CNN, convert it with a precision ladder, package it signed and encrypted,
+start mosquitto and a few ``edge-agent`` processes, enroll them, deliver v1 over the air, run
+inference through the local API, replay a heat wave, push v2 as a canary rollout, push a bad
+v3 that is rolled back automatically; then print a summary and the paths of the conversion
+report and the fleet report. Ctrl-C stops every process it started. See edgesdk/demo/.
 """
 
 from __future__ import annotations
 
+import shutil
+import signal
 import tempfile
+import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
-import numpy as np
+from rich.console import Console
 
 from edgesdk.cli.output import console, print_json, print_table, profiles_dirs
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, UsageError
 from edgesdk.profiles import get_profile
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @click.command()
 @click.option("--profile", "profile_name", default="rpi5-8gb", show_default=True, help="Device profile to target.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), help="Keep artifacts here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Work here and keep every artifact (keys, models, bundles, agent data, logs). Default: a temp dir.",
+)
+@click.option("--keep", is_flag=True, help="Keep the temp work dir (its path is printed).")
+@click.option(
+    "--agents", "agent_count", default=3, show_default=True, type=click.IntRange(2, 8), help="Agents to start."
+)
+@click.option(
+    "--reports",
+    "reports_dir",
+    default="edgesdk-demo-reports",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the conversion report, the fleet report and summary.json go.",
+)
+@click.option("--formats", default="onnx", show_default=True, help="Formats to convert to (comma-separated).")
+@click.option(
+    "--model-cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Reuse the trained digits model from this directory (trained there the first time).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (progress goes to stderr).")
 @click.pass_context
-def demo(ctx: click.Context, profile_name: str, workdir: Path | None, as_json: bool) -> None:
-    """Run the local end-to-end demo."""
+def demo(
+    ctx: click.Context,
+    profile_name: str,
+    workdir: Path | None,
+    keep: bool,
+    agent_count: int,
+    reports_dir: Path,
+    formats: str,
+    model_cache: Path | None,
+    as_json: bool,
+) -> None:
+    """Run the local end-to-end demo (a few minutes)."""
     profile = get_profile(profile_name, profiles_dirs(ctx))
     try:
-        import torch
+        import matplotlib  # noqa: F401
+        import torch  # noqa: F401
 
-        from edgesdk.workloads.digits import INPUT_NAME, OUTPUT_NAME, accuracy, prepare_digits
+        from edgesdk.demo.story import Demo, DemoOptions, result_json
     except ImportError as exc:
-        raise EdgeSDKError(
-            f"the demo needs the converter extra: pip install 'edgesdk[all]' ({exc.name} missing)"
-        ) from exc
-    from edgesdk.agent.runtimes import load_model
+        raise EdgeSDKError(f"the demo needs every extra: pip install 'edgesdk[all]' ({exc.name} missing)") from exc
+    if workdir is not None:
+        if workdir.exists() and any(workdir.iterdir()):
+            raise UsageError(f"--workdir {workdir} is not empty; give a new or empty directory")
+        workdir.mkdir(parents=True, exist_ok=True)
+        root = workdir.resolve()
+    else:
+        root = Path(tempfile.mkdtemp(prefix="edgesdk-demo-"))
+    # With --json, stdout carries only the JSON; progress goes to stderr.
+    out = Console(stderr=True, highlight=False) if as_json else console()
+    options = DemoOptions(
+        profile=profile,
+        workdir=root,
+        reports_dir=reports_dir.resolve(),
+        agents=agent_count,
+        formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
+        profiles_dirs=tuple(profiles_dirs(ctx)),
+        model_cache=model_cache.resolve() if model_cache is not None else None,
+    )
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    began = time.monotonic()
+    try:
+        out.print(
+            f"[bold]edgesdk demo[/bold] — {profile.display_name} ({profile.name}), {agent_count} agents, in {root}"
+        )
+        with out.status("starting…") as status:
 
-    out = console()
-    with tempfile.TemporaryDirectory(prefix="edgesdk-demo-") as tmp:
-        root = workdir or Path(tmp)
-        with out.status("training the digits CNN and exporting ONNX…"):
-            artifacts = prepare_digits(root / "digits")
-        validation = np.load(artifacts.validation)
-        images, labels = validation[INPUT_NAME], validation["labels"]
-        with torch.no_grad():
-            reference = artifacts.load_model()(torch.from_numpy(images)).numpy()
-        device_model = load_model("onnxruntime", artifacts.onnx.read_bytes())
-        device_out = device_model.run({INPUT_NAME: images})[OUTPUT_NAME]
-        summary: dict[str, Any] = {
-            "profile": profile.name,
-            "device": profile.display_name,
-            "onnx_bytes": artifacts.onnx.stat().st_size,
-            "torch_accuracy": accuracy(reference, labels),
-            "onnxruntime_accuracy": accuracy(device_out, labels),
-            "top1_agreement": float((reference.argmax(1) == device_out.argmax(1)).mean()),
-            "max_abs_diff": float(np.abs(reference - device_out).max()),
-            "test_images": int(len(labels)),
-        }
+            def say(message: str) -> None:
+                if message.startswith("[green]"):
+                    out.print(message)
+                else:
+                    status.update(message)
+
+            result = Demo(options, say).run()
+    except KeyboardInterrupt:
+        out.print(
+            f"[yellow]interrupted after {time.monotonic() - began:.0f} s; every process it started is stopped[/yellow]"
+        )
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if workdir is None and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+        elif workdir is None:
+            out.print(f"work dir kept: {root}")
+    summary = result_json(result)
     if as_json:
         print_json(summary)
         return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
     print_table(
-        f"digits CNN round trip for {profile.display_name}",
-        ["step", "result"],
+        f"edgesdk demo on {summary['profile']}: {summary['wall_s']:.0f} s",
+        ["device", "serving", "variant", "precisions used", "requests", "failed", "accuracy", "p95 ms (client)"],
         [
-            ("PyTorch accuracy (test split)", f"{summary['torch_accuracy']:.2%}"),
-            ("ONNX size", f"{summary['onnx_bytes'] / 1024:.0f} KiB"),
-            ("onnxruntime accuracy (loaded from memory)", f"{summary['onnxruntime_accuracy']:.2%}"),
-            ("top-1 agreement torch vs device", f"{summary['top1_agreement']:.2%}"),
-            ("max |diff| of logits", f"{summary['max_abs_diff']:.2e}"),
+            (
+                d["device_id"],
+                f"{d['version']} (r{d['release']})",
+                d["variant"] or "-",
+                ", ".join(d["precisions_used"]),
+                str(d["requests"]),
+                str(d["failed_requests"]),
+                f"{d['accuracy']:.1%}" if d["accuracy"] is not None else "-",
+                f"{d['client_p95_ms']:.1f}" if d["client_p95_ms"] is not None else "-",
+            )
+            for d in summary["devices"]
         ],
     )
+    print_table(
+        "rollouts",
+        ["push", "version", "canary → waves", "result", "reason"],
+        [
+            (r["name"], r["version"], " → ".join(", ".join(w) for w in r["waves"]), r["state"], r["reason"])
+            for r in summary["rollouts"]
+        ],
+    )
+    click.echo(f"conversion report: {summary['reports']['conversion']}")
+    click.echo(f"fleet report:      {summary['reports']['fleet']}")

@@ -1,0 +1,585 @@
+"""The demo's story, step by step, with real parts only.
+
+Developer: train the digits CNN, convert it for the profile with a precision ladder (the real
+converter, validated in the device runtime), build a deliberately slow v3, make keys.
+Fleet: start mosquitto and N ``edge-agent run`` processes (own key pairs, MQTT link, a scripted
+sensor trace each), enroll them from their announced keys, package v1/v2/v3 encrypted to the
+approved keys and signed, deliver v1 over the air, send traffic through each local API, watch
+one device step its precision down and back up through a heat wave, push v2 as a canary
+rollout, then push v3 whose canary breaks the latency SLO in probation and is rolled back
+automatically (the rollout aborts before the other devices get it).
+
+Everything the steps start is stopped in ``finally`` — normal end, error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.demo.collector import Collector, Sample
+from edgesdk.demo.processes import ProcessSet
+from edgesdk.demo.traces import write_heat_trace, write_idle_trace
+from edgesdk.demo.traffic import TrafficGenerator
+from edgesdk.errors import EdgeSDKError
+from edgesdk.schemas.profile import DeviceProfile
+
+Say = Callable[[str], None]
+
+GROUP = "demo"
+NAMESPACE = "edgesdk"
+#: The probation SLO of the rollouts: the digits CNN answers in well under a millisecond,
+#: the slow v3 in tens of milliseconds.
+P95_SLO_MS = 10.0
+
+
+class DemoError(EdgeSDKError):
+    """A demo step could not finish (the message says which and why)."""
+
+
+@dataclass
+class DemoOptions:
+    profile: DeviceProfile
+    workdir: Path
+    reports_dir: Path
+    agents: int = 3
+    formats: tuple[str, ...] = ("onnx",)
+    probation_s: float = 6.0
+    heat_timeout_s: float = 90.0
+    profiles_dirs: tuple[str, ...] = ()
+    model_cache: Path | None = None  # reuse the trained digits model from here (trained there if missing)
+
+
+@dataclass
+class DemoResult:
+    """What the summary and the fleet report are made of."""
+
+    profile: str
+    workdir: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    conversion: dict[str, Any] = field(default_factory=dict)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    heat: dict[str, Any] = field(default_factory=dict)
+    reports: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def agent_command() -> list[str]:
+    """``edge-agent`` from this environment (next to this Python), else ``python -m``."""
+    script = Path(sys.executable).with_name("edge-agent")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "edgesdk.agent.cli"]
+
+
+class Demo:
+    """One run of the story; ``run()`` returns the result, always cleaning up."""
+
+    def __init__(self, options: DemoOptions, say: Say) -> None:
+        self.options = options
+        self.say = say
+        self.work = options.workdir
+        self.started = time.monotonic()
+        self.result = DemoResult(profile=options.profile.name, workdir=str(self.work))
+        self.processes = ProcessSet()
+        self.broker: Any = None
+        self.client: Any = None
+        self.controller: Any = None
+        self.collector: Collector | None = None
+        self.traffic: TrafficGenerator | None = None
+        self.agent_urls: dict[str, str] = {}
+        self.hot_device = ""
+        self._timeline_lock = threading.Lock()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.started, 2)
+
+    def _step(self, name: str, began: float, detail: str) -> None:
+        took = time.monotonic() - began
+        self.result.steps.append({"step": name, "seconds": round(took, 1), "detail": detail})
+        self.say(f"[green]✓[/green] {name} [dim]({took:.1f} s)[/dim] — {detail}")
+
+    def _mark(self, deployment: str, event: str, **info: Any) -> None:
+        with self._timeline_lock:
+            self.result.timeline.append({"t": self._now(), "deployment": deployment, "event": event, **info})
+
+    # -- the story ----------------------------------------------------------------------------
+
+    def run(self) -> DemoResult:
+        try:
+            digits, convert_v1, convert_v3 = self.build_models()
+            keys = self.make_keys()
+            self.start_broker()
+            self.start_agents(keys)
+            registry = self.enroll()
+            bundles = self.package(convert_v1, convert_v3, keys, registry)
+            self.start_operator(keys)
+            self.push("v1", bundles["v1"], canary=0.0, expect="SUCCEEDED")
+            self.serve(digits)
+            self.heat_wave()
+            self.push("v2", bundles["v2"], canary=1.0 / self.options.agents, expect="SUCCEEDED")
+            self.push("v3", bundles["v3"], canary=1.0 / self.options.agents, expect="ABORTED")
+            time.sleep(2.0)  # a little traffic on v2 after the rollback, for the plots
+            self.finish(convert_v1)
+            return self.result
+        finally:
+            self.cleanup()
+
+    def build_models(self) -> tuple[Any, Path, Path]:
+        from edgesdk.converters.pipeline import convert
+        from edgesdk.demo.models import export_slow_digits
+        from edgesdk.workloads.digits import prepare_digits
+
+        began = time.monotonic()
+        self.say("training the digits CNN (scikit-learn's 8x8 digits) and exporting ONNX…")
+        digits = prepare_digits(self.options.model_cache or self.work / "model")
+        self._step("train + export", began, f"test accuracy {digits.test_accuracy:.1%}")
+
+        began = time.monotonic()
+        profile = self.options.profile
+        self.say(f"converting for {profile.display_name} ({', '.join(self.options.formats)}; fp32 → fp16 → int8)…")
+        report = convert(
+            digits.onnx,
+            profile,
+            self.work / "convert-v1",
+            calibration=digits.calibration,
+            validation=digits.validation,
+            formats=list(self.options.formats),
+            name="digits",
+            progress=lambda message: self.say(f"  convert: {message}"),
+        )
+        shipped = [f"{v.id} {v.precision.value}" for v in report.variants]
+        if not report.variants:
+            raise DemoError(f"the converter shipped no variant for {profile.name}; see {self.work / 'convert-v1'}")
+        self.result.conversion = {
+            "profile": profile.name,
+            "report_html": str(self.work / "convert-v1" / "report.html"),
+            "variants": [
+                {"id": v.id, "precision": v.precision.value, "runtime": str(v.runtime.value), "size": v.size}
+                for v in report.variants
+            ],
+            "rejected": [r.id for r in report.rejected],
+        }
+        self._step("convert v1", began, ", ".join(shipped))
+
+        began = time.monotonic()
+        self.say("building v3: the same network with a costly side branch (accurate, but slow)…")
+        (self.work / "model").mkdir(parents=True, exist_ok=True)
+        slow_onnx = export_slow_digits(digits, self.work / "model" / "digits_slow.onnx")
+        report_v3 = convert(
+            slow_onnx,
+            profile,
+            self.work / "convert-v3",
+            validation=digits.validation,
+            formats=["onnx"],
+            precisions=["fp32"],
+            name="digits",
+        )
+        self._step("convert v3 (slow)", began, ", ".join(v.id for v in report_v3.variants))
+        return digits, self.work / "convert-v1", self.work / "convert-v3"
+
+    def make_keys(self) -> dict[str, Path]:
+        from edgesdk.keys import generate_publisher_key
+
+        began = time.monotonic()
+        publisher_key, publisher_pub = generate_publisher_key(self.work / "keys" / "publisher")
+        operator_key, operator_pub = generate_publisher_key(self.work / "keys" / "operator")
+        self._step("keys", began, "publisher (signs bundles) and operator (signs deployments), Ed25519")
+        return {
+            "publisher_key": publisher_key,
+            "publisher_pub": publisher_pub,
+            "operator_key": operator_key,
+            "operator_pub": operator_pub,
+        }
+
+    def start_broker(self) -> None:
+        from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto
+
+        began = time.monotonic()
+        if find_mosquitto() is None:
+            raise DemoError(
+                "the demo needs an MQTT broker and mosquitto is not installed: "
+                "sudo apt-get install -y mosquitto (or brew install mosquitto), then run it again"
+            )
+        self.broker = MosquittoBroker(data_dir=self.work / "broker").start()
+        self._step("broker", began, f"mosquitto on {self.broker.url}")
+
+    def start_agents(self, keys: dict[str, Path]) -> None:
+        from edgesdk.image.toml_writer import dumps
+
+        began = time.monotonic()
+        profile = self.options.profile
+        devices = [f"edge-{i}" for i in range(1, self.options.agents + 1)]
+        self.hot_device = devices[0]
+        port_files: dict[str, Path] = {}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGESDK_AGENT")}
+        for index, device in enumerate(devices):
+            root = self.work / "devices" / device
+            data_dir = root / "data"
+            data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if device == self.hot_device:
+                trace = write_heat_trace(root / "sensors.jsonl", profile.thermal)
+            else:
+                trace = write_idle_trace(root / "sensors.jsonl", profile.thermal, seed=index)
+            config = {
+                "device_id": device,
+                "profile": profile.name,
+                "data_dir": str(data_dir),
+                "publisher_keys": [str(keys["publisher_pub"]), str(keys["operator_pub"])],
+                "log_format": "text",
+                "runtime_threads": 1,
+                "api": {"host": "127.0.0.1", "port": 0},
+                "mqtt": {
+                    "enabled": True,
+                    "broker": self.broker.url,
+                    "namespace": NAMESPACE,
+                    "groups": [GROUP],
+                    "telemetry_interval_s": 2.0,
+                },
+                "governor": {
+                    "source": "trace",
+                    "trace_file": str(trace),
+                    "poll_interval_s": 0.5,
+                    "min_dwell_s": 2.0,  # the profile's dwell is for real heat; the demo is short
+                },
+            }
+            (root / "agent.toml").write_text(dumps(config, header=f"edgesdk demo: {device}"))
+            port_files[device] = data_dir / "api.port"
+            self.processes.start(
+                device,
+                [*agent_command(), "run", "--config", str(root / "agent.toml")],
+                log_file=root / "agent.log",
+                env=env,
+            )
+        self.say(f"starting {len(devices)} edge-agent processes…")
+        deadline = time.monotonic() + 90
+        while len(self.agent_urls) < len(devices):
+            exited = self.processes.exited()
+            if exited:
+                name, code = next(iter(exited.items()))
+                log = self.work / "devices" / name / "agent.log"
+                raise DemoError(f"agent {name} exited with status {code}; see {log}")
+            for device, port_file in port_files.items():
+                text = port_file.read_text().strip() if port_file.exists() else ""
+                if text and device not in self.agent_urls:
+                    self.agent_urls[device] = f"http://127.0.0.1:{int(text)}"
+            if time.monotonic() > deadline:
+                missing = sorted(set(devices) - set(self.agent_urls))
+                raise DemoError(f"agents {', '.join(missing)} did not open their local API within 90 s")
+            time.sleep(0.1)
+        self.collector = Collector(self.agent_urls, started=self.started).start()
+        pids = self.processes.pids()
+        self._step(
+            "agents",
+            began,
+            ", ".join(f"{d} (pid {pids[d]}, {u.rsplit(':', 1)[1]})" for d, u in self.agent_urls.items()),
+        )
+
+    def enroll(self) -> Path:
+        from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, discover_candidates
+
+        began = time.monotonic()
+        self.say("waiting for the devices' enroll requests (each made its own X25519 key on first start)…")
+        wanted = set(self.agent_urls)
+        deadline = time.monotonic() + 60
+        candidates: dict[str, Any] = {}
+        while not wanted <= set(candidates):
+            if time.monotonic() > deadline:
+                missing = sorted(wanted - set(candidates))
+                raise DemoError(f"no enroll request from {', '.join(missing)} within 60 s")
+            candidates = discover_candidates(self.broker.url, namespace=NAMESPACE, wait_s=1.0)
+        registry_path = self.work / "fleet" / "enrollment.json"
+        registry = RegistryFile(registry_path)
+        for device in sorted(wanted):
+            candidate = candidates[device]
+            registry.approve(
+                device,
+                decode_public_key(candidate.public_key),
+                profile=candidate.profile,
+                expect_key_id=candidate.key_id,
+            )
+        self._step("enroll", began, ", ".join(f"{d} key {candidates[d].key_id[:12]}… approved" for d in sorted(wanted)))
+        return registry_path
+
+    def package(self, convert_v1: Path, convert_v3: Path, keys: dict[str, Path], registry: Path) -> dict[str, Path]:
+        from edgesdk.bundle import package_bundle
+        from edgesdk.fleet.enrollment import recipients_from_registry
+
+        began = time.monotonic()
+        recipients = recipients_from_registry(registry)
+        out = self.work / "bundles"
+        out.mkdir(parents=True, exist_ok=True)
+        plan = {"v1": (convert_v1, "1.0.0", 1), "v2": (convert_v1, "1.1.0", 2), "v3": (convert_v3, "1.2.0", 3)}
+        bundles = {
+            name: package_bundle(
+                source,
+                name="digits",
+                version=version,
+                release=release,
+                publisher_key=keys["publisher_key"],
+                recipients=recipients,
+                out=out / f"digits-{version}.edgepkg",
+            )
+            for name, (source, version, release) in plan.items()
+        }
+        sizes = ", ".join(f"{n} {p.stat().st_size / 1024:.0f} KiB" for n, p in bundles.items())
+        self._step("package", began, f"signed, encrypted to {len(recipients)} approved keys: {sizes}")
+        return bundles
+
+    def start_operator(self, keys: dict[str, Path]) -> None:
+        from edgesdk.fleet.deployments import DeploymentStore
+        from edgesdk.fleet.rollout import RolloutController
+        from edgesdk.keys import load_publisher_private_key
+        from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+        self.client = MqttClient(
+            ClientOptions(
+                client_id=f"edgesdk-demo-operator-{os.getpid()}", broker_url=self.broker.url, clean_start=True
+            )
+        )
+        self.client.start()
+        if not self.client.wait_connected(10):
+            raise DemoError(f"the operator cannot reach the broker at {self.broker.url}")
+        self.controller = RolloutController(
+            DeploymentStore(self.work / "fleet" / "deployments.sqlite3"),
+            self.client,
+            NAMESPACE,
+            load_publisher_private_key(keys["operator_key"]),
+            poll_s=0.1,
+        ).start()
+
+    def push(self, name: str, bundle: Path, *, canary: float, expect: str) -> None:
+        from edgesdk.fleet.rollout import RolloutPlan
+        from edgesdk.schemas.messages import HealthCriteria
+
+        began = time.monotonic()
+        controller = self.controller
+        devices = controller.devices_in_group(GROUP, wait_s=0.5)
+        plan = RolloutPlan(
+            canary=canary,
+            waves=(1.0,),
+            max_failures=0.0,
+            probation_s=self.options.probation_s,
+            wave_timeout_s=120.0,
+        )
+        health = HealthCriteria(probation_s=self.options.probation_s, p95_latency_ms=P95_SLO_MS, max_error_rate=0.01)
+        message = controller.create(bundle, devices, plan, health=health, deployment_id=f"demo-{name}-{os.getpid()}")
+        deployment = message.deployment_id
+        waves = [
+            [d.device_id for d in controller.store.devices(deployment, w)]
+            for w in range(controller.store.wave_count(deployment))
+        ]
+        what = "canary " + ", ".join(waves[0]) if canary > 0 else "all devices"
+        self.say(
+            f"pushing {name} ({message.model_version}) to group {GROUP!r}: {what}; probation {plan.probation_s:g} s, p95 ≤ {P95_SLO_MS:g} ms…"
+        )
+        self._mark(deployment, "created", bundle=name, waves=waves)
+
+        def progress(event: str, info: dict[str, Any]) -> None:
+            if event != "wave_progress":
+                self._mark(deployment, event, bundle=name, **info)
+                if event in ("wave_started", "wave_done", "aborted"):
+                    self.say(f"  {name}: {event.replace('_', ' ')} {json.dumps(info)}")
+
+        controller.on_progress = progress
+        state = controller.run(deployment)
+        self._mark(deployment, "finished", bundle=name, state=state)
+        summary = controller.store.summary(deployment)
+        rows = [
+            {"device_id": d.device_id, "wave": d.wave, "state": d.state, "reason": d.reason, "release": d.model_release}
+            for d in controller.store.devices(deployment)
+        ]
+        self.result.rollouts.append(
+            {
+                "name": name,
+                "deployment_id": deployment,
+                "version": message.model_version,
+                "release": message.release,
+                "state": state,
+                "reason": summary["reason"],
+                "waves": waves,
+                "devices": rows,
+                "seconds": round(time.monotonic() - began, 1),
+            }
+        )
+        if state != expect:
+            raise DemoError(f"rollout of {name} ended {state}, expected {expect}: {summary['reason']}")
+        if name == "v3":
+            self._wait_release(2, "every device to serve v2 again after the rollback")
+        self._step(f"rollout {name}", began, f"{state}: {summary['by_state']} — {summary['reason']}")
+
+    def _wait_release(self, release: int, what: str, timeout: float = 60.0) -> None:
+        collector = self.collector
+        if collector is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            latest = [collector.latest(d) for d in self.agent_urls]
+            if all(s is not None and s.release == release for s in latest):
+                return
+            time.sleep(0.2)
+        raise DemoError(f"timed out waiting for {what}")
+
+    def serve(self, digits: Any) -> None:
+        from edgesdk.workloads.digits import INPUT_NAME
+
+        began = time.monotonic()
+        self._wait_release(1, "every device to serve v1")
+        validation = np.load(digits.validation)
+        images, labels = validation[INPUT_NAME], validation["labels"]
+        self.traffic = TrafficGenerator(self.agent_urls, images, labels).start()
+        time.sleep(3.0)
+        lines = []
+        for device, stats in self.traffic.stats.items():
+            if stats.requests == 0:
+                raise DemoError(f"no answer from {device}'s local API: {stats.last_error or 'no request finished'}")
+            lines.append(f"{device} {stats.accuracy:.0%}")
+        self._step("inference", began, "local API answers, accuracy " + ", ".join(lines))
+
+    def heat_wave(self) -> None:
+        """Wait until the hot device has stepped down its ladder and back up to the top."""
+        began = time.monotonic()
+        collector = self.collector
+        if collector is None:
+            return
+        device = self.hot_device
+        self.say(f"replaying a heat trace on {device}: the governor should step precision down and back up…")
+        deadline = time.monotonic() + self.options.heat_timeout_s
+        top: str | None = None
+        lowest: str | None = None
+        stepped_down_at: float | None = None
+        while time.monotonic() < deadline:
+            sample: Sample | None = collector.latest(device)
+            if sample is not None and sample.precision is not None:
+                top = top or _top_variant(sample)
+                if stepped_down_at is None and sample.variant != top and top is not None:
+                    stepped_down_at = sample.t
+                    self.say(f"  {device}: {sample.temperature_c:.0f} °C → stepped down to {sample.variant}")
+                if stepped_down_at is not None:
+                    if lowest is None or _rank(sample.precision) > _rank(lowest):
+                        lowest = sample.precision
+                    if sample.variant == top:
+                        self.result.heat = {
+                            "device": device,
+                            "top": top,
+                            "lowest_precision": lowest,
+                            "stepped_down_at_s": stepped_down_at,
+                            "back_up_at_s": sample.t,
+                        }
+                        self._step(
+                            "heat wave",
+                            began,
+                            f"{device} stepped down to {lowest} and back up to {top}",
+                        )
+                        return
+            time.sleep(0.2)
+        self.result.heat = {"device": device, "observed": False}
+        raise DemoError(
+            f"{device} did not step down and back up within {self.options.heat_timeout_s:.0f} s "
+            f"(see {self.work / 'devices' / device / 'agent.log'})"
+        )
+
+    def finish(self, convert_v1: Path) -> None:
+        from edgesdk.demo.fleet_report import write_fleet_report
+
+        began = time.monotonic()
+        if self.traffic is not None:
+            self.traffic.stop()
+        if self.collector is not None:
+            self.collector.poll_once()
+            self.collector.stop()
+        samples = self.collector.snapshot() if self.collector is not None else {}
+        for device in self.agent_urls:
+            series = samples.get(device, [])
+            last = series[-1] if series else None
+            stats = self.traffic.stats[device] if self.traffic is not None else None
+            latencies = np.asarray(stats.latencies_ms if stats else [], dtype=np.float64)
+            precisions = sorted({s.precision for s in series if s.precision}, key=_rank)
+            self.result.devices.append(
+                {
+                    "device_id": device,
+                    "release": last.release if last else None,
+                    "version": last.version if last else None,
+                    "variant": last.variant if last else None,
+                    "precisions_used": precisions,
+                    "requests": stats.requests if stats else 0,
+                    "failed_requests": stats.failures if stats else 0,
+                    "accuracy": stats.accuracy if stats else None,
+                    "client_p50_ms": float(np.percentile(latencies, 50)) if latencies.size else None,
+                    "client_p95_ms": float(np.percentile(latencies, 95)) if latencies.size else None,
+                    "max_temperature_c": max((s.temperature_c or 0.0 for s in series), default=None),
+                }
+            )
+        self.result.wall_s = round(time.monotonic() - self.started, 1)
+        reports = self.options.reports_dir
+        reports.mkdir(parents=True, exist_ok=True)
+        conversion_html = reports / "conversion-report.html"
+        shutil.copyfile(convert_v1 / "report.html", conversion_html)
+        client_latency = {
+            device: ([t - self.started for t in stats.finished_at], list(stats.latencies_ms))
+            for device, stats in (self.traffic.stats.items() if self.traffic is not None else [])
+        }
+        fleet_html = write_fleet_report(reports / "fleet-report.html", self.result, samples, client_latency)
+        self.result.reports = {"conversion": str(conversion_html), "fleet": str(fleet_html)}
+        self.result.conversion["report_html"] = str(conversion_html)
+        (reports / "summary.json").write_text(json.dumps(result_json(self.result), indent=2))
+        samples_json = {device: [asdict(s) for s in series] for device, series in samples.items()}
+        (self.work / "samples.json").write_text(json.dumps(samples_json))
+        self._step("reports", began, str(reports))
+
+    def cleanup(self) -> None:
+        """Stop everything this run started, in reverse order. Never raises."""
+        parts: list[Any] = [self.traffic, self.collector, self.controller, self.client]
+        for part in parts:
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception:  # noqa: BLE001 - cleaning up: go on with the next part
+                    pass
+        self.processes.stop_all()
+        if self.broker is not None:
+            try:
+                self.broker.stop()
+            except Exception:  # noqa: BLE001 - cleaning up
+                pass
+
+
+_PRECISION_RANK = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2, "int4": 3}
+
+
+def _rank(precision: str) -> int:
+    return _PRECISION_RANK.get(precision, 9)
+
+
+def _top_variant(sample: Sample) -> str | None:
+    """The variant a device serves at its ceiling: the first one seen at the best precision."""
+    return sample.variant if sample.precision in ("fp32", None) or _rank(sample.precision or "") == 0 else None
+
+
+def result_json(result: DemoResult) -> dict[str, Any]:
+    """The machine-readable summary (``edgesdk demo --json``)."""
+    return {
+        "profile": result.profile,
+        "workdir": result.workdir,
+        "wall_s": result.wall_s,
+        "steps": result.steps,
+        "conversion": result.conversion,
+        "devices": result.devices,
+        "rollouts": [
+            {k: v for k, v in r.items() if k != "devices"} | {"devices": r["devices"]} for r in result.rollouts
+        ],
+        "heat": result.heat,
+        "reports": result.reports,
+    }

@@ -1,0 +1,105 @@
+"""Client traffic against each agent's local inference API, as an application would send it.
+
+One thread per device posts small batches of the digits test split as JSON, over one kept-
+alive connection, at a steady rate; it records the round-trip latency and how many answers
+were right. The agents' probation monitors judge new models on this traffic too.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import numpy as np
+
+
+@dataclass
+class DeviceTraffic:
+    device_id: str
+    requests: int = 0
+    failures: int = 0
+    images: int = 0
+    correct: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)  # time.monotonic() per answered request
+    last_error: str = ""
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.correct / self.images if self.images else None
+
+
+class TrafficGenerator:
+    """Sends ``rate_hz`` requests per second of ``batch`` images to every agent until stopped."""
+
+    def __init__(
+        self,
+        agents: dict[str, str],
+        images: np.ndarray,
+        labels: np.ndarray,
+        *,
+        model: str = "digits",
+        input_name: str = "image",
+        output_name: str = "logits",
+        batch: int = 4,
+        rate_hz: float = 15.0,
+    ) -> None:
+        self.agents = dict(agents)
+        self.images = images
+        self.labels = labels
+        self.model = model
+        self.input_name = input_name
+        self.output_name = output_name
+        self.batch = batch
+        self.period_s = 1.0 / rate_hz
+        self.stats = {device: DeviceTraffic(device) for device in agents}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(device, url), name=f"traffic-{device}", daemon=True)
+            for device, url in self.agents.items()
+        ]
+
+    def start(self) -> TrafficGenerator:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def _run(self, device: str, url: str) -> None:
+        stats = self.stats[device]
+        parsed = urlparse(url)
+        conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port, timeout=10)
+        offset = (hash(device) % len(self.labels)) if len(self.labels) else 0
+        path = f"/v1/models/{self.model}/infer"
+        while not self._stop.is_set():
+            began = time.monotonic()
+            index = (offset + np.arange(self.batch)) % len(self.labels)
+            offset += self.batch
+            body = json.dumps({"inputs": {self.input_name: self.images[index].tolist()}}).encode()
+            try:
+                conn.request("POST", path, body=body, headers={"content-type": "application/json"})
+                response = conn.getresponse()
+                payload = response.read()
+                elapsed_ms = (time.monotonic() - began) * 1000.0
+                if response.status != 200:
+                    raise OSError(f"HTTP {response.status}: {payload[:200]!r}")
+                logits = np.asarray(json.loads(payload)["outputs"][self.output_name])
+                stats.requests += 1
+                stats.latencies_ms.append(elapsed_ms)
+                stats.finished_at.append(time.monotonic())
+                stats.images += len(index)
+                stats.correct += int((logits.argmax(axis=1) == self.labels[index]).sum())
+            except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+                stats.failures += 1
+                stats.last_error = str(exc)
+                conn.close()  # a fresh connection next time
+            self._stop.wait(max(0.0, self.period_s - (time.monotonic() - began)))
+        conn.close()
