@@ -192,7 +192,7 @@ def test_precision_switches_under_load_fail_no_request(tmp_path, convert_dir, im
     assert "precision switch onnx-fp32 -> onnx-int8 (temperature 79.0" in agent.log()
 
 
-def test_no_vendor_telemetry_under_a_fresh_home_and_journald_lines(tmp_path, convert_dir, images) -> None:
+def test_no_vendor_telemetry_under_a_fresh_home_and_journald_lines(tmp_path, convert_dir, images, digits) -> None:
     from edgesdk.offline import telemetry_dirs
 
     home = tmp_path / "home"
@@ -211,6 +211,11 @@ def test_no_vendor_telemetry_under_a_fresh_home_and_journald_lines(tmp_path, con
             )
     for path in telemetry_dirs(home):
         assert not path.exists(), f"vendor telemetry wrote {path}"
+    # No plaintext model on disk: no file the agent wrote holds a piece of the ONNX weights.
+    plaintext = digits.onnx.read_bytes()
+    probe = plaintext[len(plaintext) // 2 : len(plaintext) // 2 + 64]
+    written = [p for p in [*device.data_dir.rglob("*"), *home.rglob("*")] if p.is_file()]
+    assert written and not [p for p in written if probe in p.read_bytes()]
     lines = [line for line in agent.log().splitlines() if line.strip()]
     assert lines and all(line.startswith("<") and line[1] in "01234567" and line[2] == ">" for line in lines), lines
     assert any(line.startswith("<6>edgesdk.agent: edge-agent") for line in lines)
