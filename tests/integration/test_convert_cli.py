@@ -345,3 +345,27 @@ def test_converted_variants_survive_packaging_into_a_bundle(rpi5_from_pytorch, t
         if out_q is not None:
             logits = (logits - out_q.zero_point[0]) * out_q.scale[0]
         assert logits.argmax() == golden["output:logits"][0].argmax(), variant.id
+
+
+@pytest.mark.parametrize(
+    ("profile", "formats"),
+    [
+        ("rpi5-8gb", {"onnx", "openvino"}),
+        ("jetson-orin-nano-8gb", {"onnx"}),
+        ("intel-nuc-core-ultra", {"openvino", "onnx"}),
+        ("apple-m2-mac", {"coreml", "onnx"}),
+    ],
+)
+def test_onnx_file_reaches_every_format_the_device_runs(profile, formats, edgesdk_cli_module, digits, tmp_path) -> None:
+    if profile == "apple-m2-mac":
+        pytest.importorskip("onnx2coreml")
+    out = tmp_path / profile
+    proc = edgesdk_cli_module(
+        "convert", str(digits.onnx), "--profile", profile, "--out", str(out), "--precisions", "fp32",
+        "--validation", str(digits.validation),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert {v.format.value for v in report.variants} == formats
+    # Whatever the device runs that an ONNX file cannot reach here is named, with the reason.
+    assert {r.format.value for r in report.rejected} <= {"tflite"}
