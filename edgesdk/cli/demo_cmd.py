@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,10 +111,12 @@ def demo(
 
             result = Demo(options, say).run()
     except KeyboardInterrupt:
-        out.print(
-            f"[yellow]interrupted after {time.monotonic() - began:.0f} s; every process it started is stopped[/yellow]"
+        # Raised by Ctrl-C (SIGINT) or SIGTERM; Demo.run() has stopped its processes by now.
+        click.echo(
+            f"error: interrupted after {time.monotonic() - began:.0f} s; every process the demo started is stopped",
+            err=True,
         )
-        raise
+        sys.exit(130)  # click would turn Exit(130) into a return value of 0 outside standalone mode
     finally:
         signal.signal(signal.SIGTERM, previous)
         if workdir is None and not keep:

@@ -534,10 +534,10 @@ class Demo:
         fleet_html = write_fleet_report(reports / "fleet-report.html", self.result, samples, client_latency)
         self.result.reports = {"conversion": str(conversion_html), "fleet": str(fleet_html)}
         self.result.conversion["report_html"] = str(conversion_html)
-        (reports / "summary.json").write_text(json.dumps(result_json(self.result), indent=2))
         samples_json = {device: [asdict(s) for s in series] for device, series in samples.items()}
         (self.work / "samples.json").write_text(json.dumps(samples_json))
         self._step("reports", began, str(reports))
+        (reports / "summary.json").write_text(json.dumps(result_json(self.result), indent=2))
 
     def cleanup(self) -> None:
         """Stop everything this run started, in reverse order. Never raises."""

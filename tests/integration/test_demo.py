@@ -1,0 +1,151 @@
+"""``edgesdk demo`` end to end (real converter, mosquitto, edge-agent processes), Ctrl-C
+cleanup, and its bad input. The trained digits model comes from the session cache
+(``--model-cache``) so the suite does not train it twice; everything else runs for real."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error
+from tests.integration.conftest import require_mosquitto
+
+pytestmark = pytest.mark.slow
+
+
+def processes_mentioning(text: str) -> dict[int, str]:
+    """pid → command line of every process whose command line contains ``text``."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def wait_gone(text: str, timeout: float = 15.0) -> dict[int, str]:
+    deadline = time.monotonic() + timeout
+    left = processes_mentioning(text)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_mentioning(text)
+    return left
+
+
+def demo_argv(workdir: Path, reports: Path, digits, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "edgesdk.cli.main", "demo", "--workdir", str(workdir), "--reports", str(reports),
+        "--model-cache", str(digits.directory), *extra,
+    ]  # fmt: skip
+
+
+def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
+    require_mosquitto()
+    workdir, reports = tmp_path / "work", tmp_path / "reports"
+    began = time.monotonic()
+    proc = subprocess.run(demo_argv(workdir, reports, digits, "--json"), capture_output=True, text=True, timeout=900)
+    print(f"demo wall time: {time.monotonic() - began:.0f} s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    assert "✓ rollout v3" in proc.stderr  # progress went to stderr, the JSON alone to stdout
+
+    # Conversion: a real precision ladder for the profile.
+    precisions = [v["precision"] for v in summary["conversion"]["variants"]]
+    assert "fp32" in precisions and len(precisions) >= 2
+
+    rollouts = {r["name"]: r for r in summary["rollouts"]}
+    assert [r["state"] for r in summary["rollouts"]] == ["SUCCEEDED", "SUCCEEDED", "ABORTED"]
+    devices = sorted(d["device_id"] for d in summary["devices"])
+    assert len(devices) == 3
+    assert {d["state"] for d in rollouts["v1"]["devices"]} == {"COMMITTED"}
+    # v2: a canary of one device first, then the rest; all committed.
+    assert len(rollouts["v2"]["waves"][0]) == 1 and len(rollouts["v2"]["waves"]) == 2
+    assert {d["state"] for d in rollouts["v2"]["devices"]} == {"COMMITTED"}
+    # v3: the canary broke the latency SLO in probation and rolled back; nobody else got it.
+    by_state = {d["device_id"]: d["state"] for d in rollouts["v3"]["devices"]}
+    (canary,) = rollouts["v3"]["waves"][0]
+    assert by_state.pop(canary) == "ROLLED_BACK"
+    assert set(by_state.values()) == {"PENDING"}
+    assert "p95 latency" in rollouts["v3"]["reason"]
+
+    for device in summary["devices"]:
+        assert device["release"] == 2 and device["version"] == "1.1.0", device
+        assert device["requests"] > 50 and device["failed_requests"] == 0, device
+        assert device["accuracy"] >= 0.95, device
+
+    # The heat wave: the hot device stepped down the ladder and came back; the others never moved.
+    heat = summary["heat"]
+    assert heat["back_up_at_s"] > heat["stepped_down_at_s"]
+    hot = next(d for d in summary["devices"] if d["device_id"] == heat["device"])
+    assert len(hot["precisions_used"]) >= 2
+    assert all(d["precisions_used"] == ["fp32"] for d in summary["devices"] if d is not hot)
+
+    # Reports: the conversion report and a fleet report with embedded PNG plots.
+    assert Path(summary["reports"]["conversion"]).is_file()
+    page = Path(summary["reports"]["fleet"]).read_text()
+    images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page)
+    assert len(images) == 2
+    assert all(base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
+    assert json.loads((reports / "summary.json").read_text()) == summary
+    samples = json.loads((workdir / "samples.json").read_text())
+    assert set(samples) == set(devices) and all(len(s) > 20 for s in samples.values())
+
+    assert wait_gone(str(workdir)) == {}  # no agent, no broker left behind
+
+
+def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, digits) -> None:
+    require_mosquitto()
+    workdir, reports = tmp_path / "work", tmp_path / "reports"
+    demo = subprocess.Popen(
+        demo_argv(workdir, reports, digits), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 600
+        port_files: list[Path] = []
+        while len(port_files) < 3 and time.monotonic() < deadline and demo.poll() is None:
+            port_files = list((workdir / "devices").glob("*/data/api.port")) if (workdir / "devices").exists() else []
+            time.sleep(0.2)
+        assert len(port_files) == 3, demo.stderr.read() if demo.poll() is not None else "agents did not start"
+        running = processes_mentioning(str(workdir))
+        # Positive control: the scan sees the three agents and the broker while the demo runs.
+        assert sum("edge-agent" in c or "edgesdk.agent.cli" in c for c in running.values()) == 3, running
+        assert any("mosquitto" in c for c in running.values()), running
+        demo.send_signal(signal.SIGINT)
+        _, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, err[-3000:]
+    assert "interrupted" in err and "Traceback" not in err
+    assert wait_gone(str(workdir)) == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--profile", "rpi9"], ["rpi9"]),
+        (["--agents", "1"], ["--agents", "1"]),
+    ],
+)
+def test_bad_input_is_one_line(edgesdk_cli, args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(edgesdk_cli("demo", *args), *needles)
+
+
+def test_workdir_must_be_new_or_empty(tmp_path: Path, edgesdk_cli) -> None:
+    (tmp_path / "something").write_text("mine")
+    assert_one_line_error(edgesdk_cli("demo", "--workdir", str(tmp_path)), str(tmp_path), "not empty")
+    assert (tmp_path / "something").read_text() == "mine"
