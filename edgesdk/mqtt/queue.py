@@ -82,6 +82,7 @@ class MessageQueue:
         self.durability = durability
         self._lock = threading.RLock()  # build() callbacks may read depth/dropped
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._synchronous = ""
         self._db = self._open()
         row = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(topic AS BLOB)) + LENGTH(payload)), 0) FROM outbox"
@@ -115,7 +116,21 @@ class MessageQueue:
     # -- writing --------------------------------------------------------------------------------
     def enqueue(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
         """Store one message durably; returns its row id (publication order)."""
-        row_id, _ = self.enqueue_built(topic, lambda _seq: payload, qos=qos, retain=retain)
+        size = _row_size(topic, payload)
+        with self._lock:
+            if self._bytes + size <= self.max_bytes:
+                # Common case, one statement (its own transaction): no counter, nothing to drop.
+                self._set_synchronous("FULL" if self.durability == "full" else "NORMAL")
+                cursor = self._db.execute(
+                    "INSERT INTO outbox (topic, payload, qos, retain, created) VALUES (?, ?, ?, ?, ?)",
+                    (topic, payload, qos, int(retain), time.time()),
+                )
+                if cursor.lastrowid is None:
+                    raise LinkError(f"queue {self.path}: insert returned no row id")
+                self._depth += 1
+                self._bytes += size
+                return int(cursor.lastrowid)
+        row_id, _ = self.enqueue_built(topic, lambda _seq: payload, qos=qos, retain=retain, counter=None)
         return row_id
 
     def enqueue_built(
@@ -125,19 +140,19 @@ class MessageQueue:
         *,
         qos: int = 1,
         retain: bool = False,
-        counter: str = "seq",
+        counter: str | None = "seq",
     ) -> tuple[int, int]:
         """Allocate the next value of a persistent ``counter`` and store ``build(value)`` in one commit.
 
         Telemetry sequence numbers come from here, so they never repeat after a restart.
-        Returns ``(row_id, counter_value)``.
+        Returns ``(row_id, counter_value)``; with ``counter=None`` no counter is kept (value 0).
         """
         with self._lock:
             db = self._db
-            db.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'full' else 'NORMAL'}")
+            self._set_synchronous("FULL" if self.durability == "full" else "NORMAL")
             db.execute("BEGIN IMMEDIATE")
             try:
-                value = self._counter(counter)
+                value = self._counter(counter) if counter is not None else 0
                 payload = build(value)
                 size = _row_size(topic, payload)
                 if size > self.max_bytes:
@@ -147,11 +162,12 @@ class MessageQueue:
                     "INSERT INTO outbox (topic, payload, qos, retain, created) VALUES (?, ?, ?, ?, ?)",
                     (topic, payload, qos, int(retain), time.time()),
                 )
-                db.execute(
-                    "INSERT INTO counters (name, value) VALUES (?, ?) "
-                    "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-                    (counter, value + 1),
-                )
+                if counter is not None:
+                    db.execute(
+                        "INSERT INTO counters (name, value) VALUES (?, ?) "
+                        "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                        (counter, value + 1),
+                    )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -163,6 +179,11 @@ class MessageQueue:
             if row_id is None:
                 raise LinkError(f"queue {self.path}: insert returned no row id")
             return int(row_id), value
+
+    def _set_synchronous(self, mode: str) -> None:
+        if self._synchronous != mode:
+            self._db.execute(f"PRAGMA synchronous={mode}")
+            self._synchronous = mode
 
     def _counter(self, name: str) -> int:
         row = self._db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
@@ -195,31 +216,23 @@ class MessageQueue:
 
     def ack(self, row_ids: Iterable[int]) -> int:
         """Delete acknowledged rows; returns how many existed."""
-        ids = [(int(row_id),) for row_id in row_ids]
-        if not ids:
-            return 0
+        ids = [int(row_id) for row_id in row_ids]
+        deleted = freed = 0
         with self._lock:
-            db = self._db
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                freed = 0
-                deleted = 0
-                for (row_id,) in ids:
-                    row = db.execute(
-                        "DELETE FROM outbox WHERE id = ? RETURNING LENGTH(CAST(topic AS BLOB)) + LENGTH(payload)",
-                        (row_id,),
-                    ).fetchone()
-                    if row is not None:
-                        deleted += 1
-                        freed += int(row[0]) + ROW_OVERHEAD_BYTES
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            self._set_synchronous("NORMAL")
+            # One statement per 500 ids (its own transaction): a drain deletes in batches.
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING LENGTH(CAST(topic AS BLOB)) + LENGTH(payload)",
+                    chunk,
+                ).fetchall()
+                deleted += len(rows)
+                freed += sum(int(r[0]) for r in rows) + ROW_OVERHEAD_BYTES * len(rows)
             self._depth -= deleted
             self._bytes -= freed
-            return deleted
+        return deleted
 
     # -- reading --------------------------------------------------------------------------------
     def peek(self, after_id: int = 0, limit: int = 100) -> list[QueuedMessage]:
