@@ -346,12 +346,13 @@ class Agent:
         # loads (in a thread, so the loop keeps serving); /readyz says 503 until it is in.
         await self._loop.run_in_executor(None, self.load_installed)
         self.governor.start()
-        atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
-        atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._stop.set)
         self._loop.add_signal_handler(signal.SIGHUP, lambda: self._loop.run_in_executor(None, self.reload))  # type: ignore[union-attr]
         self._start_hooks()
+        # The port file says "ready": written once every part (link, updater) has started.
+        atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
+        atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
         where = f"http://{api_config.host}:{self.port}" + (
             f" and {api_config.unix_socket}" if api_config.unix_socket else ""
         )
