@@ -177,8 +177,16 @@ class AgentUpdateTarget:
         self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
     ) -> None:
         server = self.agent.server
-        if server.model is None:
+        serving = server.model
+        if serving is None:
             raise ProbationFailed("no model serving after activation")
+        if (serving.name, serving.release) != (deployment.model_name, deployment.release):
+            # e.g. the agent restarted and could not load the new slot, so it serves the old one:
+            # judging (and committing) that model would report a lie.
+            raise ProbationFailed(
+                f"the new model is not serving: {serving.name} release {serving.release} is "
+                f"(expected {deployment.model_name} release {deployment.release})"
+            )
         if self._golden is None and deployment.health.probation_s > 0:
             # After a restart in probation the golden set is read again from the active slot.
             store = self.agent.store
