@@ -111,7 +111,7 @@ def check_chunk_list(deployment: Deployment) -> None:
 class RequestWindow:
     """How many chunks a device may have requested and not received: AIMD like TCP.
 
-    It opens by one chunk per window's worth of arrivals and halves on a timeout; the timeout
+    It opens by one chunk per window's worth of arrivals and closes to one on a timeout; the timeout
     itself follows the measured round trip (srtt + 4·rttvar, Jacobson/Karels, sampled only on
     chunks asked for once — Karn) and doubles after each expiry. When a broker or chunk server
     is overloaded, devices therefore ask for less and wait longer instead of repeating requests
@@ -152,8 +152,10 @@ class RequestWindow:
         self.timeout_s = min(self.max_timeout_s, max(self.min_timeout_s, self._srtt + 4 * self._rttvar))
 
     def expired(self) -> None:
-        """One or more requests timed out: back off."""
-        self.cwnd = max(1.0, self.cwnd / 2)
+        """One or more requests timed out: back off to one chunk in flight (as TCP does after a
+        retransmission timeout) — the frames may only be late, and asking for the whole window
+        again would fetch it twice."""
+        self.cwnd = 1.0
         self.timeout_s = min(self.max_timeout_s, self.timeout_s * 2)
 
 
