@@ -31,7 +31,29 @@ from edgesdk.schemas.common import ModelFormat, Precision
 from edgesdk.schemas.profile import DeviceProfile
 from edgesdk.schemas.report import ConversionReport, RejectedVariant, ShippedVariant
 
-Progress = Callable[[str], None]
+#: ``progress(message, completed, total)``: called as each step starts; ``total`` grows when
+#: the plan is known and when repair adds rounds.
+Progress = Callable[[str, int, int], None]
+
+
+class _Steps:
+    """Counts steps for a progress bar; calling it starts the next step."""
+
+    def __init__(self, sink: Progress | None) -> None:
+        self._sink = sink
+        self.completed = -1
+        self.total = 4  # read, reference, (plan adds its builds), timing, report
+
+    def add(self, steps: int) -> None:
+        self.total += steps
+
+    def __call__(self, message: str) -> None:
+        self.completed += 1
+        self.total = max(self.total, self.completed + 1)
+        if self._sink is not None:
+            self._sink(message, self.completed, self.total)
+
+
 GOLDEN_SAMPLES = 8
 MAX_VALIDATION_SAMPLES = 512
 
@@ -75,7 +97,7 @@ class _Run:
         metric: Metric,
         gate: float,
         work: Path,
-        progress: Progress,
+        progress: _Steps,
     ) -> None:
         self.source = source
         self.data = data
@@ -158,6 +180,7 @@ class _Run:
         count = 1
         while ranking and count <= len(ranking) // 2:
             keep = ranking[:count]
+            self.progress.add(1)
             self.progress(f"{planned.id}: repair, {count} layer(s) in float")
             built = self.build(planned, method, keep)
             accuracy = built.result.accuracy
@@ -265,7 +288,7 @@ def convert(
 ) -> ConversionReport:
     """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``."""
     disable_vendor_telemetry()
-    say = progress or (lambda _message: None)
+    say = _Steps(progress)
     if isinstance(profile, str):
         from edgesdk.profiles import get_profile
 
@@ -337,6 +360,7 @@ def convert(
             precisions=wanted_precisions,
             host_runtimes=available_runtimes(),
         )
+        say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
         say("computing reference outputs")
         run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
         run.decisions = decisions + plan.decisions

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from edgesdk.cli.output import console, json_option, print_json, print_table, profiles_dirs
+from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
 from edgesdk.errors import UsageError
 
 _DTYPES = ("float32", "float16", "int64", "int32", "uint8", "int8", "bool")
@@ -80,7 +80,8 @@ def convert(
     accuracy gate are repaired or dropped, the report says why. OUT gets report.json,
     report.html, golden.npz and artifacts/<variant>/.
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from edgesdk.converters import convert as run_convert
     from edgesdk.profiles import get_profile
@@ -97,9 +98,12 @@ def convert(
     split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
     with Progress(
         SpinnerColumn(),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
-        console=console() if not as_json else None,
+        # stderr: stdout is for the result (table or --json).
+        console=Console(stderr=True, highlight=False),
         transient=True,
         disable=as_json,
     ) as progress:
@@ -118,7 +122,9 @@ def convert(
             output_names=split(output_names),
             example=example,
             dynamic_axes=axes or None,
-            progress=lambda message: progress.update(task, description=message),
+            progress=lambda message, done, total: progress.update(
+                task, description=message, completed=done, total=total
+            ),
         )
     if as_json:
         print_json(report.model_dump(mode="json"))
