@@ -6,6 +6,9 @@ NNCF post-training quantization uses the calibration data; ``keep_float`` become
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.registry import CONVERTERS
 
@@ -28,11 +31,11 @@ def _read(source: SourceModel) -> object:
         raise ConversionError(f"openvino convert_model failed on {source.source}: {message.splitlines()[0]}") from exc
 
 
-def _openvino_names(model: object, onnx_names: list[str] | tuple[str, ...] | object) -> list[str]:
+def _openvino_names(model: Any, onnx_names: Sequence[str]) -> list[str]:
     """ONNX node names → OpenVINO op names (a Conv with bias becomes ``<name>/WithoutBiases`` + Add)."""
-    wanted = list(onnx_names)  # type: ignore[call-overload]
+    wanted = list(onnx_names)
     names: list[str] = []
-    for op in model.get_ops():  # type: ignore[attr-defined]
+    for op in model.get_ops():
         friendly = op.get_friendly_name()
         if op.get_type_name() in _QUANTIZABLE_TYPES and any(
             friendly == n or friendly.startswith(n + "/") for n in wanted

@@ -147,7 +147,9 @@ def make_plan(
                     if not usable:
                         plan.reject(fmt, precision, "int8 needs calibration data (--calibration)")
                         continue
-                    plan.decisions.append(f"{fmt.value} int8: no calibration data, so only {', '.join(usable)}")
+                    plan.decisions.append(
+                        f"{fmt.value} int8: no calibration data, so only {', '.join(str(m) for m in usable)}"
+                    )
                     methods = usable
                 if len(methods) > 1 and not numeric:
                     plan.decisions.append(
