@@ -8,10 +8,12 @@ import io
 
 from edgesdk.schemas.report import ConversionReport
 
-_MARKERS = {"onnx": "o", "tflite": "s", "openvino": "^", "coreml": "D"}
+_COLORS = {"onnx": "tab:blue", "tflite": "tab:orange", "openvino": "tab:purple", "coreml": "tab:gray"}
+_MARKERS = {"fp32": "o", "fp16": "s", "bf16": "P", "int8": "^", "int4": "v"}
 
 
 def _plots(report: ConversionReport) -> list[str]:
+    """Accuracy vs size and latency vs size: colour = format, marker = precision."""
     try:
         import matplotlib
 
@@ -20,30 +22,36 @@ def _plots(report: ConversionReport) -> list[str]:
     except ImportError:
         return []
     numeric = [v for v in report.variants if v.accuracy is not None]
-    images = []
+    if not numeric:
+        return []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for v in numeric:
         kib = v.size / 1024
-        marker = _MARKERS.get(v.format.value, "o")
-        axes[0].scatter(kib, v.accuracy.value, marker=marker, s=60, label=v.id)  # type: ignore[union-attr]
-        axes[0].annotate(v.id, (kib, v.accuracy.value), fontsize=7, xytext=(4, 4), textcoords="offset points")  # type: ignore[union-attr]
-        if v.measurements.latency_p50_ms is not None:
-            axes[1].scatter(kib, v.measurements.latency_p50_ms, marker=marker, s=60, label=v.id)
+        style = {
+            "color": _COLORS.get(v.format.value, "black"),
+            "marker": _MARKERS.get(v.precision.value, "o"),
+            "s": 70,
+            "alpha": 0.85,
+        }
+        axes[0].scatter(kib, v.accuracy.value, label=v.id, **style)  # type: ignore[union-attr]
+        if v.measurements.latency_p50_ms:
+            axes[1].scatter(kib, v.measurements.latency_p50_ms, **style)
             axes[1].annotate(
-                v.id, (kib, v.measurements.latency_p50_ms), fontsize=7, xytext=(4, 4), textcoords="offset points"
+                v.id, (kib, v.measurements.latency_p50_ms), fontsize=7, xytext=(5, 3), textcoords="offset points"
             )
     axes[0].axhline(report.gate, color="red", linestyle="--", linewidth=1, label=f"gate {report.gate:g}")
     axes[0].set(xlabel="artifact size (KiB)", ylabel=f"{report.metric} vs reference", title="accuracy vs size")
     axes[1].set(
-        xlabel="artifact size (KiB)", ylabel="median latency, batch 1 (ms)", title="latency vs size (this host)"
+        xlabel="artifact size (KiB)", ylabel="median latency, batch 1 (ms, log)", title="latency vs size (this host)"
     )
+    axes[1].set_yscale("log")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
+    axes[0].legend(fontsize=7, loc="best", ncol=2)
     fig.tight_layout()
-    images.append(_png(fig))
+    image = _png(fig)
     plt.close(fig)
-    return images
+    return [image]
 
 
 def _png(fig: object) -> str:
