@@ -69,8 +69,8 @@ class QueueForwarder:
         if not self.client.connected:
             return 0
         room = self.window - len(self._inflight)
-        if room <= 0:
-            return 0
+        if room <= 0 or self._last_sent >= self.queue.last_row_id:
+            return 0  # window full, or nothing newer than what was handed over: skip the read
         handed = 0
         for message in self.queue.peek(self._last_sent, room):
             try:

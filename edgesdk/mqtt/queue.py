@@ -90,6 +90,7 @@ class MessageQueue:
         self._depth = int(row[0])
         self._bytes = int(row[1]) + self._depth * ROW_OVERHEAD_BYTES
         self._dropped = self._counter("dropped")
+        self._last_row_id = int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()[0])
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -129,7 +130,8 @@ class MessageQueue:
                     raise LinkError(f"queue {self.path}: insert returned no row id")
                 self._depth += 1
                 self._bytes += size
-                return int(cursor.lastrowid)
+                self._last_row_id = int(cursor.lastrowid)
+                return self._last_row_id
         row_id, _ = self.enqueue_built(topic, lambda _seq: payload, qos=qos, retain=retain, counter=None)
         return row_id
 
@@ -178,7 +180,8 @@ class MessageQueue:
             row_id = cursor.lastrowid
             if row_id is None:
                 raise LinkError(f"queue {self.path}: insert returned no row id")
-            return int(row_id), value
+            self._last_row_id = int(row_id)
+            return self._last_row_id, value
 
     def _set_synchronous(self, mode: str) -> None:
         if self._synchronous != mode:
@@ -243,6 +246,11 @@ class MessageQueue:
                 (after_id, limit),
             ).fetchall()
         return [QueuedMessage(int(r[0]), str(r[1]), bytes(r[2]), int(r[3]), bool(r[4]), float(r[5])) for r in rows]
+
+    @property
+    def last_row_id(self) -> int:
+        """Row id of the newest message ever enqueued (0 when none): lets a reader skip empty reads."""
+        return self._last_row_id
 
     @property
     def depth(self) -> int:

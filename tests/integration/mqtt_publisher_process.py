@@ -1,7 +1,7 @@
 """A minimal device-side publisher process for the SIGKILL tests: the same queue, forwarder
 and client code as the agent, without the agent.
 
-    python mqtt_publisher_process.py BROKER_URL DB_PATH --start N --count M [--wait-empty]
+    python mqtt_publisher_process.py BROKER_URL DB_PATH --start N --count M [--wait-empty] [--window W]
 
 Enqueues messages ``N .. N+M-1`` (JSON with index and msg_id) on ``edgesdk/devices/proc/telemetry``,
 prints ``queued`` and keeps forwarding until killed, or until the queue is empty with
@@ -31,10 +31,11 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--wait-empty", action="store_true")
+    parser.add_argument("--window", type=int, default=64, help="QoS 1 messages in flight (1 = slow, steady drain)")
     args = parser.parse_args()
     queue = MessageQueue(args.db)
     client = MqttClient(ClientOptions(client_id="proc", broker_url=args.broker, backoff_min_s=0.1, backoff_max_s=1.0))
-    forwarder = QueueForwarder(queue, client)
+    forwarder = QueueForwarder(queue, client, window=args.window)
     client.start()
     for index in range(args.start, args.start + args.count):
         queue.enqueue(TOPIC, json.dumps({"index": index, "msg_id": uuid.uuid4().hex}).encode())
