@@ -55,6 +55,13 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Reuse the trained digits model from this directory (trained there the first time).",
 )
+@click.option(
+    "--broker",
+    type=click.Choice(["auto", "mosquitto", "embedded"]),
+    default="auto",
+    show_default=True,
+    help="MQTT broker: mosquitto when installed, else the embedded pure-Python one (edgesdk[demo]).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (progress goes to stderr).")
 @click.pass_context
 def demo(
@@ -66,6 +73,7 @@ def demo(
     reports_dir: Path,
     formats: str,
     model_cache: Path | None,
+    broker: str,
     as_json: bool,
 ) -> None:
     """Run the local end-to-end demo (a few minutes)."""
@@ -94,6 +102,7 @@ def demo(
         formats=tuple(f.strip() for f in formats.split(",") if f.strip()),
         profiles_dirs=tuple(profiles_dirs(ctx)),
         model_cache=model_cache.resolve() if model_cache is not None else None,
+        broker=broker,
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     began = time.monotonic()

@@ -58,6 +58,7 @@ class DemoOptions:
     heat_timeout_s: float = 90.0
     profiles_dirs: tuple[str, ...] = ()
     model_cache: Path | None = None  # reuse the trained digits model from here (trained there if missing)
+    broker: str = "auto"  # auto: mosquitto when installed, else the embedded amqtt broker; or one of them
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Demo:
         self.result = DemoResult(profile=options.profile.name, workdir=str(self.work))
         self.processes = ProcessSet()
         self.broker: Any = None
+        self.broker_url = ""
+        self.mqtt_protocol = "auto"
         self.client: Any = None
         self.controller: Any = None
         self.collector: Collector | None = None
@@ -158,7 +161,8 @@ class Demo:
             validation=digits.validation,
             formats=list(self.options.formats),
             name="digits",
-            progress=lambda message: self.say(f"  convert: {message}"),
+            # (message, steps done, steps in all); *rest keeps older one-argument converters working
+            progress=lambda message, *rest: self.say(f"  convert: {message} {_steps(rest)}"),
         )
         shipped = [f"{v.id} {v.precision.value}" for v in report.variants]
         if not report.variants:
@@ -205,16 +209,39 @@ class Demo:
         }
 
     def start_broker(self) -> None:
+        from edgesdk.demo.embedded_broker import amqtt_available
         from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto
 
         began = time.monotonic()
-        if find_mosquitto() is None:
+        choice = self.options.broker
+        use_mosquitto = choice == "mosquitto" or (choice == "auto" and find_mosquitto() is not None)
+        if use_mosquitto:
+            if find_mosquitto() is None:
+                raise DemoError("--broker mosquitto but mosquitto is not installed: sudo apt-get install -y mosquitto")
+            self.broker = MosquittoBroker(data_dir=self.work / "broker").start()
+            self.broker_url = self.broker.url
+            self._step("broker", began, f"mosquitto on {self.broker_url}")
+            return
+        if not amqtt_available():
             raise DemoError(
-                "the demo needs an MQTT broker and mosquitto is not installed: "
-                "sudo apt-get install -y mosquitto (or brew install mosquitto), then run it again"
+                "the demo needs an MQTT broker: install mosquitto (sudo apt-get install -y mosquitto) "
+                "or the embedded one (pip install 'edgesdk[demo]')"
             )
-        self.broker = MosquittoBroker(data_dir=self.work / "broker").start()
-        self._step("broker", began, f"mosquitto on {self.broker.url}")
+        port = _free_port()
+        (self.work / "broker").mkdir(parents=True, exist_ok=True)
+        self.processes.start(
+            "broker",
+            [sys.executable, "-m", "edgesdk.demo.embedded_broker", "--port", str(port)],
+            log_file=self.work / "broker" / "amqtt.log",
+        )
+        deadline = time.monotonic() + 30
+        while not _port_open(port):
+            if "broker" in self.processes.exited() or time.monotonic() > deadline:
+                raise DemoError(f"the embedded broker did not start; see {self.work / 'broker' / 'amqtt.log'}")
+            time.sleep(0.1)
+        self.broker_url = f"mqtt://127.0.0.1:{port}"
+        self.mqtt_protocol = "3.1.1"  # amqtt speaks MQTT 3.1.1 only
+        self._step("broker", began, f"embedded amqtt broker (MQTT 3.1.1) on {self.broker_url}")
 
     def start_agents(self, keys: dict[str, Path]) -> None:
         from edgesdk.image.toml_writer import dumps
@@ -243,7 +270,8 @@ class Demo:
                 "api": {"host": "127.0.0.1", "port": 0},
                 "mqtt": {
                     "enabled": True,
-                    "broker": self.broker.url,
+                    "broker": self.broker_url,
+                    "protocol": self.mqtt_protocol,
                     "namespace": NAMESPACE,
                     "groups": [GROUP],
                     "telemetry_interval_s": 2.0,
@@ -299,7 +327,7 @@ class Demo:
             if time.monotonic() > deadline:
                 missing = sorted(wanted - set(candidates))
                 raise DemoError(f"no enroll request from {', '.join(missing)} within 60 s")
-            candidates = discover_candidates(self.broker.url, namespace=NAMESPACE, wait_s=1.0)
+            candidates = discover_candidates(self._client_options("enroll"), namespace=NAMESPACE, wait_s=1.0)
         registry_path = self.work / "fleet" / "enrollment.json"
         registry = RegistryFile(registry_path)
         for device in sorted(wanted):
@@ -338,20 +366,27 @@ class Demo:
         self._step("package", began, f"signed, encrypted to {len(recipients)} approved keys: {sizes}")
         return bundles
 
+    def _client_options(self, role: str) -> Any:
+        from edgesdk.mqtt.client import ClientOptions
+
+        return ClientOptions(
+            client_id=f"edgesdk-demo-{role}-{os.getpid()}",
+            broker_url=self.broker_url,
+            clean_start=True,
+            session_expiry_s=0,
+            protocol=self.mqtt_protocol,  # type: ignore[arg-type]
+        )
+
     def start_operator(self, keys: dict[str, Path]) -> None:
         from edgesdk.fleet.deployments import DeploymentStore
         from edgesdk.fleet.rollout import RolloutController
         from edgesdk.keys import load_publisher_private_key
-        from edgesdk.mqtt.client import ClientOptions, MqttClient
+        from edgesdk.mqtt.client import MqttClient
 
-        self.client = MqttClient(
-            ClientOptions(
-                client_id=f"edgesdk-demo-operator-{os.getpid()}", broker_url=self.broker.url, clean_start=True
-            )
-        )
+        self.client = MqttClient(self._client_options("operator"))
         self.client.start()
         if not self.client.wait_connected(10):
-            raise DemoError(f"the operator cannot reach the broker at {self.broker.url}")
+            raise DemoError(f"the operator cannot reach the broker at {self.broker_url}")
         self.controller = RolloutController(
             DeploymentStore(self.work / "fleet" / "deployments.sqlite3"),
             self.client,
@@ -554,6 +589,28 @@ class Demo:
                 self.broker.stop()
             except Exception:  # noqa: BLE001 - cleaning up
                 pass
+
+
+def _steps(rest: tuple[Any, ...]) -> str:
+    return f"[{rest[0] + 1}/{rest[1]}]" if len(rest) == 2 else ""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 _PRECISION_RANK = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2, "int4": 3}

@@ -149,3 +149,46 @@ def test_workdir_must_be_new_or_empty(tmp_path: Path, edgesdk_cli) -> None:
     (tmp_path / "something").write_text("mine")
     assert_one_line_error(edgesdk_cli("demo", "--workdir", str(tmp_path)), str(tmp_path), "not empty")
     assert (tmp_path / "something").read_text() == "mine"
+
+
+def test_embedded_broker_carries_retained_qos1_messages_for_mqtt_311_clients(tmp_path: Path) -> None:
+    """The fallback when mosquitto is missing (``--broker embedded``): a separate process that
+    our MQTT client reaches with protocol 3.1.1, with retained and QoS 1 messages."""
+    pytest.importorskip("amqtt", reason="the embedded broker is the 'demo' extra (pip install 'edgesdk[demo]')")
+    pytest.importorskip("paho.mqtt")
+    from edgesdk.demo.processes import ProcessSet
+    from edgesdk.demo.story import _free_port, _port_open
+    from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+    port = _free_port()
+    processes = ProcessSet()
+    processes.start(
+        "broker", [sys.executable, "-m", "edgesdk.demo.embedded_broker", "--port", str(port)], log_file=tmp_path / "log"
+    )
+    clients: list[MqttClient] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_open(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        url = f"mqtt://127.0.0.1:{port}"
+        publisher = MqttClient(ClientOptions(client_id="pub", broker_url=url, protocol="3.1.1"))
+        clients.append(publisher)
+        publisher.start()
+        assert publisher.wait_connected(10), publisher.stats.last_error
+        publisher.publish("edgesdk/devices/d1/presence", b"online", qos=1, retain=True)
+        received: list[tuple[str, bytes]] = []
+        subscriber = MqttClient(ClientOptions(client_id="sub", broker_url=url, protocol="3.1.1"))
+        clients.append(subscriber)
+        subscriber.on_message = lambda topic, payload: received.append((topic, payload))
+        subscriber.subscribe("edgesdk/devices/+/presence", qos=1)
+        subscriber.start()
+        assert subscriber.wait_connected(10)
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ("edgesdk/devices/d1/presence", b"online") in received  # retained, delivered late
+    finally:
+        for client in clients:
+            client.stop()
+        processes.stop_all()
+    assert not _port_open(port)
