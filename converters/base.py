@@ -80,6 +80,9 @@ class ConverterCapabilities:
     sources: tuple[str, ...]
     #: Extra packages needed only for an ONNX source (a separate ONNX route).
     onnx_route_packages: tuple[str, ...] = ()
+    #: Extra packages of single int8 methods: (method, packages) pairs; the planner skips a
+    #: method whose packages are missing.
+    method_packages: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: Whether variants can run here (False: spec-only validation).
     numeric_validation: bool = True
     #: Whether ``keep_float`` is honoured (accuracy-aware repair).

@@ -96,6 +96,10 @@ class OnnxConverter:
                     nodes_to_exclude=keep,
                     extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
                 )
+            elif method == "nncf-qdq":
+                if not request.calibration:
+                    raise ConversionError("onnx nncf-qdq int8 needs calibration data (--calibration)")
+                self._nncf(request, str(out), keep)
             elif method == "dynamic-int8":
                 quantize_dynamic(source, str(out), weight_type=QuantType.QInt8, nodes_to_exclude=keep)
             else:
@@ -106,3 +110,20 @@ class OnnxConverter:
             raise ConversionError(f"onnx int8 ({method}) failed: {exc}") from exc
         notes = [f"kept in float: {', '.join(keep)}"] if keep else []
         return ConvertedArtifact({"model.onnx": request.workdir / "model.onnx"}, Precision.INT8, method, notes)
+
+    @staticmethod
+    def _nncf(request: ConversionRequest, out: str, keep: list[str]) -> None:
+        """NNCF post-training quantization on the ONNX graph (QDQ, run by onnxruntime)."""
+        import nncf
+        import onnx
+
+        data = request.calibration or {}
+        count = int(next(iter(data.values())).shape[0])
+        items = [{k: v[i : i + 1] for k, v in data.items()} for i in range(count)]
+        quantized = nncf.quantize(
+            onnx.load(str(request.source.onnx_path)),
+            nncf.Dataset(items),
+            subset_size=min(300, count),
+            ignored_scope=nncf.IgnoredScope(names=keep, validate=False) if keep else None,
+        )
+        onnx.save_model(quantized, out)

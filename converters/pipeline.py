@@ -199,6 +199,7 @@ class _Run:
     def build_variant(self, planned: PlannedVariant) -> _Built | None:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
         candidates: list[tuple[str | None, _Built]] = []
+        failed: list[tuple[str | None, _Built]] = []
         misses: list[str] = []
         if planned.format in self.unsupported:
             self._reject(planned, self.unsupported[planned.format])
@@ -218,14 +219,22 @@ class _Run:
                 continue
             accuracy = built.result.accuracy
             if accuracy is not None and not accuracy.passed:
-                repaired, tried = self.repair(planned, method or "", built)
-                if repaired is None:
-                    misses.append(
-                        f"{method or planned.precision.value}: {_fmt_metric(built)}" + (f"; {tried}" if tried else "")
-                    )
-                    continue
-                built = repaired
+                failed.append((method, built))
+                continue
             candidates.append((method, built))
+        # Repair only when no method holds the gate as is, best-scoring miss first, and stop
+        # at the first repair that holds it: every round is a quantization plus a validation.
+        failed.sort(key=lambda item: _score(item[1]), reverse=True)
+        for method, built in failed:
+            repaired, tried = (None, "not repaired: another method holds the gate") if candidates else (None, "")
+            if not candidates:
+                repaired, tried = self.repair(planned, method or "", built)
+            if repaired is not None:
+                candidates.append((method, repaired))
+                continue
+            misses.append(
+                f"{method or planned.precision.value}: {_fmt_metric(built)}" + (f"; {tried}" if tried else "")
+            )
         if not candidates:
             self._reject(planned, "; ".join(misses) or "no method produced a variant")
             return None
@@ -245,6 +254,14 @@ class _Run:
         return candidates[0][1]
 
 
+def _score(built: _Built) -> float:
+    """Higher is closer to the gate, whatever the metric."""
+    accuracy = built.result.accuracy
+    if accuracy is None:
+        return float("-inf")
+    return -accuracy.value if accuracy.metric == "max_abs" else accuracy.value
+
+
 def _fmt_metric(built: _Built) -> str:
     accuracy = built.result.accuracy
     if accuracy is None:
@@ -252,7 +269,7 @@ def _fmt_metric(built: _Built) -> str:
     if accuracy.metric == "top1":
         return f"top-1 agreement {accuracy.value:.2%} vs gate {accuracy.gate:.0%}"
     op = ">" if accuracy.metric == "max_abs" else "<"
-    return f"{accuracy.metric} {accuracy.value:.4g} {op if not accuracy.passed else 'vs'} gate {accuracy.gate:g}"
+    return f"{accuracy.metric} {accuracy.value:.6g} {op if not accuracy.passed else 'vs'} gate {accuracy.gate:g}"
 
 
 def _example_from(
@@ -283,6 +300,7 @@ def convert(
     output_names: Sequence[str] | None = None,
     example: Mapping[str, np.ndarray] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    int8_methods: Collection[str] | None = None,
     profiles_dirs: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> ConversionReport:
@@ -359,6 +377,7 @@ def convert(
             formats=wanted_formats,
             precisions=wanted_precisions,
             host_runtimes=available_runtimes(),
+            int8_methods=int8_methods,
         )
         say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
         say("computing reference outputs")

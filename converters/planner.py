@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_packages
+from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
 from edgesdk.schemas.profile import DeviceProfile
@@ -19,7 +19,7 @@ from edgesdk.schemas.report import RejectedVariant
 
 #: Ladder order: the governor steps down this list.
 LADDER = (Precision.FP32, Precision.FP16, Precision.INT8)
-STATIC_INT8 = {"static-qdq-per-channel", "static-int8-full-integer", "nncf-ptq"}
+STATIC_INT8 = {"static-qdq-per-channel", "nncf-qdq", "static-int8-full-integer", "nncf-ptq"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ def make_plan(
     formats: Collection[ModelFormat] | None = None,
     precisions: Collection[Precision] | None = None,
     host_runtimes: Collection[RuntimeName] = (),
+    int8_methods: Collection[str] | None = None,
 ) -> Plan:
     """Formats × precision ladder for ``profile``, with the reasoning."""
     plan = Plan()
@@ -142,6 +143,22 @@ def make_plan(
             methods: tuple[str | None, ...] = (None,)
             if precision == Precision.INT8:
                 methods = caps.int8_methods
+                for method in methods:
+                    lacking = missing_method_packages(converter, method)
+                    if lacking:
+                        plan.decisions.append(f"{fmt.value} int8: {method} skipped, it needs {', '.join(lacking)}")
+                methods = tuple(m for m in methods if not missing_method_packages(converter, m))
+                if int8_methods:
+                    chosen = tuple(m for m in methods if m in int8_methods)
+                    if not chosen:
+                        plan.reject(
+                            fmt,
+                            precision,
+                            f"none of --int8-method {', '.join(sorted(int8_methods))} applies to {fmt.value} "
+                            f"(it has {', '.join(caps.int8_methods)})",
+                        )
+                        continue
+                    methods = chosen
                 if not has_calibration:
                     usable = tuple(m for m in methods if m not in STATIC_INT8)
                     if not usable:

@@ -35,11 +35,13 @@ CONVERTERS: dict[str, ConverterEntry] = {
             format=ModelFormat.ONNX,
             runtime=RuntimeName.ONNXRUNTIME,
             precisions=(FP32, FP16, INT8),
-            int8_methods=("static-qdq-per-channel", "dynamic-int8"),
+            int8_methods=("static-qdq-per-channel", "nncf-qdq", "dynamic-int8"),
             packages=("onnx", "onnxruntime", "onnxconverter_common"),
             extra="convert",
             sources=("pytorch", "onnx"),
             supports_repair=True,
+            # NNCF's ONNX backend also writes QDQ for onnxruntime; it needs edgesdk[convert-openvino].
+            method_packages=(("nncf-qdq", ("nncf",)),),
         ),
     ),
     "tflite": ConverterEntry(
@@ -98,6 +100,20 @@ def missing_packages(name: str, source_kind: str = "pytorch") -> list[str]:
     caps = CONVERTERS[name].capabilities
     missing = []
     for package in caps.packages + (caps.onnx_route_packages if source_kind == "onnx" else ()):
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
+
+
+def missing_method_packages(name: str, method: str) -> list[str]:
+    """Packages a single int8 method of the converter needs that are not installed."""
+    wanted = dict(CONVERTERS[name].capabilities.method_packages).get(method, ())
+    missing = []
+    for package in wanted:
         try:
             found = importlib.util.find_spec(package) is not None
         except (ImportError, ValueError):

@@ -54,6 +54,13 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     multiple=True,
     help="Extra dynamic axis of a PyTorch model's tensor, NAME:AXIS:LABEL (e.g. input_ids:1:sequence); axis 0 is always the batch.",
 )
+@click.option(
+    "--int8-method",
+    "int8_methods",
+    multiple=True,
+    help="Only these int8 methods (repeatable), e.g. static-qdq-per-channel, nncf-qdq, dynamic-int8, "
+    "static-int8-full-integer, nncf-ptq, linear-weights-int8. Default: every method, the fastest that holds the gate wins.",
+)
 @json_option
 @click.pass_context
 def convert(
@@ -71,6 +78,7 @@ def convert(
     output_names: str | None,
     inputs: tuple[str, ...],
     dynamic_axes: tuple[str, ...],
+    int8_methods: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Convert MODEL (an .onnx file or module:factory returning an nn.Module) for a device profile.
@@ -122,6 +130,7 @@ def convert(
             output_names=split(output_names),
             example=example,
             dynamic_axes=axes or None,
+            int8_methods=int8_methods or None,
             progress=lambda message, done, total: progress.update(
                 task, description=message, completed=done, total=total
             ),

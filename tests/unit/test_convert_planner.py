@@ -16,6 +16,7 @@ ALL_HOST_RUNTIMES = [RuntimeName.ONNXRUNTIME, RuntimeName.LITERT, RuntimeName.OP
 def everything_installed(monkeypatch):
     # The plan must not depend on what this test machine happens to have installed.
     monkeypatch.setattr(planner, "missing_packages", lambda name, source_kind="pytorch": [])
+    monkeypatch.setattr(planner, "missing_method_packages", lambda name, method: [])
 
 
 def ids(plan) -> list[str]:
@@ -31,7 +32,7 @@ def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
     ]  # fmt: skip
     assert plan.rejected == []
     onnx_int8 = next(v for v in plan.variants if v.id == "onnx-int8")
-    assert onnx_int8.methods == ("static-qdq-per-channel", "dynamic-int8")
+    assert onnx_int8.methods == ("static-qdq-per-channel", "nncf-qdq", "dynamic-int8")
     assert any("keep the faster one" in d for d in plan.decisions)
     ov_fp32 = next(v for v in plan.variants if v.id == "openvino-fp32")
     assert ov_fp32.options["INFERENCE_PRECISION_HINT"] == "f32"
@@ -93,3 +94,23 @@ def test_missing_converter_packages_and_host_runtime_are_reasons(monkeypatch) ->
     reasons = {r.format: r.reason for r in plan.rejected}
     assert "edgesdk[convert-openvino]" in reasons[ModelFormat.OPENVINO]
     assert "litert is not installed on this host" in reasons[ModelFormat.TFLITE]
+
+
+def test_an_int8_method_whose_package_is_missing_is_skipped_with_a_reason(monkeypatch) -> None:
+    monkeypatch.setattr(
+        planner, "missing_method_packages", lambda name, method: ["nncf"] if method == "nncf-qdq" else []
+    )
+    plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert next(v for v in plan.variants if v.id == "onnx-int8").methods == ("static-qdq-per-channel", "dynamic-int8")
+    assert "onnx int8: nncf-qdq skipped, it needs nncf" in plan.decisions
+
+
+def test_int8_methods_can_be_restricted() -> None:
+    plan = make_plan(
+        get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES,
+        int8_methods={"dynamic-int8"},
+    )  # fmt: skip
+    methods = {v.id: v.methods for v in plan.variants if v.precision == Precision.INT8}
+    assert methods == {"tflite-int8": ("dynamic-int8",), "onnx-int8": ("dynamic-int8",)}
+    (openvino,) = [r for r in plan.rejected if r.format == ModelFormat.OPENVINO]
+    assert "nncf-ptq" in openvino.reason
