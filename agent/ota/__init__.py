@@ -4,6 +4,7 @@ downloads, verifies, stages, smoke-tests, activates, watches and commits or roll
 Public surface: :class:`UpdateManager` (what the agent uses), the state/event enums and tables.
 """
 
+from edgesdk.agent.ota.boot import guard_boot
 from edgesdk.agent.ota.machine import UpdateMachine, UpdateTarget
 from edgesdk.agent.ota.manager import UpdateManager
 from edgesdk.agent.ota.signing import sign_deployment, verify_deployment
@@ -17,6 +18,7 @@ __all__ = [
     "UpdateManager",
     "UpdateState",
     "UpdateTarget",
+    "guard_boot",
     "sign_deployment",
     "verify_deployment",
 ]

@@ -130,7 +130,11 @@ class UpdateMachine:
         """After a restart: continue where the resume table says, until a resting state."""
         saved = self.record.state
         target = resume_state(saved)
-        restarts = self.record.restarts + (1 if saved is S.PROBATION else 0)
+        # guard_boot (called before the model loaded) may already have counted this start.
+        counted = self.record.boot_counted
+        restarts = self.record.restarts + (1 if saved is S.PROBATION and not counted else 0)
+        if counted:
+            self.record = self.record.model_copy(update={"boot_counted": False})
         if saved in RESTING_STATES:
             # Nothing half done: finish the idempotent resting work and report the truth again.
             return self.run()

@@ -401,3 +401,82 @@ def test_state_file_survives_as_old_or_new(tmp_path: Path) -> None:
     state_file.save(UpdateRecord(state=S.STAGED, deployment=make_deployment()))
     assert state_file.load().state is S.STAGED
     assert not list((tmp_path / "ota").glob(".*.tmp"))
+
+
+# -- the boot guard: a new model that crashes the agent while loading -------------------------------
+
+
+class FakeStore:
+    """The part of ModelStore that guard_boot uses, over a FakeDisk."""
+
+    def __init__(self, disk: FakeDisk) -> None:
+        self.disk = disk
+
+    def reload(self) -> None:
+        pass
+
+    @property
+    def active_slot(self) -> str:
+        return self.disk.active
+
+    def rollback(self) -> str | None:
+        if self.disk.previous is None:
+            return None
+        self.disk.active, self.disk.previous, self.disk.committed = self.disk.previous, None, True
+        return self.disk.active
+
+
+def test_boot_guard_breaks_a_crash_loop_before_the_model_loads(tmp_path: Path) -> None:
+    from edgesdk.agent.ota.boot import guard_boot
+
+    ota_dir = tmp_path / "ota"  # guard_boot reads <data_dir>/ota/state.json
+
+    disk = FakeDisk()
+    machine, _ = boot(ota_dir, disk, hook=power_loss_at(S.PROBATION))
+    with pytest.raises(SimulatedPowerLoss):
+        machine.start(make_deployment(max_restarts=1))
+    # The new model now kills the agent while it loads, before the update manager resumes.
+    assert guard_boot(tmp_path, FakeStore(disk)) is None  # first restart: allowed
+    assert disk.slots[disk.active] == NEW
+    reason = guard_boot(tmp_path, FakeStore(disk))  # second: over max_restarts
+    assert reason is not None and "crash loop: 2 restarts" in reason
+    assert disk.slots[disk.active] == OLD  # switched back before anything loaded the new slot
+    machine, device = boot(ota_dir, disk)
+    assert machine.resume() is S.ROLLED_BACK
+    assert_truthful(device, S.ROLLED_BACK, OLD)
+    assert "crash loop" in device.published[-1].reason
+
+
+def test_boot_guard_counts_once_with_resume(tmp_path: Path) -> None:
+    from edgesdk.agent.ota.boot import guard_boot
+
+    ota_dir = tmp_path / "ota"  # guard_boot reads <data_dir>/ota/state.json
+
+    disk = FakeDisk()
+    machine, _ = boot(ota_dir, disk, hook=power_loss_at(S.PROBATION))
+    with pytest.raises(SimulatedPowerLoss):
+        machine.start(make_deployment(max_restarts=2))
+    assert guard_boot(tmp_path, FakeStore(disk)) is None
+    machine, device = boot(ota_dir, disk)
+    assert machine.resume() is S.COMMITTED
+    assert machine.record.restarts == 1  # counted by the guard, not again by resume
+    assert_truthful(device, S.COMMITTED, NEW)
+
+
+def test_boot_guard_rolls_the_store_back_for_activating(tmp_path: Path) -> None:
+    from edgesdk.agent.ota.boot import guard_boot
+
+    ota_dir = tmp_path / "ota"  # guard_boot reads <data_dir>/ota/state.json
+
+    disk = FakeDisk()
+    machine, _ = boot(ota_dir, disk, fail_in=None, hook=power_loss_at(S.ACTIVATING))
+    with pytest.raises(SimulatedPowerLoss):
+        machine.start(make_deployment())
+    # Power lost after the slot switch but before the state moved on: simulate the switch.
+    disk.previous, disk.active, disk.committed = disk.active, "b", False
+    assert guard_boot(tmp_path, FakeStore(disk)) == "agent restarted during ACTIVATING"
+    assert disk.slots[disk.active] == OLD
+    machine, device = boot(ota_dir, disk)
+    assert machine.resume() is S.ROLLED_BACK
+    assert_truthful(device, S.ROLLED_BACK, OLD)
+    assert guard_boot(tmp_path, FakeStore(disk)) is None  # nothing pending any more
