@@ -264,6 +264,9 @@ class Agent:
                 from edgesdk.agent.link import start_link
 
                 self.link = start_link(self)
+                from edgesdk.agent.enrollment import announce_enrollment
+
+                announce_enrollment(self, self.link)
             except ImportError as exc:
                 log.error("mqtt.enabled but the MQTT link is not available: %s", exc)
             except EdgeSDKError as exc:
@@ -280,6 +283,22 @@ class Agent:
         except EdgeSDKError as exc:
             log.error("OTA resume failed: %s", exc)
             self.problems.append(f"ota: {exc}")
+
+    def _guard_boot(self) -> None:
+        """Before any model loads: if the last start died while a new model was on probation,
+        count it (a crash loop rolls back) so a model that kills the agent cannot keep it down."""
+        try:
+            from edgesdk.agent.ota import guard_boot
+        except ImportError:
+            return
+        try:
+            done = guard_boot(self.data_dir, self.store)
+        except Exception as exc:  # noqa: BLE001 - a damaged OTA record must not keep the agent from serving
+            log.error("OTA boot guard failed: %s", exc)
+            self.problems.append(f"ota boot guard: {exc}")
+            return
+        if done:
+            log.warning("OTA boot guard: %s", done)
 
     def _stop_hooks(self) -> None:
         for part in (self.updates, self.link):
@@ -344,6 +363,7 @@ class Agent:
             )
         # Listening first: a taken port fails at once, and /healthz answers while a large model
         # loads (in a thread, so the loop keeps serving); /readyz says 503 until it is in.
+        self._guard_boot()
         await self._loop.run_in_executor(None, self.load_installed)
         self.governor.start()
         for sig in (signal.SIGTERM, signal.SIGINT):

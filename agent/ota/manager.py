@@ -82,7 +82,12 @@ class UpdateManager:
     def resume(self) -> UpdateState:
         """Continue an update the last run left behind (in the background); returns the saved state."""
         saved = self.machine.state
-        if saved is not UpdateState.IDLE:
+        if saved in RESTING_STATES:
+            # Nothing half done: re-report the truth now, so the worker is free for the first
+            # deployment that arrives right after start (instead of answering "busy").
+            if saved is not UpdateState.IDLE:
+                self.machine.resume()
+        else:
             self._submit(self.machine.resume)
         return saved
 
