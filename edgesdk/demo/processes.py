@@ -62,12 +62,12 @@ class ProcessSet:
             except subprocess.TimeoutExpired:
                 pass
         for _, proc, log in self._children:
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGKILL)
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
+            # Always the whole group: a child that exited may have left children of its own.
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
             log.close()
 
 
