@@ -495,7 +495,9 @@ class Demo:
         if collector is None:
             return
         device = self.hot_device
-        top = next((v["id"] for v in self.result.conversion["variants"] if v["precision"] == "fp32"), None)
+        # The ladder's best precision (by precision, not variant id: with several formats the
+        # agent picks which variant of that precision it serves).
+        top = min((v["precision"] for v in self.result.conversion["variants"]), key=_rank)
         self.say(f"replaying a heat trace on {device}: the governor should step precision down and back up…")
         deadline = time.monotonic() + self.options.heat_timeout_s
         announced = False
@@ -519,7 +521,7 @@ class Demo:
                     f"back up to {top} at {up.temperature_c:.0f} °C",
                 )
                 return
-            if not announced and series and series[-1].variant != top:
+            if not announced and series and series[-1].precision != top:
                 announced = True
                 self.say(f"  {device}: {series[-1].temperature_c:.0f} °C → serving {series[-1].variant}")
             time.sleep(0.2)
@@ -623,19 +625,20 @@ def _rank(precision: str) -> int:
     return _PRECISION_RANK.get(precision, 9)
 
 
-def find_step_down_and_up(series: list[Sample], top: str | None) -> tuple[Sample, Sample, str] | None:
-    """The first episode in ``series`` where the device left ``top`` and came back to it:
-    (first sample below top, first sample back on top, lowest precision in between)."""
+def find_step_down_and_up(series: list[Sample], top: str) -> tuple[Sample, Sample, str] | None:
+    """The first episode in ``series`` where the device left precision ``top`` and came back
+    to it: (first sample below top, first sample back on top, lowest precision in between)."""
     down: Sample | None = None
     lowest = ""
     for sample in series:
+        precision = sample.precision or ""
         if down is None:
-            if sample.variant != top:
-                down, lowest = sample, sample.precision or ""
-        elif sample.variant == top:
+            if precision != top:
+                down, lowest = sample, precision
+        elif precision == top:
             return down, sample, lowest
-        elif _rank(sample.precision or "") > _rank(lowest):
-            lowest = sample.precision or ""
+        elif _rank(precision) > _rank(lowest):
+            lowest = precision
     return None
 
 

@@ -55,7 +55,7 @@ F32, F16, I8 = ("onnx-fp32", "fp32"), ("onnx-fp16", "fp16"), ("onnx-int8", "int8
 )
 def test_find_step_down_and_up(sequence, expected) -> None:
     series = [sample(float(i), v, p) for i, (v, p) in enumerate(sequence)]
-    found = find_step_down_and_up(series, "onnx-fp32")
+    found = find_step_down_and_up(series, "fp32")
     if expected is None:
         assert found is None
     else:
