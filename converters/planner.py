@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from edgesdk.converters.onnx2tf_route import missing_reason
 from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
@@ -109,9 +110,9 @@ def make_plan(
                 plan.reject(fmt, p, f"no converter for {fmt.value}")
             continue
         caps = CONVERTERS[converter].capabilities
-        if source_kind not in caps.sources:
+        if source_kind not in caps.sources or (source_kind == "onnx" and converter == "tflite" and missing_reason()):
             route = {
-                ModelFormat.TFLITE: "no ONNX→TFLite route installs beside the other converters (onnx2tf pins old numpy/onnx/TensorFlow)",
+                ModelFormat.TFLITE: missing_reason() or "",
                 ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
             }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
             for p in ladder:

@@ -53,8 +53,8 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=("static-int8-full-integer", "dynamic-int8"),
             packages=("litert_torch", "ai_edge_quantizer", "ai_edge_litert"),
             extra="convert-tflite",
-            # No ONNX route installs beside the rest (onnx2tf pins old numpy/onnx/TF).
-            sources=("pytorch",),
+            # ONNX: onnx2tf in its own venv, as a subprocess (converters/onnx2tf_route.py).
+            sources=("pytorch", "onnx"),
             # Layer names of the .tflite do not map back to the source's: when static int8
             # misses the gate, dynamic int8 (float activations) is the fallback instead.
             supports_repair=False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from edgesdk.converters import onnx2tf_route
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS
@@ -77,10 +78,8 @@ class TFLiteConverter:
         return self._float_cache[key]
 
     def _convert_float(self, source: SourceModel) -> bytes:
-        if source.torch_module is None:
-            raise ConversionError(
-                "tflite needs a PyTorch model: no ONNX→TFLite route installs beside the other converters"
-            )
+        if source.torch_module is None:  # ONNX source: onnx2tf in its own venv (onnx2tf_route)
+            return onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
         import litert_torch
         import torch
 
@@ -100,7 +99,10 @@ class TFLiteConverter:
         request.workdir.mkdir(parents=True, exist_ok=True)
         out = request.workdir / "model.tflite"
         fp32 = self._float_model(request.source)
-        notes = ["static shapes (batch 1): litert-torch has no dynamic shapes"]
+        notes = [
+            "static shapes (batch 1): "
+            + ("onnx2tf -ois" if request.source.torch_module is None else "litert-torch has no dynamic shapes")
+        ]
         method: str | None = None
         if request.precision == Precision.FP32:
             content = fp32

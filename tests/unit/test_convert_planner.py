@@ -38,7 +38,8 @@ def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
     assert ov_fp32.options["INFERENCE_PRECISION_HINT"] == "f32"
 
 
-def test_onnx_input_cannot_reach_tflite_and_says_why() -> None:
+def test_onnx_input_cannot_reach_tflite_and_says_why(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("EDGESDK_ONNX2TF", str(tmp_path / "no-onnx2tf"))  # the route's toolchain is absent
     plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
     assert not any(v.format == ModelFormat.TFLITE for v in plan.variants)
     reasons = [r.reason for r in plan.rejected if r.format == ModelFormat.TFLITE]
