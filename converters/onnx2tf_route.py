@@ -63,6 +63,9 @@ def command_line(
 ) -> list[str]:
     """The onnx2tf invocation: shapes fixed to the example, NCHW kept for rank ≥ 3 inputs."""
     command = [str(exe), "-i", str(onnx_path), "-o", str(out_dir)]
+    # Erf (GELU) would otherwise become a Select-TF op (FlexErf) that LiteRT's builtin
+    # interpreter cannot load; onnx2tf's pseudo op writes it with builtin ops.
+    command += ["-rtpo", "Erf"]
     keep_layout = [s.name for s in inputs if len(np.shape(example[s.name])) >= 3]
     if keep_layout:
         command += ["-k", *keep_layout]

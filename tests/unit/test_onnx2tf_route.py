@@ -34,7 +34,7 @@ def test_command_line_fixes_shapes_to_the_example_and_keeps_nchw() -> None:
     example = {"image": np.zeros((1, 1, 8, 8), np.float32), "ids": np.zeros((1, 16), np.int64)}
     command = onnx2tf_route.command_line(Path("/venv/bin/onnx2tf"), Path("/t/m.onnx"), Path("/t/out"), inputs, example)
     assert command == [
-        "/venv/bin/onnx2tf", "-i", "/t/m.onnx", "-o", "/t/out",
+        "/venv/bin/onnx2tf", "-i", "/t/m.onnx", "-o", "/t/out", "-rtpo", "Erf",
         "-k", "image",
         "-ois", "image:1,1,8,8", "ids:1,16",
     ]  # fmt: skip
