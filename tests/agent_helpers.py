@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -178,3 +179,19 @@ class AgentProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def raw_exchange(port: int, data: bytes, *, timeout: float = 10) -> bytes:
+    """Send raw bytes to 127.0.0.1:port and read until the server closes or goes quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.agent_helpers import AgentProcess, make_device, run_agent_cli
+from tests.agent_helpers import AgentProcess, make_device, raw_exchange, run_agent_cli
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
@@ -68,21 +68,6 @@ def reference(digits, images):
 def client(agent):
     with httpx.Client(base_url=agent.url, timeout=30) as c:
         yield c
-
-
-def raw_exchange(port: int, data: bytes, *, read_timeout: float = 10) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) as sock:
-        sock.sendall(data)
-        chunks = []
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
 
 
 def test_health_ready_models_status_metrics(client) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 from edgesdk.agent.api.http import HttpLimits, HttpServer, Request, Respond, Response
 
+from tests.agent_helpers import raw_exchange
+
 
 def handler(request: Request, respond: Respond) -> None:
     if request.path == "/boom":
@@ -62,18 +64,7 @@ def server() -> Iterator[tuple[int, HttpServer]]:
 
 
 def exchange(port: int, data: bytes, *, timeout: float = 2.0) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(data)
-        chunks = []
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks)
+    return raw_exchange(port, data, timeout=timeout)
 
 
 def test_pipelined_keep_alive_requests_answer_in_order(server) -> None:
