@@ -5,24 +5,29 @@ Public surface::
 
     package_bundle(convert_dir, *, name, version, release, publisher_key, recipients, ...) -> Path
     verify_bundle(path, *, trusted_publishers, profile, installed_release, now) -> VerifiedBundle
+    verify_installed_bundle(path, *, trusted_publishers, installed_front_sha256, installed_sha256, profile)
+        -> VerifiedBundle        (agent start-up: the payloads were hashed at install)
     decrypt_variant(verified, variant_id, device_key) -> dict[str, bytes]
+    decrypt_and_load(verified, variant_id, device_key, load) -> load(files), once the plaintext is proven
     decrypt_golden(verified, device_key) -> dict[str, np.ndarray] | None
     inspect_bundle(path) -> UnverifiedBundleInfo     (for display only; nothing is checked)
 """
 
-from edgesdk.bundle.decrypt import decrypt_golden, decrypt_variant
+from edgesdk.bundle.decrypt import decrypt_and_load, decrypt_golden, decrypt_variant
 from edgesdk.bundle.inspect import UnverifiedBundleInfo, inspect_bundle
 from edgesdk.bundle.packager import DEFAULT_SEGMENT_SIZE, default_release, package_bundle
-from edgesdk.bundle.verify import VerifiedBundle, verify_bundle
+from edgesdk.bundle.verify import VerifiedBundle, verify_bundle, verify_installed_bundle
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
     "UnverifiedBundleInfo",
     "VerifiedBundle",
+    "decrypt_and_load",
     "decrypt_golden",
     "decrypt_variant",
     "default_release",
     "inspect_bundle",
     "package_bundle",
     "verify_bundle",
+    "verify_installed_bundle",
 ]

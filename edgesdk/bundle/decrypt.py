@@ -4,13 +4,22 @@ Only a :class:`VerifiedBundle` is accepted. Payloads are read segment by segment
 decrypted straight into the ``bytes`` objects handed to the runtimes, each allocated at its
 signed size (so a payload can never grow past what the manifest says); every segment's GCM
 tag and the payload's signed SHA-256 are checked before any byte is handed out.
+
+:func:`decrypt_and_load` is the same with one difference in timing, for the agent's start:
+the signed SHA-256 of the plaintext is computed on a second thread WHILE the caller's loader
+builds its runtime session from the (already GCM-authenticated) bytes, and the session is
+returned only if the hash matches — nothing runs on a model before it is proven. On two or
+more cores the hash then costs no wall time, which is what brings "verify + decrypt +
+create session" within a few percent of creating the session from a plaintext file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -23,7 +32,12 @@ from edgesdk.bundle.reader import open_bundle_file
 from edgesdk.bundle.stream_aead import SegmentOpener, derive_payload_key
 from edgesdk.bundle.verify import VerifiedBundle
 from edgesdk.errors import BundleFormatError, DecryptionError, IntegrityError, UsageError
-from edgesdk.schemas.manifest import BundleEncryption
+from edgesdk.schemas.manifest import BundleEncryption, Variant
+
+T = TypeVar("T")
+
+#: Below this many plaintext bytes the hash runs inline: a thread would cost more than it hides.
+CONCURRENT_HASH_MIN_BYTES = 1 << 20
 
 
 def _require_verified(bundle: object) -> VerifiedBundle:
@@ -58,13 +72,20 @@ def _declared(bundle: VerifiedBundle, payload_name: str) -> tuple[int, str]:
 
 
 def _decrypt_parts(
-    bundle: VerifiedBundle, payload_name: str, sizes: list[int], device_key: X25519PrivateKey
-) -> list[bytes]:
-    """Decrypt one payload straight into one ``bytes`` object per part (a variant's files).
+    bundle: VerifiedBundle,
+    payload_name: str,
+    sizes: list[int],
+    device_key: X25519PrivateKey,
+    *,
+    check_plaintext: bool = True,
+) -> tuple[list[bytes], str]:
+    """Decrypt one payload straight into one ``bytes`` object per part (a variant's files);
+    returns the parts and the payload's signed plaintext SHA-256.
 
     Each segment is decrypted into the part it belongs to; the rare segment that spans two
-    parts goes through a scratch buffer. The payload's signed SHA-256 is checked over the
-    plaintext in order before any part is returned."""
+    parts goes through a scratch buffer. Every segment's GCM tag is checked. With
+    ``check_plaintext`` the signed SHA-256 is also checked over the plaintext in order
+    before any part is returned; without it the caller must check it (decrypt_and_load)."""
     bundle = _require_verified(bundle)
     encryption = _encryption(bundle)
     location = next((p for p in encryption.payloads if p.name == payload_name), None)
@@ -84,7 +105,11 @@ def _decrypt_parts(
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     cipher_view = memoryview(bytearray(segment_size + AEAD_TAG_SIZE))
     scratch: memoryview | None = None
-    with open_bundle_file(bundle.path) as handle, BackgroundHasher(hashlib.sha256(), expected_bytes=size) as digest:
+    hashed_bytes = size if check_plaintext else 0  # 0: BackgroundHasher hashes inline, i.e. not at all here
+    with (
+        open_bundle_file(bundle.path) as handle,
+        BackgroundHasher(_Digest(check_plaintext), expected_bytes=hashed_bytes) as digest,
+    ):
         handle.seek(bundle.payload_area_offset + location.offset)
         position = 0
         for index in range(count):
@@ -111,9 +136,69 @@ def _decrypt_parts(
                     digest.update(target)  # the copies, so the scratch buffer is free again at once
                     offset += len(target)
             position += plain_length
-        if digest.hexdigest() != expected_sha:
-            raise IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")
-    return [part.finish() for part in parts]
+        if check_plaintext and digest.hexdigest() != expected_sha:
+            raise _plaintext_mismatch(source, payload_name)
+    return [part.finish() for part in parts], expected_sha
+
+
+def _plaintext_mismatch(source: str, payload_name: str) -> IntegrityError:
+    return IntegrityError(f"{source}: payload {payload_name!r} plaintext does not match its signed SHA-256")
+
+
+class _Digest:
+    """SHA-256, or nothing at all when the caller hashes the plaintext itself later."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._sha = hashlib.sha256() if enabled else None
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest() if self._sha is not None else ""
+
+
+class _PlaintextHash:
+    """SHA-256 of a payload's parts in order, on a second thread for big payloads.
+
+    The thread is started and has entered hashlib (which releases the GIL for the whole
+    update) before the constructor returns, so that it runs even while the caller sits in a
+    runtime's C++ code that holds the GIL (onnxruntime creates sessions that way): started
+    any later, it would wait for the GIL until the session was built."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self._digest = hashlib.sha256()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if sum(len(p) for p in parts) < CONCURRENT_HASH_MIN_BYTES:
+            for part in parts:
+                self._digest.update(part)
+            return
+        entered = threading.Event()
+        biggest = max(range(len(parts)), key=lambda i: len(parts[i]))
+
+        def work() -> None:
+            try:
+                for index, part in enumerate(parts):
+                    if index == biggest:
+                        entered.set()  # the next call releases the GIL for as long as it hashes
+                    self._digest.update(part)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller in hexdigest()
+                self._error = exc
+            finally:
+                entered.set()
+
+        self._thread = threading.Thread(target=work, name="edgesdk-plaintext-hash", daemon=True)
+        self._thread.start()
+        entered.wait()
+
+    def hexdigest(self) -> str:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest.hexdigest()
 
 
 def _targets(parts: list[BytesBuilder], starts: list[int], position: int, length: int) -> list[memoryview]:
@@ -135,6 +220,45 @@ def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519P
     payload is the files in order, and their signed sizes fix where each one starts); a
     mismatch raises IntegrityError."""
     bundle = _require_verified(bundle)
+    variant = _variant(bundle, variant_id)
+    contents, _ = _decrypt_parts(bundle, variant.payload, [f.size for f in variant.files], device_key)
+    # bytes (immutable) is what the runtimes want: LiteRT keeps a reference to it.
+    return {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
+
+
+def decrypt_and_load(
+    bundle: VerifiedBundle, variant_id: str, device_key: X25519PrivateKey, load: Callable[[dict[str, bytes]], T]
+) -> T:
+    """Decrypt a variant in memory and return ``load(files)``, only once its plaintext is proven.
+
+    Every segment's GCM tag is checked while decrypting; then ``load`` (e.g. creating a
+    runtime session) runs while the plaintext's signed SHA-256 is computed on a second
+    thread. If the hash does not match, whatever ``load`` returned is closed (when it has a
+    ``close``) and IntegrityError is raised — also when ``load`` itself failed, since a
+    corrupted model is the likelier cause then. ``files`` is as from :func:`decrypt_variant`."""
+    bundle = _require_verified(bundle)
+    variant = _variant(bundle, variant_id)
+    contents, expected_sha = _decrypt_parts(
+        bundle, variant.payload, [f.size for f in variant.files], device_key, check_plaintext=False
+    )
+    files = {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
+    check = _PlaintextHash(contents)
+    del contents
+    try:
+        result = load(files)
+    except BaseException as exc:
+        if check.hexdigest() != expected_sha:
+            raise _plaintext_mismatch(str(bundle.path), variant.payload) from exc
+        raise
+    if check.hexdigest() != expected_sha:
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise _plaintext_mismatch(str(bundle.path), variant.payload)
+    return result
+
+
+def _variant(bundle: VerifiedBundle, variant_id: str) -> Variant:
     try:
         variant = bundle.manifest.variant(variant_id)
     except KeyError:
@@ -142,9 +266,7 @@ def decrypt_variant(bundle: VerifiedBundle, variant_id: str, device_key: X25519P
         raise UsageError(f"bundle has no variant {variant_id!r}; it has: {known}") from None
     if not variant.files:
         raise BundleFormatError(f"{bundle.path}: variant {variant_id!r} lists no files")
-    contents = _decrypt_parts(bundle, variant.payload, [f.size for f in variant.files], device_key)
-    # bytes (immutable) is what the runtimes want: LiteRT keeps a reference to it.
-    return {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
+    return variant
 
 
 def decrypt_golden(bundle: VerifiedBundle, device_key: X25519PrivateKey) -> dict[str, np.ndarray] | None:
@@ -153,7 +275,7 @@ def decrypt_golden(bundle: VerifiedBundle, device_key: X25519PrivateKey) -> dict
     golden = bundle.manifest.golden
     if golden is None:
         return None
-    plaintext = _decrypt_parts(bundle, golden.payload, [golden.size], device_key)[0]
+    plaintext = _decrypt_parts(bundle, golden.payload, [golden.size], device_key)[0][0]
     try:
         with np.load(io.BytesIO(plaintext), allow_pickle=False) as archive:
             arrays: dict[str, Any] = {name: archive[name] for name in archive.files}

@@ -9,6 +9,12 @@ before it is known to come from a trusted publisher:
 4. manifest schema, publisher key id, payload layout (offsets, sizes, ciphertext lengths);
 5. expiry, target profile, anti-rollback;
 6. SHA-256 of every encrypted payload, streamed (and of the whole file, for ``.sha256``).
+
+:func:`verify_installed_bundle` is the agent's start-up path for a bundle that passed all of
+the above at install: it runs 1–5 and checks that header, manifest and signature are byte for
+byte the ones installed, but does not re-read the payloads. Nothing is lost by that: every
+byte the device decrypts is authenticated again on the way (a GCM tag per segment and the
+signed SHA-256 of the plaintext, see ``decrypt.py``), and those are the bytes it runs.
 """
 
 from __future__ import annotations
@@ -48,16 +54,22 @@ TrustedPublishers = Mapping[str, Ed25519PublicKey] | Iterable[Ed25519PublicKey |
 class VerifiedBundle:
     """A bundle whose signature, hashes, expiry, target and release were checked.
 
-    Only :func:`verify_bundle` makes one; decryption and installation take nothing else.
-    Instances are read-only."""
+    Only :func:`verify_bundle` (and, for an installed bundle, :func:`verify_installed_bundle`)
+    makes one; decryption and installation take nothing else. Instances are read-only.
 
-    __slots__ = ("_header", "manifest", "path", "publisher_key_id", "sha256", "size")
+    ``sha256`` is the whole file's SHA-256; ``front_sha256`` that of header + manifest +
+    signature (what identifies the signed release cheaply). ``payloads_hashed`` is False for
+    a bundle re-opened at start-up, whose ``sha256`` is the one recorded at install."""
+
+    __slots__ = ("_header", "front_sha256", "manifest", "path", "payloads_hashed", "publisher_key_id", "sha256", "size")
 
     manifest: BundleManifest
     path: Path
     sha256: str
+    front_sha256: str
     size: int
     publisher_key_id: str
+    payloads_hashed: bool
     _header: ContainerHeader
 
     def __init__(self, *, _token: object, **fields: Any) -> None:
@@ -155,52 +167,132 @@ def verify_bundle(
     Raises a BundleError subclass naming what failed; nothing is returned half-checked."""
     path = Path(path)
     source = str(path)
-    trusted = _trusted_keys(trusted_publishers)
-    if not trusted:
-        raise UsageError("no trusted publisher keys given; pass at least one publisher public key")
     with open_bundle_file(path) as handle:
-        front = read_front(handle, source=source)
-        header = front.header
-        signer_id = header.publisher_key_id.hex()
-        publisher = trusted.get(signer_id)
-        if publisher is None:
-            raise SignatureError(
-                f"{source}: signed by unknown publisher key {signer_id}; trusted: {', '.join(sorted(trusted))}"
-            )
-        try:
-            publisher.verify(front.signature, signed_message(header.raw, front.manifest_bytes))
-        except InvalidSignature as exc:
-            raise SignatureError(
-                f"{source}: manifest signature does not verify with publisher key {signer_id} (tampered header or manifest)"
-            ) from exc
-        try:
-            manifest = BundleManifest.parse_json_clear(front.manifest_bytes, source=f"{source}: manifest")
-        except SchemaError as exc:
-            # Signed but unreadable: written by a newer or broken packager.
-            raise BundleFormatError(str(exc)) from exc
-        if manifest.publisher.key_id != signer_id:
-            raise SignatureError(
-                f"{source}: manifest names publisher key {manifest.publisher.key_id}, but {signer_id} signed it"
-            )
-        check_layout(manifest, header, source=source)
-        check_policy(
-            manifest,
+        front, manifest, signer_id = _check_front(
+            handle,
             source=source,
+            trusted_publishers=trusted_publishers,
             profile=profile,
             installed_release=installed_release,
             now=now,
             allow_expired=allow_expired,
         )
-        file_hash = _hash_payloads(handle, manifest, header, front, source=source)
+        file_hash = _hash_payloads(handle, manifest, front.header, front, source=source)
     return VerifiedBundle(
         _token=_TOKEN,
         manifest=manifest,
         path=path.resolve(),
         sha256=file_hash,
+        front_sha256=_front_sha256(front),
         size=front.actual_size,
         publisher_key_id=signer_id,
-        _header=header,
+        payloads_hashed=True,
+        _header=front.header,
     )
+
+
+def verify_installed_bundle(
+    path: Path | str,
+    *,
+    trusted_publishers: TrustedPublishers,
+    installed_front_sha256: str,
+    installed_sha256: str,
+    profile: DeviceProfile | str | None = None,
+) -> VerifiedBundle:
+    """Re-open a bundle that :func:`verify_bundle` fully checked when it was installed.
+
+    For the agent's start: header, trusted signer, signature, manifest, layout and target
+    profile are checked as at install, and header + manifest + signature must hash to
+    ``installed_front_sha256`` (recorded at install), so the slot still holds the release
+    that was installed and not another validly signed one. Expiry is not checked (it stops
+    installing stale bundles, not serving one) and neither is anti-rollback (the store
+    chose this slot). The payloads are not re-hashed: decryption authenticates every byte it
+    hands out (GCM tag per segment, signed plaintext SHA-256), so rot or tampering in what
+    is loaded is still caught, by ``decrypt_variant`` / ``decrypt_and_load``. The returned
+    bundle's ``sha256`` is ``installed_sha256`` and ``payloads_hashed`` is False."""
+    path = Path(path)
+    source = str(path)
+    with open_bundle_file(path) as handle:
+        front, manifest, signer_id = _check_front(
+            handle,
+            source=source,
+            trusted_publishers=trusted_publishers,
+            profile=profile,
+            installed_release=None,
+            now=None,
+            allow_expired=True,
+        )
+    front_sha256 = _front_sha256(front)
+    if front_sha256 != installed_front_sha256:
+        raise IntegrityError(
+            f"{source}: header and manifest are not the ones installed "
+            f"(sha256 {front_sha256}, installed {installed_front_sha256})"
+        )
+    return VerifiedBundle(
+        _token=_TOKEN,
+        manifest=manifest,
+        path=path.resolve(),
+        sha256=installed_sha256,
+        front_sha256=front_sha256,
+        size=front.actual_size,
+        publisher_key_id=signer_id,
+        payloads_hashed=False,
+        _header=front.header,
+    )
+
+
+def _front_sha256(front: ContainerFront) -> str:
+    return hashlib.sha256(front.header.raw + front.manifest_bytes + front.signature).hexdigest()
+
+
+def _check_front(
+    handle: io.BufferedReader,
+    *,
+    source: str,
+    trusted_publishers: TrustedPublishers,
+    profile: DeviceProfile | str | None,
+    installed_release: int | None,
+    now: datetime | None,
+    allow_expired: bool,
+) -> tuple[ContainerFront, BundleManifest, str]:
+    """Checks 1–5: header, signer, signature, manifest, layout, policy. Nothing is parsed
+    before the signature holds."""
+    trusted = _trusted_keys(trusted_publishers)
+    if not trusted:
+        raise UsageError("no trusted publisher keys given; pass at least one publisher public key")
+    front = read_front(handle, source=source)
+    header = front.header
+    signer_id = header.publisher_key_id.hex()
+    publisher = trusted.get(signer_id)
+    if publisher is None:
+        raise SignatureError(
+            f"{source}: signed by unknown publisher key {signer_id}; trusted: {', '.join(sorted(trusted))}"
+        )
+    try:
+        publisher.verify(front.signature, signed_message(header.raw, front.manifest_bytes))
+    except InvalidSignature as exc:
+        raise SignatureError(
+            f"{source}: manifest signature does not verify with publisher key {signer_id} (tampered header or manifest)"
+        ) from exc
+    try:
+        manifest = BundleManifest.parse_json_clear(front.manifest_bytes, source=f"{source}: manifest")
+    except SchemaError as exc:
+        # Signed but unreadable: written by a newer or broken packager.
+        raise BundleFormatError(str(exc)) from exc
+    if manifest.publisher.key_id != signer_id:
+        raise SignatureError(
+            f"{source}: manifest names publisher key {manifest.publisher.key_id}, but {signer_id} signed it"
+        )
+    check_layout(manifest, header, source=source)
+    check_policy(
+        manifest,
+        source=source,
+        profile=profile,
+        installed_release=installed_release,
+        now=now,
+        allow_expired=allow_expired,
+    )
+    return front, manifest, signer_id
 
 
 def _hash_payloads(
