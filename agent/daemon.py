@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ class Agent:
         self.updates: Any = None
         self.started_at = time.time()
         self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
+        self._bundle_checked: tuple[Any, str] | None = None  # (slot, sha256) re-hashed after load
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.events.subscribe(self._log_event)
@@ -130,26 +132,66 @@ class Agent:
     # -- the model ----------------------------------------------------------------------------------
 
     def load_installed(self) -> bool:
-        """Verify the active slot and serve it (or the last good one). False when nothing usable."""
+        """Verify the active slot and serve it (or the last good one). False when nothing usable.
+
+        A slot whose bundle fails at start (signature or manifest when re-opened, or a GCM tag
+        or plaintext hash while its variants load) is given up for the last good slot, and the
+        fallback is reported (``/v1/status`` problems, ``bundle_fallback`` event). Once a model
+        serves, the whole file is re-hashed in the background against the hash recorded at
+        install, so rot in payloads the agent did not load is reported too."""
         verified = self.store.load_active(self.trusted_publishers, self.profile)
-        report = self.store.load_report
-        self.problems.extend(report.get("problems", []))
-        if report.get("fell_back"):
-            self.events.emit("bundle_fallback", {"slot": report["slot"], "problems": "; ".join(report["problems"])})
+        report = dict(self.store.load_report)
+        problems = list(report.get("problems", []))
+        broken_slot = None  # the first slot that verified but could not serve
         while verified is not None:
             try:
                 self.server.swap(verified, self.device_key)
-                return True
             except EdgeSDKError as exc:
                 problem = f"slot {self.store.active_slot}: cannot serve: {exc}"
-                self.problems.append(problem)
+                problems.append(problem)
                 log.error("%s", problem)
+                broken_slot = broken_slot or self.store.active_slot
                 if self.store.rollback() is None:
-                    return False
+                    break
                 verified = self.store.load_active(self.trusted_publishers, self.profile)
+                problems.extend(self.store.load_report.get("problems", []))
+                continue
+            fell_back = bool(report.get("fell_back")) or broken_slot is not None
+            slot = self.store.active_slot
+            if broken_slot is not None:
+                log.warning("started on last good slot %s instead of broken slot %s", slot, broken_slot)
+            self.store.load_report = {"slot": slot, "fell_back": fell_back, "problems": problems}
+            self.problems.extend(problems)
+            if fell_back:
+                self.events.emit("bundle_fallback", {"slot": slot, "problems": "; ".join(problems)})
+            self._check_bundle_file_later(slot)
+            return True
+        self.problems.extend(problems)
         if not self.store.active_slot:
             log.info("no bundle installed yet; waiting for one (edge-agent install FILE.edgepkg, or OTA)")
         return False
+
+    def _check_bundle_file_later(self, slot: Any) -> None:
+        """Re-hash the serving slot's file on a background thread (see ``load_installed``)."""
+        if slot is None or self.server.model is None or self.server.model.bundle_sha256 is None:
+            return
+        if self._bundle_checked == (slot, self.server.model.bundle_sha256):
+            return  # a SIGHUP reload of the same bundle
+
+        def check() -> None:
+            try:
+                problem = self.store.check_file(slot)
+            except Exception as exc:  # noqa: BLE001 - a background check must never take the agent down
+                problem = f"slot {slot}: background check failed: {exc}"
+            if problem:
+                log.error("%s", problem)
+                self.problems.append(problem)
+                self.events.emit("bundle_damaged", {"slot": slot, "problem": problem})
+            else:
+                log.info("slot %s: bundle file matches the hash recorded at install", slot)
+
+        self._bundle_checked = (slot, self.server.model.bundle_sha256)
+        threading.Thread(target=check, name="edgesdk-bundle-check", daemon=True).start()
 
     def install(self, path: Path) -> dict[str, Any]:
         """Sideload through the OTA install path (verify, stage, smoke-test, activate, commit).

@@ -14,6 +14,7 @@ whose runtime the device profile prefers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from edgesdk.agent.events import EventBus
 from edgesdk.agent.runtimes.base import LoadedModel
 from edgesdk.agent.signature import Signature, dequantize, quantize
 
-from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError
+from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
 from edgesdk.schemas.profile import DeviceProfile
@@ -137,11 +138,25 @@ def _noop_error(kind: str) -> None:
     return None
 
 
-def _default_decrypt(bundle: Any, variant_id: str, device_key: Any) -> dict[str, bytes]:
+LoadFn = Callable[[dict[str, bytes]], LoadedModel]
+
+
+def _default_open(bundle: Any, variant_id: str, device_key: Any, load: LoadFn) -> LoadedModel:
+    """Decrypt in memory and load; the runtime session is built while the plaintext's signed
+    hash is checked on a second thread, and is returned only once it matched."""
     import edgesdk.bundle
 
-    files: dict[str, bytes] = edgesdk.bundle.decrypt_variant(bundle, variant_id, device_key)  # type: ignore[attr-defined]
-    return files
+    model: LoadedModel = edgesdk.bundle.decrypt_and_load(bundle, variant_id, device_key, load)  # type: ignore[attr-defined]
+    return model
+
+
+def _open_with(decrypt: Callable[[Any, str, Any], dict[str, bytes]]) -> Callable[[Any, str, Any, LoadFn], LoadedModel]:
+    """An opener around a plain ``decrypt(bundle, variant_id, key) -> files`` (tests)."""
+
+    def open_variant(bundle: Any, variant_id: str, device_key: Any, load: LoadFn) -> LoadedModel:
+        return load(decrypt(bundle, variant_id, device_key))
+
+    return open_variant
 
 
 def _return_freed_memory() -> None:
@@ -221,20 +236,27 @@ class ModelServer:
         """Decrypt and load every gated variant of ``verified_bundle`` in memory, then switch to it.
 
         The model serving now keeps serving if anything fails (AgentError with every reason).
+        ``decrypt`` (tests) replaces decryption: ``decrypt(bundle, variant_id, key) -> files``.
         """
         from edgesdk.agent.runtimes import load_variant
 
-        decrypt = decrypt or _default_decrypt
+        open_variant = _default_open if decrypt is None else _open_with(decrypt)
 
         manifest = verified_bundle.manifest
         loaded: list[tuple[Variant, LoadedModel]] = []
         problems: list[str] = []
         for group in order_ladder([v for v in manifest.variants if self._eligible(v, problems)], self.profile):
             for meta in group:
+                # Only the runtime keeps the plaintext bytes (if it needs them at all).
+                load = functools.partial(load_variant, meta.runtime, options=self._options_for(meta))
                 try:
-                    files = decrypt(verified_bundle, meta.id, device_key)
-                    model = load_variant(meta.runtime, files, options=self._options_for(meta))
-                    del files  # plaintext bytes: drop our reference as soon as the runtime has them
+                    model = open_variant(verified_bundle, meta.id, device_key, load)
+                except IntegrityError as exc:
+                    # Not this variant's problem but the bundle's: it changed since it was
+                    # verified (rot, tampering). Serve none of it; the caller falls back.
+                    for _, done in loaded:
+                        done.close()
+                    raise IntegrityError(f"{meta.id}: {exc}") from exc
                 except EdgeSDKError as exc:
                     problems.append(f"{meta.id}: {exc}")
                     log.warning("variant %s not loaded: %s", meta.id, exc)

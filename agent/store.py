@@ -10,9 +10,14 @@ Layout under the agent's data dir::
 A new bundle is staged into the slot that is not active, then activated, then committed
 once it has proven itself (the OTA probation, or at once for a sideload). The serving slot
 is never overwritten before the new one is proven: staging always targets the other slot.
-At start, :meth:`ModelStore.load_active` verifies the active slot again (signature and
-hashes: a bundle on an SD card can rot) and falls back to the last proven slot when it
-fails, reporting why.
+At start, :meth:`ModelStore.load_active` checks the active slot again and falls back to the
+last proven slot when it fails, reporting why. The check is
+``edgesdk.bundle.verify_installed_bundle``: signature, manifest, target, and that header +
+manifest are the ones installed (``front_sha256`` recorded at staging). The payloads are not
+re-hashed at start (that would cost as much again as creating the session): decryption
+authenticates every byte it loads (GCM tags + signed plaintext SHA-256), so a bundle that
+rotted on an SD card fails when its variants are loaded, and the daemon then rolls back to
+the last good slot. A slot staged before ``front_sha256`` was recorded is fully re-verified.
 """
 
 from __future__ import annotations
@@ -50,15 +55,28 @@ def _default_verify(path: Path, **kwargs: Any) -> Any:
     return edgesdk.bundle.verify_bundle(path, **kwargs)  # type: ignore[attr-defined]
 
 
+def _default_verify_installed(path: Path, **kwargs: Any) -> Any:
+    import edgesdk.bundle
+
+    return edgesdk.bundle.verify_installed_bundle(path, **kwargs)  # type: ignore[attr-defined]
+
+
 class ModelStore:
     """The A/B slot store of one device. Every change is persisted atomically before it counts."""
 
-    def __init__(self, data_dir: Path, *, verify: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        verify: Callable[..., Any] | None = None,
+        verify_installed: Callable[..., Any] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.slots_dir = self.data_dir / "slots"
         self.state_path = self.data_dir / "store.json"
         self._lock_path = self.data_dir / "store.lock"
         self._verify = verify or _default_verify
+        self._verify_installed = verify_installed or _default_verify_installed
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for slot in SLOTS:
             (self.slots_dir / slot).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -171,6 +189,7 @@ class ModelStore:
                 "version": manifest.model.version,
                 "release": manifest.model.release,
                 "sha256": verified.sha256,
+                "front_sha256": getattr(verified, "front_sha256", None),
                 "staged_at": time.time(),
                 "good": False,
             }
@@ -236,11 +255,44 @@ class ModelStore:
         if not path.is_file():
             raise AgentError(f"slot {slot}: {path} is missing")
         profile_name = getattr(profile, "name", profile)
-        verified = self._verify(path, trusted_publishers=trusted_publishers, profile=profile_name)
-        expected = (self._state["slots"].get(slot) or {}).get("sha256")
+        info = self._state["slots"].get(slot) or {}
+        if info.get("sha256") and info.get("front_sha256"):
+            return self._verify_installed(
+                path,
+                trusted_publishers=trusted_publishers,
+                profile=profile_name,
+                installed_front_sha256=info["front_sha256"],
+                installed_sha256=info["sha256"],
+            )
+        # Expiry stops installing a stale bundle, not serving the one installed.
+        verified = self._verify(path, trusted_publishers=trusted_publishers, profile=profile_name, allow_expired=True)
+        expected = info.get("sha256")
         if expected and verified.sha256 != expected:
             raise IntegrityError(f"slot {slot}: bundle sha256 {verified.sha256} is not the one installed ({expected})")
         return verified
+
+    def check_file(self, slot: Slot) -> str | None:
+        """Re-hash ``slot``'s bundle file against the SHA-256 recorded when it was staged.
+
+        Returns what is wrong, or None when it matches (or nothing was recorded). The agent
+        runs this in the background after start, since start-up itself re-authenticates only
+        the payloads it loads."""
+        expected = (self._state["slots"].get(slot) or {}).get("sha256")
+        if not expected:
+            return None
+        digest = hashlib.sha256()
+        try:
+            with open(self.bundle_path(slot), "rb") as handle:
+                while chunk := handle.read(_COPY_CHUNK):
+                    digest.update(chunk)
+        except OSError as exc:
+            return f"slot {slot}: bundle file unreadable: {exc.strerror or exc}"
+        if digest.hexdigest() != expected:
+            return (
+                f"slot {slot}: bundle file changed since it was installed (sha256 {digest.hexdigest()}, "
+                f"installed {expected}); the variants serving now were authenticated when they loaded"
+            )
+        return None
 
     def load_active(self, trusted_publishers: Any, profile: Any) -> Any:
         """Verify and return the active bundle; on failure fall back to the last good slot.

@@ -76,6 +76,24 @@ def test_tampered_bundle_is_refused_by_install(tmp_path, convert_dir) -> None:
     assert not (device.data_dir / "slots" / "a" / "bundle.edgepkg").exists()
 
 
+def payload_offset(device, bundle: Path, variant_id: str | None) -> tuple[int, int]:
+    """File offset and length of one encrypted payload of ``bundle``: a variant's, or the golden set's."""
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.keys import load_publisher_public_key
+
+    verified = verify_bundle(bundle, trusted_publishers=[load_publisher_public_key(device.publisher_pub)])
+    manifest = verified.manifest
+    name = manifest.variant(variant_id).payload if variant_id else manifest.golden.payload
+    location = next(p for p in manifest.encryption.payloads if p.name == name)
+    return verified.payload_area_offset + location.offset, location.length
+
+
+def rot(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, images) -> None:
     device = make_device(tmp_path / "dev")
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
@@ -83,20 +101,38 @@ def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, 
     store = json.loads((device.data_dir / "store.json").read_text())
     assert store["active"] == "b" and store["previous"] == "a"
     broken = device.data_dir / "slots" / "b" / "bundle.edgepkg"
-    data = bytearray(broken.read_bytes())
-    data[-100] ^= 0xFF  # rot inside an encrypted payload: the hash check must catch it
-    broken.write_bytes(bytes(data))
+    # Rot inside the fp32 variant, which the agent loads at start: decryption must catch it
+    # (start-up does not re-hash the file; GCM and the signed plaintext hash do the work).
+    offset, length = payload_offset(device, broken, "onnx-fp32")
+    rot(broken, offset + length // 2)
     with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
         status = client.get("/v1/status").json()
         assert status["model"]["version"] == "1.0.0"
         assert status["store"]["active_slot"] == "a"
         assert status["store"]["last_load"]["fell_back"] is True
-        assert any("slot b" in p for p in status["problems"]), status["problems"]
+        assert any("slot b" in p and "authentication" in p for p in status["problems"]), status["problems"]
         fallback = [e for e in status["recent_events"] if e["event"] == "bundle_fallback"]
         assert fallback and fallback[0]["slot"] == "a"
         r = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
         assert r.status_code == 200
     assert "started on last good slot a" in agent.log()
+
+
+def test_rot_in_a_payload_not_loaded_at_start_is_reported_by_the_background_check(tmp_path, convert_dir) -> None:
+    device = make_device(tmp_path / "dev")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    bundle = device.data_dir / "slots" / "a" / "bundle.edgepkg"
+    offset, length = payload_offset(device, bundle, None)  # only the OTA smoke test reads it
+    rot(bundle, offset + length // 2)
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
+        deadline = time.monotonic() + 30
+        while not any(e["event"] == "bundle_damaged" for e in client.get("/v1/status").json()["recent_events"]):
+            assert time.monotonic() < deadline, agent.log()
+            time.sleep(0.1)
+        status = client.get("/v1/status").json()
+        # The model it loaded was authenticated byte for byte, so it keeps serving, and says so.
+        assert status["model"]["version"] == "1.0.0"
+        assert any("slot a: bundle file changed since it was installed" in p for p in status["problems"])
 
 
 def test_sighup_reload_after_install_and_sigterm_drain(tmp_path, convert_dir, digits) -> None:

@@ -268,3 +268,36 @@ def test_all_finite_fast_path_agrees_with_the_exact_check() -> None:
     assert all_finite(huge)
     assert not all_finite(np.asfortranarray(np.full((100, 100), np.nan)))
     assert all_finite(np.ones(8, np.float16)) and not all_finite(np.array([np.nan], np.float16))
+
+
+def test_a_damaged_bundle_is_not_served_in_part(monkeypatch) -> None:
+    # A variant whose bytes fail authentication means the bundle changed on disk: the swap is
+    # abandoned (the caller falls back to the last good slot) rather than serving the rest.
+    import edgesdk.agent.runtimes as runtimes
+
+    from edgesdk.errors import IntegrityError
+
+    made: list[FakeModel] = []
+
+    def fake_load_variant(runtime, files, options=None):
+        made.append(FakeModel(1.0))
+        made[-1].closed = False
+        made[-1].close = lambda model=made[-1]: setattr(model, "closed", True)
+        return made[-1]
+
+    def decrypt(bundle, variant_id, key):
+        if variant_id == "int8":
+            raise IntegrityError("payload 'int8.enc': segment 0 failed authentication")
+        return {"model.onnx": variant_id.encode()}
+
+    monkeypatch.setattr(runtimes, "load_variant", fake_load_variant)
+    server = ModelServer(profile=get_profile("rpi5-8gb"))
+    old = server.serve(name="m", version="1.0.0", release=1, variants=[(variant("fp32", "fp32"), FakeModel(2.0))])
+    manifest = SimpleNamespace(
+        model=SimpleNamespace(name="m", version="2.0.0", release=2),
+        variants=[variant("fp32", "fp32"), variant("int8", "int8")],
+    )
+    with pytest.raises(IntegrityError, match="int8: payload 'int8.enc': segment 0 failed authentication"):
+        server.swap(SimpleNamespace(manifest=manifest, sha256="c" * 64), "key", decrypt=decrypt)
+    assert server.model is old
+    assert len(made) == 1 and made[0].closed  # the fp32 variant it had loaded is released

@@ -146,3 +146,64 @@ def test_unreadable_state_file_means_empty_store(tmp_path) -> None:
     (data / "store.json").write_text("{not json")
     store = ModelStore(data, verify=fake_verify)
     assert store.active_slot is None
+
+
+def test_start_up_reopens_a_slot_without_rehashing_it(tmp_path) -> None:
+    # A slot staged with front_sha256 is re-opened with verify_installed (signature, manifest,
+    # "same release as installed"); the full verify is not called at start.
+    calls: list[dict] = []
+
+    def verify_installed(path: Path, **kwargs: object) -> FakeVerified:
+        calls.append(dict(kwargs))
+        if hashlib.sha256(path.read_bytes()).hexdigest() != kwargs["installed_front_sha256"]:
+            raise IntegrityError(f"{path}: header and manifest are not the ones installed")
+        return FakeVerified(path, str(kwargs["installed_sha256"]), SimpleNamespace())
+
+    def full_verify_not_expected(path: Path, **_: object) -> FakeVerified:
+        raise AssertionError("the full verification ran at start")
+
+    store = ModelStore(tmp_path / "data", verify=full_verify_not_expected, verify_installed=verify_installed)
+    for release in (1, 2):
+        bundle = fake_bundle(tmp_path, "m", release)
+        install(store, Fronted(bundle.path, bundle.sha256, bundle.manifest, bundle.sha256))
+    verified = store.load_active(trusted_publishers=["pub"], profile=SimpleNamespace(name="rpi5-8gb"))
+    assert verified.path == store.bundle_path("b") and not store.load_report["fell_back"]
+    assert calls[-1] == {
+        "trusted_publishers": ["pub"],
+        "profile": "rpi5-8gb",
+        "installed_front_sha256": store.slot_info("b")["front_sha256"],
+        "installed_sha256": store.slot_info("b")["sha256"],
+    }
+    store.bundle_path("b").write_bytes(b"ENCRYPTED m 9")  # another release in the slot
+    assert store.load_active(["pub"], "rpi5-8gb").path == store.bundle_path("a")
+    assert store.load_report["fell_back"] and "not the ones installed" in store.load_report["problems"][0]
+
+
+@dataclass
+class Fronted(FakeVerified):
+    front_sha256: str
+
+
+def test_a_slot_staged_without_front_hash_is_fully_verified_even_when_expired(tmp_path) -> None:
+    seen: list[dict] = []
+
+    def verify(path: Path, **kwargs: object) -> FakeVerified:
+        seen.append(dict(kwargs))
+        return fake_verify(path)
+
+    store = ModelStore(tmp_path / "data", verify=verify)
+    install(store, fake_bundle(tmp_path, "m", 1))
+    assert store.slot_info("a")["front_sha256"] is None
+    store.load_active([], "rpi5-8gb")
+    assert seen[-1]["allow_expired"] is True  # expiry stops installs, not serving what is installed
+
+
+def test_check_file_compares_with_the_hash_recorded_at_install(tmp_path) -> None:
+    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    install(store, fake_bundle(tmp_path, "m", 1))
+    assert store.check_file("a") is None
+    store.bundle_path("a").write_bytes(b"ENCRYPTED m 1 rotten")
+    assert "slot a: bundle file changed since it was installed" in (store.check_file("a") or "")
+    store.bundle_path("a").unlink()
+    assert "unreadable" in (store.check_file("a") or "")
+    assert store.check_file("b") is None  # nothing recorded: nothing to compare
