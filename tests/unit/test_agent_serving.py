@@ -301,3 +301,32 @@ def test_a_damaged_bundle_is_not_served_in_part(monkeypatch) -> None:
         server.swap(SimpleNamespace(manifest=manifest, sha256="c" * 64), "key", decrypt=decrypt)
     assert server.model is old
     assert len(made) == 1 and made[0].closed  # the fp32 variant it had loaded is released
+
+
+def test_fully_fixed_shape_takes_the_one_comparison_path_and_still_checks_everything() -> None:
+    from edgesdk.agent.signature import Signature, TensorSlot
+
+    slot = TensorSlot("image", np.dtype("float32"), (1, 3, 64, 64))
+    signature = Signature([slot], [], allow_nonfinite=False)
+    image = np.zeros((1, 3, 64, 64), np.float32)
+    signature.check({"image": image})
+    signature.check({"image": np.zeros((1, 3, 64, 64), np.dtype("<f4"))})  # equal, maybe not identical
+    with pytest.raises(InferenceInputError, match="rank 3"):
+        signature.check({"image": np.zeros((3, 64, 64), np.float32)})
+    with pytest.raises(InferenceInputError, match="axis 2 must be 64"):
+        signature.check({"image": np.zeros((1, 3, 63, 64), np.float32)})
+    with pytest.raises(InferenceInputError, match="dtype float64"):
+        signature.check({"image": image.astype(np.float64)})
+    with pytest.raises(InferenceInputError, match=r"dtype float32 \(>f4, non-native byte order\)"):
+        signature.check({"image": image.astype(">f4")})
+    for bad in (np.nan, np.inf, -np.inf):
+        poisoned = image.copy()
+        poisoned[0, 2, 63, 63] = bad
+        with pytest.raises(InferenceInputError, match="NaN or Inf"):
+            signature.check({"image": poisoned})
+    signature.allow_nonfinite = True
+    signature.check({"image": poisoned})
+    # A zero-size axis in the signature is not "fully fixed": the empty check still answers.
+    empty = Signature([TensorSlot("x", np.dtype("float32"), (0, 4))], [], allow_nonfinite=False)
+    with pytest.raises(InferenceInputError, match="empty"):
+        empty.check({"x": np.zeros((0, 4), np.float32)})
