@@ -59,3 +59,12 @@ def test_prometheus_text_is_well_formed() -> None:
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
     assert 'variant="odd\\"variant"' in text
     assert 'edgesdk_agent_errors_total{kind="runtime"} 1' in text
+
+
+def test_the_window_keeps_the_last_max_samples_only() -> None:
+    metrics = Metrics(max_samples=4)
+    for ms in range(1, 11):  # 1..10 ms: only 7..10 stay
+        metrics.observe("v", ms / 1000)
+    stats = metrics.latency()["v"]
+    assert stats["count"] == 4 and abs(stats["p50_ms"] - 8.5) < 1e-9
+    assert metrics.totals() == {"v": 10}
