@@ -60,6 +60,21 @@ class ServedVariant:
         self._in_adapters = [(s.name, np.dtype(s.dtype), s) for s in self.inputs]
         self._out_specs = [s for s in self.outputs if s.quantization is not None]
         self._plain = all(s.quantization is None for s in self.inputs)
+        # Set by ModelServer.serve once the public signature is known: True when checked feeds
+        # can go to the runtime as they are (no quantization, same dtypes, no lock, no output
+        # adapters), so the hot path skips the adapter loop (~10 µs with cold caches).
+        self.takes_public_feeds = False
+
+    def accepts_unadapted(self, signature: Signature) -> bool:
+        """True when feeds that passed ``signature.check`` need no adapting for this variant."""
+        dtypes = {name: dtype for name, dtype, _ in self._in_adapters}
+        return (
+            self._plain
+            and self._lock is None
+            and not self._out_specs
+            and dtypes.keys() == signature.by_name.keys()
+            and all(signature.by_name[name].dtype == dtype for name, dtype in dtypes.items())
+        )
 
     @staticmethod
     def _merge_quantization(
@@ -74,6 +89,12 @@ class ServedVariant:
                 spec = spec.model_copy(update={"quantization": declared.quantization})
             merged.append(spec)
         return merged
+
+    def run_checked(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``run`` for feeds that already passed the public signature's check."""
+        if self.takes_public_feeds:
+            return self.loaded.run(feeds)
+        return self.run(feeds)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run with public-signature feeds; returns public-signature outputs."""
@@ -313,6 +334,8 @@ class ModelServer:
             raise AgentError(f"model {name!r}: no variants to serve")
         ladder = [ServedVariant(meta, model) for meta, model in variants]
         signature = Signature.from_specs([(v.inputs, v.outputs) for v in ladder], allow_nonfinite=self.allow_nonfinite)
+        for v in ladder:
+            v.takes_public_feeds = v.accepts_unadapted(signature)
         with self._change_lock:
             old = self._model
             active = ladder[0]
@@ -408,7 +431,7 @@ class ModelServer:
         variant = model.active  # taken once: this request finishes on this variant
         start = time.perf_counter()
         try:
-            outputs = variant.run(feeds)
+            outputs = variant.run_checked(feeds)
         except InferenceInputError:
             self.count_error("bad_input")
             raise

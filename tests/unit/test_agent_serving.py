@@ -330,3 +330,26 @@ def test_fully_fixed_shape_takes_the_one_comparison_path_and_still_checks_everyt
     empty = Signature([TensorSlot("x", np.dtype("float32"), (0, 4))], [], allow_nonfinite=False)
     with pytest.raises(InferenceInputError, match="empty"):
         empty.check({"x": np.zeros((0, 4), np.float32)})
+
+
+def test_only_variants_that_need_no_adapting_get_the_checked_feeds_as_they_are() -> None:
+    fp32, fp16 = FakeModel(1.0), FakeModel(2.0, dtype="float16")
+    locked = FakeModel(3.0, thread_safe=False)
+    server = ModelServer()
+    server.serve(
+        name="m",
+        version="1.0.0",
+        release=1,
+        variants=[(variant("fp32", "fp32"), fp32), (variant("fp16", "fp16"), fp16), (variant("int8", "int8"), locked)],
+    )
+    plain, half, serial = server.model.ladder
+    assert (plain.takes_public_feeds, half.takes_public_feeds, serial.takes_public_feeds) == (True, False, False)
+    feeds = {"x": x()}
+    server.infer("m", feeds)
+    assert fp32.seen[-1] is feeds["x"]
+    server.switch_variant("fp16", "test")
+    server.infer("m", feeds)
+    assert fp16.seen[-1].dtype == np.float16  # adapted to what this variant takes
+    server.switch_variant("int8", "test")
+    server.infer("m", feeds)
+    assert locked.seen[-1] is feeds["x"]  # no adapting needed, but it still ran under its lock
