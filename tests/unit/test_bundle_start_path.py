@@ -19,7 +19,7 @@ from edgesdk.bundle import (
     package_bundle,
     verify_installed_bundle,
 )
-from edgesdk.bundle.decrypt import CONCURRENT_HASH_MIN_BYTES
+from edgesdk.bundle.decrypt import CONCURRENT_HASH_MIN_BYTES, PARALLEL_DECRYPT_MIN_BYTES
 from edgesdk.errors import BundleError, IntegrityError, SignatureError, TargetMismatchError
 from tests.bundle_helpers import resign_bundle, write_convert_dir
 from tests.unit.test_bundle_verify import NOW, REGIONS, _signer, copy_bundle, env, position_of, verify
@@ -167,15 +167,27 @@ def test_a_loader_failure_on_good_plaintext_is_the_loaders_own(env) -> None:
         decrypt_and_load(installed, "onnx-fp32", env["keys"].device(), load)
 
 
-def test_large_multi_file_variant_through_the_concurrent_hash(env, tmp_path) -> None:
-    ir = {"model.xml": os.urandom(70_001), "model.bin": os.urandom(CONCURRENT_HASH_MIN_BYTES * 3 + 5)}
+@pytest.mark.parametrize("where", ["first-half", "second-half"])
+def test_large_multi_file_variant_decrypted_on_two_threads(env, tmp_path, where: str) -> None:
+    # Big enough for the two-thread decryption and the concurrent hash; model.xml and
+    # model.bin meet inside segment 0 (the spanning path, on the worker thread).
+    ir = {"model.xml": os.urandom(70_001), "model.bin": os.urandom(PARALLEL_DECRYPT_MIN_BYTES + 5)}
     convert = write_convert_dir(tmp_path / "c", {"openvino-fp32": ir})
     out = package_bundle(convert, name="d", version="1.0.0", release=1, publisher_key=env["keys"].publisher_key,
                          recipients=[env["keys"].device_pub], out=tmp_path / "ir.edgepkg")  # fmt: skip
     reopened = reopen(out, env, verify(out, env))
     assert decrypt_and_load(reopened, "openvino-fp32", env["keys"].device(), Loaded).files == ir
+    offset, length = _payload_span(reopened, "openvino-fp32")
     data = bytearray(out.read_bytes())
-    data[-1000] ^= 1  # in the last segment of model.bin
+    data[offset + (length // 8 if where == "first-half" else length - 1000)] ^= 1
     out.write_bytes(bytes(data))
+    made: list[Loaded] = []
     with pytest.raises(IntegrityError, match="segment .* failed authentication"):
-        decrypt_and_load(reopened, "openvino-fp32", env["keys"].device(), Loaded)
+        decrypt_and_load(reopened, "openvino-fp32", env["keys"].device(), lambda f: made.append(Loaded(f)))
+    assert made == []  # a GCM failure stops before anything is loaded
+
+
+def _payload_span(bundle: Any, variant_id: str) -> tuple[int, int]:
+    name = bundle.manifest.variant(variant_id).payload
+    location = next(p for p in bundle.manifest.encryption.payloads if p.name == name)
+    return bundle.payload_area_offset + location.offset, location.length
