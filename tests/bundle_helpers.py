@@ -316,7 +316,8 @@ def convert_digits_with_edgesdk(digits: Any, out: Path, *, precisions: str = "fp
 
 
 def in_memory_probe(argv: list[str] | None = None) -> None:
-    """Subprocess entry of the in-memory loading proof: verify, decrypt, load, infer, print JSON.
+    """Subprocess entry of the in-memory loading proof: verify, decrypt, load, infer, print JSON
+    (through the install path and through the agent's start-up path).
 
     ``argv``: bundle, publisher .pub, device .key, variant id, and optionally ``--leak`` (the
     positive control: also write the plaintext to a temp file, which the scan must find)."""
@@ -329,7 +330,7 @@ def in_memory_probe(argv: list[str] | None = None) -> None:
     disable_vendor_telemetry()  # as the agent does before importing any runtime
     from edgesdk.agent.runtimes import load_variant
 
-    from edgesdk.bundle import decrypt_golden, decrypt_variant, verify_bundle
+    from edgesdk.bundle import decrypt_and_load, decrypt_golden, decrypt_variant, verify_bundle, verify_installed_bundle
 
     args = list(sys.argv[1:] if argv is None else argv)
     bundle_path, publisher_pub, device_key_path, variant_id = args[:4]
@@ -340,14 +341,26 @@ def in_memory_probe(argv: list[str] | None = None) -> None:
     if golden is None:
         raise SystemExit("bundle has no golden set")
     variant = verified.manifest.variant(variant_id)
-    model = load_variant(variant.runtime.value, files)
     images = golden["image"]
-    fixed_batch = isinstance(model.inputs[0].shape[0], int)
-    if fixed_batch:
-        logits = np.concatenate([model.run({"image": images[i : i + 1]})["logits"] for i in range(len(images))])
-    else:
-        logits = model.run({"image": images})["logits"]
-    agreement = float((logits.argmax(1) == golden["output:logits"].argmax(1)).mean())
+
+    def agreement_of(model: Any) -> float:
+        if isinstance(model.inputs[0].shape[0], int):  # fixed batch
+            logits = np.concatenate([model.run({"image": images[i : i + 1]})["logits"] for i in range(len(images))])
+        else:
+            logits = model.run({"image": images})["logits"]
+        return float((logits.argmax(1) == golden["output:logits"].argmax(1)).mean())
+
+    # The install path (every hash first), then the agent's start-up path for the same bundle.
+    agreement = agreement_of(load_variant(variant.runtime.value, files))
+    reopened = verify_installed_bundle(
+        bundle_path,
+        trusted_publishers=[publisher_pub],
+        profile="rpi5-8gb",
+        installed_front_sha256=verified.front_sha256,
+        installed_sha256=verified.sha256,
+    )
+    started = decrypt_and_load(reopened, variant_id, device_key, lambda f: load_variant(variant.runtime.value, f))
+    agreement = min(agreement, agreement_of(started))
     if "--leak" in args:
         with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as leak:
             leak.write(next(iter(files.values())))
