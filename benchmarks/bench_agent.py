@@ -6,8 +6,9 @@
    the runtime session called directly, same model, same input (digits CNN; MobileNetV2 when
    edgesdk/workloads/mobilenet.py exists). Paired (agent time minus runtime time in the same
    call) with the NaN/Inf check on and off, for an input reused across calls (cold in the
-   caches after a large model's run) and one written just before each call; best and median
-   rounds of each path timed separately next to it.
+   caches after a large model's run) and one written just before each call; end to end
+   (whole calls of each path in shuffled order, median difference with a bootstrap interval);
+   best and median rounds of each path timed separately next to it.
 2. Local API vs the hand-written wrappers: the agent process vs a minimal FastAPI+uvicorn app
    and a minimal Flask app serving the same model, JSON over loopback with keep-alive, at
    concurrency 1 and 16 (req/s, p50, p99); the agent's raw tensor encoding as an extra row.
@@ -135,14 +136,21 @@ def bench_overhead(setup: dict[str, Any], rounds: int = 40, per_round: int = 200
     x = np.ascontiguousarray(setup["images"][:1])
     result = {
         "model": "digits CNN (batch 1, intra_op_num_threads=1)",
-        **_compare_paths(server, session, x, "digits", rounds, per_round, rounds * per_round),
+        **_compare_paths(server, session, x, "digits", rounds, per_round, rounds * per_round, 3000),
     }
     result["mobilenet"] = bench_overhead_mobilenet(Path(setup["device"].root))
     return result
 
 
 def _compare_paths(
-    server: Any, session: Any, x: np.ndarray, model_name: str, rounds: int, per_round: int, paired_calls: int
+    server: Any,
+    session: Any,
+    x: np.ndarray,
+    model_name: str,
+    rounds: int,
+    per_round: int,
+    paired_calls: int,
+    end_to_end_calls: int,
 ) -> dict[str, Any]:
     from edgesdk.agent.metrics import Metrics
 
@@ -197,6 +205,7 @@ def _compare_paths(
         paired.setdefault((state, signature.allow_nonfinite), []).append(elapsed * 1e6)
     signature.allow_nonfinite = False
     variant.loaded = inner.model
+    end_to_end = _end_to_end(server, session, x, model_name, end_to_end_calls)
 
     def med(state: str, skip_check: bool) -> float:
         return round(float(np.median(paired[state, skip_check])), 2)
@@ -210,12 +219,63 @@ def _compare_paths(
             "fresh_input_median_without_nan_check": med("fresh", True),
             "samples_per_cell": len(paired["reused", False]),
         },
+        "end_to_end_agent_minus_direct_us": end_to_end,
         "us_per_call_best_round": {k: round(v, 2) for k, v in best.items()},
         "us_per_call_median_round": {k: round(v, 2) for k, v in medians.items()},
         "agent_overhead_us": round(agent - direct, 2),
         "agent_overhead_us_median": round(medians["ModelServer.infer (agent)"] - medians["session.run (direct)"], 2),
         "ratio": round(agent / direct, 4),
     }
+
+
+def _end_to_end(server: Any, session: Any, x: np.ndarray, model_name: str, calls: int) -> dict[str, Any]:
+    """Agent vs direct, whole calls, no wrapper inside: ``calls`` rounds, each running every
+    (path, input) cell once in a shuffled order (no path always follows another); per cell the
+    median minus the direct path's median on the same input, with a 95 % bootstrap interval.
+
+    The paired figure charges the agent for every cold-cache miss after the runtime returns;
+    here the direct path pays its own, so this is the honest "agent vs session.run" number.
+    """
+    signature = server.model.signature
+    fresh = np.empty_like(x)
+    cells = [
+        (state, path, check)
+        for state in ("reused", "fresh")
+        for path, check in (("direct", None), ("agent", True), ("agent", False))
+    ]
+    times: dict[tuple[str, str, bool | None], list[float]] = {cell: [] for cell in cells}
+    rng = np.random.default_rng(0)
+    for _ in range(calls):
+        for i in rng.permutation(len(cells)):
+            state, path, check = cells[i]
+            if state == "fresh":
+                np.copyto(fresh, x)
+            feeds = {"image": fresh if state == "fresh" else x}
+            if path == "direct":
+                start = time.perf_counter()
+                session.run(["logits"], feeds)
+            else:
+                signature.allow_nonfinite = not check
+                start = time.perf_counter()
+                server.infer(model_name, feeds)
+            times[state, path, check].append((time.perf_counter() - start) * 1e6)
+    signature.allow_nonfinite = False
+    result: dict[str, Any] = {"calls_per_cell": calls}
+    for state in ("reused", "fresh"):
+        direct = np.asarray(times[state, "direct", None])
+        for check in (True, False):
+            agent = np.asarray(times[state, "agent", check])
+            boots = [
+                np.median(rng.choice(agent, agent.size)) - np.median(rng.choice(direct, direct.size))
+                for _ in range(400)
+            ]
+            key = f"{state}_input_{'with' if check else 'without'}_nan_check"
+            result[key] = {
+                "median_diff": round(float(np.median(agent) - np.median(direct)), 2),
+                "ci95": [round(float(np.percentile(boots, 2.5)), 2), round(float(np.percentile(boots, 97.5)), 2)],
+            }
+    result["direct_median_us"] = round(float(np.median(times["reused", "direct", None])), 2)
+    return result
 
 
 class _TimedModel:
@@ -279,7 +339,7 @@ def bench_overhead_mobilenet(workdir: Path) -> dict[str, Any] | str:
     x = np.ascontiguousarray(mobilenet.preprocess(mobilenet.sample_images()[0][1]))
     return {
         "model": "MobileNetV2 (batch 1, 224x224, intra_op_num_threads=1)",
-        **_compare_paths(server, session, x, "mobilenet", 8, 10, 800),
+        **_compare_paths(server, session, x, "mobilenet", 8, 10, 800, 800),
     }
 
 
