@@ -24,7 +24,7 @@ import io
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -44,7 +44,9 @@ from edgesdk.errors import (
 )
 from edgesdk.keys import key_id, load_publisher_public_key
 from edgesdk.schemas.manifest import BundleManifest
-from edgesdk.schemas.profile import DeviceProfile
+
+if TYPE_CHECKING:  # only its name and parent are read: a device re-opening a bundle need not load profiles
+    from edgesdk.schemas.profile import DeviceProfile
 
 _TOKEN = object()
 
@@ -112,10 +114,10 @@ def _as_utc(moment: datetime) -> datetime:
 
 
 def _profile_names(profile: DeviceProfile | str) -> list[str]:
-    if isinstance(profile, DeviceProfile):
-        # A profile derived from a stock one runs what was built for its parent.
-        return [profile.name] + ([profile.extends] if profile.extends else [])
-    return [profile]
+    if isinstance(profile, str):
+        return [profile]
+    # A profile derived from a stock one runs what was built for its parent.
+    return [profile.name] + ([profile.extends] if profile.extends else [])
 
 
 def check_policy(
