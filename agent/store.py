@@ -36,6 +36,7 @@ from typing import Any, Literal
 from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
 
 from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
+from edgesdk.hashing import sha256_file
 
 log = logging.getLogger("edgesdk.agent.store")
 
@@ -280,16 +281,13 @@ class ModelStore:
         expected = (self._state["slots"].get(slot) or {}).get("sha256")
         if not expected:
             return None
-        digest = hashlib.sha256()
         try:
-            with open(self.bundle_path(slot), "rb") as handle:
-                while chunk := handle.read(_COPY_CHUNK):
-                    digest.update(chunk)
+            actual = sha256_file(self.bundle_path(slot))
         except OSError as exc:
             return f"slot {slot}: bundle file unreadable: {exc.strerror or exc}"
-        if digest.hexdigest() != expected:
+        if actual != expected:
             return (
-                f"slot {slot}: bundle file changed since it was installed (sha256 {digest.hexdigest()}, "
+                f"slot {slot}: bundle file changed since it was installed (sha256 {actual}, "
                 f"installed {expected}); the variants serving now were authenticated when they loaded"
             )
         return None

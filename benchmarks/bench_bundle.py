@@ -21,7 +21,6 @@ bytes; the cold-start figures use real models.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -48,6 +47,7 @@ from edgesdk.bundle import (  # noqa: E402
     verify_bundle,
     verify_installed_bundle,
 )
+from edgesdk.hashing import sha256_file  # noqa: E402
 from tests.bundle_helpers import make_digits_convert_dir, make_keys, write_convert_dir  # noqa: E402
 
 MB = 1_000_000
@@ -63,14 +63,6 @@ def best_and_median(fn: Callable[[], Any], repeat: int) -> tuple[float, float, f
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return min(times), statistics.median(times), statistics.median(cpu)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def throughput(work: Path, keys: Any, size_mb: int, repeat: int) -> tuple[dict[str, Any], Path]:

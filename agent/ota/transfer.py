@@ -25,6 +25,7 @@ from edgesdk.agent.ota.chunks import chunk_count
 from edgesdk.agent.ota.machine import UpdateCancelled
 
 from edgesdk.errors import IntegrityError, UpdateError
+from edgesdk.hashing import sha256_file
 from edgesdk.schemas.messages import ChunkHeader, Deployment
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class ChunkReceiver:
 
     def run(self, progress: ProgressFn, cancelled: CancelledFn) -> Path:
         """Fetch what is missing; return the finished file (already hash-checked)."""
-        if self.paths.done.exists() and _file_sha256(self.paths.done) == self.deployment.bundle_sha256:
+        if self.paths.done.exists() and sha256_file(self.paths.done) == self.deployment.bundle_sha256:
             return self.paths.done
         total = len(self.deployment.chunk_sha256)
         fd = reserve(self.paths.part, self.deployment.bundle_size)
@@ -280,7 +281,7 @@ def download_url(deployment: Deployment, ota_dir: Path, progress: ProgressFn, ca
         raise UpdateError(f"deployment url {url!r} is not http(s)")
     check_chunk_list(deployment)
     paths = DownloadPaths(ota_dir, deployment)
-    if paths.done.exists() and _file_sha256(paths.done) == deployment.bundle_sha256:
+    if paths.done.exists() and sha256_file(paths.done) == deployment.bundle_sha256:
         return paths.done
     fd = reserve(paths.part, deployment.bundle_size)
     try:
@@ -323,11 +324,3 @@ def download_url(deployment: Deployment, ota_dir: Path, progress: ProgressFn, ca
         return finish(fd, paths, deployment)
     finally:
         os.close(fd)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()

@@ -14,7 +14,6 @@ Image layout (a ``.tar.gz`` with one top folder ``edgesdk-image-<profile>/``)::
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
@@ -29,6 +28,7 @@ import yaml
 
 from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError, ImageError
+from edgesdk.hashing import sha256_file
 from edgesdk.image import wheelhouse
 from edgesdk.image.agent_config import (
     CA_FILE,
@@ -73,14 +73,6 @@ class BuiltImage:
     path: Path
     manifest: ImageManifest
     seconds: float
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_file(path: Path | None, what: str) -> None:
@@ -212,7 +204,7 @@ def _hash_files(stage: Path) -> list[ImageFile]:
     files = []
     for path in sorted(p for p in stage.rglob("*") if p.is_file()):
         relative = path.relative_to(stage).as_posix()
-        files.append(ImageFile(path=relative, sha256=_sha256(path), size=path.stat().st_size))
+        files.append(ImageFile(path=relative, sha256=sha256_file(path), size=path.stat().st_size))
     return files
 
 
