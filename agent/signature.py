@@ -114,26 +114,27 @@ class Signature:
             # Builtin dtypes are singletons: the identity test settles the usual case cheaply.
             if array.dtype is not dtype and array.dtype != dtype:
                 raise InferenceInputError(f"input {name!r}: dtype {_label(array.dtype)}, expected {dtype.name}")
-            shape = array.shape
-            if shape == exact:  # fully fixed, non-empty shape: nothing else to compare
-                if is_float and not self.allow_nonfinite and not all_finite(array):
-                    raise InferenceInputError(f"input {name!r}: contains NaN or Inf (not accepted by this agent)")
-                continue
-            if len(shape) != rank:
-                raise InferenceInputError(
-                    f"input {name!r}: shape {list(shape)} has rank {len(shape)}, expected rank {rank} "
-                    f"{list(self.by_name[name].shape)}"
-                )
-            for axis, size in fixed:
-                if shape[axis] != size:
-                    raise InferenceInputError(
-                        f"input {name!r}: shape {list(shape)} does not match {list(self.by_name[name].shape)} "
-                        f"(axis {axis} must be {size})"
-                    )
-            if array.size == 0:
-                raise InferenceInputError(f"input {name!r}: shape {list(shape)} is empty")
+            if array.shape != exact:  # a fully fixed, non-empty shape needs nothing else compared
+                self._check_shape(name, array, rank, fixed)
             if is_float and not self.allow_nonfinite and not all_finite(array):
                 raise InferenceInputError(f"input {name!r}: contains NaN or Inf (not accepted by this agent)")
+
+    def _check_shape(self, name: str, array: np.ndarray, rank: int, fixed: tuple[tuple[int, int], ...]) -> None:
+        """Rank, every fixed axis, not empty: InferenceInputError naming the first mismatch."""
+        shape = array.shape
+        if len(shape) != rank:
+            raise InferenceInputError(
+                f"input {name!r}: shape {list(shape)} has rank {len(shape)}, expected rank {rank} "
+                f"{list(self.by_name[name].shape)}"
+            )
+        for axis, size in fixed:
+            if shape[axis] != size:
+                raise InferenceInputError(
+                    f"input {name!r}: shape {list(shape)} does not match {list(self.by_name[name].shape)} "
+                    f"(axis {axis} must be {size})"
+                )
+        if array.size == 0:
+            raise InferenceInputError(f"input {name!r}: shape {list(shape)} is empty")
 
     def _names_error(self, feeds: Mapping[str, np.ndarray]) -> InferenceInputError:
         expected = [name for name, *_ in self._checks]
