@@ -11,9 +11,11 @@ SIGHUP re-reads the store (``edge-agent install`` sends it) and swaps to a newly
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -66,8 +68,15 @@ class Agent:
         )
         self.metrics.server = self.server
         self.store = ModelStore(self.data_dir)
-        self.device_key = self._load_device_key()
-        self.trusted_publishers = self._load_publishers()
+        self.device_key_path = self._device_key_path()
+        if not config.publisher_keys:
+            log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
+        if config.unseal == "in_process":
+            _ = self.device_key, self.trusted_publishers  # read now: a bad key file stops the start
+        else:
+            # The helper parses the key files when it opens a bundle (a bad one is then that
+            # slot's reported problem); a missing one is still an error at start.
+            self._check_key_files()
         self.governor = Governor(
             self.server,
             make_source(config.governor.source, trace_file=config.governor.trace_file),
@@ -106,25 +115,41 @@ class Agent:
         threads = self.config.runtime_threads
         return {"intra_op_num_threads": str(threads)} if threads else {}
 
-    def _load_device_key(self) -> Any:
-        from edgesdk import keys
-
+    def _device_key_path(self) -> Path:
         path = self.config.device_key
         if path is not None:
-            return keys.load_device_private_key(path)  # configured: must exist
+            return Path(path)  # configured: must exist (checked with the other key files)
         default = self.data_dir / "device.key"
         if not default.exists():
+            from edgesdk import keys  # first start only: the crypto library is needed to make a key
+
             priv, pub = keys.generate_device_key(self.data_dir)
             log.info("created device key %s (public key %s)", priv, pub)
-        return keys.load_device_private_key(default)
+        return default
 
-    def _load_publishers(self) -> list[Any]:
+    def _check_key_files(self) -> None:
+        for path in [*self.config.publisher_keys, self.device_key_path]:
+            try:
+                info = Path(path).stat()
+            except OSError as exc:
+                raise ConfigError(f"key file {path}: {exc.strerror or exc}") from exc
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"key file {path} is not a regular file")
+
+    # The keys as objects, read on first use. With ``unseal = "helper"`` (the default) the
+    # daemon's start never uses them: the helper process reads the key files. OTA updates, a
+    # sideload into the running daemon and the fleet link do, and import the crypto then.
+    @functools.cached_property
+    def device_key(self) -> Any:
         from edgesdk import keys
 
-        loaded = [keys.load_publisher_public_key(path) for path in self.config.publisher_keys]
-        if not loaded:
-            log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
-        return loaded
+        return keys.load_device_private_key(self.device_key_path)
+
+    @functools.cached_property
+    def trusted_publishers(self) -> list[Any]:
+        from edgesdk import keys
+
+        return [keys.load_publisher_public_key(path) for path in self.config.publisher_keys]
 
     def _log_event(self, name: str, detail: dict[str, Any]) -> None:
         log.debug("event %s %s", name, detail)
@@ -138,14 +163,29 @@ class Agent:
         or plaintext hash while its variants load) is given up for the last good slot, and the
         fallback is reported (``/v1/status`` problems, ``bundle_fallback`` event). Once a model
         serves, the whole file is re-hashed in the background against the hash recorded at
-        install, so rot in payloads the agent did not load is reported too."""
-        verified = self.store.load_active(self.trusted_publishers, self.profile)
+        install, so rot in payloads the agent did not load is reported too.
+
+        With ``unseal = "helper"`` the verifying and decrypting run in a helper process
+        (:mod:`edgesdk.agent.unseal`) that exits when this returns."""
+        if self.config.unseal == "in_process":
+            return self._load_installed(None)
+        from edgesdk.agent.unseal import Unsealer
+
+        with Unsealer(publisher_keys=self.config.publisher_keys, device_key=self.device_key_path) as unsealer:
+            return self._load_installed(unsealer)
+
+    def _load_installed(self, unsealer: Any) -> bool:
+        # In process the store and the server get the key objects; a helper reads the key files.
+        publishers = self.trusted_publishers if unsealer is None else None
+        device_key = self.device_key if unsealer is None else None
+        decrypt = unsealer.decrypt if unsealer is not None else None
+        verified = self.store.load_active(publishers, self.profile, verifier=unsealer)
         report = dict(self.store.load_report)
         problems = list(report.get("problems", []))
         broken_slot = None  # the first slot that verified but could not serve
         while verified is not None:
             try:
-                self.server.swap(verified, self.device_key)
+                self.server.swap(verified, device_key, decrypt=decrypt)
             except EdgeSDKError as exc:
                 problem = f"slot {self.store.active_slot}: cannot serve: {exc}"
                 problems.append(problem)
@@ -153,7 +193,7 @@ class Agent:
                 broken_slot = broken_slot or self.store.active_slot
                 if self.store.rollback() is None:
                     break
-                verified = self.store.load_active(self.trusted_publishers, self.profile)
+                verified = self.store.load_active(publishers, self.profile, verifier=unsealer)
                 problems.extend(self.store.load_report.get("problems", []))
                 continue
             fell_back = bool(report.get("fell_back")) or broken_slot is not None

@@ -251,14 +251,16 @@ class ModelStore:
 
     # -- start --------------------------------------------------------------------------------
 
-    def _verify_slot(self, slot: Slot, trusted_publishers: Any, profile: Any) -> Any:
+    def _verify_slot(self, slot: Slot, trusted_publishers: Any, profile: Any, verifier: Any = None) -> Any:
+        verify = verifier.verify if verifier is not None else self._verify
+        verify_installed = verifier.verify_installed if verifier is not None else self._verify_installed
         path = self.bundle_path(slot)
         if not path.is_file():
             raise AgentError(f"slot {slot}: {path} is missing")
         profile_name = getattr(profile, "name", profile)
         info = self._state["slots"].get(slot) or {}
         if info.get("sha256") and info.get("front_sha256"):
-            return self._verify_installed(
+            return verify_installed(
                 path,
                 trusted_publishers=trusted_publishers,
                 profile=profile_name,
@@ -266,7 +268,7 @@ class ModelStore:
                 installed_sha256=info["sha256"],
             )
         # Expiry stops installing a stale bundle, not serving the one installed.
-        verified = self._verify(path, trusted_publishers=trusted_publishers, profile=profile_name, allow_expired=True)
+        verified = verify(path, trusted_publishers=trusted_publishers, profile=profile_name, allow_expired=True)
         expected = info.get("sha256")
         if expected and verified.sha256 != expected:
             raise IntegrityError(f"slot {slot}: bundle sha256 {verified.sha256} is not the one installed ({expected})")
@@ -292,8 +294,11 @@ class ModelStore:
             )
         return None
 
-    def load_active(self, trusted_publishers: Any, profile: Any) -> Any:
+    def load_active(self, trusted_publishers: Any, profile: Any, *, verifier: Any = None) -> Any:
         """Verify and return the active bundle; on failure fall back to the last good slot.
+
+        ``verifier`` (an :class:`~edgesdk.agent.unseal.Unsealer`) verifies in its helper
+        process instead of here.
 
         Returns None when no slot holds a usable bundle. ``load_report`` says what happened;
         a fallback is persisted (the good slot becomes active) so the next install stages
@@ -310,7 +315,7 @@ class ModelStore:
                 candidates.append(slot)
         for slot in candidates:
             try:
-                verified = self._verify_slot(slot, trusted_publishers, profile)
+                verified = self._verify_slot(slot, trusted_publishers, profile, verifier)
             except EdgeSDKError as exc:
                 problems.append(f"slot {slot}: {exc}")
                 log.error("installed bundle in slot %s failed verification: %s", slot, exc)

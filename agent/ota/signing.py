@@ -12,14 +12,15 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import SignatureError
-from edgesdk.keys import key_id, load_publisher_public_key
 from edgesdk.schemas.messages import Deployment
+
+# The crypto is imported where it is used: the daemon imports this module at start (the OTA
+# manager resumes updates), and most starts never see a deployment (see edgesdk.agent.unseal).
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 _PREFIX = "ed25519"
 
@@ -32,6 +33,8 @@ def canonical_json(deployment: Deployment) -> bytes:
 
 def sign_deployment(deployment: Deployment, private_key: Ed25519PrivateKey) -> Deployment:
     """A copy of ``deployment`` carrying the operator's signature."""
+    from edgesdk.keys import key_id
+
     unsigned = deployment.model_copy(update={"signature": None})
     raw = private_key.sign(canonical_json(unsigned))
     signature = f"{_PREFIX}:{key_id(private_key.public_key())}:{base64.b64encode(raw).decode()}"
@@ -40,6 +43,10 @@ def sign_deployment(deployment: Deployment, private_key: Ed25519PrivateKey) -> D
 
 def trusted_key_map(trusted: Any) -> dict[str, Ed25519PublicKey]:
     """Key id → key from a mapping, an iterable of keys, or paths of ``.pub`` files."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from edgesdk.keys import key_id, load_publisher_public_key
+
     items: Iterable[Any] = trusted.values() if isinstance(trusted, Mapping) else (trusted or [])
     keys: dict[str, Ed25519PublicKey] = {}
     for item in items:
@@ -57,6 +64,8 @@ def verify_deployment(deployment: Deployment, trusted: Any) -> str:
     parts = deployment.signature.split(":")
     if len(parts) != 3 or parts[0] != _PREFIX:
         raise SignatureError(f"deployment {deployment.deployment_id!r}: malformed signature field")
+    from cryptography.exceptions import InvalidSignature
+
     _, signer, encoded = parts
     keys = trusted_key_map(trusted)
     key = keys.get(signer)

@@ -94,8 +94,10 @@ def rot(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, images) -> None:
+@pytest.mark.parametrize("unseal", ["helper", "in_process"])
+def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, images, unseal) -> None:
     device = make_device(tmp_path / "dev")
+    device.write_config(unseal=unseal)
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
     install(device, device.bundle(convert_dir, version="2.0.0", release=2))
     store = json.loads((device.data_dir / "store.json").read_text())
@@ -116,6 +118,29 @@ def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, 
         r = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
         assert r.status_code == 200
     assert "started on last good slot a" in agent.log()
+
+
+def test_the_daemon_opens_bundles_in_a_helper_and_never_maps_the_crypto(tmp_path, convert_dir, images) -> None:
+    """``unseal = "helper"`` (the default): verifying and decrypting ran in a child process
+    that is gone once the model serves; the daemon never mapped cryptography's library."""
+    psutil = pytest.importorskip("psutil")
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc/<pid>/maps (Linux) to see which libraries a process mapped")
+    device = make_device(tmp_path / "dev")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
+        assert client.get("/v1/status").json()["model"]["version"] == "1.0.0"
+        r = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
+        assert r.status_code == 200
+        mapped = Path(f"/proc/{agent.proc.pid}/maps").read_text()
+        assert "onnxruntime" in mapped  # the control: this is where a loaded library shows
+        assert "cryptography" not in mapped
+        assert psutil.Process(agent.proc.pid).children() == []  # the helper exited
+    # The same start in process maps it: the check above can see the difference.
+    device.write_config(unseal="in_process")
+    with AgentProcess(device) as agent:
+        assert "cryptography" in Path(f"/proc/{agent.proc.pid}/maps").read_text()
 
 
 def test_rot_in_a_payload_not_loaded_at_start_is_reported_by_the_background_check(tmp_path, convert_dir) -> None:

@@ -1,0 +1,356 @@
+"""Open installed bundles in a short-lived helper process, so the daemon never loads the crypto.
+
+Verifying a bundle and decrypting its variants needs the ``cryptography`` package (a Rust
+extension that carries its own OpenSSL) and the device's private key, but only while a bundle
+is opened: at start and on reload. Done in the daemon, both stay in its memory for the rest of
+its life: ~10 MB of a board's RAM (``benchmarks/bench_start_costs.py --memory``), and the device
+key sits in the process that parses every HTTP request and MQTT message. So the daemon runs
+``python -m edgesdk.agent.unseal`` for as long as it opens bundles. The helper makes the very
+same checks as opening in process (``verify_installed_bundle`` / ``verify_bundle``, then
+``decrypt_variant``: every GCM tag and the signed plaintext SHA-256), answers with the manifest
+and the plaintext over a pipe (memory only, never a file), and exits when the daemon closes it.
+The daemon validates the manifest itself and re-hashes each variant's plaintext against it
+before any runtime sees a byte, so a framing fault on the pipe cannot load the wrong bytes.
+
+Protocol, both ways: frames of a 4-byte big-endian length, a JSON header of that length, then
+``header["size"]`` raw bytes when the header has a ``size``. The daemon sends ``open`` (a bundle
+path and what to check it against) and ``decrypt`` (a variant id); every answer has ``ok``, and
+a failure names the ``edgesdk.errors`` class to raise, so fallback works as in process.
+
+Updates over the air still verify in the daemon (``edgesdk.agent.ota``); that imports the crypto
+there when the first update arrives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from edgesdk import errors
+from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
+
+log = logging.getLogger("edgesdk.agent.unseal")
+
+_LENGTH = struct.Struct(">I")
+_MAX_HEADER = 16 * 1024 * 1024  # a manifest is KBs; anything near this is a broken stream
+
+
+# -- framing --------------------------------------------------------------------------------------
+
+
+def _send(stream: IO[bytes], header: dict[str, Any], payload: Sequence[bytes | memoryview] = ()) -> None:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    stream.write(_LENGTH.pack(len(raw)) + raw)
+    for part in payload:
+        stream.write(part)
+    stream.flush()
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes:
+    data = stream.read(size)
+    if data is None or len(data) != size:
+        raise EOFError(f"stream ended after {0 if data is None else len(data)} of {size} bytes")
+    return data
+
+
+def _receive(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
+    (length,) = _LENGTH.unpack(_read_exactly(stream, _LENGTH.size))
+    if length > _MAX_HEADER:
+        raise EOFError(f"frame header of {length} bytes")
+    header = json.loads(_read_exactly(stream, length))
+    if not isinstance(header, dict):
+        raise EOFError("frame header is not an object")
+    size = header.get("size")
+    payload = _read_exactly(stream, size) if isinstance(size, int) and size > 0 else b""
+    return header, payload
+
+
+def _error_header(exc: BaseException) -> dict[str, Any]:
+    kind = type(exc).__name__ if isinstance(exc, EdgeSDKError) else "AgentError"
+    return {"ok": False, "error": kind, "message": str(exc) or type(exc).__name__}
+
+
+def _raise_from(header: dict[str, Any]) -> None:
+    kind = getattr(errors, str(header.get("error")), None)
+    if not (isinstance(kind, type) and issubclass(kind, EdgeSDKError)):
+        kind = AgentError
+    raise kind(str(header.get("message", "the unseal helper failed")))
+
+
+# -- the daemon's side ---------------------------------------------------------------------------
+
+
+class OpenedBundle:
+    """What the helper verified, as the daemon holds it: the same fields as ``VerifiedBundle``.
+
+    Made only by :meth:`Unsealer.open`, from the helper's answer; the manifest is validated
+    here again with the schema. Decrypting goes back through the helper that opened it."""
+
+    __slots__ = ("front_sha256", "manifest", "path", "payloads_hashed", "publisher_key_id", "sha256", "size")
+
+    def __init__(self, path: Path, answer: dict[str, Any], manifest_bytes: bytes) -> None:
+        from edgesdk.schemas.manifest import BundleManifest
+
+        self.path = path
+        self.manifest = BundleManifest.parse_json_clear(manifest_bytes, source=f"{path}: manifest")
+        self.sha256: str = answer["sha256"]
+        self.front_sha256: str = answer["front_sha256"]
+        self.size: int = answer["bundle_size"]
+        self.publisher_key_id: str = answer["publisher_key_id"]
+        self.payloads_hashed: bool = answer["payloads_hashed"]
+
+    def __repr__(self) -> str:
+        m = self.manifest.model
+        return f"<OpenedBundle {m.name} {m.version} release {m.release} from {self.path}>"
+
+
+class Unsealer:
+    """The daemon's handle on one helper process; a context manager (the helper exits on close).
+
+    ``verify`` and ``verify_installed`` take the keyword arguments of ``verify_bundle`` and
+    ``verify_installed_bundle`` (so :class:`~edgesdk.agent.store.ModelStore` can use them as
+    they are) except that keys are files: the helper reads ``publisher_keys`` and
+    ``device_key`` itself. ``decrypt(bundle, variant_id, _key)`` fits ``ModelServer.swap``."""
+
+    def __init__(self, *, publisher_keys: Sequence[Path], device_key: Path, timeout_s: float = 120.0) -> None:
+        self.publisher_keys = [str(p) for p in publisher_keys]
+        self.device_key = str(device_key)
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._opens: dict[str, dict[str, Any]] = {}  # path → its open request, replayed in a new helper
+        self._opened_in: dict[str, subprocess.Popen[bytes]] = {}  # path → the helper that opened it
+
+    def __enter__(self) -> Unsealer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _process(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "edgesdk.agent.unseal"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    close_fds=True,
+                    # "-m" puts the working directory first on sys.path: run from "/" so that
+                    # a source checkout there (an "edgesdk/" folder) cannot shadow the
+                    # installed package the daemon itself runs.
+                    cwd=os.path.abspath(os.sep),
+                    # Its logging and any traceback go where the daemon's go (the journal).
+                )
+            except OSError as exc:
+                raise AgentError(f"cannot start the unseal helper ({sys.executable}): {exc}") from exc
+        return self._proc
+
+    def _ask(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        proc = self._process()
+        assert proc.stdin is not None and proc.stdout is not None
+        # A helper that hangs must not hang the daemon's start: killed, it reads as an error.
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(self.timeout_s, kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            _send(proc.stdin, request)
+            answer, payload = _receive(proc.stdout)
+        except (OSError, EOFError, ValueError) as exc:
+            try:
+                code: int | None = proc.wait(timeout=2)  # the pipe closes just before it is reaped
+            except subprocess.TimeoutExpired:
+                code = None
+            self.close()
+            if timed_out.is_set():
+                ended = f"did not answer within {self.timeout_s:g} s and was killed"
+            else:
+                ended = f"exited with {code}" if code is not None else "broke the protocol"
+            raise AgentError(f"the unseal helper {ended} during {request['op']}: {exc}") from exc
+        finally:
+            watchdog.cancel()
+        if not answer.get("ok"):
+            _raise_from(answer)
+        return answer, payload
+
+    def verify_installed(
+        self,
+        path: Path,
+        *,
+        trusted_publishers: Any = None,
+        installed_front_sha256: str,
+        installed_sha256: str,
+        profile: str | None = None,
+    ) -> OpenedBundle:
+        return self._open(
+            path,
+            installed={"front_sha256": installed_front_sha256, "sha256": installed_sha256},
+            profile=profile,
+        )
+
+    def verify(
+        self, path: Path, *, trusted_publishers: Any = None, profile: str | None = None, allow_expired: bool = False
+    ) -> OpenedBundle:
+        return self._open(path, installed=None, profile=profile, allow_expired=allow_expired)
+
+    def _open(
+        self, path: Path, *, installed: dict[str, str] | None, profile: str | None, allow_expired: bool = True
+    ) -> OpenedBundle:
+        path = Path(path).absolute()
+        request = {
+            "op": "open",
+            "path": str(path),
+            "publisher_keys": self.publisher_keys,
+            "profile": getattr(profile, "name", profile),
+            "installed": installed,
+            "allow_expired": allow_expired,
+        }
+        answer, manifest_bytes = self._ask(request)
+        opened = OpenedBundle(path, answer, manifest_bytes)
+        self._opens[str(path)] = request
+        self._opened_in[str(path)] = self._process()
+        return opened
+
+    def decrypt(self, bundle: OpenedBundle, variant_id: str, _device_key: Any = None) -> dict[str, bytes]:
+        """The variant's files (name → plaintext), checked against ``bundle``'s manifest here too."""
+        variant = next((v for v in bundle.manifest.variants if v.id == variant_id), None)
+        if variant is None:
+            raise AgentError(f"bundle has no variant {variant_id!r}")
+        path = str(bundle.path)
+        if self._opened_in.get(path) is not self._proc and path in self._opens:
+            # The helper that opened it died (reported as that variant's problem): the next
+            # variant is decrypted by a new helper, which must open the bundle first.
+            answer, manifest_bytes = self._ask(self._opens[path])
+            if answer["front_sha256"] != bundle.front_sha256:
+                raise IntegrityError(f"{path}: the bundle changed while it was being loaded")
+            self._opened_in[path] = self._process()
+        answer, plaintext = self._ask(
+            {"op": "decrypt", "path": path, "variant": variant_id, "device_key": self.device_key}
+        )
+        if len(plaintext) != variant.size or hashlib.sha256(plaintext).hexdigest() != variant.sha256:
+            raise IntegrityError(
+                f"{bundle.path}: variant {variant_id}: plaintext from the helper is not the signed one"
+            )
+        view = memoryview(plaintext)
+        files: dict[str, bytes] = {}
+        offset = 0
+        for entry in variant.files:
+            # bytes, not views: LiteRT keeps a reference to what it was given.
+            files[entry.name] = bytes(view[offset : offset + entry.size])
+            offset += entry.size
+        return files
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+# -- the helper's side ---------------------------------------------------------------------------
+
+
+class _Helper:
+    def __init__(self) -> None:
+        self.opened: dict[str, Any] = {}  # path → VerifiedBundle
+
+    def handle(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        op = request.get("op")
+        if op == "open":
+            return self.open(request)
+        if op == "decrypt":
+            return self.decrypt(request)
+        raise AgentError(f"unknown request {op!r}")
+
+    def open(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        import edgesdk.bundle as bundle
+
+        path = Path(request["path"])
+        publishers = list(request.get("publisher_keys") or [])
+        installed = request.get("installed")
+        if installed:
+            verified = bundle.verify_installed_bundle(  # type: ignore[attr-defined]
+                path,
+                trusted_publishers=publishers,
+                profile=request.get("profile"),
+                installed_front_sha256=installed["front_sha256"],
+                installed_sha256=installed["sha256"],
+            )
+        else:
+            verified = bundle.verify_bundle(  # type: ignore[attr-defined]
+                path,
+                trusted_publishers=publishers,
+                profile=request.get("profile"),
+                allow_expired=bool(request.get("allow_expired")),
+            )
+        self.opened[str(path)] = verified
+        manifest = verified.manifest.model_dump_json().encode()
+        answer = {
+            "ok": True,
+            "sha256": verified.sha256,
+            "front_sha256": verified.front_sha256,
+            "size": len(manifest),
+            "bundle_size": verified.size,
+            "publisher_key_id": verified.publisher_key_id,
+            "payloads_hashed": verified.payloads_hashed,
+        }
+        return answer, [manifest]
+
+    def decrypt(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        import edgesdk.bundle as bundle
+        from edgesdk.keys import load_device_private_key
+
+        verified = self.opened.get(str(request.get("path")))
+        if verified is None:
+            raise AgentError(f"bundle {request.get('path')!r} was not opened first")
+        key = load_device_private_key(request["device_key"])
+        files = bundle.decrypt_variant(verified, str(request["variant"]), key)  # type: ignore[attr-defined]
+        parts: list[bytes | memoryview] = list(files.values())
+        return {"ok": True, "size": sum(len(p) for p in parts)}, parts
+
+
+def main() -> int:
+    """The helper: answer requests on stdin until it closes. Never writes plaintext to a file."""
+    from edgesdk.offline import disable_vendor_telemetry
+
+    disable_vendor_telemetry()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames may reach the pipe
+    helper = _Helper()
+    while True:
+        try:
+            request, _ = _receive(stdin)
+        except EOFError:
+            return 0
+        try:
+            answer, payload = helper.handle(request)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer; the daemon decides
+            answer, payload = _error_header(exc), []
+        _send(stdout, answer, payload)
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    sys.exit(main())
