@@ -6,8 +6,9 @@
    manifest, the Ed25519 signature, manifest validation, the X25519 key unwrap, AES-GCM of the
    payload, SHA-256 of the plaintext, and the session itself from bytes.
 2. ``--memory``: RSS of a fresh process as it takes the agent's steps one by one (imports,
-   config, ``Agent()``, loading the installed bundle), next to a bare process holding the
-   same onnxruntime session; then what ``gc`` + ``malloc_trim`` give back, and the final RSS
+   config, ``Agent()``, loading the installed bundle), with bundles opened in the unseal
+   helper (the default: the daemon never imports cryptography) and in process, next to a
+   bare process holding the same onnxruntime session; then what ``gc`` + ``malloc_trim`` give back, and the final RSS
    with ``MALLOC_ARENA_MAX=1``.
 
 Run: ``.venv/bin/python benchmarks/bench_start_costs.py [--steps] [--memory]`` (both by default).
@@ -111,15 +112,16 @@ import hashlib; hashlib.sha256(b""); step("hashlib (libcrypto)")
 import asyncio; step("asyncio (+ ssl)")
 import click; step("click")
 import pydantic; from pydantic import BaseModel; step("pydantic")
-import cryptography.hazmat.primitives.asymmetric.ed25519, cryptography.hazmat.primitives.asymmetric.x25519
-import cryptography.hazmat.primitives.ciphers.aead, cryptography.hazmat.primitives.kdf.hkdf
-import cryptography.hazmat.primitives.serialization; step("cryptography")
+if sys.argv[2] == "in_process":
+    import cryptography.hazmat.primitives.asymmetric.ed25519, cryptography.hazmat.primitives.asymmetric.x25519
+    import cryptography.hazmat.primitives.ciphers.aead, cryptography.hazmat.primitives.kdf.hkdf
+    import cryptography.hazmat.primitives.serialization; step("cryptography")
 import edgesdk.agent.cli, edgesdk.agent.daemon; step("agent modules (daemon, API, schemas)")
 from edgesdk.agent.config import load_config
 from edgesdk.agent.daemon import Agent
-config = load_config(Path(sys.argv[1])); step("config")
+config = load_config(Path(sys.argv[1])).model_copy(update={"unseal": sys.argv[2]}); step("config")
 agent = Agent(config); step("Agent(): profile, keys, store")
-agent.load_installed(); step("load the bundle (fp32 + int8 sessions)")
+agent.load_installed(); step(f"load the bundle (fp32 + int8 sessions; unseal {sys.argv[2]})")
 gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0); step("after gc + malloc_trim")
 previous = 0
 for name, rss in rows:
@@ -147,16 +149,19 @@ def memory(work: Path) -> None:
     setup = prepare(work)
     config = str(setup["device"].config)
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, config], capture_output=True, text=True, check=True,
-                         env=env, cwd=ROOT).stdout  # fmt: skip
-    print("== RSS of a fresh process taking the agent's start-up steps (MB; digits bundle installed)")
-    print(f"  {'step':<42} {'RSS':>7} {'added':>7}")
-    for line in out.strip().splitlines():
-        name, rss, added = line.split("\t")
-        print(f"  {name:<42} {float(rss):7.1f} {float(added):7.1f}")
-    arena = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, config], capture_output=True, text=True,
+    for mode in ("helper", "in_process"):
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, config, mode], capture_output=True, text=True,
+                             check=True, env=env, cwd=ROOT).stdout  # fmt: skip
+        print(f"== RSS of a fresh process taking the agent's start-up steps (MB; digits bundle; unseal {mode})")
+        print(f"  {'step':<52} {'RSS':>7} {'added':>7}")
+        for line in out.strip().splitlines():
+            name, rss, added = line.split("\t")
+            print(f"  {name:<52} {float(rss):7.1f} {float(added):7.1f}")
+    arena = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, config, "helper"], capture_output=True, text=True,
                            check=True, env={**env, "MALLOC_ARENA_MAX": "1"}, cwd=ROOT).stdout  # fmt: skip
-    print(f"  final RSS with MALLOC_ARENA_MAX=1: {float(arena.strip().splitlines()[-1].split(chr(9))[1]):.1f}")
+    print(
+        f"  final RSS with MALLOC_ARENA_MAX=1 (unseal helper): {float(arena.strip().splitlines()[-1].split(chr(9))[1]):.1f}"
+    )
     bare = subprocess.run([sys.executable, "-c", _BARE_PROBE, str(setup["digits"].onnx)], capture_output=True,
                           text=True, check=True, env=env).stdout.split("\t")  # fmt: skip
     print(f"  bare process (numpy + onnxruntime + psutil + the fp32 session, 200 runs): {float(bare[0]):.1f} MB, "
