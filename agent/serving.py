@@ -24,16 +24,9 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.events import EventBus
+from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
 from edgesdk.agent.runtimes.base import LoadedModel
-from edgesdk.agent.signature import (
-    ScanThread,
-    Signature,
-    dequantize,
-    first_nonfinite,
-    nonfinite_error,
-    quantize,
-    shared_scan_thread,
-)
+from edgesdk.agent.signature import Signature, dequantize, quantize
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.schemas.common import PRECISION_LADDER, Precision

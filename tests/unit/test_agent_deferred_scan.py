@@ -13,16 +13,17 @@ import time
 
 import numpy as np
 import pytest
-from edgesdk.agent import signature as signature_module
+from edgesdk.agent import nonfinite as nonfinite_module
+from edgesdk.agent.nonfinite import ScanThread
 from edgesdk.agent.serving import ModelServer
-from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, ScanThread, Signature, TensorSlot
+from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, Signature, TensorSlot
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
 from edgesdk.schemas.manifest import QuantParams, TensorSpec, Variant
 
 SHA = "0" * 64
 ROWS = DEFERRED_SCAN_MIN_BYTES // 16  # (ROWS, 4) float32 is exactly the threshold: deferred
-NAN_MESSAGE = r"input 'x': contains NaN or Inf \(not accepted by this agent\)"
+NAN_MESSAGE = r"input 'x': contains NaN or Inf \(refused: the agent's api.allow_nonfinite is false\)"
 
 
 class RecordingModel:
@@ -237,7 +238,7 @@ def test_an_int8_variant_quantizing_a_nan_input_still_reports_the_nan() -> None:
 def test_a_slow_scan_holds_the_result_back(monkeypatch) -> None:
     # The scan thread picks the job up during the 10 ms run, and its scan takes 100 ms: the
     # request must wait for it, and refuse the input it finds bad.
-    real = signature_module.first_nonfinite
+    real = nonfinite_module.first_nonfinite
     scanned_on: list[str] = []
 
     def slow(inputs):
@@ -245,7 +246,7 @@ def test_a_slow_scan_holds_the_result_back(monkeypatch) -> None:
         time.sleep(0.1)
         return real(inputs)
 
-    monkeypatch.setattr(signature_module, "first_nonfinite", slow)
+    monkeypatch.setattr(nonfinite_module, "first_nonfinite", slow)
     model = RecordingModel(delay=0.01)
     server, errors = serve(model)
     server.scans = ScanThread()
@@ -273,7 +274,7 @@ def test_without_a_scan_thread_the_scan_runs_first_in_the_request_thread(monkeyp
 
 
 def test_the_scan_thread_sleeps_when_idle_and_is_woken_by_the_next_job(monkeypatch) -> None:
-    monkeypatch.setattr(signature_module, "SCAN_IDLE_S", 0.01)
+    monkeypatch.setattr(nonfinite_module, "SCAN_IDLE_S", 0.01)
     scans = ScanThread()
     inputs = [("a", big()), ("b", big())]
     assert scans.result(scans.submit(inputs)) is None

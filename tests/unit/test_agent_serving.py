@@ -255,7 +255,7 @@ def test_swap_loads_only_gated_variants_and_keeps_serving_on_failure(monkeypatch
 
 
 def test_all_finite_fast_path_agrees_with_the_exact_check() -> None:
-    from edgesdk.agent.signature import all_finite
+    from edgesdk.agent.nonfinite import all_finite
 
     rng = np.random.default_rng(0)
     big = rng.standard_normal((3, 224, 224)).astype(np.float32)
