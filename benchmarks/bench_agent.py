@@ -115,7 +115,9 @@ def prepare(workdir: Path) -> dict[str, Any]:
 # -- 1. in-process overhead ------------------------------------------------------------------------
 
 
-def bench_overhead(setup: dict[str, Any], rounds: int = 40, per_round: int = 200) -> dict[str, Any]:
+def bench_overhead(
+    setup: dict[str, Any], rounds: int = 40, per_round: int = 200, mobilenet_calls: int = 800
+) -> dict[str, Any]:
     import onnxruntime as ort
     from edgesdk.agent.serving import ModelServer
 
@@ -139,7 +141,7 @@ def bench_overhead(setup: dict[str, Any], rounds: int = 40, per_round: int = 200
         "model": "digits CNN (batch 1, intra_op_num_threads=1)",
         **_compare_paths(server, session, x, "digits", rounds, per_round, rounds * per_round, 3000),
     }
-    result["mobilenet"] = bench_overhead_mobilenet(Path(setup["device"].root))
+    result["mobilenet"] = bench_overhead_mobilenet(Path(setup["device"].root), mobilenet_calls)
     return result
 
 
@@ -182,7 +184,8 @@ def _compare_paths(
     agent = best["ModelServer.infer (agent)"]
     # Paired: in the same call, the agent's time minus the time spent inside the runtime. The
     # model's own run-time noise (large for MobileNet on a busy VM) cancels out. The timing
-    # wrapper's own call (one Python frame) counts as agent time: a slight overestimate.
+    # wrapper's own call (one Python frame) counts as agent time: an overestimate, measured
+    # alone in the same conditions and subtracted in ``paired_net_of_timing_wrapper_us``.
     variant = server.model.active
     inner = _TimedModel(variant.loaded)
     variant.loaded = inner
@@ -192,6 +195,7 @@ def _compare_paths(
     # into the array just before each call, outside the timed region, as the API's decoder or
     # a camera leaves a new request's tensor.
     paired: dict[tuple[str, bool], list[float]] = {}
+    wrapper_only: dict[str, list[float]] = {}
     signature = server.model.signature
     fresh = np.empty_like(x)
     for i in range(paired_calls):
@@ -204,12 +208,20 @@ def _compare_paths(
         server.infer(model_name, call_feeds)
         elapsed = time.perf_counter() - start - inner.last
         paired.setdefault((state, signature.allow_nonfinite), []).append(elapsed * 1e6)
+        # The wrapper alone, called straight after another run (so as cold): its own cost,
+        # which the figures above include; subtracted in the "net" figures.
+        start = time.perf_counter()
+        inner.run(call_feeds)
+        wrapper_only.setdefault(state, []).append((time.perf_counter() - start - inner.last) * 1e6)
     signature.allow_nonfinite = False
     variant.loaded = inner.model
     end_to_end = _end_to_end(server, session, x, model_name, end_to_end_calls)
 
     def med(state: str, skip_check: bool) -> float:
         return round(float(np.median(paired[state, skip_check])), 2)
+
+    def net(state: str, skip_check: bool) -> float:
+        return round(float(np.median(paired[state, skip_check]) - np.median(wrapper_only[state])), 2)
 
     return {
         "paired_agent_overhead_us": {
@@ -219,6 +231,14 @@ def _compare_paths(
             "fresh_input_median": med("fresh", False),
             "fresh_input_median_without_nan_check": med("fresh", True),
             "samples_per_cell": len(paired["reused", False]),
+            "timing_wrapper_alone_median": round(float(np.median(wrapper_only["reused"])), 2),
+            "timing_wrapper_alone_fresh_median": round(float(np.median(wrapper_only["fresh"])), 2),
+        },
+        "paired_net_of_timing_wrapper_us": {
+            "check_on": net("reused", False),
+            "check_off": net("reused", True),
+            "fresh_input_check_on": net("fresh", False),
+            "fresh_input_check_off": net("fresh", True),
         },
         "end_to_end_agent_minus_direct_us": end_to_end,
         "us_per_call_best_round": {k: round(v, 2) for k, v in best.items()},
@@ -295,7 +315,7 @@ class _TimedModel:
             self.last = time.perf_counter() - start
 
 
-def bench_overhead_mobilenet(workdir: Path) -> dict[str, Any] | str:
+def bench_overhead_mobilenet(workdir: Path, calls: int = 800) -> dict[str, Any] | str:
     """The same comparison on MobileNetV2 (ImageNet weights), when torch and the weights are here."""
     if importlib.util.find_spec("edgesdk.workloads.mobilenet") is None or importlib.util.find_spec("torch") is None:
         return "skipped: needs edgesdk.workloads.mobilenet and torch"
@@ -340,7 +360,7 @@ def bench_overhead_mobilenet(workdir: Path) -> dict[str, Any] | str:
     x = np.ascontiguousarray(mobilenet.preprocess(mobilenet.sample_images()[0][1]))
     return {
         "model": "MobileNetV2 (batch 1, 224x224, intra_op_num_threads=1)",
-        **_compare_paths(server, session, x, "mobilenet", 8, 10, 800, 800),
+        **_compare_paths(server, session, x, "mobilenet", 8, 10, 800, calls),
     }
 
 
@@ -544,6 +564,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per API cell and round")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--sections", default="1,2,3,4", help="which sections to run, e.g. 4 or 1,4")
+    parser.add_argument(
+        "--mobilenet-calls",
+        type=int,
+        default=800,
+        help="MobileNetV2 end-to-end calls per cell (its 95%% interval is ~±25 µs at 800; ±1/sqrt(n))",
+    )
     args = parser.parse_args()
     sections = {int(part) for part in args.sections.split(",")}
     results: dict[str, Any] = {"machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"}
@@ -551,7 +577,7 @@ def main() -> None:
         setup = prepare(Path(tmp))
         if 1 in sections:
             print("== 1. in-process overhead (µs per call, median of interleaved rounds)")
-            results["overhead"] = bench_overhead(setup)
+            results["overhead"] = bench_overhead(setup, mobilenet_calls=args.mobilenet_calls)
             print(json.dumps(results["overhead"], indent=2))
         if 2 in sections:
             print(
