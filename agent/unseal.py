@@ -13,7 +13,7 @@ The daemon validates the manifest itself and re-hashes each variant's plaintext 
 before any runtime sees a byte, so a framing fault on the pipe cannot load the wrong bytes.
 
 Protocol, both ways: frames of a 4-byte big-endian length, a JSON header of that length, then
-``header["size"]`` raw bytes when the header has a ``size``. The daemon sends ``open`` (a bundle
+the raw bytes of each part listed in ``header["parts"]`` (their sizes). The daemon sends ``open`` (a bundle
 path and what to check it against) and ``decrypt`` (a variant id); every answer has ``ok``, and
 a failure names the ``edgesdk.errors`` class to raise, so fallback works as in process.
 
@@ -48,6 +48,7 @@ _MAX_HEADER = 16 * 1024 * 1024  # a manifest is KBs; anything near this is a bro
 
 
 def _send(stream: IO[bytes], header: dict[str, Any], payload: Sequence[bytes | memoryview] = ()) -> None:
+    header = {**header, "parts": [len(part) for part in payload]} if payload else header
     raw = json.dumps(header, separators=(",", ":")).encode()
     stream.write(_LENGTH.pack(len(raw)) + raw)
     for part in payload:
@@ -62,16 +63,23 @@ def _read_exactly(stream: IO[bytes], size: int) -> bytes:
     return data
 
 
-def _receive(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
+def _receive(stream: IO[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    """One frame: its header, and its payload as parts (one per entry of ``header["parts"]``,
+    the sizes in order). Parts are read one by one into their own ``bytes``, so a variant's
+    files reach the runtime without a copy of the whole plaintext beside them."""
     (length,) = _LENGTH.unpack(_read_exactly(stream, _LENGTH.size))
     if length > _MAX_HEADER:
         raise EOFError(f"frame header of {length} bytes")
-    header = json.loads(_read_exactly(stream, length))
+    try:
+        header = json.loads(_read_exactly(stream, length))
+    except ValueError as exc:
+        raise EOFError(f"frame header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise EOFError("frame header is not an object")
-    size = header.get("size")
-    payload = _read_exactly(stream, size) if isinstance(size, int) and size > 0 else b""
-    return header, payload
+    sizes = header.get("parts") or []
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        raise EOFError(f"frame header has bad part sizes {sizes!r}")
+    return header, [_read_exactly(stream, n) if n else b"" for n in sizes]
 
 
 def _error_header(exc: BaseException) -> dict[str, Any]:
@@ -153,7 +161,7 @@ class Unsealer:
                 raise AgentError(f"cannot start the unseal helper ({sys.executable}): {exc}") from exc
         return self._proc
 
-    def _ask(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    def _ask(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
         proc = self._process()
         assert proc.stdin is not None and proc.stdout is not None
         # A helper that hangs must not hang the daemon's start: killed, it reads as an error.
@@ -168,7 +176,7 @@ class Unsealer:
         watchdog.start()
         try:
             _send(proc.stdin, request)
-            answer, payload = _receive(proc.stdout)
+            answer, parts = _receive(proc.stdout)
         except (OSError, EOFError, ValueError) as exc:
             try:
                 code: int | None = proc.wait(timeout=2)  # the pipe closes just before it is reaped
@@ -184,7 +192,7 @@ class Unsealer:
             watchdog.cancel()
         if not answer.get("ok"):
             _raise_from(answer)
-        return answer, payload
+        return answer, parts
 
     def verify_installed(
         self,
@@ -218,8 +226,10 @@ class Unsealer:
             "installed": installed,
             "allow_expired": allow_expired,
         }
-        answer, manifest_bytes = self._ask(request)
-        opened = OpenedBundle(path, answer, manifest_bytes)
+        answer, parts = self._ask(request)
+        if len(parts) != 1:
+            raise AgentError(f"the unseal helper answered open with {len(parts)} parts, not the manifest")
+        opened = OpenedBundle(path, answer, parts[0])
         self._opens[str(path)] = request
         self._opened_in[str(path)] = self._process()
         return opened
@@ -233,25 +243,21 @@ class Unsealer:
         if self._opened_in.get(path) is not self._proc and path in self._opens:
             # The helper that opened it died (reported as that variant's problem): the next
             # variant is decrypted by a new helper, which must open the bundle first.
-            answer, manifest_bytes = self._ask(self._opens[path])
+            answer, _ = self._ask(self._opens[path])
             if answer["front_sha256"] != bundle.front_sha256:
                 raise IntegrityError(f"{path}: the bundle changed while it was being loaded")
             self._opened_in[path] = self._process()
-        answer, plaintext = self._ask(
-            {"op": "decrypt", "path": path, "variant": variant_id, "device_key": self.device_key}
-        )
-        if len(plaintext) != variant.size or hashlib.sha256(plaintext).hexdigest() != variant.sha256:
+        _, contents = self._ask({"op": "decrypt", "path": path, "variant": variant_id, "device_key": self.device_key})
+        # The signed hash is over the files in order; their signed sizes say where each starts.
+        digest = hashlib.sha256()
+        for content in contents:
+            digest.update(content)
+        sizes = [entry.size for entry in variant.files]
+        if [len(c) for c in contents] != sizes or digest.hexdigest() != variant.sha256:
             raise IntegrityError(
                 f"{bundle.path}: variant {variant_id}: plaintext from the helper is not the signed one"
             )
-        view = memoryview(plaintext)
-        files: dict[str, bytes] = {}
-        offset = 0
-        for entry in variant.files:
-            # bytes, not views: LiteRT keeps a reference to what it was given.
-            files[entry.name] = bytes(view[offset : offset + entry.size])
-            offset += entry.size
-        return files
+        return {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -311,7 +317,6 @@ class _Helper:
             "ok": True,
             "sha256": verified.sha256,
             "front_sha256": verified.front_sha256,
-            "size": len(manifest),
             "bundle_size": verified.size,
             "publisher_key_id": verified.publisher_key_id,
             "payloads_hashed": verified.payloads_hashed,
@@ -327,8 +332,8 @@ class _Helper:
             raise AgentError(f"bundle {request.get('path')!r} was not opened first")
         key = load_device_private_key(request["device_key"])
         files = bundle.decrypt_variant(verified, str(request["variant"]), key)  # type: ignore[attr-defined]
-        parts: list[bytes | memoryview] = list(files.values())
-        return {"ok": True, "size": sum(len(p) for p in parts)}, parts
+        parts: list[bytes | memoryview] = list(files.values())  # in the manifest's file order
+        return {"ok": True}, parts
 
 
 def main() -> int:

@@ -151,17 +151,25 @@ def test_plaintext_that_is_not_the_signed_one_never_reaches_a_runtime(env) -> No
 
 def test_frames_round_trip_and_broken_streams_are_eof() -> None:
     stream = io.BytesIO()
-    unseal._send(stream, {"ok": True, "size": 5}, [b"ab", memoryview(b"cde")])
+    unseal._send(stream, {"ok": True}, [b"ab", memoryview(b"cde"), b""])
     stream.seek(0)
-    assert unseal._receive(stream) == ({"ok": True, "size": 5}, b"abcde")
-    for broken in (b"", b"\x00\x00", b"\x00\x00\x00\x09{}", b"\xff\xff\xff\xff", b"\x00\x00\x00\x02[]"):
+    assert unseal._receive(stream) == ({"ok": True, "parts": [2, 3, 0]}, [b"ab", b"cde", b""])
+    empty = io.BytesIO()
+    unseal._send(empty, {"op": "x"})
+    empty.seek(0)
+    assert unseal._receive(empty) == ({"op": "x"}, [])
+    for broken in (
+        b"",  # nothing
+        b"\x00\x00",  # half a length
+        b"\x00\x00\x00\x09{}",  # header shorter than its length
+        b"\xff\xff\xff\xff",  # absurd header length
+        b"\x00\x00\x00\x02[]",  # header not an object
+        b"\x00\x00\x00\x02{x",  # header not JSON
+        b'\x00\x00\x00\x0e{"parts":[-1]}',  # negative part size
+        b'\x00\x00\x00\x0e{"parts":[10]}short',  # payload cut short
+    ):
         with pytest.raises(EOFError):
             unseal._receive(io.BytesIO(broken))
-    truncated = io.BytesIO()
-    unseal._send(truncated, {"ok": True, "size": 10}, [b"short"])
-    truncated.seek(0)
-    with pytest.raises(EOFError):
-        unseal._receive(truncated)
 
 
 def test_unknown_errors_become_agent_errors_and_known_ones_keep_their_class() -> None:
