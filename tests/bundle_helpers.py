@@ -317,7 +317,7 @@ def convert_digits_with_edgesdk(digits: Any, out: Path, *, precisions: str = "fp
 
 def in_memory_probe(argv: list[str] | None = None) -> None:
     """Subprocess entry of the in-memory loading proof: verify, decrypt, load, infer, print JSON
-    (through the install path and through the agent's start-up path).
+    (through the install path, the agent's in-process start-up path and its unseal helper).
 
     ``argv``: bundle, publisher .pub, device .key, variant id, and optionally ``--leak`` (the
     positive control: also write the plaintext to a temp file, which the scan must find)."""
@@ -361,6 +361,18 @@ def in_memory_probe(argv: list[str] | None = None) -> None:
     )
     started = decrypt_and_load(reopened, variant_id, device_key, lambda f: load_variant(variant.runtime.value, f))
     agreement = min(agreement, agreement_of(started))
+    # And the daemon's default: the unseal helper process (traced too: strace -f follows it).
+    from edgesdk.agent.unseal import Unsealer
+
+    with Unsealer(publisher_keys=[Path(publisher_pub)], device_key=Path(device_key_path)) as unsealer:
+        opened = unsealer.verify_installed(
+            Path(bundle_path),
+            installed_front_sha256=verified.front_sha256,
+            installed_sha256=verified.sha256,
+            profile="rpi5-8gb",
+        )
+        helped = load_variant(variant.runtime.value, unsealer.decrypt(opened, variant_id))
+    agreement = min(agreement, agreement_of(helped))
     if "--leak" in args:
         with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as leak:
             leak.write(next(iter(files.values())))

@@ -4,7 +4,8 @@ touching disk.
 Per runtime, a fresh Python process with its own HOME, TMPDIR and working directory (and
 ``strace`` watching every file it opens for writing, where strace is installed) verifies the
 bundle, decrypts a variant in memory, loads it into the runtime, runs the golden inputs and
-checks the predictions. Then every file in HOME/TMPDIR/cwd and every file the process opened
+checks the predictions — through the install path, the agent's in-process start-up path and
+the agent's unseal helper process (``strace -f`` follows it). Then every file in HOME/TMPDIR/cwd and every file the process opened
 for writing is scanned for 64-byte windows of the plaintext model files: none may appear.
 A positive control (the same probe told to leak the model into a temp file) shows the scan
 finds plaintext when it is there.
