@@ -172,6 +172,15 @@ class Agent:
         from edgesdk.agent.unseal import Unsealer
 
         with Unsealer(publisher_keys=self.config.publisher_keys, device_key=self.device_key_path) as unsealer:
+            if self.store.active_slot is not None:
+                try:
+                    unsealer.start()
+                except AgentError as exc:
+                    # Serving beats the memory saving: a device whose interpreter cannot start a
+                    # child (an odd packaging, a seccomp profile) still gets its model.
+                    log.warning("%s; opening the bundle in this process instead", exc)
+                    self.problems.append(f"unseal: {exc}; opened in process")
+                    return self._load_installed(None)
             return self._load_installed(unsealer)
 
     def _load_installed(self, unsealer: Any) -> bool:

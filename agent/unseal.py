@@ -143,6 +143,10 @@ class Unsealer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def start(self) -> None:
+        """Start the helper now; AgentError when it cannot be (the caller may open in process)."""
+        self._process()
+
     def _process(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
             try:

@@ -143,6 +143,19 @@ def test_the_daemon_opens_bundles_in_a_helper_and_never_maps_the_crypto(tmp_path
         assert "cryptography" in Path(f"/proc/{agent.proc.pid}/maps").read_text()
 
 
+def test_a_helper_that_cannot_start_still_gets_the_model_served(tmp_path, convert_dir, monkeypatch) -> None:
+    from edgesdk.agent.config import load_config
+    from edgesdk.agent.daemon import Agent
+
+    device = make_device(tmp_path / "dev")
+    install(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-python"))
+    agent = Agent(load_config(device.config))
+    assert agent.load_installed() is True
+    assert agent.server.active["version"] == "1.0.0"
+    assert any("cannot start the unseal helper" in p and "opened in process" in p for p in agent.problems)
+
+
 def test_rot_in_a_payload_not_loaded_at_start_is_reported_by_the_background_check(tmp_path, convert_dir) -> None:
     device = make_device(tmp_path / "dev")
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
