@@ -185,8 +185,13 @@ class Agent:
 
     def _load_installed(self, unsealer: Any) -> bool:
         # In process the store and the server get the key objects; a helper reads the key files.
-        publishers = self.trusted_publishers if unsealer is None else None
-        device_key = self.device_key if unsealer is None else None
+        try:
+            publishers = self.trusted_publishers if unsealer is None else None
+            device_key = self.device_key if unsealer is None else None
+        except EdgeSDKError as exc:  # only when a helper could not start: keys unread until now
+            log.error("cannot read the keys to open the bundle: %s", exc)
+            self.problems.append(f"keys: {exc}")
+            return False
         decrypt = unsealer.decrypt if unsealer is not None else None
         verified = self.store.load_active(publishers, self.profile, verifier=unsealer)
         report = dict(self.store.load_report)

@@ -100,7 +100,7 @@ def _raise_from(header: dict[str, Any]) -> None:
 class OpenedBundle:
     """What the helper verified, as the daemon holds it: the same fields as ``VerifiedBundle``.
 
-    Made only by :meth:`Unsealer.open`, from the helper's answer; the manifest is validated
+    Made only by :meth:`Unsealer.verify` / :meth:`Unsealer.verify_installed`, from the helper's answer; the manifest is validated
     here again with the schema. Decrypting goes back through the helper that opened it."""
 
     __slots__ = ("front_sha256", "manifest", "path", "payloads_hashed", "publisher_key_id", "sha256", "size")
@@ -240,9 +240,10 @@ class Unsealer:
 
     def decrypt(self, bundle: OpenedBundle, variant_id: str, _device_key: Any = None) -> dict[str, bytes]:
         """The variant's files (name → plaintext), checked against ``bundle``'s manifest here too."""
-        variant = next((v for v in bundle.manifest.variants if v.id == variant_id), None)
-        if variant is None:
-            raise AgentError(f"bundle has no variant {variant_id!r}")
+        try:
+            variant = bundle.manifest.variant(variant_id)
+        except KeyError:
+            raise AgentError(f"bundle has no variant {variant_id!r}") from None
         path = str(bundle.path)
         if self._opened_in.get(path) is not self._proc and path in self._opens:
             # The helper that opened it died (reported as that variant's problem): the next

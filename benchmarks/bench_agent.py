@@ -571,26 +571,30 @@ def main() -> None:
         help="MobileNetV2 end-to-end calls per cell (its 95%% interval is ~±25 µs at 800; ±1/sqrt(n))",
     )
     args = parser.parse_args()
-    sections = {int(part) for part in args.sections.split(",")}
+    sections = set(args.sections.split(","))
+    if not sections <= {"1", "2", "3", "4"}:
+        parser.error(f"--sections {args.sections!r}: give section numbers 1-4, comma-separated")
+    if args.mobilenet_calls < 1:
+        parser.error(f"--mobilenet-calls {args.mobilenet_calls}: must be at least 1")
     results: dict[str, Any] = {"machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"}
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         setup = prepare(Path(tmp))
-        if 1 in sections:
+        if "1" in sections:
             print("== 1. in-process overhead (µs per call, median of interleaved rounds)")
             results["overhead"] = bench_overhead(setup, mobilenet_calls=args.mobilenet_calls)
             print(json.dumps(results["overhead"], indent=2))
-        if 2 in sections:
+        if "2" in sections:
             print(
                 f"== 2. local API vs wrappers ({args.seconds:g} s per cell, median of 3 interleaved rounds, keep-alive)"
             )
             results["api"] = bench_api(setup, args.seconds)
             for name, row in results["api"].items():
                 print(f"  {name:<34} {row}")
-        if 3 in sections:
+        if "3" in sections:
             print("== 3. precision switches under load")
             results["switches"] = bench_switches(setup)
             print(json.dumps(results["switches"], indent=2))
-        if 4 in sections:
+        if "4" in sections:
             print("== 4. memory (agent RSS, unseal helper vs in process)")
             results["memory"] = bench_memory(setup)
             print(json.dumps(results["memory"], indent=2))

@@ -20,6 +20,7 @@ from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, Signature, TensorSl
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
 from edgesdk.schemas.manifest import QuantParams, TensorSpec, Variant
+from tests.unit.test_agent_serving import variant
 
 SHA = "0" * 64
 ROWS = DEFERRED_SCAN_MIN_BYTES // 16  # (ROWS, 4) float32 is exactly the threshold: deferred
@@ -53,28 +54,10 @@ class RecordingModel:
         pass
 
 
-def meta(vid: str = "fp32", precision: str = "fp32") -> Variant:
-    spec = TensorSpec(name="x", dtype="float32", shape=["batch", 4])
-    out = TensorSpec(name="y", dtype="float32", shape=["batch", 4])
-    return Variant(
-        id=vid,
-        format="onnx",
-        precision=precision,
-        runtime="onnxruntime",
-        payload=f"{vid}.bin",
-        size=1,
-        sha256=SHA,
-        encrypted_size=1,
-        encrypted_sha256=SHA,
-        inputs=[spec],
-        outputs=[out],
-    )
-
-
 def serve(model: RecordingModel, **options) -> tuple[ModelServer, list[str]]:
     errors: list[str] = []
     server = ModelServer(count_error=errors.append, **options)
-    server.serve(name="m", version="1.0.0", release=1, variants=[(meta(), model)])
+    server.serve(name="m", version="1.0.0", release=1, variants=[(variant("fp32", "fp32", passed=None), model)])
     return server, errors
 
 
@@ -224,7 +207,10 @@ def test_an_int8_variant_quantizing_a_nan_input_still_reports_the_nan() -> None:
         name="m",
         version="1.0.0",
         release=1,
-        variants=[(meta(), RecordingModel()), (meta("int8", "int8"), int8)],
+        variants=[
+            (variant("fp32", "fp32", passed=None), RecordingModel()),
+            (variant("int8", "int8", passed=None), int8),
+        ],
     )
     server.switch_variant("int8", "test")
     x = big(0.5)
@@ -331,7 +317,7 @@ def test_a_real_onnxruntime_model_with_a_large_input() -> None:
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     loaded = load_model("onnxruntime", proto.SerializeToString(), options={"intra_op_num_threads": "1"})
-    variant = Variant(
+    meta = Variant(
         id="onnx-fp32",
         format="onnx",
         precision="fp32",
@@ -346,7 +332,7 @@ def test_a_real_onnxruntime_model_with_a_large_input() -> None:
     )
     errors: list[str] = []
     server = ModelServer(count_error=errors.append)
-    server.serve(name="double", version="1.0.0", release=1, variants=[(variant, loaded)])
+    server.serve(name="double", version="1.0.0", release=1, variants=[(meta, loaded)])
     image = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     assert image.nbytes >= DEFERRED_SCAN_MIN_BYTES
     for _ in range(3):
