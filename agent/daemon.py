@@ -19,7 +19,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.api.app import ApiApp
 from edgesdk.agent.api.http import HttpLimits, HttpServer
@@ -38,6 +38,9 @@ from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
 
+if TYPE_CHECKING:
+    from edgesdk.agent.ota.hooks import OtaHooks
+
 log = logging.getLogger("edgesdk.agent")
 
 PORT_FILE = "api.port"
@@ -47,9 +50,13 @@ PID_FILE = "agent.pid"
 class Agent:
     """One device agent. Construct, then ``run()`` (blocking) or use the parts directly."""
 
-    def __init__(self, config: AgentConfig, *, profile: DeviceProfile | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, *, profile: DeviceProfile | None = None, ota_hooks: OtaHooks | None = None
+    ) -> None:
         disable_vendor_telemetry()  # before anything can import a runtime
         self.config = config
+        # Fault-injection seams for the updater; only the test harness (tests/faulty_agent.py) passes one.
+        self.ota_hooks = ota_hooks
         self.profile = profile or self._load_profile(config.profile)
         self.data_dir = Path(config.data_dir)
         try:
@@ -260,7 +267,7 @@ class Agent:
             except ImportError:
                 UpdateManager = None  # type: ignore[assignment,misc]  # noqa: N806
             if UpdateManager is not None:
-                updates = UpdateManager(self)
+                updates = UpdateManager(self, hooks=self.ota_hooks)
         if updates is not None:
             state = updates.install_local(path)
             result = self._installed_summary()
@@ -374,7 +381,7 @@ class Agent:
             log.debug("OTA updates not available in this agent")
             return
         try:
-            self.updates = UpdateManager(self)
+            self.updates = UpdateManager(self, hooks=self.ota_hooks)
             self.updates.resume()
         except EdgeSDKError as exc:
             log.error("OTA resume failed: %s", exc)

@@ -120,10 +120,20 @@ def run_agent_cli(
 
 
 class AgentProcess:
-    """``edge-agent run --config FILE`` in a subprocess; ``.url`` once it listens."""
+    """``edge-agent run --config FILE`` in a subprocess; ``.url`` once it listens.
 
-    def __init__(self, device: Device, *, env: dict[str, str] | None = None, start_timeout: float = 60) -> None:
+    ``argv`` runs another command that starts the same agent (tests/faulty_agent.py)."""
+
+    def __init__(
+        self,
+        device: Device,
+        *,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 60,
+        argv: list[str] | None = None,
+    ) -> None:
         self.device = device
+        self.argv = argv or [sys.executable, "-m", "edgesdk.agent.cli", "run", "--config", str(device.config)]
         self.env = env or agent_env()
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[str] | None = None
@@ -139,7 +149,7 @@ class AgentProcess:
         port_file.unlink(missing_ok=True)
         self._log = open(self.stderr_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgesdk.agent.cli", "run", "--config", str(self.device.config)],
+            self.argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -2,8 +2,10 @@
 
 It knows nothing about MQTT, bundles or runtimes: each state's work is one method of an
 :class:`UpdateTarget` (the real one drives the agent's ModelStore and ModelServer; unit tests
-pass a fake). The loop is always the same: persist the state, publish it, do its work, map the
-outcome to an event, look the event up in the transition table.
+pass a fake), and :data:`WORK` — a table like the transition table — says which step does it,
+which event its success reports and which events its failure may report. The loop is always
+the same: persist the state, publish it, do its work, map the outcome to an event, look the
+event up in the transition table.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from edgesdk.agent.ota.record import StateFile, UpdateRecord
 from edgesdk.agent.ota.states import (
@@ -109,7 +111,7 @@ class UpdateMachine:
         self.target = target
         self.state_file = state_file
         self.device_id = device_id
-        # Test hook: called right after a state is persisted and before its work (fault injection).
+        # Test seam: called right after a state is persisted and before its work (power-loss injection).
         self.on_state_saved = on_state_saved
         self.max_state_saves = max_state_saves
         self.record = state_file.load()
@@ -216,49 +218,23 @@ class UpdateMachine:
             self._publish()
 
     def _work(self, state: UpdateState) -> tuple[UpdateEvent | None, str]:
-        """Run one state's work; map its outcome to (event, reason)."""
-        deployment = self.record.deployment
+        """Run one state's work (its row of :data:`WORK`); map its outcome to (event, reason)."""
         try:
             if state in RESTING_STATES:
                 self._rest(state)
                 return None, ""
+            deployment = self.record.deployment
             if deployment is None:
                 # A busy state without a deployment can only come from a damaged record:
                 # make sure the committed model serves, and stop.
                 self.target.rollback(self.record.activated_slot)
                 return E.ERROR, "update record lost its deployment"
-            if next_state(state, E.CANCEL) is not None:
+            work = WORK.get(state)
+            if work is None:  # pragma: no cover - a test checks every busy state has a row
+                raise UpdateError(f"state {state.value} has no work defined")
+            if E.CANCEL in work.failures:
                 self._check_cancel()
-            if state is S.DOWNLOADING:
-                path = self.target.download(deployment, self._progress, self._cancel.is_set)
-                self._download_path = path
-                return E.DOWNLOADED, "bundle downloaded and its sha256 matches"
-            if state is S.VERIFYING:
-                self.target.verify(deployment, self._downloaded(deployment))
-                return E.VERIFIED, "signature, target, release and smoke test passed"
-            if state is S.STAGED:
-                slot = self.target.stage(deployment, self._downloaded(deployment))
-                self.record = self.record.model_copy(update={"staged_slot": slot, "activated_slot": slot})
-                return E.STAGED, f"staged in slot {slot}"
-            if state is S.ACTIVATING:
-                slot = self.record.activated_slot
-                if slot is None:
-                    return E.ERROR, "no staged slot to activate"
-                self.target.activate(deployment, slot)
-                return E.ACTIVATED, f"slot {slot} active and serving"
-            if state is S.PROBATION:
-                started = self.record.probation_started or _now()
-                if self.record.restarts > deployment.health.max_restarts:
-                    return E.UNHEALTHY, (
-                        f"crash loop: {self.record.restarts} restarts in probation "
-                        f"(max_restarts {deployment.health.max_restarts})"
-                    )
-                self.target.probation(deployment, started, self.record.restarts, self._cancel.is_set)
-                self._check_cancel()
-                return E.HEALTHY, "probation passed"
-            if state is S.ROLLING_BACK:
-                self.target.rollback(self.record.activated_slot)
-                return E.ROLLED_BACK, self.record.reason or "rolled back"
+            return work.done, work.step(self, deployment)
         except UpdateCancelled as exc:
             self._cancel.clear()
             return E.CANCEL, str(exc)
@@ -271,7 +247,45 @@ class UpdateMachine:
         except Exception as exc:  # noqa: BLE001 - a bug in one state must end in a safe state, not a dead agent
             log.exception("unexpected error in %s", state.value)
             return E.ERROR, f"{state.value.lower()} failed unexpectedly: {type(exc).__name__}: {exc}"
-        raise UpdateError(f"state {state.value} has no work defined")  # pragma: no cover
+
+    # -- the steps of WORK: each does one busy state's work and returns the reason of its success --
+
+    def _download(self, deployment: Deployment) -> str:
+        path = self.target.download(deployment, self._progress, self._cancel.is_set)
+        # Saved with the next state, before its work: a resume after a crash finds the file.
+        self.record = self.record.model_copy(update={"download_path": path})
+        return "bundle downloaded and its sha256 matches"
+
+    def _verify(self, deployment: Deployment) -> str:
+        self.target.verify(deployment, self._downloaded(deployment))
+        return "signature, target, release and smoke test passed"
+
+    def _stage(self, deployment: Deployment) -> str:
+        slot = self.target.stage(deployment, self._downloaded(deployment))
+        self.record = self.record.model_copy(update={"staged_slot": slot, "activated_slot": slot})
+        return f"staged in slot {slot}"
+
+    def _activate(self, deployment: Deployment) -> str:
+        slot = self.record.activated_slot
+        if slot is None:
+            raise UpdateError("no staged slot to activate")
+        self.target.activate(deployment, slot)
+        return f"slot {slot} active and serving"
+
+    def _watch_probation(self, deployment: Deployment) -> str:
+        if self.record.restarts > deployment.health.max_restarts:
+            raise ProbationFailed(
+                f"crash loop: {self.record.restarts} restarts in probation "
+                f"(max_restarts {deployment.health.max_restarts})"
+            )
+        started = self.record.probation_started or _now()
+        self.target.probation(deployment, started, self.record.restarts, self._cancel.is_set)
+        self._check_cancel()
+        return "probation passed"
+
+    def _roll_back(self, deployment: Deployment) -> str:
+        self.target.rollback(self.record.activated_slot)
+        return self.record.reason or "rolled back"
 
     def _rest(self, state: UpdateState) -> None:
         """Resting states finish idempotent work (commit, cleanup), then report once."""
@@ -285,14 +299,19 @@ class UpdateMachine:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    _download_path: Path | None = None
     _cancel_reason = "cancelled by operator"
 
     def _downloaded(self, deployment: Deployment) -> Path:
-        if self._download_path is None:
-            # After a restart the work of DOWNLOADING is a quick re-check of the finished file.
-            self._download_path = self.target.download(deployment, self._progress, self._cancel.is_set)
-        return self._download_path
+        """The finished download the record names; when it is gone (or a record from before the
+        path was saved), DOWNLOADING's work again: a quick re-check of a finished file, or a fetch."""
+        saved = self.record.download_path
+        if saved is not None and saved.is_file():
+            return saved
+        self._download(deployment)
+        path = self.record.download_path
+        if path is None:  # pragma: no cover - _download always records the path
+            raise UpdateError(f"download of {deployment.deployment_id!r} left no file")
+        return path
 
     def _check_cancel(self) -> None:
         if self._cancel.is_set():
@@ -323,3 +342,30 @@ class UpdateMachine:
             self.target.publish(status)
         except Exception:  # noqa: BLE001 - a dead link must not stop an update; the queue retries
             log.exception("could not publish update status")
+
+
+class StateWork(NamedTuple):
+    """One row of :data:`WORK`."""
+
+    #: Does the state's work (calling the UpdateTarget) and returns the reason of its success.
+    step: Callable[[UpdateMachine, Deployment], str]
+    #: The event its success reports.
+    done: UpdateEvent
+    #: The events its failure may report: ERROR for any error, CANCEL when the operator may stop
+    #: it (checked before the step starts), UNHEALTHY for a breached health criterion.
+    failures: frozenset[UpdateEvent]
+
+
+_STOPPABLE = frozenset({E.ERROR, E.CANCEL})
+
+# fmt: off
+#: Busy state → its work. Resting states have none (they finish idempotent work in ``_rest``).
+WORK: dict[UpdateState, StateWork] = {
+    S.DOWNLOADING:  StateWork(UpdateMachine._download,         E.DOWNLOADED,  _STOPPABLE),
+    S.VERIFYING:    StateWork(UpdateMachine._verify,           E.VERIFIED,    _STOPPABLE),
+    S.STAGED:       StateWork(UpdateMachine._stage,            E.STAGED,      _STOPPABLE),
+    S.ACTIVATING:   StateWork(UpdateMachine._activate,         E.ACTIVATED,   _STOPPABLE),
+    S.PROBATION:    StateWork(UpdateMachine._watch_probation,  E.HEALTHY,     _STOPPABLE | {E.UNHEALTHY}),
+    S.ROLLING_BACK: StateWork(UpdateMachine._roll_back,        E.ROLLED_BACK, frozenset({E.ERROR})),
+}
+# fmt: on

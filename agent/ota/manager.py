@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import queue
 import shutil
-import signal
 import threading
 import uuid
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.agent.ota.chunks import DATA_SUFFIX
+from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
 from edgesdk.agent.ota.signing import verify_deployment
@@ -35,36 +34,25 @@ log = logging.getLogger(__name__)
 
 DEPLOYMENT_SUFFIX = "ota/deployment"
 STATUS_SUFFIX = "ota/status"
-#: Test hook (integration tests only): SIGKILL the agent right after this state is persisted.
-KILL_AT_ENV = "EDGESDK_OTA_TEST_KILL_AT"
 #: Bytes of a chunk frame beyond the chunk itself (magic, length, JSON header).
 _FRAME_HEADROOM = 4096
-
-
-def _kill_hook(state_name: str) -> Callable[[UpdateState], None]:
-    def hook(state: UpdateState) -> None:
-        if state.value == state_name:
-            log.warning("test hook %s=%s: killing the agent now", KILL_AT_ENV, state_name)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
 
 
 class UpdateManager:
     """Owns the update state machine of one agent."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: Any, *, hooks: OtaHooks | None = None) -> None:
+        hooks = hooks or NO_HOOKS  # test seams (fault injection); production passes none
         self.agent = agent
         self.device_id: str = agent.config.device_id
         self.ota_dir = Path(agent.config.data_dir) / "ota"
         self.ota_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.target = AgentUpdateTarget(agent, self.ota_dir, publish=self._publish)
-        kill_at = os.environ.get(KILL_AT_ENV)
+        self.target = AgentUpdateTarget(agent, self.ota_dir, publish=self._publish, hooks=hooks)
         self.machine = UpdateMachine(
             self.target,
             StateFile(self.ota_dir / "state.json"),
             device_id=self.device_id,
-            on_state_saved=_kill_hook(kill_at) if kill_at else None,
+            on_state_saved=hooks.after_state_saved,
         )
         self._jobs: queue.Queue[Callable[[], object]] = queue.Queue()
         self._stopping = False

@@ -30,6 +30,9 @@ class UpdateRecord(Schema):
     save_count: int = Field(0, ge=0, description="state saves for this deployment (loop detection)")
     restarts: int = Field(0, ge=0, description="agent restarts seen while in probation")
     boot_counted: bool = Field(False, description="guard_boot already counted this start as a restart")
+    download_path: Path | None = Field(
+        None, description="the finished download, saved with the state after DOWNLOADING so a resume finds it"
+    )
     staged_slot: str | None = None
     activated_slot: str | None = None
     probation_started: datetime | None = None

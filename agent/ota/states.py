@@ -3,7 +3,8 @@
 Read the tables, not the code, to know what the updater does. A state's *work* is done while
 the machine is in it (DOWNLOADING fetches, VERIFYING verifies and smoke-tests, STAGED writes the
 bundle into the inactive slot, ACTIVATING switches slots and serving, PROBATION watches health,
-ROLLING_BACK restores the old slot). The state is persisted before that work starts, so after a
+ROLLING_BACK restores the old slot; the table of that work, ``WORK``, sits beside the steps in
+:mod:`edgesdk.agent.ota.machine`). The state is persisted before that work starts, so after a
 power loss the resume table knows exactly which work may have been half done.
 """
 

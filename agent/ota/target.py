@@ -8,9 +8,7 @@ committed.
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -19,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.agent.ota.chunks import REQUEST_SUFFIX, decode_frame
+from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import ProbationFailed
 from edgesdk.agent.ota.probation import ProbationMonitor
 from edgesdk.agent.ota.smoke import smoke_test, split_golden
-from edgesdk.agent.ota.transfer import FAULT_ENV, ChunkReceiver, download_url
+from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
 from edgesdk.schemas.messages import ChunkRequest, Deployment, OtaStatus, RunningModel
@@ -36,10 +35,13 @@ STAGING_HEADROOM_BYTES = 4 * 1024 * 1024
 class AgentUpdateTarget:
     """Does the work of every update state on one running agent."""
 
-    def __init__(self, agent: Any, ota_dir: Path, *, publish: Callable[[OtaStatus], None]) -> None:
+    def __init__(
+        self, agent: Any, ota_dir: Path, *, publish: Callable[[OtaStatus], None], hooks: OtaHooks = NO_HOOKS
+    ) -> None:
         self.agent = agent
         self.ota_dir = ota_dir
         self._publish = publish
+        self.hooks = hooks  # test seams (tests/faulty_agent.py); production passes none
         self._receiver: ChunkReceiver | None = None
         self._receiver_lock = threading.Lock()
         # The model that served before activation, kept loaded during probation: rolling back
@@ -99,12 +101,13 @@ class AgentUpdateTarget:
         if deployment.url is None and not deployment.chunk_sha256 and local.exists():
             return local  # a sideload: install_local placed the file here before starting
         if deployment.url is not None:
-            return download_url(deployment, self.ota_dir, progress, cancelled)
+            return download_url(deployment, self.ota_dir, progress, cancelled, self.hooks)
         receiver = ChunkReceiver(
             deployment,
             self.ota_dir,
             lambda indices: self._request_chunks(deployment, indices),
             window=self.chunk_window,
+            hooks=self.hooks,
         )
         with self._receiver_lock:
             self._receiver = receiver
@@ -144,9 +147,7 @@ class AgentUpdateTarget:
         store = self.agent.store
         free = shutil.disk_usage(store.slots_dir).free
         needed = path.stat().st_size + STAGING_HEADROOM_BYTES
-        if os.environ.get(FAULT_ENV) == "enospc-stage":
-            # Fault injection at the staging write boundary (tests): what ENOSPC from the copy looks like.
-            raise UpdateError(f"cannot stage bundle: [Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)} (injected)")
+        self.hooks.before_write("stage", Path(store.slots_dir), needed)
         if free < needed:
             raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
         verified = self._verify(path, installed_release=store.installed_release())

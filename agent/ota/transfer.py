@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgesdk.agent.ota.chunks import chunk_count
+from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateCancelled
 
 from edgesdk.errors import IntegrityError, UpdateError
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[float], None]
 CancelledFn = Callable[[], bool]
-#: Test hook: raise ENOSPC when reserving disk space for a download (disk-full fault injection).
-FAULT_ENV = "EDGESDK_OTA_FAULT"
 
 
 class DownloadPaths:
@@ -44,14 +43,13 @@ class DownloadPaths:
         self.done = ota_dir / f"{deployment.deployment_id}.edgepkg"
 
 
-def reserve(path: Path, size: int) -> int:
+def reserve(path: Path, size: int, hooks: OtaHooks = NO_HOOKS) -> int:
     """Open ``path`` for writing and make sure ``size`` bytes fit: disk full shows up here,
     before any chunk is fetched, not halfway through. Returns the open descriptor."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if os.environ.get(FAULT_ENV) == "enospc":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        hooks.before_write("download", path, size)
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, 0, size)
         else:  # pragma: no cover - macOS
@@ -180,6 +178,7 @@ class ChunkReceiver:
         initial_timeout_s: float = 15.0,
         stall_timeout_s: float = 600.0,
         max_bad_chunks: int = 8,
+        hooks: OtaHooks = NO_HOOKS,
     ) -> None:
         if not deployment.chunk_sha256:
             raise UpdateError(f"deployment {deployment.deployment_id!r} has no chunk hashes and no url")
@@ -190,6 +189,7 @@ class ChunkReceiver:
         self.window = RequestWindow(window, timeout_s, initial_timeout_s=initial_timeout_s)
         self.stall_timeout_s = stall_timeout_s
         self.max_bad_chunks = max_bad_chunks
+        self.hooks = hooks
         self.bad_chunks = 0
         self.requests_sent = 0
         self.rerequests = 0  # chunks asked for again after a timeout (lost request or frame)
@@ -212,7 +212,7 @@ class ChunkReceiver:
         if self.paths.done.exists() and sha256_file(self.paths.done) == self.deployment.bundle_sha256:
             return self.paths.done
         total = len(self.deployment.chunk_sha256)
-        fd = reserve(self.paths.part, self.deployment.bundle_size)
+        fd = reserve(self.paths.part, self.deployment.bundle_size, self.hooks)
         try:
             have = verified_chunks(fd, self.deployment)
             missing = deque(i for i in range(total) if i not in have)
@@ -274,7 +274,13 @@ class ChunkReceiver:
             os.close(fd)
 
 
-def download_url(deployment: Deployment, ota_dir: Path, progress: ProgressFn, cancelled: CancelledFn) -> Path:
+def download_url(
+    deployment: Deployment,
+    ota_dir: Path,
+    progress: ProgressFn,
+    cancelled: CancelledFn,
+    hooks: OtaHooks = NO_HOOKS,
+) -> Path:
     """Fetch ``deployment.url`` (HTTP or HTTPS), resuming with a Range request when possible."""
     url = deployment.url or ""
     if not url.startswith(("http://", "https://")):
@@ -283,7 +289,7 @@ def download_url(deployment: Deployment, ota_dir: Path, progress: ProgressFn, ca
     paths = DownloadPaths(ota_dir, deployment)
     if paths.done.exists() and sha256_file(paths.done) == deployment.bundle_sha256:
         return paths.done
-    fd = reserve(paths.part, deployment.bundle_size)
+    fd = reserve(paths.part, deployment.bundle_size, hooks)
     try:
         # Resume after the longest prefix of good chunks (all of the file when no hashes are listed).
         have = verified_chunks(fd, deployment)

@@ -1,7 +1,9 @@
-"""The SIGKILL table with real ``edge-agent run`` processes and a real mosquitto: the agent is
-killed right after each update state is persisted (test hook EDGESDK_OTA_TEST_KILL_AT), then
-started again. It must end serving the old or the new model — never none — and the status it
-reported last (recorded by the real rollout controller) must name what it serves."""
+"""The SIGKILL table with real agent processes and a real mosquitto: the agent (run by the
+harness tests/faulty_agent.py, which starts it as ``edge-agent run`` does, with a FaultPlan) is
+killed right after each update state is persisted, then started again as plain ``edge-agent run``.
+It must end serving the old or the new model — never none — and the status it reported last
+(recorded by the real rollout controller) must name what it serves. A full disk at the download
+or the staging write is played the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from edgesdk.agent.ota.states import UpdateState
 
 from edgesdk.fleet.deployments import DeploymentStore
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan
@@ -19,6 +22,7 @@ from edgesdk.keys import load_publisher_private_key
 from edgesdk.mqtt.client import ClientOptions, MqttClient
 from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, Device, agent_env, run_agent_cli
+from tests.faulty_agent import faulty_agent_argv, faulty_agent_env
 from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles
 
 pytestmark = pytest.mark.slow
@@ -124,14 +128,14 @@ def test_sigkill_at_every_persisted_state(
 ) -> None:
     device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
     operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    env = {**agent_env(), "EDGESDK_OTA_TEST_KILL_AT": kill_at}
-    first = AgentProcess(device, env=env).start()
+    argv = faulty_agent_argv(device.config, kill_at=UpdateState(kill_at))
+    first = AgentProcess(device, argv=argv, env=faulty_agent_env(agent_env())).start()
     second: AgentProcess | None = None
     try:
         assert api_get(first, "/v1/status")["model"]["release"] == 1
         deployment_id = operator.push(bundles.v2, health)
         first.proc.wait(120)
-        assert first.proc.returncode == -9, first.log()  # killed by the hook, in that state
+        assert first.proc.returncode == -9, first.log()  # killed by the fault plan, in that state
         state_file = json.loads((device.data_dir / "ota" / "state.json").read_text())
         assert state_file["state"] == kill_at
         second = AgentProcess(device).start()
@@ -149,6 +153,30 @@ def test_sigkill_at_every_persisted_state(
         first.stop()
         if second is not None:
             second.stop()
+
+
+@pytest.mark.parametrize("write", ["download", "stage"])
+def test_disk_full_fails_the_update_and_the_old_model_serves_on(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker, write: str
+) -> None:
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    argv = faulty_agent_argv(device.config, disk_full=(write,))  # type: ignore[arg-type]
+    agent = AgentProcess(device, argv=argv, env=faulty_agent_env(agent_env())).start()
+    try:
+        deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1))
+        operator.thread.join(240)
+        row = operator.device_row(deployment_id)
+        assert row.state == "FAILED", (row, agent.log()[-3000:])
+        assert "No space left" in row.reason or "ENOSPC" in row.reason, row.reason
+        assert row.model_release == 1
+        status = api_get(agent, "/v1/status")
+        assert status["model"]["release"] == 1 and status["updates"]["state"] == "FAILED"
+        assert len(infer(agent)) == 1
+        assert not list((device.data_dir / "ota").glob("*.part")), "download leftovers not cleaned up"
+    finally:
+        operator.close()
+        agent.stop()
 
 
 def test_device_keeps_serving_through_an_update(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:

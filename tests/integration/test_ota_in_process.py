@@ -13,6 +13,7 @@ import pytest
 from edgesdk.agent.ota import UpdateManager, UpdateState
 
 from edgesdk.schemas.messages import HealthCriteria, OtaStatus
+from tests.faulty_agent import FaultPlan
 from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles, make_deployment
 
 pytestmark = pytest.mark.slow
@@ -43,9 +44,11 @@ class RecordingLink:
         return False
 
 
-def fresh_agent(tmp_path: Path, bundles: OtaBundles, link=None) -> tuple[StandInAgent, UpdateManager]:
+def fresh_agent(
+    tmp_path: Path, bundles: OtaBundles, link=None, faults: FaultPlan | None = None
+) -> tuple[StandInAgent, UpdateManager]:
     agent = StandInAgent(tmp_path / "agent", bundles, link=link)
-    manager = UpdateManager(agent)
+    manager = UpdateManager(agent, hooks=faults)
     manager.resume()
     manager.wait_idle(30)
     return agent, manager
@@ -123,15 +126,14 @@ def test_device_keeps_serving_during_an_update(tmp_path: Path, bundles: OtaBundl
     assert 1 in served and 2 in served
 
 
-def test_disk_full_while_staging_keeps_the_old_model(
-    tmp_path: Path, bundles: OtaBundles, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Disk full is simulated by an injected ENOSPC at the staging write boundary
-    (EDGESDK_OTA_FAULT=enospc-stage): this machine has no small tmpfs to fill for real."""
+def test_disk_full_while_staging_keeps_the_old_model(tmp_path: Path, bundles: OtaBundles) -> None:
+    """Disk full is simulated by an injected ENOSPC at the staging write (a FaultPlan passed to
+    the manager): this machine has no small tmpfs to fill for real."""
     link = RecordingLink()
-    agent, manager = fresh_agent(tmp_path, bundles, link)
+    faults = FaultPlan()
+    agent, manager = fresh_agent(tmp_path, bundles, link, faults)
     manager.install_local(bundles.v1, timeout=60)
-    monkeypatch.setenv("EDGESDK_OTA_FAULT", "enospc-stage")
+    faults.disk_full.add("stage")
     with pytest.raises(Exception, match="No space left"):
         manager.install_local(bundles.v2, timeout=60)
     assert agent.server.active["release"] == 1
@@ -139,5 +141,5 @@ def test_disk_full_while_staging_keeps_the_old_model(
     last = link.published[-1]
     assert last.state == "FAILED" and "No space left" in last.reason and last.model.release == 1
     assert not list((tmp_path / "agent" / "ota").glob("*.edgepkg")), "download leftovers not cleaned up"
-    monkeypatch.delenv("EDGESDK_OTA_FAULT")
+    faults.disk_full.clear()
     assert manager.install_local(bundles.v2, timeout=60) is UpdateState.COMMITTED  # space is back: it works

@@ -5,15 +5,18 @@ none — and the last status it published must tell which."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota.machine import ProbationFailed, UpdateCancelled, UpdateMachine
+from edgesdk.agent.ota import machine as machine_module
+from edgesdk.agent.ota.machine import WORK, ProbationFailed, StateWork, UpdateCancelled, UpdateMachine
 from edgesdk.agent.ota.record import StateFile, UpdateRecord
 from edgesdk.agent.ota.states import (
+    RESTING_STATES,
     RESUME,
     TRANSITIONS,
     UpdateEvent,
@@ -54,6 +57,9 @@ class FakeDevice:
         self.fail_after_switch = fail_after_switch
         self.published: list[OtaStatus] = []
         self.serving_history: list[str | None] = [self.serving]
+        self.bundle_file = Path("/fake/bundle.edgepkg")  # what download() finds or fetches
+        self.downloads = 0
+        self.staged_from: list[Path] = []
 
     def _maybe_fail(self, state: UpdateState) -> None:
         if self.fail_in is state:
@@ -69,12 +75,14 @@ class FakeDevice:
             raise UpdateCancelled("cancelled")
         progress(1.0)
         self.disk.downloaded = True
-        return Path("/fake/bundle.edgepkg")
+        self.downloads += 1
+        return self.bundle_file
 
     def verify(self, deployment, path) -> None:
         self._maybe_fail(S.VERIFYING)
 
     def stage(self, deployment, path) -> str:
+        self.staged_from.append(path)
         inactive = "b" if self.disk.active == "a" else "a"
         self.disk.slots[inactive] = NEW
         self._maybe_fail(S.STAGED)
@@ -172,6 +180,33 @@ def test_every_busy_state_can_fail_and_every_state_can_resume() -> None:
     assert resume_state(S.ACTIVATING) is S.ROLLING_BACK
     for (state, _event), target in TRANSITIONS.items():
         assert isinstance(state, S) and isinstance(target, S)
+
+
+def test_every_busy_state_has_exactly_one_work_row_whose_outcomes_the_table_knows() -> None:
+    assert set(WORK) == set(S) - RESTING_STATES
+    assert len({work.step for work in WORK.values()}) == len(WORK), "two states share one step"
+    for state, work in WORK.items():
+        # LOOP_DETECTED is the machine's own event, possible in every busy state.
+        outcomes = {work.done, *work.failures, UpdateEvent.LOOP_DETECTED}
+        for event in outcomes:
+            assert (state, event) in TRANSITIONS, f"{state.value} may report {event.value}; the table has no row"
+        leaving = {event for (source, event) in TRANSITIONS if source is state}
+        assert leaving == outcomes, f"{state.value}: transitions {leaving} but the work reports {outcomes}"
+
+
+def test_the_machine_does_what_the_work_table_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def checked_twice(machine: UpdateMachine, deployment: Deployment) -> str:
+        calls.append(deployment.deployment_id)
+        return "checked by the replaced step"
+
+    monkeypatch.setitem(WORK, S.VERIFYING, StateWork(checked_twice, UpdateEvent.VERIFIED, WORK[S.VERIFYING].failures))
+    assert machine_module.WORK is WORK
+    machine, device = boot(tmp_path, FakeDisk())
+    assert machine.start(make_deployment("dep-7")) is S.COMMITTED
+    assert calls == ["dep-7"]
+    assert any(p.reason == "checked by the replaced step" for p in device.published if p.state == "STAGED")
 
 
 def test_happy_path_persists_each_state_before_its_work(tmp_path: Path) -> None:
@@ -394,6 +429,63 @@ def test_unreadable_state_file_means_roll_back(tmp_path: Path) -> None:
     assert final is S.FAILED  # no deployment to tell which slot: make the committed slot serve
     assert device.serving == NEW or device.serving == OLD
     assert device.published[-1].model is not None
+
+
+@pytest.mark.parametrize("state", [S.VERIFYING, S.STAGED])
+def test_download_path_is_saved_before_the_next_work_and_used_after_a_power_loss(
+    tmp_path: Path, state: UpdateState
+) -> None:
+    bundle = tmp_path / "ota" / "dep-1.edgepkg"
+    bundle.parent.mkdir()
+    bundle.write_bytes(b"bundle")
+    disk = FakeDisk()
+    machine, device = boot(tmp_path, disk, hook=power_loss_at(state))
+    device.bundle_file = bundle
+    with pytest.raises(SimulatedPowerLoss):
+        machine.start(make_deployment())
+    saved = StateFile(tmp_path / "state.json").load()
+    assert saved.state is state and saved.download_path == bundle
+
+    machine, device = boot(tmp_path, disk)
+    device.bundle_file = tmp_path / "rediscovered.edgepkg"  # what a fresh download would return
+    assert machine.resume() is S.COMMITTED
+    assert device.downloads == 0, "the saved path was not used: the download ran again"
+    assert device.staged_from == [bundle]
+    assert_truthful(device, S.COMMITTED, NEW)
+
+
+def test_a_saved_download_path_that_is_gone_is_downloaded_again(tmp_path: Path) -> None:
+    bundle = tmp_path / "dep-1.edgepkg"
+    bundle.write_bytes(b"bundle")
+    disk = FakeDisk()
+    machine, device = boot(tmp_path, disk, hook=power_loss_at(S.VERIFYING))
+    device.bundle_file = bundle
+    with pytest.raises(SimulatedPowerLoss):
+        machine.start(make_deployment())
+    bundle.unlink()
+    machine, device = boot(tmp_path, disk)
+    device.bundle_file = again = tmp_path / "again.edgepkg"
+    again.write_bytes(b"bundle")
+    assert machine.resume() is S.COMMITTED
+    assert device.downloads == 1 and device.staged_from == [again]
+    assert StateFile(tmp_path / "state.json").load().download_path == again
+
+
+def test_state_file_from_before_the_download_path_still_loads_and_resumes(tmp_path: Path) -> None:
+    state_file = StateFile(tmp_path / "state.json")
+    state_file.save(UpdateRecord(state=S.VERIFYING, deployment=make_deployment(), save_count=2))
+    old = json.loads(state_file.path.read_text())
+    del old["download_path"]  # what an agent before this field wrote
+    state_file.path.write_text(json.dumps(old))
+    record = state_file.load()
+    assert record.state is S.VERIFYING and record.download_path is None and record.save_count == 2
+
+    machine, device = boot(tmp_path, FakeDisk())
+    device.bundle_file = tmp_path / "dep-1.edgepkg"
+    device.bundle_file.write_bytes(b"bundle")
+    assert machine.resume() is S.COMMITTED
+    assert device.downloads == 1  # no saved path: DOWNLOADING's work finds the file again, once
+    assert_truthful(device, S.COMMITTED, NEW)
 
 
 def test_state_file_survives_as_old_or_new(tmp_path: Path) -> None:

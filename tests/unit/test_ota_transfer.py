@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from edgesdk.agent.ota.chunks import REQUEST_SUFFIX, chunk_hashes, decode_frame, encode_frame
 from edgesdk.agent.ota.machine import UpdateCancelled
-from edgesdk.agent.ota.transfer import FAULT_ENV, ChunkReceiver, download_url
+from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
 
 from edgesdk.errors import IntegrityError, SchemaError, UpdateError
 from edgesdk.fleet.chunk_server import ChunkServer
 from edgesdk.mqtt.topics import device_topic
 from edgesdk.schemas.messages import ChunkHeader, ChunkRequest, Deployment
+from tests.faulty_agent import FaultPlan
 
 NS = "edgesdk"
 CHUNK = 4096
@@ -167,10 +168,9 @@ def test_wrong_chunk_list_is_refused(tmp_path: Path) -> None:
         ChunkReceiver(broken, tmp_path / "ota", lambda _i: None)
 
 
-def test_disk_full_is_reported_before_fetching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_is_reported_before_fetching(tmp_path: Path) -> None:
     path, deployment = make_bundle(tmp_path)
-    monkeypatch.setenv(FAULT_ENV, "enospc")
-    wire = Wire(path, deployment, tmp_path / "ota")
+    wire = Wire(path, deployment, tmp_path / "ota", hooks=FaultPlan(disk_full={"download"}))
     with pytest.raises(UpdateError, match="ENOSPC"):
         wire.receiver.run(lambda _f: None, lambda: False)
     assert wire.requested == []
