@@ -235,6 +235,7 @@ class AgentLink:
                 raw = device_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
                 public_key = base64.b64encode(raw).decode()
             except Exception:  # noqa: BLE001 - a key we cannot serialize is left out, not fatal
+                log.exception("presence goes out without the device's public key: it cannot be serialized")
                 public_key = None
         running = None
         if model is not None:

@@ -12,6 +12,7 @@ only when someone asks.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.serving import ModelServer
+
+log = logging.getLogger("edgesdk.agent.metrics")
 
 
 class LatencyWindow:
@@ -125,6 +128,9 @@ class Metrics:
             cpu = float(self._process.cpu_percent(None))
             rss = self._process.memory_info().rss / (1024 * 1024)
         except Exception:  # noqa: BLE001 - psutil may fail in odd containers; metrics must not
+            # Such a failure is permanent (no /proc, access denied): say so once and stop asking.
+            log.warning("agent CPU and RSS are left out of metrics: psutil failed", exc_info=True)
+            self._process = None
             return None, None
         return round(cpu, 2), round(rss, 2)
 

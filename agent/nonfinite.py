@@ -10,6 +10,7 @@ once its scan finished, and a non-finite input is refused as if it had been scan
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import os
 import queue
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgesdk.errors import InferenceInputError
+
+log = logging.getLogger("edgesdk.agent.nonfinite")
 
 
 def nonfinite_error(name: str) -> InferenceInputError:
@@ -171,6 +174,7 @@ class ScanThread:
                 try:
                     job.bad = first_nonfinite(job.inputs)
                 except Exception:  # noqa: BLE001 - the request's own thread redoes the scan and gets the error
+                    log.debug("deferred non-finite scan failed; the request's thread repeats it", exc_info=True)
                     job.bad = _SCAN_FAILED
                 job.done.release()
                 last_job = time.monotonic()

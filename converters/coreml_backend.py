@@ -60,6 +60,8 @@ class CoreMLConverter:
             )
         except (RuntimeError, ValueError, NotImplementedError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            # coremltools reports a missing op translation as a plain RuntimeError/NotImplementedError
+            # whose message is the only signal; the matching stays in this adapter.
             if "not implemented" in first.lower() or "unsupported" in first.lower():
                 raise UnsupportedOpError(f"coreml cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"coremltools conversion of {source.source} failed: {first}") from exc

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from edgesdk.converters.onnx2tf_route import venv_dir
 
+from edgesdk.errors import ConversionError
+
 #: onnx2tf 1.29.24 pins what it needs (TensorFlow 2.19.0, onnx 1.19.1, onnxruntime 1.23.0,
 #: onnxsim 0.4.36, numpy 1.26.4); checked with ``pip install --dry-run`` on Python 3.11.
 PIP_REQUIREMENTS = ("onnx2tf==1.29.24",)
@@ -23,7 +25,7 @@ def _run(command: list[str], what: str) -> None:
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
+        raise ConversionError(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
 
 
 def install(target: Path, python: str = sys.executable) -> Path:
@@ -33,7 +35,7 @@ def install(target: Path, python: str = sys.executable) -> Path:
     _run([str(target / "bin" / "python"), "-m", "pip", "install", *PIP_REQUIREMENTS], "pip install onnx2tf")
     exe = target / "bin" / "onnx2tf"
     if not exe.is_file():
-        raise RuntimeError(f"pip finished but {exe} does not exist")
+        raise ConversionError(f"pip finished but {exe} does not exist")
     return exe
 
 
@@ -47,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"installing onnx2tf into {target} (≈2.6 GB, a few minutes)", flush=True)
     try:
         exe = install(target)
-    except (RuntimeError, OSError) as exc:
+    except (ConversionError, OSError) as exc:
         print(f"error: installing the onnx2tf toolchain failed: {exc}", file=sys.stderr)
         return 1
     print(f"onnx2tf toolchain ready: {exe}")

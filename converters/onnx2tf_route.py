@@ -119,6 +119,7 @@ def convert_onnx(
         if proc.returncode != 0 or not produced.is_file():
             tail = _log_tail(log)
             status = f"exit {proc.returncode}" if proc.returncode else "no model_float32.tflite written"
+            # onnx2tf runs as a separate process: its log is the only thing it tells us.
             if "not supported" in log.lower() or "unsupported" in log.lower():
                 raise UnsupportedOpError(f"onnx2tf cannot express an op of {where} ({status}): {tail}")
             raise ConversionError(f"onnx2tf failed on {where} ({status}): {tail}")

@@ -396,7 +396,8 @@ def convert(
             error: type[EdgeSDKError] = AccuracyGateError
             if run.unsupported:
                 error = UnsupportedOpError
-            elif any("budget" in r.reason for r in run.rejected):
+            elif built:
+                # Variants were built and passed their gate, so _apply_budgets dropped every one.
                 error = BudgetError
             elif not plan.variants:
                 error = ConversionError

@@ -131,6 +131,10 @@ class _NamedOutputs:
         return (out,)
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def export_torch(
     module: Any,
     example: Mapping[str, np.ndarray],
@@ -141,6 +145,7 @@ def export_torch(
 ) -> tuple[Path, list[str]]:
     """``torch.onnx.export`` (TorchScript exporter, opset 17) with a dynamic batch axis by default."""
     import torch
+    from torch.onnx.errors import OnnxExporterError
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in example.values())
     with torch.no_grad():
@@ -164,11 +169,12 @@ def export_torch(
             opset_version=ONNX_OPSET,
             dynamo=False,
         )
-    except Exception as exc:  # noqa: BLE001 - the exporter raises many types
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "unsupported" in message.lower() or "not supported" in message.lower():
-            raise UnsupportedOpError(f"model {where}: ONNX export failed: {message}") from exc
-        raise ModelError(f"model {where}: ONNX export failed: {message}") from exc
+    except OnnxExporterError as exc:
+        # The TorchScript exporter's own errors (UnsupportedOperatorError, SymbolicValueError, and
+        # the plain base for "not implemented for opset N") all mean: ONNX cannot express an op.
+        raise UnsupportedOpError(f"model {where}: ONNX export failed: {_first_line(exc)}") from exc
+    except Exception as exc:  # noqa: BLE001 - tracing runs user code, which raises anything
+        raise ModelError(f"model {where}: ONNX export failed: {_first_line(exc)}") from exc
     return path, names
 
 

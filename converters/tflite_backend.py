@@ -89,6 +89,8 @@ class TFLiteConverter:
                 converted = litert_torch.convert(_named_module(source), sample_kwargs=sample)
         except Exception as exc:  # noqa: BLE001 - litert-torch raises many types
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            # litert-torch defines no exception types (a failed lowering is a plain RuntimeError or
+            # an MLIR diagnostic), so its message is the only signal; the matching stays here.
             if "lower" in first.lower() or "not supported" in first.lower() or "unsupported" in first.lower():
                 raise UnsupportedOpError(f"tflite cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"litert-torch conversion of {source.source} failed: {first}") from exc

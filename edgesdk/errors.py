@@ -22,15 +22,37 @@
     │   └── BackendUnavailableError   the runtime is not installed on this machine
     ├── AgentError                 the device agent cannot do what was asked
     │   ├── ConfigError            the agent configuration is invalid
-    │   └── InferenceInputError    a request does not match the model's input signature
+    │   ├── InferenceInputError    a request does not match the model's input signature
+    │   ├── ModelNotFoundError     (agent/serving.py) the request names a model not served here
+    │   ├── NoModelError           (agent/serving.py) no model is loaded yet
+    │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
+    │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
+    │   └── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
     ├── LinkError                  the MQTT link failed (connect, TLS, publish)
     ├── UpdateError                an over-the-air update failed or was refused
+    │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test
+    │   ├── UpdateCancelled        (agent/ota/machine.py) the operator cancelled the deployment
+    │   └── ProbationFailed        (agent/ota/machine.py) the new model breached a health criterion
     ├── ImageError                 a provisioning image cannot be built (recipe, wheelhouse)
-    └── EnrollmentError            a device cannot be enrolled, approved or revoked
+    ├── EnrollmentError            a device cannot be enrolled, approved or revoked
+    └── DemoError                  (edgesdk/demo/story.py) a demo step could not finish
+
+Classes drawn with a module live next to the one part that raises them; the rest live here.
+``tests/unit/test_error_tree.py`` fails when an exception class defined anywhere in the
+project is outside this tree or missing from this drawing.
 
 Messages name the bad value and, where there is one, what to do instead. Errors from
 libraries below us are translated at our boundary with ``raise X(...) from exc`` so the
-cause stays attached for debugging while users see one clear line.
+cause stays attached for debugging while users see one clear line. The kind of an error is
+its type: code never tells errors apart by matching their message text. Where a library's
+message is its only signal (a converter that defines no exception types, a tool run as a
+subprocess), the matching stays in the one adapter that talks to it, which names the type.
+
+Built-in exceptions remain only where Python's protocols ask for them and never cross a
+public boundary untranslated: ``ValueError`` inside pydantic validators (pydantic turns it
+into a ``ValidationError`` that the loaders translate), ``AttributeError`` from a module's
+``__getattr__``, ``TypeError`` for a misused type (``VerifiedBundle``), ``KeyError`` from a
+lookup its callers translate, ``EOFError`` inside the unseal pipe's framing.
 """
 
 from __future__ import annotations

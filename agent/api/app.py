@@ -47,10 +47,6 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INLINE_MAX_BODY = 64 * 1024
 
 
-class QueueTimeoutError(Exception):
-    """The request waited in the queue longer than request_timeout_s."""
-
-
 class ApiApp:
     """Routes + admission control. ``handle`` is the HTTP server's handler."""
 

@@ -26,6 +26,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
+from edgesdk.errors import AgentError
+
 log = logging.getLogger("edgesdk.agent.api")
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -83,7 +85,12 @@ def _error(status: int, message: str) -> Response:
     return Response(status, json.dumps({"error": message}).encode())
 
 
-class _BadRequest(Exception):
+class _BadRequest(AgentError):
+    """A request this server refuses before any handler sees it (bad framing, over a limit).
+
+    It never leaves this module: the connection answers it with ``status`` and closes. It is
+    still an AgentError so that every exception edgesdk defines sits in one tree."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

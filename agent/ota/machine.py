@@ -327,6 +327,7 @@ class UpdateMachine:
         try:
             running = self.target.running_model()
         except Exception:  # noqa: BLE001 - reporting must never break the update
+            log.exception("status for %s goes out without the running model", self._deployment_id())
             running = None
         status = OtaStatus(
             device_id=self.device_id,

@@ -15,6 +15,7 @@ Everything the steps start is stopped in ``finally`` — normal end, error or Ct
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -33,6 +34,8 @@ from edgesdk.demo.traces import write_heat_trace, write_idle_trace
 from edgesdk.demo.traffic import TrafficGenerator
 from edgesdk.errors import EdgeSDKError
 from edgesdk.schemas.profile import DeviceProfile
+
+log = logging.getLogger("edgesdk.demo")
 
 Say = Callable[[str], None]
 
@@ -587,13 +590,13 @@ class Demo:
                 try:
                     part.stop()
                 except Exception:  # noqa: BLE001 - cleaning up: go on with the next part
-                    pass
+                    log.exception("demo cleanup: stopping %s failed", type(part).__name__)
         self.processes.stop_all()
         if self.broker is not None:
             try:
                 self.broker.stop()
-            except Exception:  # noqa: BLE001 - cleaning up
-                pass
+            except Exception:  # noqa: BLE001 - cleaning up: the processes are already stopped
+                log.exception("demo cleanup: stopping the MQTT broker failed")
 
 
 def _steps(rest: tuple[Any, ...]) -> str:

@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from edgesdk.errors import KeyFileError
+
 _VALIDITY = dt.timedelta(days=30)
 
 
@@ -71,7 +73,7 @@ def issue_client_cert(pki: LocalPki, out_dir: Path, common_name: str) -> ClientC
     ca_key = serialization.load_pem_private_key(pki.ca_key_file.read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(pki.ca_file.read_bytes())
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("test CA key must be an EC key")
+        raise KeyFileError(f"{pki.ca_key_file}: the test CA key is {type(ca_key).__name__}, not an EC key")
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         _builder(common_name, ca_cert.subject, key.public_key())

