@@ -8,6 +8,15 @@ the inference thread (~0.5 MB per variant once 8192 samples are held; a deque of
 (time, seconds) tuples held ~0.9 MB, and ring buffers of doubles, 128 KiB, cost ~6 µs more
 per request once a large model's run has left the caches cold); percentiles are computed
 only when someone asks.
+
+For Prometheus, each variant also counts its latencies into fixed histogram buckets
+(``LATENCY_BUCKETS_S``): cumulative since start, so a fleet can ``rate()`` and aggregate them
+(``histogram_quantile`` over many devices), which rolling quantiles cannot do. Counting is a
+bisect into 16 bounds, one list increment and one float add on the inference thread: ~90 ns,
+of which writing the recording out in ``observe`` (no method call) and deriving the total from
+the buckets win back ~30 ns (``Metrics.observe`` ~265 ns vs ~207 ns before, 2-core VM). Folding
+samples into the buckets lazily measured only ~40 ns cheaper than that and needs a bound check
+and a lock on the hot path, so it was not worth its complexity.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -25,19 +35,47 @@ from edgesdk.agent.serving import ModelServer
 
 log = logging.getLogger("edgesdk.agent.metrics")
 
+#: Upper bounds (seconds) of the latency histogram's buckets, +Inf implied. From 100 µs (a
+#: tiny model's run on a Pi-class CPU is tens to hundreds of µs) to 10 s (a large model on a
+#: throttled board), about three per decade so ``histogram_quantile`` stays within ~2.5x.
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+# Bound once: observe() runs per request, and a module attribute lookup there is measurable.
+_monotonic = time.monotonic
+
 
 class LatencyWindow:
-    """Rolling latencies of one variant: the last ``max_samples`` monotonic times and durations."""
+    """Latencies of one variant: the last ``max_samples`` monotonic times and durations (rolling
+    quantiles), and histogram bucket counts and their sum since start (Prometheus)."""
 
     def __init__(self, max_samples: int) -> None:
         self.times: deque[float] = deque(maxlen=max_samples)
         self.seconds: deque[float] = deque(maxlen=max_samples)
-        self.total = 0
+        # Per bucket, NOT cumulative (one increment per sample); the last one is +Inf.
+        self.bucket_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.sum_s = 0.0
 
-    def add(self, now: float, seconds: float) -> None:
-        self.times.append(now)
-        self.seconds.append(seconds)
-        self.total += 1  # a lost increment under a race is harmless for a counter of this kind
+    @property
+    def total(self) -> int:
+        """Samples recorded since start."""
+        return sum(self.bucket_counts)
 
     def recent(self, since: float) -> np.ndarray:
         # list() snapshots each deque (safe in CPython while another thread appends). A writer
@@ -80,7 +118,15 @@ class Metrics:
         if window is None:
             with self._lock:
                 window = self._windows.setdefault(variant_id, LatencyWindow(self.max_samples))
-        window.add(time.monotonic(), seconds)
+        # Written out here rather than in a LatencyWindow method: the saved call pays back part
+        # of the histogram's bisect (see the module docstring for the measurement).
+        window.times.append(_monotonic())
+        window.seconds.append(seconds)
+        # bisect_left: the first bound >= seconds, i.e. Prometheus' "le" (less than or equal).
+        # A lost increment under a race between pool threads is harmless for counters of this
+        # kind, and the exported _count is the buckets' sum, so the histogram stays consistent.
+        window.bucket_counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        window.sum_s += seconds
 
     def count_error(self, kind: str) -> None:
         """One failed request, by kind (bad_input, not_found, overload, timeout, runtime, ...)."""
@@ -184,13 +230,7 @@ class Metrics:
                     f"edgesdk_agent_{name}{{{label_text}}} {value}" if label_text else f"edgesdk_agent_{name} {value}"
                 )
 
-        latency = snap["latency"]
-        quantiles = []
-        for variant_id, stats in latency.items():
-            for q, key in (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms")):
-                if stats[key] is not None:
-                    quantiles.append(({"variant": variant_id, "quantile": q}, stats[key] / 1000.0))
-        metric("inference_latency_seconds", "gauge", f"rolling latency quantiles over {self.window_s:g} s", quantiles)
+        self._latency_histogram(out)
         metric(
             "inferences_total",
             "counter",
@@ -244,6 +284,25 @@ class Metrics:
             [({}, round(time.monotonic() - self.started, 1))],
         )
         return "\n".join(out) + "\n"
+
+    def _latency_histogram(self, out: list[str]) -> None:
+        """``edgesdk_agent_inference_latency_seconds`` as a histogram: per variant, cumulative
+        ``_bucket{le}`` counts, ``_sum`` and ``_count`` since start."""
+        name = "edgesdk_agent_inference_latency_seconds"
+        out.append(f"# HELP {name} duration of successful inferences (the model's run) per variant")
+        out.append(f"# TYPE {name} histogram")
+        bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
+        for variant_id, window in sorted(list(self._windows.items())):
+            # Copied first: a pool thread may add a sample while this runs.
+            counts = list(window.bucket_counts)
+            total_s = window.sum_s
+            variant = _escape(variant_id)
+            cumulative = 0
+            for bound, count in zip(bounds, counts):
+                cumulative += count
+                out.append(f'{name}_bucket{{variant="{variant}",le="{bound}"}} {cumulative}')
+            out.append(f'{name}_sum{{variant="{variant}"}} {total_s!r}')
+            out.append(f'{name}_count{{variant="{variant}"}} {cumulative}')
 
 
 def _escape(value: str) -> str:

@@ -8,6 +8,9 @@ other connections. One exception: when nothing else is running and recent reques
 than ``inline_max_ms`` (a tiny model), a small request is answered on the event loop itself,
 because the two thread hops would cost more than the inference.
 
+The Open Inference Protocol (KServe v2) routes live beside ``/v1`` (``/v2/...``, translated in
+``open_inference``); their inferences take the same admission control and the same server path.
+
 Status codes: 400 malformed body, 404 unknown route or model, 405 wrong method, 406/415
 encodings, 408 slow client, 411 no Content-Length, 413 body too large, 422 the tensors do
 not match the model's signature (wrong dtype/shape, NaN/Inf), 500 the runtime failed, 503
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from edgesdk.agent.api import open_inference
 from edgesdk.agent.api.codec import (
     DecodeError,
     UnsupportedEncodingError,
@@ -45,6 +49,25 @@ _INFER_SUFFIX = "/infer"
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
 _INLINE_MAX_BODY = 64 * 1024
+
+
+#: One protocol's inference: (server, request, what the path named) → the 200 response; raises
+#: the errors ``ApiApp._answer`` turns into status codes.
+InferAnswer = Callable[[ModelServer, Request, Any], Response]
+
+
+def answer_v1(server: ModelServer, request: Request, model_name: str) -> Response:
+    """``POST /v1/models/{name}/infer`` in any of the codec's encodings."""
+    model = server.get_model(model_name)
+    content_type = media_type(request.headers.get("content-type"))
+    encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
+    feeds = decode_request(content_type, request.body, request.headers, request.query, model.signature)
+    outputs, variant = server.infer_with_variant(model_name, feeds)
+    body, headers = encode_response(
+        encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
+    )
+    headers.append(("X-Model-Variant", variant))
+    return Response(200, body, content_type=encoding, headers=headers)
 
 
 class ApiApp:
@@ -75,20 +98,28 @@ class ApiApp:
     def handle(self, request: Request, respond: Respond) -> None:
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
-            if request.method != "POST":
-                respond(json_response(405, {"error": f"{request.method} not allowed; use POST"}, [("Allow", "POST")]))
-                return
-            self._infer(request, path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)], respond)
+            if self._method_allowed(request, "POST", respond):
+                self._infer(request, respond, answer_v1, path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)])
+            return
+        if path.startswith(open_inference.MODELS_PREFIX):
+            self._v2_model_route(request, respond)
             return
         route = _GET_ROUTES.get(path)
         if route is None:
-            self.metrics.count_error("not_found")
-            respond(json_response(404, {"error": f"no route {path!r}"}))
+            self._no_route(path, respond)
             return
-        if request.method not in ("GET", "HEAD"):
-            respond(json_response(405, {"error": f"{request.method} not allowed; use GET"}, [("Allow", "GET")]))
-            return
-        respond(route(self))
+        if self._method_allowed(request, "GET", respond):
+            respond(route(self))
+
+    def _method_allowed(self, request: Request, allowed: str, respond: Respond) -> bool:
+        if request.method == allowed or (allowed == "GET" and request.method == "HEAD"):
+            return True
+        respond(json_response(405, {"error": f"{request.method} not allowed; use {allowed}"}, [("Allow", allowed)]))
+        return False
+
+    def _no_route(self, path: str, respond: Respond) -> None:
+        self.metrics.count_error("not_found")
+        respond(json_response(404, {"error": f"no route {path!r}"}))
 
     # -- GET routes -----------------------------------------------------------------------------
 
@@ -110,9 +141,40 @@ class ApiApp:
     def metrics_route(self) -> Response:
         return Response(200, self.metrics.prometheus().encode(), content_type=PROMETHEUS_TYPE)
 
+    # -- Open Inference Protocol (v2) ------------------------------------------------------------
+
+    def v2_server_metadata(self) -> Response:
+        return json_response(200, open_inference.server_metadata())
+
+    def v2_live(self) -> Response:
+        return Response(200, b'{"live":true}')
+
+    def v2_ready(self) -> Response:
+        if self.server.active is None:
+            return json_response(503, {"ready": False, "error": "no model loaded"})
+        return Response(200, b'{"ready":true}')
+
+    def _v2_model_route(self, request: Request, respond: Respond) -> None:
+        route = open_inference.parse_model_route(request.path)
+        if route is None:
+            self._no_route(request.path, respond)
+        elif route.action == "infer":
+            if self._method_allowed(request, "POST", respond):
+                self._infer(request, respond, open_inference.answer_infer, route)
+        elif self._method_allowed(request, "GET", respond):
+            try:
+                respond(_V2_MODEL_GETS[route.action](self.server, route))
+            except ModelNotFoundError as exc:
+                self.metrics.count_error("not_found")
+                respond(json_response(404, {"error": str(exc)}))
+            except NoModelError as exc:
+                self.metrics.count_error("no_model")
+                respond(json_response(503, {"error": str(exc)}, [("Retry-After", "5")]))
+
     # -- inference --------------------------------------------------------------------------------
 
-    def _infer(self, request: Request, model_name: str, respond: Respond) -> None:
+    def _infer(self, request: Request, respond: Respond, answer: InferAnswer, target: Any) -> None:
+        """Admission control around ``answer(server, request, target)`` (inline or in the pool)."""
         if self.in_flight >= self.capacity:
             self.metrics.count_error("overload")
             respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
@@ -124,7 +186,7 @@ class ApiApp:
             # briefly delays nobody.
             self.in_flight += 1
             try:
-                response = self._work(request, model_name, enqueued)
+                response = self._work(request, answer, target, enqueued)
             finally:
                 self.in_flight -= 1
             respond(response)
@@ -132,7 +194,7 @@ class ApiApp:
                 self._drained.set()
             return
         self.in_flight += 1
-        future = self.pool.submit(self._work, request, model_name, enqueued)
+        future = self.pool.submit(self._work, request, answer, target, enqueued)
         loop = self.loop or asyncio.get_running_loop()
         timer = loop.call_later(self.config.request_timeout_s, self._too_late, respond)
 
@@ -159,26 +221,20 @@ class ApiApp:
         if self.in_flight == 0 and self._drained is not None:
             self._drained.set()
 
-    def _work(self, request: Request, model_name: str, enqueued: float) -> Response:
+    def _work(self, request: Request, answer: InferAnswer, target: Any, enqueued: float) -> Response:
         started = time.monotonic()
         if started - enqueued > self.config.request_timeout_s:
             return json_response(504, {"error": "request expired in the queue"})
-        response = self._answer(request, model_name)
+        response = self._answer(request, answer, target)
         # A race between pool threads only blurs this average; it decides a fast path, nothing more.
         took = time.monotonic() - started
         self.recent_s = took if self.recent_s == float("inf") else 0.8 * self.recent_s + 0.2 * took
         return response
 
-    def _answer(self, request: Request, model_name: str) -> Response:
+    def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
+        """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""
         try:
-            model = self.server.get_model(model_name)
-            content_type = media_type(request.headers.get("content-type"))
-            encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
-            feeds = decode_request(content_type, request.body, request.headers, request.query, model.signature)
-            outputs, variant = self.server.infer_with_variant(model_name, feeds)
-            body, headers = encode_response(
-                encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
-            )
+            return answer(self.server, request, target)
         except ModelNotFoundError as exc:
             self.metrics.count_error("not_found")
             return json_response(404, {"error": str(exc)})
@@ -195,14 +251,12 @@ class ApiApp:
             # The server already counted bad_input for signature errors it raised itself.
             return json_response(422, {"error": str(exc)})
         except RuntimeBackendError as exc:
-            log.error("runtime failed on %s: %s", model_name, exc)
+            log.error("runtime failed on %s: %s", request.path, exc)
             return json_response(500, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - a bug in one request is a 500, never a dead agent
-            log.exception("inference on %s failed", model_name)
+            log.exception("inference on %s failed", request.path)
             self.metrics.count_error("internal")
             return json_response(500, {"error": f"internal error: {type(exc).__name__}"})
-        headers.append(("X-Model-Variant", variant))
-        return Response(200, body, content_type=encoding, headers=headers)
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is running or queued (SIGTERM); False on timeout."""
@@ -225,4 +279,12 @@ _GET_ROUTES: dict[str, Callable[[ApiApp], Response]] = {
     "/v1/models": ApiApp.models,
     "/v1/status": ApiApp.status_route,
     "/metrics": ApiApp.metrics_route,
+    "/v2": ApiApp.v2_server_metadata,
+    "/v2/health/live": ApiApp.v2_live,
+    "/v2/health/ready": ApiApp.v2_ready,
+}
+#: GET /v2/models/{name}[/versions/{v}][/ready] by the route's action (infer is the POST).
+_V2_MODEL_GETS: dict[str, Callable[[ModelServer, open_inference.ModelRoute], Response]] = {
+    "metadata": open_inference.model_metadata_response,
+    "ready": open_inference.model_ready,
 }

@@ -2,22 +2,29 @@
 
 What the fleet report plots comes from here: per device, over time, the hottest sensor, the
 variant and precision serving, the release, the governor and OTA states, and the agent's own
-p50/p95 latency (from its Prometheus metrics). Requests are loopback only.
+p50/p95 latency. The latency is read the way Prometheus would: the agent exports a cumulative
+histogram, and each sample's quantiles come from the buckets' increase over the last few
+seconds of scrapes (``histogram_quantile(q, rate(..._bucket[5s]))``). Requests are loopback only.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 
-_QUANTILE = re.compile(
-    r'^edgesdk_agent_inference_latency_seconds\{variant="(?P<variant>[^"]+)",quantile="(?P<q>[0-9.]+)"\} (?P<v>\S+)$'
-)
+_BUCKET = re.compile(r"^edgesdk_agent_inference_latency_seconds_bucket\{(?P<labels>[^}]*)\} (?P<v>\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = re.compile(r"\\(.)")
+
+#: Per variant: (upper bound in seconds, cumulative count), ascending, ending with +Inf.
+Histograms = dict[str, list[tuple[float, float]]]
 
 
 @dataclass
@@ -43,14 +50,62 @@ class DeviceSeries:
     errors: int = 0
 
 
-def parse_latency(metrics_text: str) -> dict[str, dict[str, float]]:
-    """``{variant: {"0.5": ms, "0.95": ms, ...}}`` from the agent's Prometheus text."""
-    found: dict[str, dict[str, float]] = {}
+def parse_latency_histograms(metrics_text: str) -> Histograms:
+    """``{variant: [(le, cumulative count), ...]}`` from the agent's Prometheus text."""
+    found: Histograms = {}
     for line in metrics_text.splitlines():
-        match = _QUANTILE.match(line.strip())
-        if match:
-            found.setdefault(match["variant"], {})[match["q"]] = float(match["v"]) * 1000.0
-    return found
+        match = _BUCKET.match(line.strip())
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        if "variant" in labels and "le" in labels:
+            variant = _UNESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], labels["variant"])
+            found.setdefault(variant, []).append((float(labels["le"]), float(match["v"])))
+    return {variant: sorted(buckets) for variant, buckets in found.items()}
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus' ``histogram_quantile``: the ``q`` quantile (seconds) of cumulative buckets,
+    interpolated linearly inside the bucket it falls in; None without observations. A quantile
+    in the +Inf bucket is the highest finite bound (all that is known)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            if count == below:
+                return upper
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+class LatencyRate:
+    """Each variant's bucket increase over the last ``window_s`` of scrapes of one agent."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._scrapes: deque[tuple[float, Histograms]] = deque()
+
+    def update(self, t: float, histograms: Histograms) -> Histograms:
+        """Record a scrape at ``t``; returns the increase since the last scrape at least
+        ``window_s`` old (or the oldest one kept), or everything since the agent started on the
+        first scrape or after it restarted."""
+        while len(self._scrapes) > 1 and self._scrapes[1][0] <= t - self.window_s:
+            self._scrapes.popleft()
+        base = self._scrapes[0][1] if self._scrapes else {}
+        self._scrapes.append((t, histograms))
+        increase: Histograms = {}
+        for variant, buckets in histograms.items():
+            before = dict(base.get(variant, []))
+            delta = [(le, count - before.get(le, 0.0)) for le, count in buckets]
+            if any(count < 0 for _, count in delta):  # counters went back: the agent restarted
+                delta = list(buckets)
+            increase[variant] = delta
+        return increase
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes:
@@ -58,16 +113,19 @@ def _get(url: str, timeout: float = 2.0) -> bytes:
         return response.read()
 
 
-def sample_agent(url: str, t: float) -> Sample:
-    """Read one device's status and metrics (raises OSError/ValueError when it does not answer)."""
+def sample_agent(url: str, t: float, rate: LatencyRate | None = None) -> Sample:
+    """Read one device's status and metrics (raises OSError/ValueError when it does not answer).
+    ``rate`` keeps this device's recent scrapes; without it the quantiles are since start."""
     status = json.loads(_get(f"{url}/v1/status"))
-    latency = parse_latency(_get(f"{url}/metrics").decode())
+    histograms = parse_latency_histograms(_get(f"{url}/metrics").decode())
+    latency = rate.update(t, histograms) if rate is not None else histograms
     model = status.get("model") or {}
     governor = status.get("governor") or {}
     updates = status.get("updates") or {}
     temps = [float(v) for v in (status.get("temperatures_c") or {}).values()]
     variant = model.get("variant")
-    quantiles = latency.get(variant or "", {})
+    buckets = latency.get(variant or "", [])
+    p50, p95 = histogram_quantile(0.5, buckets), histogram_quantile(0.95, buckets)
     return Sample(
         t=t,
         temperature_c=max(temps) if temps else None,
@@ -77,8 +135,8 @@ def sample_agent(url: str, t: float) -> Sample:
         version=model.get("version"),
         governor=governor.get("state"),
         ota_state=updates.get("state") if isinstance(updates, dict) else None,
-        p50_ms=quantiles.get("0.5"),
-        p95_ms=quantiles.get("0.95"),
+        p50_ms=p50 * 1000.0 if p50 is not None else None,
+        p95_ms=p95 * 1000.0 if p95 is not None else None,
     )
 
 
@@ -90,6 +148,7 @@ class Collector:
         self.started = started
         self.interval_s = interval_s
         self.series = {device: DeviceSeries(device) for device in agents}
+        self.rates = {device: LatencyRate() for device in agents}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-collector", daemon=True)
@@ -114,7 +173,7 @@ class Collector:
     def poll_once(self) -> None:
         for device, url in self.agents.items():
             try:
-                sample = sample_agent(url, time.monotonic() - self.started)
+                sample = sample_agent(url, time.monotonic() - self.started, self.rates[device])
             except (OSError, ValueError, urllib.error.URLError):
                 with self._lock:
                     self.series[device].errors += 1

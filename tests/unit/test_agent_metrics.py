@@ -68,3 +68,48 @@ def test_the_window_keeps_the_last_max_samples_only() -> None:
     stats = metrics.latency()["v"]
     assert stats["count"] == 4 and abs(stats["p50_ms"] - 8.5) < 1e-9
     assert metrics.totals() == {"v": 10}
+
+
+def test_latency_is_a_cumulative_histogram_per_variant() -> None:
+    from edgesdk.agent.metrics import LATENCY_BUCKETS_S
+
+    metrics = Metrics(max_samples=2)  # the histogram counts since start, not the window
+    for seconds in (0.0001, 0.00010001, 0.003, 0.003, 42.0):
+        metrics.observe("v", seconds)
+    text = metrics.prometheus()
+    assert "# TYPE edgesdk_agent_inference_latency_seconds histogram" in text
+    assert "quantile=" not in text
+    buckets = dict(
+        re.findall(r'^edgesdk_agent_inference_latency_seconds_bucket\{variant="v",le="([^"]+)"\} (\d+)$', text, re.M)
+    )
+    assert list(buckets) == [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
+    # "le" is inclusive: exactly 100 µs is in the first bucket, a hair more is not.
+    assert buckets["0.0001"] == "1" and buckets["0.00025"] == "2"
+    assert buckets["0.0025"] == "2" and buckets["0.005"] == "4" and buckets["10"] == "4"
+    assert buckets["+Inf"] == "5"
+    assert 'edgesdk_agent_inference_latency_seconds_count{variant="v"} 5' in text
+    total = float(re.search(r'_sum\{variant="v"\} (\S+)', text)[1])  # type: ignore[index]
+    assert abs(total - (0.0001 + 0.00010001 + 0.006 + 42.0)) < 1e-9
+    assert 'edgesdk_agent_inferences_total{variant="v"} 5' in text
+
+
+def test_every_family_has_help_and_type_and_counters_end_in_total() -> None:
+    metrics = Metrics()
+    metrics.observe("v", 0.001)
+    metrics.count_error("runtime")
+    metrics.governor_state = lambda: "NOMINAL"
+    families: dict[str, str] = {}
+    helped: set[str] = set()
+    for line in metrics.prometheus().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            families[name] = kind
+        elif line.startswith("# HELP "):
+            helped.add(line.split(" ")[2])
+        else:
+            name = line.split("{")[0].split(" ")[0]
+            family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in families else name
+            assert family in families, f"sample {name} has no # TYPE"
+    assert helped == set(families)
+    for name, kind in families.items():
+        assert (kind == "counter") == name.endswith("_total"), (name, kind)

@@ -11,28 +11,59 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.demo.collector import Sample, parse_latency
+from edgesdk.demo.collector import (
+    LatencyRate,
+    Sample,
+    histogram_quantile,
+    parse_latency_histograms,
+)
 from edgesdk.demo.processes import ProcessSet
 from edgesdk.demo.story import find_step_down_and_up
 from edgesdk.demo.traces import write_heat_trace, write_idle_trace
 from edgesdk.profiles import get_profile
 
-METRICS = """# HELP edgesdk_agent_inference_latency_seconds rolling latency quantiles over 60 s
-# TYPE edgesdk_agent_inference_latency_seconds gauge
-edgesdk_agent_inference_latency_seconds{variant="onnx-fp32",quantile="0.5"} 0.0004
-edgesdk_agent_inference_latency_seconds{variant="onnx-fp32",quantile="0.95"} 0.0012
-edgesdk_agent_inference_latency_seconds{variant="onnx-int8",quantile="0.95"} 0.002
-edgesdk_agent_inferences_total{variant="onnx-fp32"} 12
-"""
+
+def test_parse_latency_reads_the_agents_histogram_per_variant() -> None:
+    from edgesdk.agent.metrics import Metrics
+
+    metrics = Metrics()
+    for _ in range(3):
+        metrics.observe("onnx-fp32", 0.0004)
+    metrics.observe('odd"variant', 0.02)
+    parsed = parse_latency_histograms(metrics.prometheus())
+    assert set(parsed) == {"onnx-fp32", 'odd"variant'}
+    fp32 = dict(parsed["onnx-fp32"])
+    assert fp32[0.00025] == 0 and fp32[0.0005] == 3 and fp32[float("inf")] == 3
+    assert [le for le, _ in parsed["onnx-fp32"]] == sorted(fp32)  # ascending, +Inf last
+    assert dict(parsed['odd"variant'])[0.025] == 1
+    assert parse_latency_histograms("") == {}
 
 
-def test_parse_latency_reads_quantiles_per_variant_in_ms() -> None:
-    parsed = parse_latency(METRICS)
-    assert parsed == {
-        "onnx-fp32": {"0.5": pytest.approx(0.4), "0.95": pytest.approx(1.2)},
-        "onnx-int8": {"0.95": pytest.approx(2.0)},
-    }
-    assert parse_latency("") == {}
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    inf = float("inf")
+    # 10 in (0, 1 ms], 10 in (1, 2 ms], none above.
+    buckets = [(0.001, 10.0), (0.002, 20.0), (inf, 20.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.001)
+    assert histogram_quantile(0.25, buckets) == pytest.approx(0.0005)
+    assert histogram_quantile(0.95, buckets) == pytest.approx(0.0019)
+    # In the +Inf bucket only the highest finite bound is known.
+    assert histogram_quantile(0.99, [(0.001, 1.0), (inf, 100.0)]) == pytest.approx(0.001)
+    assert histogram_quantile(0.5, [(0.001, 0.0), (inf, 0.0)]) is None
+    assert histogram_quantile(0.5, []) is None
+
+
+def test_latency_rate_uses_the_increase_over_the_window_and_survives_a_restart() -> None:
+    inf = float("inf")
+    rate = LatencyRate(window_s=5.0)
+    slow = {"v": [(0.001, 0.0), (0.01, 100.0), (inf, 100.0)]}  # 100 slow requests first
+    assert rate.update(0.0, slow)["v"][-1] == (inf, 100.0)  # first scrape: since start
+    fast = {"v": [(0.001, 50.0), (0.01, 150.0), (inf, 150.0)]}  # then 50 fast ones
+    assert rate.update(1.0, fast)["v"] == [(0.001, 50.0), (0.01, 50.0), (inf, 50.0)]
+    # 10 s later the slow burst left the window: only what happened since t=1 counts.
+    later = {"v": [(0.001, 60.0), (0.01, 160.0), (inf, 160.0)]}
+    assert rate.update(11.0, later)["v"] == [(0.001, 10.0), (0.01, 10.0), (inf, 10.0)]
+    restarted = {"v": [(0.001, 2.0), (0.01, 2.0), (inf, 2.0)]}  # counters went back
+    assert rate.update(12.0, restarted)["v"] == restarted["v"]
 
 
 def sample(t: float, variant: str | None, precision: str | None) -> Sample:
