@@ -21,20 +21,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.ota.chunks import DATA_SUFFIX
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
-from edgesdk.agent.ota.signing import verify_deployment
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
 from edgesdk.agent.ota.target import AgentUpdateTarget
 
 from edgesdk.errors import EdgeSDKError, UpdateError
+from edgesdk.protocol.signing import verify_deployment
+from edgesdk.protocol.topics import OTA_CHUNK_DATA as DATA_SUFFIX
+from edgesdk.protocol.topics import OTA_DEPLOYMENT as DEPLOYMENT_SUFFIX
+from edgesdk.protocol.topics import OTA_STATUS as STATUS_SUFFIX
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_SUFFIX = "ota/deployment"
-STATUS_SUFFIX = "ota/status"
 #: Test hook (integration tests only): SIGKILL the agent right after this state is persisted.
 KILL_AT_ENV = "EDGESDK_OTA_TEST_KILL_AT"
 #: Bytes of a chunk frame beyond the chunk itself (magic, length, JSON header).

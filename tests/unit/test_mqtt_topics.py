@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.errors import UsageError
-from edgesdk.mqtt import topics
+from edgesdk.protocol import topics
 
 
 def test_device_and_group_topics_follow_the_documented_layout() -> None:
