@@ -44,7 +44,7 @@ def enrollment_request(device_id: str, device_key: X25519PrivateKey, *, profile:
 
 def announce_enrollment(agent: Any, link: Any) -> EnrollRequest | None:
     """Publish the agent's enroll request (retained, QoS 1) through its MQTT link."""
-    from edgesdk.mqtt import topics
+    from edgesdk.protocol import topics
 
     device_key = getattr(agent, "device_key", None)
     if device_key is None:

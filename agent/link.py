@@ -33,10 +33,10 @@ from pydantic import ValidationError
 
 from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError, LinkError
-from edgesdk.mqtt import topics
 from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings, WillMessage
 from edgesdk.mqtt.forwarder import QueueForwarder
 from edgesdk.mqtt.queue import MessageQueue
+from edgesdk.protocol import topics
 from edgesdk.schemas.base import Schema
 from edgesdk.schemas.messages import Event, Presence, RunningModel, Telemetry
 

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
-from edgesdk.agent.runtimes.base import LoadedModel
 from edgesdk.agent.signature import Signature, dequantize, quantize
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
+from edgesdk.runtimes.base import LoadedModel
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
 from edgesdk.schemas.profile import DeviceProfile
@@ -262,7 +262,7 @@ class ModelServer:
         The model serving now keeps serving if anything fails (AgentError with every reason).
         ``decrypt`` (tests) replaces decryption: ``decrypt(bundle, variant_id, key) -> files``.
         """
-        from edgesdk.agent.runtimes import load_variant
+        from edgesdk.runtimes import load_variant
 
         open_variant = _default_open if decrypt is None else _open_with(decrypt)
 

@@ -321,10 +321,10 @@ def bench_overhead_mobilenet(workdir: Path, calls: int = 800) -> dict[str, Any] 
         return "skipped: needs edgesdk.workloads.mobilenet and torch"
     import onnxruntime as ort
     import torch
-    from edgesdk.agent.runtimes import load_model
     from edgesdk.agent.serving import ModelServer
 
     from edgesdk.errors import ModelError
+    from edgesdk.runtimes import load_model
     from edgesdk.schemas.manifest import Variant
     from edgesdk.workloads import mobilenet
 

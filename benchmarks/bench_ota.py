@@ -49,9 +49,9 @@ from edgesdk.agent.ota.machine import ProbationFailed  # noqa: E402
 from edgesdk.fleet.deployments import DeploymentStore  # noqa: E402
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
 from edgesdk.keys import load_publisher_private_key  # noqa: E402
-from edgesdk.mqtt import topics  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
 from edgesdk.mqtt.client import ClientOptions, MqttClient, NetworkLoop  # noqa: E402
+from edgesdk.protocol import topics  # noqa: E402
 from edgesdk.schemas.messages import HealthCriteria  # noqa: E402
 from tests.bundle_helpers import make_keys, write_convert_dir  # noqa: E402
 from tests.ota_helpers import PROFILE, StandInAgent  # noqa: E402

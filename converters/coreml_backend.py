@@ -155,7 +155,8 @@ def op_histogram(spec: Any) -> dict[str, int]:
 def validate_spec(artifact: ConvertedArtifact, source: SourceModel) -> ValidationResult:
     """Read the package back without compiling it and check its I/O against the source model."""
     import coremltools as ct
-    from edgesdk.agent.runtimes.coreml_backend import spec_tensors
+
+    from edgesdk.runtimes.coreml_backend import spec_tensors
 
     package = next(iter(artifact.files.values()))
     while package.name != PACKAGE:

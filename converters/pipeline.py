@@ -368,7 +368,7 @@ def convert(
             f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
         )
 
-        from edgesdk.agent.runtimes import available_runtimes
+        from edgesdk.runtimes import available_runtimes
 
         plan: Plan = make_plan(
             profile,

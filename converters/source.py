@@ -259,7 +259,7 @@ def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> di
                 values = wrapped(*(torch.from_numpy(batch[s.name]) for s in source.inputs))
                 chunks.append({s.name: v.detach().numpy() for s, v in zip(source.outputs, values)})
     else:
-        from edgesdk.agent.runtimes import load_model
+        from edgesdk.runtimes import load_model
 
         try:
             session = load_model("onnxruntime", source.onnx_path.read_bytes())

@@ -1,6 +1,6 @@
 """Validation of a variant in the runtime the device will use, against the reference outputs.
 
-The variant is loaded from bytes through ``edgesdk.agent.runtimes.load_variant``: exactly the
+The variant is loaded from bytes through ``edgesdk.runtimes.load_variant``: exactly the
 code path of the agent. Measured here: the accuracy metric and per-output max abs diff, load
 time, batch-1 latency (median, p95) and the peak RSS growth of load + inference.
 """
@@ -131,7 +131,7 @@ def validate_numeric(
     latency_runs: int = 30,
 ) -> ValidationResult:
     """Load the variant from bytes in ``runtime`` and compare it with the reference."""
-    from edgesdk.agent.runtimes import load_variant
+    from edgesdk.runtimes import load_variant
 
     blobs = {name: path.read_bytes() for name, path in files.items()}
     with _PeakRss() as rss:
@@ -199,7 +199,7 @@ def latency_side_by_side(
 ) -> dict[str, tuple[float, float]]:
     """Batch-1 (median, p95) ms per variant, measured round-robin so that load from other
     processes falls on every variant alike: variant id → (runtime, files, options)."""
-    from edgesdk.agent.runtimes import load_variant
+    from edgesdk.runtimes import load_variant
 
     models, feeds = {}, {}
     for variant_id, (runtime, files, options) in variants.items():

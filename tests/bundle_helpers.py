@@ -328,9 +328,8 @@ def in_memory_probe(argv: list[str] | None = None) -> None:
     from edgesdk.offline import disable_vendor_telemetry
 
     disable_vendor_telemetry()  # as the agent does before importing any runtime
-    from edgesdk.agent.runtimes import load_variant
-
     from edgesdk.bundle import decrypt_and_load, decrypt_golden, decrypt_variant, verify_bundle, verify_installed_bundle
+    from edgesdk.runtimes import load_variant
 
     args = list(sys.argv[1:] if argv is None else argv)
     bundle_path, publisher_pub, device_key_path, variant_id = args[:4]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.ota.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
-from edgesdk.agent.ota.signing import sign_deployment
 
+from edgesdk.protocol.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
+from edgesdk.protocol.signing import sign_deployment
 from edgesdk.schemas.messages import Deployment, HealthCriteria
 from tests.bundle_helpers import KeySet, make_digits_convert_dir, make_keys
 

@@ -7,8 +7,9 @@ Public surface: :class:`UpdateManager` (what the agent uses), the state/event en
 from edgesdk.agent.ota.boot import guard_boot
 from edgesdk.agent.ota.machine import UpdateMachine, UpdateTarget
 from edgesdk.agent.ota.manager import UpdateManager
-from edgesdk.agent.ota.signing import sign_deployment, verify_deployment
 from edgesdk.agent.ota.states import RESUME, TRANSITIONS, UpdateEvent, UpdateState
+
+from edgesdk.protocol.signing import sign_deployment, verify_deployment
 
 __all__ = [
     "RESUME",

@@ -19,21 +19,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.ota.chunks import DATA_SUFFIX
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
-from edgesdk.agent.ota.signing import verify_deployment
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
 from edgesdk.agent.ota.target import AgentUpdateTarget
 
 from edgesdk.errors import EdgeSDKError, UpdateError
+from edgesdk.protocol.signing import verify_deployment
+from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_DEPLOYMENT, OTA_STATUS
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
 
 log = logging.getLogger(__name__)
 
-DEPLOYMENT_SUFFIX = "ota/deployment"
-STATUS_SUFFIX = "ota/status"
 #: Bytes of a chunk frame beyond the chunk itself (magic, length, JSON header).
 _FRAME_HEADROOM = 4096
 
@@ -62,8 +60,8 @@ class UpdateManager:
         self._lock = threading.RLock()
         link = getattr(agent, "link", None)
         if link is not None:
-            link.subscribe(DEPLOYMENT_SUFFIX, self.handle_deployment)
-            link.subscribe(DATA_SUFFIX, self.target.on_chunk_frame)
+            link.subscribe(OTA_DEPLOYMENT, self.handle_deployment)
+            link.subscribe(OTA_CHUNK_DATA, self.target.on_chunk_frame)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -273,4 +271,4 @@ class UpdateManager:
             )
         link = getattr(self.agent, "link", None)
         if link is not None:
-            link.publish_reliable(STATUS_SUFFIX, status)
+            link.publish_reliable(OTA_STATUS, status)

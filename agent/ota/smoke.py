@@ -77,10 +77,10 @@ def smoke_test(verified: Any, device_key: Any, *, runnable: Callable[[Variant], 
 
     Raises SmokeTestError naming the first variant that fails. Variants whose runtime is not
     installed here are skipped (and listed); at least one variant must pass."""
-    from edgesdk.agent.runtimes import load_variant
     from edgesdk.agent.serving import ServedVariant, gate_passed
 
     from edgesdk.bundle import decrypt_golden, decrypt_variant
+    from edgesdk.runtimes import load_variant
 
     manifest: BundleManifest = verified.manifest
     golden = decrypt_golden(verified, device_key)

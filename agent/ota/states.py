@@ -12,20 +12,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-
-class UpdateState(str, Enum):
-    """Where an update is. Values are the wire names of schemas.messages.OtaState."""
-
-    IDLE = "IDLE"
-    DOWNLOADING = "DOWNLOADING"
-    VERIFYING = "VERIFYING"
-    STAGED = "STAGED"
-    ACTIVATING = "ACTIVATING"
-    PROBATION = "PROBATION"
-    COMMITTED = "COMMITTED"
-    ROLLING_BACK = "ROLLING_BACK"
-    ROLLED_BACK = "ROLLED_BACK"
-    FAILED = "FAILED"
+from edgesdk.protocol.ota import UpdateState
 
 
 class UpdateEvent(str, Enum):

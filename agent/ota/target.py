@@ -16,7 +16,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.ota.chunks import REQUEST_SUFFIX, decode_frame
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import ProbationFailed
 from edgesdk.agent.ota.probation import ProbationMonitor
@@ -24,6 +23,8 @@ from edgesdk.agent.ota.smoke import smoke_test, split_golden
 from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
+from edgesdk.protocol.chunks import decode_frame
+from edgesdk.protocol.topics import OTA_CHUNK_REQUEST
 from edgesdk.schemas.messages import ChunkRequest, Deployment, OtaStatus, RunningModel
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class AgentUpdateTarget:
             bundle_sha256=deployment.bundle_sha256,
             indices=indices,
         )
-        link.publish_now(REQUEST_SUFFIX, request, qos=1)  # False when offline: the receiver asks again
+        link.publish_now(OTA_CHUNK_REQUEST, request, qos=1)  # False when offline: the receiver asks again
 
     # -- UpdateTarget ---------------------------------------------------------------------------
 
@@ -121,7 +122,7 @@ class AgentUpdateTarget:
             self.download_stats["bad_chunks"] += receiver.bad_chunks
 
     def verify(self, deployment: Deployment, path: Path) -> None:
-        from edgesdk.agent.runtimes import available_runtimes
+        from edgesdk.runtimes import available_runtimes
 
         verified = self._verify(path, installed_release=self.agent.store.installed_release())
         model = verified.manifest.model

@@ -21,12 +21,12 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from edgesdk.agent.ota.chunks import chunk_count
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateCancelled
 
 from edgesdk.errors import IntegrityError, UpdateError
 from edgesdk.hashing import sha256_file
+from edgesdk.protocol.chunks import chunk_count
 from edgesdk.schemas.messages import ChunkHeader, Deployment
 
 log = logging.getLogger(__name__)

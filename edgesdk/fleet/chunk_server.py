@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from edgesdk.agent.ota.chunks import DATA_SUFFIX, REQUEST_SUFFIX, encode_frame
 from edgesdk.errors import EdgeSDKError, UpdateError
-from edgesdk.mqtt.topics import all_devices_filter, device_topic, parse_topic
+from edgesdk.protocol.chunks import encode_frame
+from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_CHUNK_REQUEST, all_devices_filter, device_topic, parse_topic
 from edgesdk.schemas.messages import ChunkHeader, ChunkRequest, Deployment
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class ChunkServer:
     @property
     def request_filter(self) -> str:
         """Subscribe the client to this filter and route its messages to :meth:`on_message`."""
-        return all_devices_filter(self.namespace, REQUEST_SUFFIX)
+        return all_devices_filter(self.namespace, OTA_CHUNK_REQUEST)
 
     def add(self, path: Path, deployment: Deployment) -> None:
         with self._lock:
@@ -86,7 +86,7 @@ class ChunkServer:
     def on_message(self, topic: str, payload: bytes) -> None:
         """One chunk request. Bad requests are counted and dropped; they never stop the server."""
         parsed = parse_topic(self.namespace, topic)
-        if parsed is None or parsed.scope != "devices" or parsed.suffix != REQUEST_SUFFIX:
+        if parsed is None or parsed.scope != "devices" or parsed.suffix != OTA_CHUNK_REQUEST:
             return
         try:
             request = ChunkRequest.parse_json_clear(payload, source=f"chunk request on {topic}")
@@ -99,7 +99,7 @@ class ChunkServer:
             return
         with self._lock:
             source = self._sources.get(request.deployment_id)
-        reply_topic = device_topic(self.namespace, parsed.name, DATA_SUFFIX)
+        reply_topic = device_topic(self.namespace, parsed.name, OTA_CHUNK_DATA)
         for index in request.indices:
             if source is None or source.deployment.bundle_sha256 != request.bundle_sha256:
                 header = ChunkHeader(

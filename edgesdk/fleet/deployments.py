@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.ota.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
-from edgesdk.agent.ota.signing import sign_deployment
 from edgesdk.errors import UpdateError, UsageError
+from edgesdk.protocol.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
+from edgesdk.protocol.signing import sign_deployment
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
 
 #: Rollout states of a whole deployment.

@@ -249,8 +249,8 @@ def discover_candidates(
     (credentials, CA, client certificate). An enroll request wins over presence for the same
     device (it is the explicit ask).
     """
-    from edgesdk.mqtt import topics
     from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
+    from edgesdk.protocol import topics
 
     if isinstance(broker, str):
         broker = ClientOptions(

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from edgesdk.errors import LinkError
-from edgesdk.mqtt import topics
+from edgesdk.protocol import topics
 from edgesdk.schemas.messages import Event, OtaStatus, Presence, Telemetry
 
 log = logging.getLogger(__name__)

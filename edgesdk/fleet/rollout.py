@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edgesdk.agent.ota.manager import DEPLOYMENT_SUFFIX, STATUS_SUFFIX
 from edgesdk.errors import EdgeSDKError, UsageError
 from edgesdk.fleet.chunk_server import ChunkServer
 from edgesdk.fleet.deployments import (
@@ -42,7 +41,7 @@ from edgesdk.fleet.deployments import (
     build_deployment,
     control_message,
 )
-from edgesdk.mqtt.topics import PRESENCE, all_devices_filter, device_topic, parse_topic
+from edgesdk.protocol.topics import OTA_DEPLOYMENT, OTA_STATUS, PRESENCE, all_devices_filter, device_topic, parse_topic
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, Presence
 
 log = logging.getLogger(__name__)
@@ -148,7 +147,7 @@ class RolloutController:
         self._statuses: queue.Queue[bytes] = queue.Queue()
         self._presence: dict[str, Presence] = {}
         self._presence_lock = threading.Lock()
-        self._status_filter = all_devices_filter(namespace, STATUS_SUFFIX)
+        self._status_filter = all_devices_filter(namespace, OTA_STATUS)
         self._presence_filter = all_devices_filter(namespace, PRESENCE)
         self._stopping = threading.Event()
 
@@ -166,7 +165,7 @@ class RolloutController:
         parsed = parse_topic(self.namespace, topic)
         if parsed is None or parsed.scope != "devices":
             return
-        if parsed.suffix == STATUS_SUFFIX:
+        if parsed.suffix == OTA_STATUS:
             self._statuses.put(payload)  # SQLite work happens on the controller thread
         elif parsed.suffix == self.chunks.request_filter.rsplit("/+/", 1)[1]:
             self.chunks.on_message(topic, payload)
@@ -353,7 +352,7 @@ class RolloutController:
         payload = message.model_dump_json().encode()
         for device in devices:
             try:
-                self.client.publish(device_topic(self.namespace, device, DEPLOYMENT_SUFFIX), payload, qos=1)
+                self.client.publish(device_topic(self.namespace, device, OTA_DEPLOYMENT), payload, qos=1)
             except EdgeSDKError as exc:
                 log.warning("deployment to %s not sent now (%s); will resend", device, exc)
 

@@ -88,7 +88,7 @@ def _check_pem(path: Path, what: str) -> None:
 
 def _check_group(namespace: str, group: str) -> None:
     # The device builds topics from these; a bad one would only fail there, at run time.
-    from edgesdk.mqtt.topics import group_topic
+    from edgesdk.protocol.topics import group_topic
 
     try:
         group_topic(namespace, group, "presence")

@@ -4,10 +4,11 @@ reader can reject what it does not understand instead of misreading it."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import Field
 
+from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN
 
@@ -112,18 +113,13 @@ class Deployment(Schema):
     signature: str | None = Field(None, description="Ed25519 over the canonical JSON without this field")
 
 
-OtaState = Literal[
-    "IDLE",
-    "DOWNLOADING",
-    "VERIFYING",
-    "STAGED",
-    "ACTIVATING",
-    "PROBATION",
-    "COMMITTED",
-    "ROLLING_BACK",
-    "ROLLED_BACK",
-    "FAILED",
-]
+# The accepted strings come from the enum the update machine walks, not from a second list:
+# pydantic and the JSON Schema see ``Literal["IDLE", ...]`` (an inline string enum, as before);
+# mypy cannot evaluate a Literal built at run time, so it sees plain ``str``.
+if TYPE_CHECKING:
+    OtaState: TypeAlias = str
+else:
+    OtaState = Literal[OTA_STATE_NAMES]
 
 
 class OtaStatus(Schema):

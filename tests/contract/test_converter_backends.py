@@ -74,7 +74,7 @@ def test_backend_has_the_registered_shape(name) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32_matches_the_reference_in_the_device_runtime(name, built, digits_sources) -> None:
-    from edgesdk.agent.runtimes.registry import VARIANT_FILES
+    from edgesdk.runtimes.registry import VARIANT_FILES
 
     source, _, _, validation, reference = digits_sources
     artifact = built(name, Precision.FP32)

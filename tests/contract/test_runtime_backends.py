@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from edgesdk.agent.runtimes import RUNTIME_BACKENDS, available_runtimes, load_variant
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes import RUNTIME_BACKENDS, available_runtimes, load_variant
 from edgesdk.schemas.common import Precision
 
 RUNTIME_CONVERTER = {"onnxruntime": "onnx", "litert": "tflite", "openvino": "openvino", "coreml": "coreml"}

@@ -135,7 +135,7 @@ def scan(paths: list[Path], windows: list[bytes]) -> list[str]:
 
 @pytest.mark.parametrize("runtime", list(RUNTIME_VARIANTS))
 def test_model_loads_from_memory_without_plaintext_on_disk(shipped, tmp_path, runtime: str) -> None:
-    from edgesdk.agent.runtimes import available_runtimes
+    from edgesdk.runtimes import available_runtimes
 
     bundle, _, convert, note = shipped
     variant_id = RUNTIME_VARIANTS[runtime]

@@ -55,7 +55,8 @@ def test_cli_verify_decrypts_both_variants(packaged, edgesdk_cli_module) -> None
 
 def test_decrypted_models_predict_like_the_plaintext_ones(packaged, digits) -> None:
     import onnxruntime as ort
-    from edgesdk.agent.runtimes import load_model
+
+    from edgesdk.runtimes import load_model
 
     convert, keys, out = packaged
     verified = verify_bundle(out, trusted_publishers=[keys.publisher_pub], profile="rpi5-8gb", installed_release=19)

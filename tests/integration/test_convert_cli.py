@@ -125,7 +125,7 @@ def test_output_dir_has_golden_data_and_an_html_report_with_plots(rpi5_from_pyto
 
 
 def test_artifacts_load_from_bytes_in_the_agent_runtimes(rpi5_from_pytorch, digits) -> None:
-    from edgesdk.agent.runtimes import load_variant
+    from edgesdk.runtimes import load_variant
 
     out, _ = rpi5_from_pytorch
     report = ConversionReport.model_validate_json((out / "report.json").read_text())
@@ -304,9 +304,8 @@ def test_converted_variants_survive_packaging_into_a_bundle(rpi5_from_pytorch, t
     # The hand-over: edgesdk package reads this output dir; the device decrypts in memory and
     # loads each variant through load_variant, then checks it against the golden outputs.
     bundle = pytest.importorskip("edgesdk.bundle")
-    from edgesdk.agent.runtimes import load_variant
-
     from edgesdk.keys import generate_device_key, generate_publisher_key, load_device_private_key
+    from edgesdk.runtimes import load_variant
 
     out, _ = rpi5_from_pytorch
     publisher, publisher_pub = generate_publisher_key(tmp_path / "publisher")

@@ -104,7 +104,8 @@ def test_int64_multi_input_model_ships_validated_variants(converted) -> None:
 
 def test_onnx_variants_keep_the_sequence_axis_dynamic(converted) -> None:
     import torch
-    from edgesdk.agent.runtimes import load_variant
+
+    from edgesdk.runtimes import load_variant
 
     out, report, model = converted
     feeds = _tokens(3, 40, 1)  # a longer sequence than the export example

@@ -48,7 +48,7 @@ def test_digits_onnx_converts_to_tflite_fp32_and_int8_validated_in_litert(onnx_t
 
 
 def test_the_artifact_runs_in_litert_like_the_onnx_model(onnx_to_tflite) -> None:
-    from edgesdk.agent.runtimes import load_model
+    from edgesdk.runtimes import load_model
 
     out, _, digits = onnx_to_tflite
     image = np.load(digits.validation)["image"][:1]

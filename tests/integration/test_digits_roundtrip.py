@@ -13,7 +13,7 @@ def test_digits_cnn_is_a_real_classifier(digits) -> None:
 
 def test_onnx_from_memory_matches_torch(digits) -> None:
     torch = pytest.importorskip("torch")
-    from edgesdk.agent.runtimes import load_model
+    from edgesdk.runtimes import load_model
 
     data = np.load(digits.validation)
     with torch.no_grad():

@@ -218,9 +218,8 @@ def test_device_keeps_serving_through_an_update(tmp_path: Path, bundles: OtaBund
 def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
     """Bad signature on the deployment, unsigned bundle publisher, other profile, older release,
     smoke-test failure: each ends FAILED with its reason, and v1 keeps serving."""
-    from edgesdk.agent.ota.signing import sign_deployment
-
     from edgesdk.keys import generate_publisher_key
+    from edgesdk.protocol.signing import sign_deployment
 
     device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
     operator = Operator(tmp_path, bundles, mqtt_broker.url)

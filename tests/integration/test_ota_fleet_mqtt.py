@@ -168,7 +168,7 @@ def test_corrupted_chunk_and_a_racing_deployment(tmp_path: Path, bundles: OtaBun
     fleet = Fleet(tmp_path, bundles, mqtt_broker.url, 1)
     ctl, client = controller(tmp_path, bundles, mqtt_broker.url)
     try:
-        from edgesdk.agent.ota.chunks import decode_frame
+        from edgesdk.protocol.chunks import decode_frame
 
         corrupted: list[int] = []
         publish = ctl.chunks.publish

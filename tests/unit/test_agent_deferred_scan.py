@@ -305,8 +305,9 @@ def test_signature_check_stays_complete_and_the_deferring_variant_returns_the_la
 def test_a_real_onnxruntime_model_with_a_large_input() -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from edgesdk.agent.runtimes import load_model
     from onnx import TensorProto, helper
+
+    from edgesdk.runtimes import load_model
 
     graph = helper.make_graph(
         [helper.make_node("Mul", ["image", "two"], ["out"])],

@@ -223,7 +223,7 @@ def test_ladder_order_gate_and_profile() -> None:
 
 
 def test_swap_loads_only_gated_variants_and_keeps_serving_on_failure(monkeypatch) -> None:
-    import edgesdk.agent.runtimes as runtimes
+    import edgesdk.runtimes as runtimes
 
     loaded: list[str] = []
 
@@ -273,8 +273,7 @@ def test_all_finite_fast_path_agrees_with_the_exact_check() -> None:
 def test_a_damaged_bundle_is_not_served_in_part(monkeypatch) -> None:
     # A variant whose bytes fail authentication means the bundle changed on disk: the swap is
     # abandoned (the caller falls back to the last good slot) rather than serving the rest.
-    import edgesdk.agent.runtimes as runtimes
-
+    import edgesdk.runtimes as runtimes
     from edgesdk.errors import IntegrityError
 
     made: list[FakeModel] = []

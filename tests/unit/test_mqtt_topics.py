@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.errors import UsageError
-from edgesdk.mqtt import topics
+from edgesdk.protocol import topics
 
 
 def test_device_and_group_topics_follow_the_documented_layout() -> None:
@@ -32,3 +32,14 @@ def test_parse_topic_round_trips_and_rejects_foreign_topics() -> None:
     assert topics.parse_topic("edgesdk", "other/devices/dev-1/telemetry") is None
     assert topics.parse_topic("edgesdk", "edgesdk/things/dev-1/telemetry") is None
     assert topics.parse_topic("edgesdk", "edgesdk/devices/dev-1") is None
+
+
+def test_the_broker_acl_lets_a_device_write_exactly_the_suffixes_it_publishes() -> None:
+    # The shipped mosquitto ACL and DEVICE_PUBLISHED must name the same suffixes: a suffix the
+    # device publishes but the ACL forgets is dropped silently by the broker.
+    from pathlib import Path
+
+    acl = Path(__file__).parents[2] / "firmware_images" / "mosquitto" / "edgesdk.acl"
+    prefix = "pattern write edgesdk/devices/%u/"
+    granted = {line[len(prefix) :].strip() for line in acl.read_text().splitlines() if line.startswith(prefix)}
+    assert granted == set(topics.DEVICE_PUBLISHED)

@@ -7,12 +7,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota.signing import canonical_json, sign_deployment, verify_deployment
 
 from edgesdk.errors import SignatureError, UsageError
 from edgesdk.fleet.deployments import DeploymentStore
 from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves, plan_waves
 from edgesdk.keys import generate_publisher_key, load_publisher_private_key, load_publisher_public_key
+from edgesdk.protocol.signing import canonical_json, sign_deployment, verify_deployment
 from edgesdk.schemas.messages import Deployment, OtaStatus
 
 

@@ -10,13 +10,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota.chunks import REQUEST_SUFFIX, chunk_hashes, decode_frame, encode_frame
 from edgesdk.agent.ota.machine import UpdateCancelled
 from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
 
 from edgesdk.errors import IntegrityError, SchemaError, UpdateError
 from edgesdk.fleet.chunk_server import ChunkServer
-from edgesdk.mqtt.topics import device_topic
+from edgesdk.protocol.chunks import chunk_hashes, decode_frame, encode_frame
+from edgesdk.protocol.topics import OTA_CHUNK_REQUEST, device_topic
 from edgesdk.schemas.messages import ChunkHeader, ChunkRequest, Deployment
 from tests.faulty_agent import FaultPlan
 
@@ -74,7 +74,7 @@ class Wire:
             self.drop_requests -= 1
             self._outstanding.difference_update(indices)
             return
-        self.server.on_message(device_topic(NS, "dev-1", REQUEST_SUFFIX), payload)
+        self.server.on_message(device_topic(NS, "dev-1", OTA_CHUNK_REQUEST), payload)
 
     def _deliver(self, topic: str, frame: bytes, qos: int) -> None:
         assert topic == device_topic(NS, "dev-1", "ota/chunks/data")
@@ -180,9 +180,9 @@ def test_server_answers_unknown_deployments_with_an_error_frame(tmp_path: Path) 
     sent: list[bytes] = []
     server = ChunkServer(NS, lambda _t, frame, _q: sent.append(frame))
     request = ChunkRequest(device_id="dev-1", deployment_id="nope", bundle_sha256="b" * 64, indices=[0])
-    server.on_message(device_topic(NS, "dev-1", REQUEST_SUFFIX), request.model_dump_json().encode())
-    server.on_message(device_topic(NS, "dev-2", REQUEST_SUFFIX), request.model_dump_json().encode())  # spoofed id
-    server.on_message(device_topic(NS, "dev-1", REQUEST_SUFFIX), b"{not json")
+    server.on_message(device_topic(NS, "dev-1", OTA_CHUNK_REQUEST), request.model_dump_json().encode())
+    server.on_message(device_topic(NS, "dev-2", OTA_CHUNK_REQUEST), request.model_dump_json().encode())  # spoofed id
+    server.on_message(device_topic(NS, "dev-1", OTA_CHUNK_REQUEST), b"{not json")
     assert len(sent) == 1 and decode_frame(sent[0])[0].error
     assert server.bad_requests == 2
 

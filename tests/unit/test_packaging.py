@@ -69,9 +69,11 @@ class Block:
             raise ImportError('agent imported converter module ' + name)
         return None
 sys.meta_path.insert(0, Block())
-import edgesdk.agent
-for info in pkgutil.walk_packages(edgesdk.agent.__path__, 'edgesdk.agent.'):
-    importlib.import_module(info.name)
+import edgesdk.agent, edgesdk.protocol, edgesdk.runtimes
+# The device also runs the shared protocol and runtime backends that live outside edgesdk.agent.
+for package in (edgesdk.agent, edgesdk.protocol, edgesdk.runtimes):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):
+        importlib.import_module(info.name)
 leaked = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
 assert not leaked, leaked
 print('ok')

@@ -113,3 +113,18 @@ def test_schema_export_writes_valid_json_schema(tmp_path) -> None:
     bad = manifest_data()
     bad["variants"][0]["precision"] = "fp7"
     assert list(jsonschema.Draft202012Validator(manifest_schema).iter_errors(bad))
+
+
+def test_ota_state_accepts_exactly_the_update_machine_states() -> None:
+    # OtaState is derived from the enum the device's update machine walks: the exported schema
+    # lists its values in order, every value validates and anything else is refused.
+    from edgesdk.protocol.ota import UpdateState
+    from edgesdk.schemas.messages import OtaStatus
+
+    names = [state.value for state in UpdateState]
+    assert OtaStatus.model_json_schema()["properties"]["state"] == {"enum": names, "title": "State", "type": "string"}
+    base = {"device_id": "d", "deployment_id": "x", "msg_id": "m", "ts": "2024-01-01T00:00:00Z"}
+    for name in names:
+        assert OtaStatus.model_validate({**base, "state": name}).state == name
+    with pytest.raises(ValidationError):
+        OtaStatus.model_validate({**base, "state": "INSTALLING"})

@@ -1,5 +1,8 @@
 """Wire format of bundle chunks over MQTT: raw bytes behind a small JSON header.
 
+Both sides speak it: the fleet's chunk server encodes frames on ``topics.OTA_CHUNK_DATA``, the
+device's downloader decodes them.
+
 A frame is ``MAGIC`` + big-endian u16 header length + ChunkHeader JSON + chunk bytes. No
 base64: bytes on the wire stay within ~150 bytes per chunk of the bundle size. The chunk hashes
 come from the signed Deployment, never from the frame, so a frame cannot vouch for itself.
@@ -18,8 +21,6 @@ from edgesdk.schemas.messages import ChunkHeader
 MAGIC = b"EOC1"
 _LENGTH = struct.Struct(">H")
 DEFAULT_CHUNK_SIZE = 256 * 1024
-REQUEST_SUFFIX = "ota/chunks/req"
-DATA_SUFFIX = "ota/chunks/data"
 
 
 def encode_frame(header: ChunkHeader, data: bytes = b"") -> bytes:

@@ -18,11 +18,14 @@ TELEMETRY: Final = "telemetry"
 EVENTS: Final = "events"
 OTA_STATUS: Final = "ota/status"
 OTA_DEPLOYMENT: Final = "ota/deployment"
-OTA_CHUNKS: Final = "ota/chunks"
+#: A device asks for a window of bundle chunks (``ChunkRequest`` JSON, device → fleet).
+OTA_CHUNK_REQUEST: Final = "ota/chunks/req"
+#: The chunk frames that answer it (``edgesdk.protocol.chunks``, fleet → device).
+OTA_CHUNK_DATA: Final = "ota/chunks/data"
 ENROLL: Final = "enroll"
 
 #: Suffixes a device publishes under its own id (the ACL grants write on exactly these).
-DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, ENROLL)
+DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")

@@ -32,7 +32,7 @@ class LoadedModel(Protocol):
 
 
 class RuntimeBackend(Protocol):
-    """A runtime that can load model bytes: one module per runtime under ``agent/runtimes``."""
+    """A runtime that can load model bytes: one module per runtime under ``edgesdk/runtimes``."""
 
     name: str
 

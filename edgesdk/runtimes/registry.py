@@ -10,19 +10,18 @@ import zipfile
 from collections.abc import Mapping
 from functools import cache
 
-from edgesdk.agent.runtimes.base import LoadedModel, RuntimeBackend
-
 from edgesdk.errors import BackendUnavailableError, RuntimeBackendError
 from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.runtimes.base import LoadedModel, RuntimeBackend
 from edgesdk.schemas.common import RuntimeName
 
 #: Backend class per runtime, and the package whose presence makes it available.
 RUNTIME_BACKENDS: dict[RuntimeName, tuple[str, str]] = {
-    RuntimeName.ONNXRUNTIME: ("edgesdk.agent.runtimes.onnxruntime_backend:OnnxRuntimeBackend", "onnxruntime"),
-    RuntimeName.LITERT: ("edgesdk.agent.runtimes.litert_backend:LiteRTBackend", "ai_edge_litert"),
-    RuntimeName.TFLITE_RUNTIME: ("edgesdk.agent.runtimes.litert_backend:LiteRTBackend", "tflite_runtime"),
-    RuntimeName.OPENVINO: ("edgesdk.agent.runtimes.openvino_backend:OpenVINOBackend", "openvino"),
-    RuntimeName.COREML: ("edgesdk.agent.runtimes.coreml_backend:CoreMLBackend", "coremltools"),
+    RuntimeName.ONNXRUNTIME: ("edgesdk.runtimes.onnxruntime_backend:OnnxRuntimeBackend", "onnxruntime"),
+    RuntimeName.LITERT: ("edgesdk.runtimes.litert_backend:LiteRTBackend", "ai_edge_litert"),
+    RuntimeName.TFLITE_RUNTIME: ("edgesdk.runtimes.litert_backend:LiteRTBackend", "tflite_runtime"),
+    RuntimeName.OPENVINO: ("edgesdk.runtimes.openvino_backend:OpenVINOBackend", "openvino"),
+    RuntimeName.COREML: ("edgesdk.runtimes.coreml_backend:CoreMLBackend", "coremltools"),
 }
 
 #: Runtimes that predict only on one OS even where their package installs elsewhere.

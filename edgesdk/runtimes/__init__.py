@@ -4,8 +4,8 @@ A device without OpenVINO never imports OpenVINO: :func:`load_runtime` imports t
 module only when a variant of that runtime is loaded.
 """
 
-from edgesdk.agent.runtimes.base import LoadedModel, RuntimeBackend
-from edgesdk.agent.runtimes.registry import (
+from edgesdk.runtimes.base import LoadedModel, RuntimeBackend
+from edgesdk.runtimes.registry import (
     RUNTIME_BACKENDS,
     available_runtimes,
     get_backend,
