@@ -9,8 +9,10 @@
 2. Drain rate: one device queues ``--drain-messages`` while the broker is down; the broker
    comes back and the queue is drained (PUBACK + delete) — messages/s, side by side for
    several in-flight windows.
-3. Agent telemetry CPU: one AgentLink (real ``edgesdk.agent.metrics.Metrics``) at a 5 s
-   interval in its own process; CPU of that whole process over ``--agent-duration`` seconds.
+3. Agent telemetry CPU: one AgentLink at a 5 s interval in its own process, reporting the real
+   ``edgesdk.agent.metrics.Metrics`` of a real ONNX model (from a real bundle) that a thread
+   keeps inferring; CPU of the link's threads (and of the whole process) over
+   ``--agent-duration`` seconds.
 
     .venv/bin/python benchmarks/bench_mqtt.py                 # full run (~5 min)
     .venv/bin/python benchmarks/bench_mqtt.py --quick         # smoke run (~40 s)
@@ -258,13 +260,56 @@ def run_drain(messages: int, window: int, tmp: Path) -> dict[str, Any]:
     }
 
 
+def _served_model(root: Path, events: Any) -> tuple[Any, Any]:
+    """A ModelServer serving a real ONNX model (bench_ota's MLP on the digits input, ~1 MB)
+    from a real bundle, with the agent's Metrics wired to it as the daemon wires them."""
+    import importlib.util
+
+    from edgesdk.agent.metrics import Metrics
+    from edgesdk.agent.serving import ModelServer
+
+    from edgesdk.bundle import package_bundle, verify_bundle
+    from edgesdk.keys import load_device_private_key, load_publisher_public_key
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/ helpers
+    from tests.bundle_helpers import make_keys, write_convert_dir
+
+    spec = importlib.util.spec_from_file_location("bench_ota", Path(__file__).with_name("bench_ota.py"))
+    assert spec is not None and spec.loader is not None
+    bench_ota = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_ota)
+    keys = make_keys(root / "keys")
+    model = bench_ota.wide_mlp_onnx(4096, seed=1)
+    convert = write_convert_dir(
+        root / "convert", {"onnx-fp32": {"model.onnx": model}}, golden=bench_ota.golden_for(model)
+    )
+    bundle = package_bundle(
+        convert, name="digits", version="1.0.0", release=1, publisher_key=keys.publisher_key,
+        recipients=[keys.device_pub], out=root / "model.edgepkg",
+    )  # fmt: skip
+    server = ModelServer(events=events)
+    metrics = Metrics(server)
+    server.observe, server.count_error = metrics.observe, metrics.count_error
+    verified = verify_bundle(bundle, trusted_publishers=[load_publisher_public_key(keys.publisher_pub)])
+    server.swap(verified, load_device_private_key(keys.device_key))
+    return server, metrics
+
+
 def agent_link_main(broker_url: str, data_dir: str, interval: float, duration: float, conn: Any) -> None:
-    """One AgentLink with the real agent metrics, alone in this process."""
+    """One AgentLink reporting the real agent Metrics of a model under steady inference
+    traffic, in this process. The figure is the CPU of the link's own threads (telemetry
+    snapshot + JSON + SQLite outbox, inbox, MQTT network loop); the process total, mostly
+    inference, is reported beside it."""
+    import threading
+
+    import numpy as np
     from edgesdk.agent.events import EventBus
     from edgesdk.agent.link import start_link
-    from edgesdk.agent.metrics import Metrics
 
     from edgesdk.schemas.agent_config import AgentConfig
+
+    events = EventBus()
+    server, metrics = _served_model(Path(data_dir) / "model", events)
 
     class Agent:
         def __init__(self) -> None:
@@ -274,20 +319,50 @@ def agent_link_main(broker_url: str, data_dir: str, interval: float, duration: f
                 data_dir=Path(data_dir),
                 mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": interval},
             )
-            self.metrics = Metrics()
-            self.events = EventBus()
+            self.metrics = metrics
+            self.events = events
             self.device_key = None
 
+    stop = threading.Event()
+    inferences = [0]
+
+    def traffic() -> None:
+        image = np.random.default_rng(0).standard_normal((1, 1, 8, 8)).astype(np.float32)
+        while not stop.is_set():
+            server.infer("digits", {"image": image})
+            inferences[0] += 1
+            time.sleep(0.005)  # steady load (~150-200 requests/s), not a CPU-bound spin
+
+    worker = threading.Thread(target=traffic, name="bench-traffic", daemon=True)
+    worker.start()
     link = start_link(Agent())
     link.client.wait_connected(20)
     time.sleep(1.0)  # start-up (imports, first report) is not steady state
+    link_threads = {t.native_id for t in threading.enumerate() if t.name.startswith("mqtt")}
     me = psutil.Process()
-    c0, t0 = cpu_seconds(me), time.monotonic()
+
+    def link_cpu() -> float:
+        return sum(t.user_time + t.system_time for t in me.threads() if t.id in link_threads)
+
+    c0, l0, n0, t0 = cpu_seconds(me), link_cpu(), inferences[0], time.monotonic()
     time.sleep(duration)
-    c1, t1 = cpu_seconds(me), time.monotonic()
+    c1, l1, n1, t1 = cpu_seconds(me), link_cpu(), inferences[0], time.monotonic()
     sent = link.forwarder.delivered
+    snapshot = metrics.snapshot()
     link.stop()
-    conn.send({"cpu_pct": round((c1 - c0) / (t1 - t0) * 100, 3), "cpu_s": round(c1 - c0, 3), "delivered": sent})
+    stop.set()
+    worker.join()
+    conn.send(
+        {
+            "link_cpu_pct": round((l1 - l0) / (t1 - t0) * 100, 3),
+            "link_cpu_s": round(l1 - l0, 3),
+            "link_threads": len(link_threads),
+            "process_cpu_pct": round((c1 - c0) / (t1 - t0) * 100, 1),
+            "inferences_per_s": round((n1 - n0) / (t1 - t0), 1),
+            "reported_variants": sorted(snapshot["latency"]),
+            "delivered": sent,
+        }
+    )
 
 
 def run_agent_cpu(interval: float, duration: float, tmp: Path) -> dict[str, Any]:
@@ -363,10 +438,14 @@ def main() -> int:
                     flush=True,
                 )
         if "agent" not in skip:
-            print(f"== one AgentLink at a 5 s interval for {args.agent_duration:g} s")
+            print(f"== one AgentLink at a 5 s interval, model under traffic, for {args.agent_duration:g} s")
             r = run_agent_cpu(5.0, args.agent_duration, tmp)
             results["agent"] = r
-            print(f"agent process CPU: {r['cpu_pct']}% of one core ({r['cpu_s']} s CPU, {r['delivered']} reports)")
+            print(
+                f"link threads CPU: {r['link_cpu_pct']}% of one core ({r['link_cpu_s']} s CPU, "
+                f"{r['delivered']} reports of {r['reported_variants']}); whole process {r['process_cpu_pct']}% "
+                f"at {r['inferences_per_s']} inferences/s"
+            )
     results["load_avg_end"] = os.getloadavg()
     print(f"load average start {results['load_avg_start']} end {results['load_avg_end']} (shared machine)")
     if args.json:

@@ -12,9 +12,11 @@
 2. Serving during an update: a real ``edge-agent run`` process (real link) under steady
    request load while it downloads, verifies, stages and activates the 5 MB bundle: failed
    requests and p50/p99 before vs during.
-3. Rollback speed: time from the failed probation decision (p95 SLO breach) to the old model
-   serving again — with the old model kept loaded during probation (the normal path) and
-   without it (after an agent restart in probation: decrypt + load from the old slot).
+3. Rollback speed, on a real ``edge-agent run`` process: time from the failed probation
+   decision (p95 SLO breach; the agent's ROLLING_BACK status) to the old model serving again
+   (its ``model_loaded`` event) — with the old model kept loaded during probation (the normal
+   path) and after the agent was SIGKILLed in probation and started again (the new process
+   holds only the new model: verify, decrypt and load the old slot).
 
 Run: ``.venv/bin/python benchmarks/bench_ota.py [--devices 100,500] [--json]``.
 """
@@ -22,7 +24,6 @@ Run: ``.venv/bin/python benchmarks/bench_ota.py [--devices 100,500] [--json]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import json
 import shutil
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,6 @@ from edgesdk.offline import disable_vendor_telemetry  # noqa: E402
 disable_vendor_telemetry()
 
 from edgesdk.agent.ota import UpdateManager, UpdateState  # noqa: E402
-from edgesdk.agent.ota.machine import ProbationFailed  # noqa: E402
 
 from edgesdk.fleet.deployments import DeploymentStore  # noqa: E402
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
@@ -374,67 +375,142 @@ def bench_serving(bundles: Bundles, root: Path, clients: int, before_s: float) -
     }
 
 
-# -- part 3: rollback speed -----------------------------------------------------------------------
+# -- part 3: rollback speed (real agent processes) --------------------------------------------------
 
 
-def _one_rollback(bundles: Bundles, data: Path, keep_old_loaded: bool) -> float:
-    """One failed probation (p95 SLO no model meets); ms from the decision to the old model serving."""
-    from datetime import datetime, timezone
+def _device_with(bundles: Bundles, root: Path, broker_url: str, installed: Path) -> Any:
+    from tests.agent_helpers import Device, run_agent_cli
 
-    from edgesdk.schemas.messages import Deployment
-
-    agent = StandInAgent(data, bundles)  # type: ignore[arg-type]
-    manager = UpdateManager(agent)
-    manager.install_local(bundles.v2, timeout=120)  # the old model is a 5 MB one too
-    target = manager.target
-    marks: dict[str, float] = {}
-    original = target.probation
-
-    def probation(*args: Any, **kwargs: Any) -> None:
-        try:
-            original(*args, **kwargs)
-        except ProbationFailed:
-            marks["decision"] = time.perf_counter()
-            if not keep_old_loaded:
-                target._previous_model = None  # what an agent restarted in probation has
-            raise
-
-    def on_event(name: str, detail: dict[str, Any]) -> None:
-        if name == "model_loaded" and detail.get("release") == 2 and "decision" in marks:
-            marks.setdefault("serving_old", time.perf_counter())
-
-    target.probation = probation  # type: ignore[method-assign]
-    agent.events.subscribe(on_event)
-    shutil.copyfile(bundles.v3, data / "ota" / "slo.edgepkg")  # delivered already: time only the rollback
-    deployment = Deployment(
-        deployment_id="slo",
-        issued_at=datetime.now(timezone.utc),
-        model_name="digits",
-        model_version="1.3.0",
-        release=3,
-        bundle_sha256=hashlib.sha256(bundles.v3.read_bytes()).hexdigest(),
-        bundle_size=bundles.v3.stat().st_size,
-        health=HealthCriteria(probation_s=30, p95_latency_ms=0.0001),
+    data_dir = root / "data"
+    data_dir.mkdir(parents=True, mode=0o700)
+    device = Device(
+        root, data_dir, bundles.keys.publisher_key, bundles.keys.publisher_pub, bundles.keys.device_pub,
+        root / "agent.toml",
+    )  # fmt: skip
+    device.write_config(
+        device_key=str(bundles.keys.device_key),
+        publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
+        governor={"enabled": False, "source": "psutil"},
+        mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
     )
-    manager.accept(deployment)
-    threading.Thread(target=lambda: [agent.infer_once() for _ in range(60)], daemon=True).start()
-    manager.wait_idle(120)
-    if manager.state is not UpdateState.ROLLED_BACK or "serving_old" not in marks:
-        raise RuntimeError(f"expected a rollback, got {manager.state}: {manager.machine.record.reason}")
-    shutil.rmtree(data, ignore_errors=True)
-    return (marks["serving_old"] - marks["decision"]) * 1000
+    proc = run_agent_cli("install", "--config", str(device.config), str(installed))
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr)
+    return device
+
+
+def _wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _one_rollback(bundles: Bundles, root: Path, broker_url: str, restart_in_probation: bool) -> float:
+    """One failed probation (a p95 SLO no model meets) on a real ``edge-agent run`` process,
+    pushed by the real rollout controller; ms from the decision (the agent's ROLLING_BACK
+    status) to the old model serving again (its ``model_loaded`` event), both stamped by the
+    agent. With ``restart_in_probation`` the agent is SIGKILLed as soon as it reports
+    PROBATION and started again, so the new process has only the new model in memory and
+    must verify, decrypt and load the old slot."""
+    import signal
+    import urllib.request
+
+    from tests.agent_helpers import AgentProcess
+    from tests.mqtt_helpers import Collector
+
+    device = _device_with(bundles, root, broker_url, bundles.v2)  # the old model is a 5 MB one too
+    observer = Collector(broker_url, "edgesdk/devices/dev-1/#", client_id=f"bench-observer-{root.name}")
+    operator = MqttClient(ClientOptions(client_id=f"bench-op-{root.name}", broker_url=broker_url, clean_start=True))
+    operator.start()
+    operator.wait_connected(10)
+    ctl = RolloutController(
+        DeploymentStore(root / "fleet.sqlite3"), operator, "edgesdk", load_publisher_private_key(bundles.operator_key),
+        poll_s=0.05,
+    ).start()  # fmt: skip
+    agents = [AgentProcess(device).start()]
+    stop = threading.Event()
+    load: list[threading.Thread] = []
+    try:
+
+        def state() -> str:
+            with urllib.request.urlopen(agents[-1].url + "/v1/status", timeout=10) as response:
+                return str(json.loads(response.read())["updates"]["state"])
+
+        health = HealthCriteria(probation_s=60, p95_latency_ms=0.0001)
+        plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=60, wave_timeout_s=300)
+        message = ctl.create(bundles.v3, ["dev-1"], plan, health=health)
+        runner = threading.Thread(target=ctl.run, args=(message.deployment_id,), daemon=True)
+        runner.start()
+
+        def saved_state() -> str | None:
+            try:
+                return str(json.loads((device.data_dir / "ota" / "state.json").read_text())["state"])
+            except (OSError, ValueError, KeyError):
+                return None  # not written yet, or caught mid-rename
+
+        # PROBATION on disk, not only in the API: a restart resumes from what was saved (killed
+        # while ACTIVATING is still on disk, the boot guard rolls back before loading anything).
+        _wait_until(lambda: state() == "PROBATION" and saved_state() == "PROBATION", 180, "PROBATION")
+        if restart_in_probation:
+            # Before the probation has its 20 samples (probes alone need ~5 s): the decision
+            # must fall to the restarted process.
+            agents[-1].stop(signal.SIGKILL)
+            if any(s["state"] == "ROLLING_BACK" for s in observer.json("ota/status")):
+                raise RuntimeError("probation failed before the agent could be killed; nothing measured")
+            agents.append(AgentProcess(device).start())
+        load = [threading.Thread(target=_load, args=(agents[-1].port, stop, [])) for _ in range(2)]
+        for thread in load:
+            thread.start()
+
+        def stamps() -> tuple[datetime, datetime] | None:
+            decided = [s["ts"] for s in observer.json("ota/status") if s["state"] == "ROLLING_BACK"]
+            if not decided:
+                return None
+            decision = datetime.fromisoformat(decided[0])
+            loaded = [
+                datetime.fromisoformat(e["ts"])
+                for e in observer.json("events")
+                if e["event"] == "model_loaded" and e["detail"].get("release") == 2
+            ]
+            loaded = [t for t in loaded if t >= decision]
+            return (decision, loaded[0]) if loaded else None
+
+        try:
+            _wait_until(lambda: stamps() is not None, 120, "the rollback and the old model's model_loaded event")
+        except RuntimeError:
+            seen = [(s["state"], s["ts"]) for s in observer.json("ota/status")]
+            seen += [(e["event"], e["detail"]) for e in observer.json("events")]
+            raise RuntimeError(f"no rollback measured; the agent reported {seen}\n{agents[-1].log()[-2000:]}") from None
+        runner.join(60)
+        decision, serving_old = stamps()  # type: ignore[misc]
+        return (serving_old - decision).total_seconds() * 1000
+    finally:
+        stop.set()
+        for thread in load:
+            thread.join()
+        ctl.stop()
+        operator.stop()
+        observer.stop()
+        for agent in agents:
+            agent.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def bench_rollback(bundles: Bundles, root: Path, repeat: int) -> dict[str, Any]:
-    modes = {"old_model_kept_loaded": True, "after_restart_decrypt_and_load": False}
+    modes = {"old_model_kept_loaded": False, "after_restart_decrypt_and_load": True}
     results: dict[str, Any] = {}
-    for mode, keep in modes.items():
-        runs = [_one_rollback(bundles, root / f"{mode}-{i}", keep) for i in range(repeat)]
-        results[mode] = {
-            "median_ms": round(statistics.median(runs), 1),
-            "max_ms": round(max(runs), 1),
-            "runs": len(runs),
-        }
+    root.mkdir(parents=True)
+    with MosquittoBroker(data_dir=root / "mosquitto") as broker:
+        for mode, restart in modes.items():
+            runs = [_one_rollback(bundles, root / f"{mode}-{i}", broker.url, restart) for i in range(repeat)]
+            results[mode] = {
+                "median_ms": round(statistics.median(runs), 1),
+                "max_ms": round(max(runs), 1),
+                "runs": len(runs),
+            }
     return results
 
 

@@ -23,6 +23,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, tier))
 
 
+#: Import names of the ``agent`` extra (pyproject.toml), for the ``needs_agent_extra`` marker.
+AGENT_EXTRA_MODULES = ("paho.mqtt", "onnxruntime", "psutil")
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package ("paho" of "paho.mqtt") is not there
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_agent_extra") is not None:
+        missing = _missing(AGENT_EXTRA_MODULES)
+        if missing:
+            pytest.skip(f"needs the agent extra, missing {', '.join(missing)} (pip install 'edgesdk[agent]')")
+
+
 @pytest.fixture(scope="session")
 def digits(request: pytest.FixtureRequest):
     """The trained digits CNN and its ONNX export, calibration and validation data."""

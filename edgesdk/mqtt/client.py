@@ -49,6 +49,21 @@ _MISC_INTERVAL_S = 0.5
 _TICK_INTERVAL_S = 0.1
 
 
+def drop_connection(client: paho.Client) -> None:
+    """Close ``client``'s socket at once, without sending DISCONNECT.
+
+    The one use of paho's private API, kept here on purpose: paho 2.x has no public call that
+    ends a connection without a DISCONNECT packet (``disconnect()`` always sends one, and a
+    DISCONNECT tells the broker not to publish the Last Will, which an ungraceful stop must
+    trigger), and closing ``client.socket()`` ourselves would leave paho holding a dead socket
+    and skip the socket-close callback the ``NetworkLoop`` unregisters it in.
+    ``Client._sock_close`` is what paho itself calls when a connection breaks: it forgets the
+    socket, fires ``on_socket_unregister_write`` and ``on_socket_close``, and closes it.
+    tests/unit/test_mqtt_paho_private_api.py fails if a paho release changes that.
+    """
+    client._sock_close()
+
+
 @dataclass(frozen=True)
 class BrokerAddress:
     """Where the broker listens; ``tls`` is true for ``mqtts://``."""
@@ -168,6 +183,7 @@ class MqttClient:
         self._rng = random.Random()
         self._own_loop = loop is None
         self._loop = loop if loop is not None else NetworkLoop(name=f"mqtt-{options.client_id}")
+        self._paho_protocol: Literal["5", "3.1.1"] = self.protocol
         self._paho = self._make_paho()
 
     # -- public API -----------------------------------------------------------------------------
@@ -242,6 +258,7 @@ class MqttClient:
     def _make_paho(self) -> paho.Client:
         opts = self.options
         v5 = self.protocol == "5"
+        self._paho_protocol = self.protocol
         client = paho.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=opts.client_id,
@@ -285,7 +302,7 @@ class MqttClient:
 
     def _connect_now(self) -> None:
         """Called on the loop thread when a (re)connect is due."""
-        if self.protocol == "3.1.1" and self._paho._protocol == MQTTProtocolVersion.MQTTv5:
+        if self._paho_protocol != self.protocol:  # fell back to 3.1.1: paho fixes the version at creation
             self._paho = self._make_paho()
         self._connack_seen = False
         try:
@@ -379,7 +396,7 @@ class MqttClient:
     def _close_socket(self) -> None:
         sock = self._paho.socket()
         if sock is not None:
-            self._paho._sock_close()  # paho has no public "drop the connection" call
+            drop_connection(self._paho)
 
     # -- called by NetworkLoop ------------------------------------------------------------------
     def _service_connect(self, now: float) -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from edgesdk.bundle import inspect_bundle, package_bundle
 from edgesdk.keys import load_publisher_private_key
+from tests import agent_helpers
 from tests.bundle_helpers import make_digits_convert_dir, make_keys, resign_bundle
 from tests.conftest import assert_one_line_error
 
-agent_helpers = pytest.importorskip("tests.agent_helpers", reason="the agent's test helpers are not there yet")
 pytest.importorskip("onnxruntime")
 
 INSTALLED_RELEASE = 5

@@ -2,7 +2,7 @@
 touching disk.
 
 Per runtime, a fresh Python process with its own HOME, TMPDIR and working directory (and
-``strace`` watching every file it opens for writing, where strace is installed) verifies the
+``strace`` watching every file it opens for writing; without strace that part is a visible skip) verifies the
 bundle, decrypts a variant in memory, loads it into the runtime, runs the golden inputs and
 checks the predictions — through the install path, the agent's in-process start-up path and
 the agent's unseal helper process (``strace -f`` follows it). Then every file in HOME/TMPDIR/cwd and every file the process opened
@@ -89,7 +89,14 @@ def written_paths(trace: Path) -> set[Path]:
     return paths
 
 
-def run_probe(shipped, variant_id: str, sandbox: Path, *, leak: bool = False) -> tuple[dict, set[Path]]:
+NO_STRACE = (
+    "strace is not installed (apt-get install strace; scripts/test installs it): the sandbox scan "
+    "passed, but files the probe wrote outside HOME/TMPDIR/cwd were not traced"
+)
+
+
+def run_probe(shipped, variant_id: str, sandbox: Path, *, leak: bool = False) -> tuple[dict, set[Path] | None]:
+    """Run the probe; the second value is every path it opened for writing, None without strace."""
     bundle, keys, _, _ = shipped
     home, tmp, cwd = sandbox / "home", sandbox / "tmp", sandbox / "cwd"
     for folder in (home, tmp, cwd):
@@ -118,8 +125,7 @@ def run_probe(shipped, variant_id: str, sandbox: Path, *, leak: bool = False) ->
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    written = written_paths(trace) if strace else set()
-    return result, written
+    return result, (written_paths(trace) if strace else None)
 
 
 def scan(paths: list[Path], windows: list[bytes]) -> list[str]:
@@ -149,10 +155,13 @@ def test_model_loads_from_memory_without_plaintext_on_disk(shipped, tmp_path, ru
 
     windows = plaintext_windows(convert, variant_id)
     sandbox_files = files_under(tmp_path / "home", tmp_path / "tmp", tmp_path / "cwd")
+    assert scan(sandbox_files, windows) == []
+    if written is None:
+        pytest.skip(NO_STRACE)
     # Files written outside the sandbox (a library ignoring TMPDIR, /dev/shm, caches): scan them too.
     # The bundle's source (the convert dir) holds the plaintext by design, on the host.
     outside = [p for p in written if p.exists() and not p.is_relative_to(convert) and p.is_file()]
-    assert scan(sandbox_files + outside, windows) == []
+    assert scan(outside, windows) == []
     deleted = [p for p in written if not p.exists() and not str(p).startswith(("/dev/", "/proc/"))]
     assert deleted == [], f"files written then removed (could have held plaintext): {deleted}"
 
@@ -163,6 +172,8 @@ def test_the_scan_finds_a_leak(shipped, tmp_path) -> None:
     _, written = run_probe(shipped, "onnx-fp32", tmp_path, leak=True)
     hits = scan(files_under(tmp_path / "tmp"), plaintext_windows(convert, "onnx-fp32"))
     assert hits and all(str(tmp_path / "tmp") in hit for hit in hits)
-    if shutil.which("strace"):  # and the trace parser sees the write
-        leaked = [p for p in written if p.suffix == ".bin" and p.is_relative_to(tmp_path / "tmp")]
-        assert len(leaked) == 1, sorted(map(str, written))
+    if written is None:
+        pytest.skip(NO_STRACE)
+    # And the trace parser sees the write.
+    leaked = [p for p in written if p.suffix == ".bin" and p.is_relative_to(tmp_path / "tmp")]
+    assert len(leaked) == 1, sorted(map(str, written))

@@ -303,7 +303,7 @@ def test_nothing_fits_is_one_line_saying_by_how_much(edgesdk_cli_module, digits,
 def test_converted_variants_survive_packaging_into_a_bundle(rpi5_from_pytorch, tmp_path) -> None:
     # The hand-over: edgesdk package reads this output dir; the device decrypts in memory and
     # loads each variant through load_variant, then checks it against the golden outputs.
-    bundle = pytest.importorskip("edgesdk.bundle")
+    from edgesdk import bundle
     from edgesdk.keys import generate_device_key, generate_publisher_key, load_device_private_key
     from edgesdk.runtimes import load_variant
 

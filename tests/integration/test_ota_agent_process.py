@@ -23,6 +23,7 @@ from edgesdk.mqtt.client import ClientOptions, MqttClient
 from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, Device, agent_env, run_agent_cli
 from tests.faulty_agent import faulty_agent_argv, faulty_agent_env
+from tests.mqtt_helpers import Collector
 from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles
 
 pytestmark = pytest.mark.slow
@@ -247,8 +248,19 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
             rogue_key, _ = generate_publisher_key(tmp_path / "rogue")
             message = operator.ctl.store.get(deployment_id).message.model_copy(update={"deployment_id": "rogue-1"})
             forged = sign_deployment(message, load_publisher_private_key(rogue_key))
-            operator.client.publish("edgesdk/devices/dev-1/ota/deployment", forged.model_dump_json().encode(), qos=1)
-            time.sleep(2.0)
+            refusals = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/ota/status", client_id="rogue-watch")
+            try:
+                operator.client.publish(
+                    "edgesdk/devices/dev-1/ota/deployment", forged.model_dump_json().encode(), qos=1
+                )
+                # The agent answers a refused deployment with a FAILED status: proof it was handled.
+                assert refusals.wait_for(
+                    lambda: any(s["deployment_id"] == "rogue-1" for s in refusals.json("ota/status")), timeout=30
+                ), refusals.json("ota/status")
+            finally:
+                refusals.stop()
+            (refusal,) = [s for s in refusals.json("ota/status") if s["deployment_id"] == "rogue-1"]
+            assert refusal["state"] == "FAILED" and "refused" in refusal["reason"], refusal
             assert not (device.data_dir / "ota" / "rogue-1.part").exists()
             status = api_get(agent, "/v1/status")
             assert status["model"]["release"] == 2

@@ -80,11 +80,12 @@ def test_no_model_is_503_and_readyz_says_so() -> None:
     app.close()
 
 
-def test_tiny_model_is_answered_inline_once_measured() -> None:
-    app, _ = make_app(FakeModel(1.0))
+def _threads_of_second_request(inline_max_ms: float) -> list[str]:
+    """Serve one request to measure the model, then report which thread ran the second."""
+    app, _ = make_app(FakeModel(1.0), inline_max_ms=inline_max_ms)
     assert app.recent_s == float("inf")  # nothing measured yet: the first goes to the pool
     answers = run_requests(app, [infer_request()])
-    assert answers[0].status == 200 and app.recent_s < 0.5
+    assert answers[0].status == 200 and app.recent_s < float("inf")
     seen: list[str] = []
     original = app._work
 
@@ -94,8 +95,17 @@ def test_tiny_model_is_answered_inline_once_measured() -> None:
 
     app._work = spy  # type: ignore[method-assign]
     assert run_requests(app, [infer_request()])[0].status == 200
-    assert seen == ["MainThread"]  # inline on the event loop, no pool hop
     app.close()
+    return seen
+
+
+def test_tiny_model_is_answered_inline_once_measured() -> None:
+    # A threshold (one minute) that no machine misses, however loaded: the test is about the
+    # decision once a measurement exists, not about how fast this host is.
+    assert _threads_of_second_request(inline_max_ms=60_000) == ["MainThread"]  # on the event loop, no pool hop
+    # The same model with the fast path switched off goes through the pool.
+    (worker,) = _threads_of_second_request(inline_max_ms=0)
+    assert worker != "MainThread"
 
 
 def test_drain_waits_for_requests_in_flight() -> None:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from edgesdk.errors import SignatureError, UsageError
-from edgesdk.fleet.deployments import DeploymentStore
-from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves, plan_waves
+from edgesdk.fleet.deployments import ABORTED, SUCCEEDED, DeploymentStore
+from edgesdk.fleet.rollout import (
+    RolloutController,
+    RolloutPlan,
+    parse_duration,
+    parse_percent,
+    parse_waves,
+    plan_waves,
+)
 from edgesdk.keys import generate_publisher_key, load_publisher_private_key, load_publisher_public_key
 from edgesdk.protocol.signing import canonical_json, sign_deployment, verify_deployment
 from edgesdk.schemas.messages import Deployment, OtaStatus
@@ -119,3 +126,101 @@ def test_deployment_store_records_statuses_in_order(tmp_path: Path) -> None:
         store.get("nope")
     # A second connection (another shell running `fleet status`) sees the same data.
     assert DeploymentStore(tmp_path / "fleet.sqlite3").devices("dep-1", 0)[0].state == "COMMITTED"
+
+
+class SimulatedFleet:
+    """The MQTT client a RolloutController talks to, with simulated devices behind it.
+
+    A device checks the operator's signature on every message, answers an install with
+    COMMITTED (or FAILED when it is in ``failing``), and a rollback of a committed update with
+    ROLLED_BACK, as the agent does (``agent/ota/manager.py``: ``rollback_committed``)."""
+
+    def __init__(self, public_key, failing: set[str]) -> None:
+        self.public_key = public_key
+        self.failing = failing
+        self.on_message = None
+        self.state: dict[str, str] = {}
+        self.rollbacks_received: list[str] = []
+        self._second = 0
+
+    def subscribe(self, _topic_filter: str, qos: int = 0) -> None:
+        pass
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> int:
+        _, scope, device, *suffix = topic.split("/")
+        assert scope == "devices" and suffix == ["ota", "deployment"], topic
+        message = Deployment.model_validate_json(payload)
+        assert verify_deployment(message, [self.public_key])
+        if message.action == "install":
+            self._report(message, device, "FAILED" if device in self.failing else "COMMITTED")
+        elif message.action == "rollback":
+            self.rollbacks_received.append(device)
+            if self.state.get(device) == "COMMITTED":
+                self._report(message, device, "ROLLED_BACK")
+        return 1
+
+    def _report(self, message: Deployment, device: str, state: str) -> None:
+        self._second += 1
+        self.state[device] = state
+        status = OtaStatus(
+            device_id=device,
+            deployment_id=message.deployment_id,
+            msg_id=f"{device}-{self._second}",
+            ts=datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=self._second),
+            state=state,  # type: ignore[arg-type]
+            reason="smoke test failed" if state == "FAILED" else "",
+        )
+        assert self.on_message is not None
+        self.on_message(f"edgesdk/devices/{device}/ota/status", status.model_dump_json().encode())
+
+
+TWENTY_DEVICES = [f"dev-{i:02d}" for i in range(20)]
+
+
+def run_simulated_rollout(tmp_path: Path, operator, plan: RolloutPlan, failing: set[str]):
+    """Run a real RolloutController over twenty simulated devices; returns (outcome, fleet, store, waves)."""
+    private, public = operator
+    tmp_path.mkdir(exist_ok=True)
+    bundle = tmp_path / "bundle.edgepkg"
+    bundle.write_bytes(b"x")  # deployment() describes these bytes; the controller serves chunks from them
+    message = sign_deployment(deployment(), private)
+    store = DeploymentStore(tmp_path / "fleet.sqlite3")
+    waves = plan_waves(TWENTY_DEVICES, plan, seed=message.deployment_id)
+    store.create(message, bundle, plan.to_json(), waves)
+    fleet = SimulatedFleet(public, failing)
+    controller = RolloutController(store, fleet, "edgesdk", private, poll_s=0.01).start()
+    return controller.run(message.deployment_id), fleet, store, waves
+
+
+def test_max_failures_tolerates_failures_up_to_its_level(tmp_path: Path, operator) -> None:
+    # 5 % of 20 devices is one: one failed device among all twenty is tolerated and the rollout
+    # goes on to the end.
+    plan = RolloutPlan(canary=0.0, waves=(0.5, 1.0), max_failures=0.05, probation_s=1, wave_timeout_s=60)
+    waves = plan_waves(TWENTY_DEVICES, plan, seed="dep-1")
+    outcome, fleet, store, _ = run_simulated_rollout(tmp_path / "late", operator, plan, failing={waves[1][3]})
+    assert outcome == SUCCEEDED
+    assert store.summary("dep-1")["by_state"] == {"COMMITTED": 19, "FAILED": 1}
+    assert fleet.rollbacks_received == []
+    # The share counts the devices sent so far: the same failure in the first half is 1 of 10.
+    outcome, _, store, _ = run_simulated_rollout(tmp_path / "early", operator, plan, failing={waves[0][3]})
+    assert outcome == ABORTED and "1 of 10 devices failed" in store.get("dep-1").reason
+
+
+def test_one_failure_past_max_failures_aborts_and_rolls_back_the_whole_wave(tmp_path: Path, operator) -> None:
+    # Two failures among twenty is 10 % > 5 %: abort. Like Mender and hawkBit, the failed wave
+    # is rolled back as a whole, its devices that already committed included; the wave before
+    # it passed and keeps the new model; the devices never reached stay untouched.
+    plan = RolloutPlan(canary=0.0, waves=(0.25, 0.75, 1.0), max_failures=0.05, probation_s=1, wave_timeout_s=60)
+    waves = plan_waves(TWENTY_DEVICES, plan, seed="dep-1")
+    assert [len(w) for w in waves] == [5, 10, 5]
+    failing = {waves[1][-2], waves[1][-1]}  # the wave's last two: eight of its devices commit first
+    outcome, fleet, store, _ = run_simulated_rollout(tmp_path, operator, plan, failing=failing)
+    assert outcome == ABORTED
+    assert "2 of 15 devices failed" in store.get("dep-1").reason
+    states = {row.device_id: row.state for row in store.devices("dep-1")}
+    assert {states[d] for d in waves[0]} == {"COMMITTED"}  # the earlier wave passed and stays
+    committed_then_aborted = [d for d in waves[1] if d not in failing]
+    assert {states[d] for d in committed_then_aborted} == {"ROLLED_BACK"}
+    assert {states[d] for d in failing} == {"FAILED"}
+    assert {states[d] for d in waves[2]} == {"PENDING"}  # never sent
+    assert sorted(fleet.rollbacks_received) == sorted(waves[1])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,7 @@ def test_agent_extra_carries_no_converter_dependency() -> None:
     }
 
 
+@pytest.mark.needs_agent_extra  # every agent module is imported, the MQTT link's paho included
 def test_importing_the_agent_imports_no_converter_module() -> None:
     # A fresh interpreter that refuses converter imports outright: importing every agent
     # module must still work, and none of those modules may be in sys.modules afterwards.
