@@ -189,7 +189,7 @@ class SimDevice:
         self.device_id = f"sim-{index:04d}"
         self.link = BenchLink(self.device_id, broker_url, loop)
         self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
-        self.manager = UpdateManager(self.agent)
+        self.manager = UpdateManager.for_agent(self.agent)
         target = self.manager.target
         # Real devices each have their own CPU and RAM; in one process, at most `heavy` simulated
         # devices decrypt and load the model at the same time, or RAM runs out (500 × 5 MB × copies).
@@ -384,7 +384,7 @@ def _one_rollback(bundles: Bundles, data: Path, keep_old_loaded: bool) -> float:
     from edgesdk.schemas.messages import Deployment
 
     agent = StandInAgent(data, bundles)  # type: ignore[arg-type]
-    manager = UpdateManager(agent)
+    manager = UpdateManager.for_agent(agent)
     manager.install_local(bundles.v2, timeout=120)  # the old model is a 5 MB one too
     target = manager.target
     marks: dict[str, float] = {}
