@@ -1,7 +1,9 @@
 """The real :class:`UpdateTarget`: each state's work done with the agent's own parts.
 
-Verification is B's ``verify_bundle``, the A/B slots are C's ModelStore, the atomic serving
-switch is C's ModelServer, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
+It gets the agent's parts as ports (:mod:`edgesdk.agent.ports`): ``Serving`` (the atomic
+switch, ModelServer), ``Slots`` (the A/B store, ModelStore), ``Keyring`` (verification and
+decryption keys) and, for MQTT chunk downloads, the ``UpdateChannel`` (the link).
+Verification is ``verify_bundle``, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
 writes a decrypted model to disk, and nothing removes the serving slot before the new one has
 committed.
 """
