@@ -29,7 +29,19 @@ FLEET_COMMANDS: dict[str, str] = {
     "enroll": "edgesdk.cli.enroll_cmd:enroll",
 }
 
-COLUMNS = ("device", "online", "profile", "model", "version", "variant", "temp °C", "p95 ms", "errors", "outbox", "seen")
+COLUMNS = (
+    "device",
+    "online",
+    "profile",
+    "model",
+    "version",
+    "variant",
+    "temp °C",
+    "p95 ms",
+    "errors",
+    "outbox",
+    "seen",
+)
 
 
 @click.group(cls=LazyGroup, lazy=FLEET_COMMANDS)
