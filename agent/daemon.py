@@ -11,11 +11,9 @@ SIGHUP re-reads the store (``edge-agent install`` sends it) and swaps to a newly
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import signal
-import stat
 import threading
 import time
 from pathlib import Path
@@ -27,7 +25,8 @@ from edgesdk.agent.events import EventBus
 from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
-from edgesdk.agent.metrics import Metrics
+from edgesdk.agent.keyring import KeyFiles
+from edgesdk.agent.metrics import InferenceStats, Metrics
 from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
@@ -38,7 +37,11 @@ from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the link, the updater and the key types load when used, not at start
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.link import AgentLink
+    from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
 
 log = logging.getLogger("edgesdk.agent")
@@ -64,18 +67,18 @@ class Agent:
         except OSError as exc:
             raise ConfigError(f"data_dir {str(self.data_dir)!r} cannot be created: {exc.strerror or exc}") from exc
         self.events = EventBus()
-        self.metrics = Metrics()
+        stats = InferenceStats()
         self.server = ModelServer(
             profile=self.profile,
             events=self.events,
             allow_nonfinite=config.api.allow_nonfinite,
             runtime_options=self._runtime_options(),
-            observe=self.metrics.observe,
-            count_error=self.metrics.count_error,
+            observe=stats.observe,
+            count_error=stats.count_error,
         )
-        self.metrics.server = self.server
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()
+        self.keyring = KeyFiles(self.device_key_path, [Path(p) for p in config.publisher_keys])
         if not config.publisher_keys:
             log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
         if config.unseal == "in_process":
@@ -83,7 +86,7 @@ class Agent:
         else:
             # The helper parses the key files when it opens a bundle (a bad one is then that
             # slot's reported problem); a missing one is still an error at start.
-            self._check_key_files()
+            self.keyring.check_files()
         self.governor = Governor(
             self.server,
             make_source(config.governor.source, trace_file=config.governor.trace_file),
@@ -93,13 +96,12 @@ class Agent:
             min_dwell_s=config.governor.min_dwell_s,
             enabled=config.governor.enabled,
         )
-        self.metrics.sensors = lambda: self.governor.last_reading.as_dict()
-        self.metrics.governor_state = lambda: self.governor.state
+        self.metrics = Metrics(self.server, stats=stats, governor=self.governor)
         self.api: ApiApp | None = None
         self.http: HttpServer | None = None
         self.port: int | None = None
-        self.link: Any = None
-        self.updates: Any = None
+        self.link: AgentLink | None = None
+        self.updates: UpdateManager | None = None
         self.started_at = time.time()
         self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
         self._bundle_checked: tuple[Any, str] | None = None  # (slot, sha256) re-hashed after load
@@ -134,29 +136,15 @@ class Agent:
             log.info("created device key %s (public key %s)", priv, pub)
         return default
 
-    def _check_key_files(self) -> None:
-        for path in [*self.config.publisher_keys, self.device_key_path]:
-            try:
-                info = Path(path).stat()
-            except OSError as exc:
-                raise ConfigError(f"key file {path}: {exc.strerror or exc}") from exc
-            if not stat.S_ISREG(info.st_mode):
-                raise ConfigError(f"key file {path} is not a regular file")
+    # The Keyring port, for the parts (and callers) that take the agent as its keyring: the
+    # keys as objects, read on first use (see edgesdk.agent.keyring).
+    @property
+    def device_key(self) -> X25519PrivateKey:
+        return self.keyring.device_key
 
-    # The keys as objects, read on first use. With ``unseal = "helper"`` (the default) the
-    # daemon's start never uses them: the helper process reads the key files. OTA updates, a
-    # sideload into the running daemon and the fleet link do, and import the crypto then.
-    @functools.cached_property
-    def device_key(self) -> Any:
-        from edgesdk import keys
-
-        return keys.load_device_private_key(self.device_key_path)
-
-    @functools.cached_property
-    def trusted_publishers(self) -> list[Any]:
-        from edgesdk import keys
-
-        return [keys.load_publisher_public_key(path) for path in self.config.publisher_keys]
+    @property
+    def trusted_publishers(self) -> list[Ed25519PublicKey]:
+        return self.keyring.trusted_publishers
 
     def _log_event(self, name: str, detail: dict[str, Any]) -> None:
         log.debug("event %s %s", name, detail)
@@ -263,17 +251,13 @@ class Agent:
         updates = self.updates
         if updates is None:
             try:
-                from edgesdk.agent.ota import UpdateManager
+                updates = self._make_updater()
             except ImportError:
-                UpdateManager = None  # type: ignore[assignment,misc]  # noqa: N806
-            if UpdateManager is not None:
-                updates = UpdateManager(self, hooks=self.ota_hooks)
-        if updates is not None:
-            state = updates.install_local(path)
-            result = self._installed_summary()
-            result["state"] = getattr(state, "value", str(state))
-            return result
-        return self._install_directly(path)
+                return self._install_directly(path)
+        state = updates.install_local(path)
+        result = self._installed_summary()
+        result["state"] = state.value
+        return result
 
     def _installed_summary(self) -> dict[str, Any]:
         slot = self.store.active_slot
@@ -340,7 +324,7 @@ class Agent:
             "profile": self.profile.name,
             "agent_version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "model": self.server.active,
+            "model": self._status_model(),
             "governor": self.governor.status(),
             "temperatures_c": dict(self.governor.last_reading.temperatures_c),
             "power_source": self.governor.last_reading.power_source,
@@ -356,17 +340,54 @@ class Agent:
                 {"ts": round(ts, 3), "event": name, **detail} for ts, name, detail in list(self.events.recent)[-20:]
             ],
             "link": self.link is not None,
-            "updates": getattr(self.updates, "status", lambda: None)() if self.updates is not None else None,
+            "updates": self.updates.status() if self.updates is not None else None,
         }
 
-    # -- hooks for the link (D) and the updater (E) -----------------------------------------------
+    def _status_model(self) -> dict[str, Any] | None:
+        running = self.server.running_model()
+        if running is None:
+            return None
+        # "model" (the name) is the key /v1/status has always had; clients read it
+        # (examples/device/client.py), so it stays beside RunningModel's own "name".
+        return {"model": running.name, **running.model_dump(mode="json")}
+
+    # -- the link and the updater, wired with their ports -------------------------------------------
+
+    def _make_updater(self) -> UpdateManager:
+        """The updater, given what it uses: serving, slots, keys, events and the link (if any).
+
+        ImportError when this agent was installed without the OTA module."""
+        from edgesdk.agent.ota import UpdateManager
+
+        return UpdateManager(
+            self.data_dir / "ota",
+            device_id=self.config.device_id,
+            serving=self.server,
+            slots=self.store,
+            keyring=self.keyring,
+            profile_name=self.profile.name,
+            link=self.link,
+            events=self.events,
+            max_inbound_bytes=self.config.mqtt.max_inbound_bytes,
+            hooks=self.ota_hooks,
+        )
+
+    def _start_link(self) -> None:
+        from edgesdk.agent.link import AgentLink
+
+        self.link = AgentLink(
+            self.config,
+            telemetry=self.metrics,
+            running_model=self.server,
+            events=self.events,
+            keyring=self.keyring,
+        ).start()
+        self.metrics.attach_outbox(self.link.queue)
 
     def _start_hooks(self) -> None:
         if self.config.mqtt.enabled:
             try:
-                from edgesdk.agent.link import start_link
-
-                self.link = start_link(self)
+                self._start_link()
                 from edgesdk.agent.enrollment import announce_enrollment
 
                 announce_enrollment(self, self.link)
@@ -376,12 +397,11 @@ class Agent:
                 log.error("MQTT link did not start: %s (serving goes on offline)", exc)
                 self.problems.append(f"mqtt: {exc}")
         try:
-            from edgesdk.agent.ota import UpdateManager  # type: ignore[attr-defined]
+            self.updates = self._make_updater()
         except ImportError:
             log.debug("OTA updates not available in this agent")
             return
         try:
-            self.updates = UpdateManager(self, hooks=self.ota_hooks)
             self.updates.resume()
         except EdgeSDKError as exc:
             log.error("OTA resume failed: %s", exc)
@@ -404,13 +424,13 @@ class Agent:
             log.warning("OTA boot guard: %s", done)
 
     def _stop_hooks(self) -> None:
-        for part in (self.updates, self.link):
-            stop = getattr(part, "stop", None)
-            if stop is not None:
-                try:
-                    stop()
-                except Exception:  # noqa: BLE001 - shutting down: log and go on
-                    log.exception("stopping %r failed", part)
+        for name, part in (("updater", self.updates), ("MQTT link", self.link)):
+            if part is None:
+                continue
+            try:
+                part.stop()
+            except Exception:  # noqa: BLE001 - shutting down: the other parts must still stop
+                log.exception("stopping the %s failed; stopping the rest", name)
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -479,16 +499,16 @@ class Agent:
         where = f"http://{api_config.host}:{self.port}" + (
             f" and {api_config.unix_socket}" if api_config.unix_socket else ""
         )
-        active = self.server.active
+        running = self.server.running_model()
         log.info(
             "edge-agent %s ready on %s (device %s, profile %s, model %s)",
             __version__,
             where,
             self.config.device_id,
             self.profile.name,
-            f"{active['model']} {active['version']} [{active['variant']}]" if active else "none",
+            f"{running.name} {running.version} [{running.variant}]" if running else "none",
         )
-        notify_ready(f"serving {active['model']} {active['version']}" if active else "no model installed")
+        notify_ready(f"serving {running.name} {running.version}" if running else "no model installed")
         watchdog = Watchdog(self._loop_turns).start()
         await self._stop.wait()
         watchdog.stop()

@@ -1,15 +1,17 @@
 """The agent's MQTT link: presence, telemetry and events out; deployments and chunks in.
 
-``start_link(agent)`` is called by the daemon when ``mqtt.enabled``. It needs only a small
-part of the agent (``config``, ``metrics.snapshot()``, ``events.subscribe``, optionally
-``device_key``), so it can be tested with a stand-in.
+The daemon builds it when ``mqtt.enabled`` with the ports it needs (:mod:`edgesdk.agent.ports`):
+a ``TelemetrySource`` (the metrics), a ``RunningModelSource`` (for presence), an
+``EventSource`` (the event bus) and a ``Keyring`` (the device's public key in presence). So it
+can be tested with small stand-ins; :func:`start_link` wires it from an agent-shaped object.
 
 * Presence: retained on ``devices/{id}/presence``; ``online`` on every connect, the Last Will
   publishes ``online=False`` if the device vanishes, a clean stop publishes it explicitly.
 * Telemetry every ``telemetry_interval_s`` and events from the agent's event bus go through
   the SQLite store-and-forward queue (``edgesdk.mqtt.queue``) at QoS 1 — nothing is lost
   while the broker is unreachable, up to the disk quota (oldest dropped, counted in
-  ``dropped_messages``).
+  ``dropped_messages``). Telemetry carries the outbox's depth as ``outbox_depth``; the
+  agent's ``queue_depth`` (requests in the local API) is the metrics' and left alone.
 * Inbound messages (``subscribe(suffix, handler)``: the device's own topic and its groups')
   run on one worker thread, never on the network thread. Oversized messages are ignored; a
   handler that raises (a malformed payload) is counted and logged; the link keeps running.
@@ -17,7 +19,6 @@ part of the agent (``config``, ``metrics.snapshot()``, ``events.subscribe``, opt
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import queue
@@ -27,8 +28,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from edgesdk.agent.keyring import public_key_text
+from edgesdk.agent.ports import EventSource, Keyring, RunningModelSource, TelemetrySource
 from pydantic import ValidationError
 
 from edgesdk._version import __version__
@@ -37,8 +40,12 @@ from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings, WillMess
 from edgesdk.mqtt.forwarder import QueueForwarder
 from edgesdk.mqtt.queue import MessageQueue
 from edgesdk.protocol import topics
+from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.base import Schema
 from edgesdk.schemas.messages import Event, Presence, RunningModel, Telemetry
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 log = logging.getLogger("edgesdk.agent.link")
 
@@ -77,11 +84,22 @@ def _scalar_detail(detail: dict[str, Any]) -> dict[str, str | int | float | bool
 
 
 class AgentLink:
-    """The running link of one agent. Build it with :func:`start_link`."""
+    """The running link of one agent: construct with its ports, then :meth:`start`."""
 
-    def __init__(self, agent: Any) -> None:
-        self.agent = agent
-        config = agent.config
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        telemetry: TelemetrySource,
+        running_model: RunningModelSource | None = None,
+        events: EventSource | None = None,
+        keyring: Keyring | None = None,
+    ) -> None:
+        self.config = config
+        self.telemetry = telemetry
+        self.running_model_source = running_model
+        self.keyring = keyring
+        self._public_key: str | None = None
         self.mqtt = config.mqtt
         self.device_id: str = config.device_id
         self.namespace: str = self.mqtt.namespace
@@ -94,7 +112,7 @@ class AgentLink:
         self._stopping = threading.Event()
         self._event_times: list[float] = []
         self._event_lock = threading.Lock()
-        self._last_presence_model: dict[str, Any] | None = None
+        self._last_presence_model: RunningModel | None = None
 
         self.queue = MessageQueue(
             config.data_dir / "mqtt" / "outbox.sqlite3",
@@ -104,18 +122,14 @@ class AgentLink:
         self.client.on_connected = self._on_connected
         self.client.on_message = self._on_message
         self.forwarder = QueueForwarder(self.queue, self.client)
-        metrics = getattr(agent, "metrics", None)
-        if metrics is not None and hasattr(metrics, "queue_depth"):
-            metrics.queue_depth = lambda: self.queue.depth
         self._threads = [
             threading.Thread(target=self._telemetry_loop, name="mqtt-telemetry", daemon=True),
             threading.Thread(target=self._inbox_loop, name="mqtt-inbox", daemon=True),
         ]
-        events = getattr(agent, "events", None)
         self._unsubscribe_events = events.subscribe(self._on_agent_event) if events is not None else None
 
     # -- setup ----------------------------------------------------------------------------------
-    def _client_options(self, config: Any) -> ClientOptions:
+    def _client_options(self, config: AgentConfig) -> ClientOptions:
         mqtt = config.mqtt
         password = None
         if mqtt.password_file is not None:
@@ -214,44 +228,33 @@ class AgentLink:
         self.queue.close()
 
     # -- presence and telemetry -----------------------------------------------------------------
-    def _running_model(self) -> dict[str, Any] | None:
-        metrics = getattr(self.agent, "metrics", None)
-        running = getattr(metrics, "running_model", None)
-        if callable(running):
-            try:
-                model = running()
-                return dict(model) if model else None
-            except Exception:  # noqa: BLE001 - presence must go out even if metrics misbehave
-                log.exception("running_model() failed")
-        return None
+    def _running_model(self) -> RunningModel | None:
+        source = self.running_model_source
+        return source.running_model() if source is not None else None
 
-    def _presence(self, *, online: bool, model: dict[str, Any] | None = None) -> Presence:
-        public_key = None
-        device_key = getattr(self.agent, "device_key", None)
-        if device_key is not None:
-            try:
-                from cryptography.hazmat.primitives import serialization
+    def _device_public_key(self) -> str | None:
+        """The device key's public half for presence (enrollment), once read; None without one."""
+        if self._public_key is not None or self.keyring is None:
+            return self._public_key
+        try:
+            device_key: X25519PrivateKey | None = self.keyring.device_key
+            if device_key is not None:
+                self._public_key = public_key_text(device_key)
+        except (EdgeSDKError, ValueError, TypeError) as exc:
+            # Presence still goes out (the fleet sees the device online), just without the key.
+            log.warning("presence is sent without the device public key: cannot read it: %s", exc)
+        return self._public_key
 
-                raw = device_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-                public_key = base64.b64encode(raw).decode()
-            except Exception:  # noqa: BLE001 - a key we cannot serialize is left out, not fatal
-                log.exception("presence goes out without the device's public key: it cannot be serialized")
-                public_key = None
-        running = None
-        if model is not None:
-            try:
-                running = RunningModel.model_validate(model)
-            except ValidationError:
-                running = None
+    def _presence(self, *, online: bool, model: RunningModel | None = None) -> Presence:
         return Presence(
             device_id=self.device_id,
             online=online,
             ts=_now(),
             agent_version=__version__,
-            profile=getattr(self.agent.config, "profile", None),
+            profile=self.config.profile,
             groups=self.groups,
-            model=running,
-            public_key=public_key,
+            model=model,
+            public_key=self._device_public_key(),
         )
 
     def _publish_presence(self) -> None:
@@ -270,9 +273,10 @@ class AgentLink:
         self._publish_presence()
 
     def telemetry_payload(self, seq: int) -> bytes:
-        """Build one Telemetry message from ``agent.metrics.snapshot()`` (sequence ``seq``)."""
-        snapshot = dict(self.agent.metrics.snapshot())
-        snapshot["queue_depth"] = self.queue.depth
+        """Build one Telemetry message (sequence ``seq``): the telemetry source's snapshot plus
+        the link's own fields, the outbox's depth and what its quota dropped."""
+        snapshot = dict(self.telemetry.snapshot())
+        snapshot["outbox_depth"] = self.queue.depth
         snapshot["dropped_messages"] = self.queue.dropped
         errors = dict(snapshot.get("errors") or {})
         for kind, count in (
@@ -381,6 +385,25 @@ class AgentLink:
                     log.exception("handler for %s failed", topic)
 
 
-def start_link(agent: Any) -> AgentLink:
-    """Start the MQTT link of ``agent`` (contract: daemon calls this when ``mqtt.enabled``)."""
-    return AgentLink(agent).start()
+class AgentMeasurements(TelemetrySource, RunningModelSource, Protocol):
+    """Metrics as the link reads them: the telemetry snapshot and the model serving."""
+
+
+class LinkedAgent(Keyring, Protocol):
+    """The parts of an agent :func:`start_link` wires into a link (the daemon, test stand-ins)."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    @property
+    def metrics(self) -> AgentMeasurements: ...
+
+    @property
+    def events(self) -> EventSource: ...
+
+
+def start_link(agent: LinkedAgent) -> AgentLink:
+    """Build and start the MQTT link of ``agent``: its metrics, events and keys as the ports."""
+    return AgentLink(
+        agent.config, telemetry=agent.metrics, running_model=agent.metrics, events=agent.events, keyring=agent
+    ).start()

@@ -27,11 +27,13 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.serving import ModelServer
+from edgesdk.agent.ports import GovernorReadout, OutboxGauge, Serving
+
+from edgesdk.errors import AgentError
+from edgesdk.schemas.messages import RunningModel
 
 log = logging.getLogger("edgesdk.agent.metrics")
 
@@ -87,28 +89,16 @@ class LatencyWindow:
         return seconds[:n][times[:n] >= since]
 
 
-class Metrics:
-    """Counters and gauges of one agent. Providers are plugged in by the daemon."""
+class InferenceStats:
+    """What the model server records on its hot path: latency per variant and errors by kind."""
 
-    def __init__(self, server: ModelServer | None = None, *, window_s: float = 60.0, max_samples: int = 8192) -> None:
-        self.server = server
+    def __init__(self, *, window_s: float = 60.0, max_samples: int = 8192) -> None:
         self.window_s = window_s
         self.max_samples = max_samples
         self.started = time.monotonic()
         self._windows: dict[str, LatencyWindow] = {}
         self._errors: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self.queue_depth: Callable[[], int] = lambda: 0
-        self.sensors: Callable[[], dict[str, Any]] = dict  # temperatures_c, power_source, ...
-        self.governor_state: Callable[[], str | None] = lambda: None
-        self._process: Any = None
-        try:
-            import psutil
-
-            self._process = psutil.Process(os.getpid())
-            self._process.cpu_percent(None)  # prime: the first call always returns 0.0
-        except ImportError:
-            self._process = None
 
     # -- recording (hot path) -------------------------------------------------------------------
 
@@ -166,50 +156,130 @@ class Metrics:
         with self._lock:
             return dict(self._errors)
 
+    def windows(self) -> list[tuple[str, LatencyWindow]]:
+        """Each variant's latency window, by variant id (a copy of the mapping, safe to iterate)."""
+        return sorted(self._windows.items())
+
+
+class RequestsInFlight:
+    """Inference requests running or waiting in the local API (``queue_depth``).
+
+    The API counts into it on its event loop thread; /metrics and telemetry read it. It is a
+    value of its own, not a callable slot, so no other part can re-point what it means."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class Metrics:
+    """The agent's measurements, assembled from the parts that know them.
+
+    Built with its sources: ``serving`` (what serves, how often it switched), ``stats`` (the
+    latency and errors the server records; a fresh one when not given), ``governor`` (its
+    state and last sensor reading). The API counts its requests into :attr:`requests`. The
+    MQTT outbox starts after the model loads (and only with a link), so the daemon attaches
+    it then with :meth:`attach_outbox`.
+    """
+
+    def __init__(
+        self,
+        serving: Serving | None = None,
+        *,
+        stats: InferenceStats | None = None,
+        governor: GovernorReadout | None = None,
+        window_s: float = 60.0,
+        max_samples: int = 8192,
+    ) -> None:
+        self.serving = serving
+        self.stats = stats or InferenceStats(window_s=window_s, max_samples=max_samples)
+        self.governor = governor
+        self.requests = RequestsInFlight()
+        self.outbox: OutboxGauge | None = None
+        self.started = time.monotonic()
+        self._process: Any = None
+        try:
+            import psutil
+
+            self._process = psutil.Process(os.getpid())
+            self._process.cpu_percent(None)  # prime: the first call always returns 0.0
+        except ImportError:
+            self._process = None
+
+    def attach_outbox(self, outbox: OutboxGauge) -> None:
+        """Report the MQTT outbox (``outbox_depth``, dropped messages) from now on."""
+        if self.outbox is not None and self.outbox is not outbox:
+            raise AgentError("metrics already report an MQTT outbox; one agent has one link")
+        self.outbox = outbox
+
+    @property
+    def window_s(self) -> float:
+        return self.stats.window_s
+
+    # -- recording: the stats' (kept here so a part holding Metrics can record) ----------------
+
+    def observe(self, variant_id: str, seconds: float) -> None:
+        """One successful inference of ``variant_id`` that took ``seconds``."""
+        self.stats.observe(variant_id, seconds)
+
+    def count_error(self, kind: str) -> None:
+        """One failed request, by kind (bad_input, not_found, overload, timeout, runtime, ...)."""
+        self.stats.count_error(kind)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def latency(self) -> dict[str, dict[str, Any]]:
+        return self.stats.latency()
+
+    def throughput_rps(self) -> float:
+        return self.stats.throughput_rps()
+
+    def totals(self) -> dict[str, int]:
+        return self.stats.totals()
+
+    def errors(self) -> dict[str, int]:
+        return self.stats.errors()
+
     def process(self) -> tuple[float | None, float | None]:
         """(CPU percent since the last call, RSS in MB) of the agent process."""
         if self._process is None:
             return None, None
+        import psutil
+
         try:
             cpu = float(self._process.cpu_percent(None))
             rss = self._process.memory_info().rss / (1024 * 1024)
-        except Exception:  # noqa: BLE001 - psutil may fail in odd containers; metrics must not
-            # Such a failure is permanent (no /proc, access denied): say so once and stop asking.
-            log.warning("agent CPU and RSS are left out of metrics: psutil failed", exc_info=True)
+        except (psutil.Error, OSError) as exc:
+            # Some containers hide /proc/self/stat: say so once, then stop asking every scrape.
+            log.warning("process CPU and memory are not readable here (%s); not reported from now on", exc)
             self._process = None
             return None, None
         return round(cpu, 2), round(rss, 2)
 
-    def running_model(self) -> dict[str, Any] | None:
-        active = self.server.active if self.server else None
-        if active is None:
-            return None
-        return {
-            "name": active["model"],
-            "version": active["version"],
-            "release": active["release"],
-            "variant": active["variant"],
-            "sha256": active["sha256"],
-        }
+    def running_model(self) -> RunningModel | None:
+        """What is serving (the serving part's answer; None without one)."""
+        return self.serving.running_model() if self.serving is not None else None
 
     def snapshot(self) -> dict[str, Any]:
-        """The Telemetry fields (schemas.messages.Telemetry) minus device_id, msg_id, seq, ts."""
+        """The Telemetry fields (schemas.messages.Telemetry) the agent itself knows: all but
+        device_id, msg_id, seq, ts and the link's own (outbox_depth, dropped_messages)."""
         cpu, rss = self.process()
-        sensors = self.sensors() or {}
-        power = sensors.get("power_source", "unknown")
+        reading = self.governor.last_reading if self.governor is not None else None
         return {
             "model": self.running_model(),
             "latency": self.latency(),
             "throughput_rps": self.throughput_rps(),
             "errors": self.errors(),
-            "queue_depth": int(self.queue_depth()),
+            "queue_depth": self.requests.count,
             "cpu_percent": cpu,
             "rss_mb": rss,
-            "temperatures_c": {k: float(v) for k, v in (sensors.get("temperatures_c") or {}).items()},
-            "power_source": power if power in ("ac", "battery") else "unknown",
-            "governor_state": self.governor_state(),
-            "switch_count": self.server.switch_count if self.server else 0,
-            "dropped_messages": 0,
+            "temperatures_c": {k: float(v) for k, v in reading.temperatures_c.items()} if reading else {},
+            "power_source": reading.power_source
+            if reading and reading.power_source in ("ac", "battery")
+            else "unknown",
+            "governor_state": self.governor.state if self.governor is not None else None,
+            "switch_count": self.serving.switch_count if self.serving is not None else 0,
         }
 
     def prometheus(self) -> str:
@@ -244,7 +314,26 @@ class Metrics:
             "failed requests by kind",
             [({"kind": k}, n) for k, n in sorted(snap["errors"].items())],
         )
-        metric("queue_depth", "gauge", "requests running or waiting", [({}, snap["queue_depth"])])
+        metric(
+            "queue_depth",
+            "gauge",
+            "inference requests running or waiting in the local API",
+            [({}, snap["queue_depth"])],
+        )
+        outbox = self.outbox
+        if outbox is not None:
+            metric(
+                "mqtt_outbox_messages",
+                "gauge",
+                "messages in the MQTT store-and-forward outbox, not yet acknowledged by the broker",
+                [({}, outbox.depth)],
+            )
+            metric(
+                "mqtt_outbox_dropped_total",
+                "counter",
+                "messages the MQTT outbox dropped (oldest first) to stay within its disk quota",
+                [({}, outbox.dropped)],
+            )
         metric("cpu_percent", "gauge", "CPU of the agent process", [({}, snap["cpu_percent"])])
         rss = snap["rss_mb"]
         metric("rss_bytes", "gauge", "resident memory of the agent", [({}, int(rss * 1024 * 1024) if rss else None)])
@@ -267,11 +356,11 @@ class Metrics:
                 [
                     (
                         {
-                            "model": model["name"],
-                            "version": model["version"],
-                            "release": str(model["release"]),
-                            "variant": model["variant"],
-                            "sha256": model["sha256"],
+                            "model": model.name,
+                            "version": model.version,
+                            "release": str(model.release),
+                            "variant": model.variant,
+                            "sha256": model.sha256,
                         },
                         1,
                     )
@@ -292,7 +381,7 @@ class Metrics:
         out.append(f"# HELP {name} duration of successful inferences (the model's run) per variant")
         out.append(f"# TYPE {name} histogram")
         bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
-        for variant_id, window in sorted(list(self._windows.items())):
+        for variant_id, window in self.stats.windows():
             # Copied first: a pool thread may add a sample while this runs.
             counts = list(window.bucket_counts)
             total_s = window.sum_s

@@ -31,6 +31,7 @@ from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, Integr
 from edgesdk.runtimes.base import LoadedModel
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
+from edgesdk.schemas.messages import RunningModel
 from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger("edgesdk.agent.serving")
@@ -141,6 +142,20 @@ class ServedModel:
     active: ServedVariant
     loaded_at: float = field(default_factory=time.time)
 
+    def running(self, variant: ServedVariant | None = None) -> RunningModel:
+        """This model with ``variant`` (the active one by default), as the agent reports what is serving."""
+        variant = variant or self.active
+        return RunningModel(
+            name=self.name,
+            version=self.version,
+            release=self.release,
+            variant=variant.id,
+            sha256=variant.sha256,
+            precision=variant.precision.value,
+            runtime=variant.runtime,
+            bundle_sha256=self.bundle_sha256,
+        )
+
     def variant(self, variant_id: str) -> ServedVariant:
         for v in self.ladder:
             if v.id == variant_id:
@@ -248,6 +263,7 @@ class ModelServer:
         self.count_error = count_error or _noop_error
         self.switch_count = 0
         self._model: ServedModel | None = None
+        self._running: RunningModel | None = None  # _model described; changes with it, under _change_lock
         self._change_lock = threading.Lock()  # one swap/switch at a time; infer never takes it
         # Scans large float inputs for NaN/Inf while the model runs (see infer_with_variant).
         self.scans: ScanThread = shared_scan_thread()
@@ -345,7 +361,9 @@ class ModelServer:
             if start_variant is not None:
                 active = next((v for v in ladder if v.id == start_variant), active)
             model = ServedModel(name, version, release, bundle_sha256, ladder, signature, active)
+            running = model.running()  # built first: a bad hash fails here with the old model serving
             self._model = model  # the switch: one reference assignment
+            self._running = running
         log.info(
             "serving %s %s (release %d), variants %s, active %s",
             name,
@@ -370,6 +388,7 @@ class ModelServer:
         """Stop serving (requests in flight finish on what they hold)."""
         with self._change_lock:
             self._model = None
+            self._running = None
 
     # -- switching ----------------------------------------------------------------------------
 
@@ -381,7 +400,9 @@ class ModelServer:
             previous = model.active
             if target is previous:
                 return False
+            running = model.running(target)
             model.active = target  # atomic: requests read it once
+            self._running = running
             self.switch_count += 1
         log.info("precision switch %s -> %s (%s)", previous.id, target.id, reason)
         self.events.emit(
@@ -480,22 +501,10 @@ class ModelServer:
 
     # -- status -------------------------------------------------------------------------------
 
-    @property
-    def active(self) -> dict[str, Any] | None:
-        """What runs now: model, version, release, variant, precision, runtime, hashes."""
-        model = self._model
-        if model is None:
-            return None
-        return {
-            "model": model.name,
-            "version": model.version,
-            "release": model.release,
-            "variant": model.active.id,
-            "precision": model.active.precision.value,
-            "runtime": model.active.runtime,
-            "sha256": model.active.sha256,
-            "bundle_sha256": model.bundle_sha256,
-        }
+    def running_model(self) -> RunningModel | None:
+        """What is serving now (None before a model is loaded): the one value the API, metrics,
+        the MQTT link and the updater report. Built when the model or its variant changes."""
+        return self._running
 
     def describe_models(self) -> list[dict[str, Any]]:
         model = self._model
@@ -506,7 +515,7 @@ class ModelServer:
                 "name": model.name,
                 "version": model.version,
                 "release": model.release,
-                "active_variant": model.active.id,
+                "active_variant": model.active.id,  # the variant of running_model(), same instant
                 "variants": [v.describe() for v in model.ladder],
                 **model.signature.describe(),
             }

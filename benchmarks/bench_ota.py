@@ -190,7 +190,7 @@ class SimDevice:
         self.device_id = f"sim-{index:04d}"
         self.link = BenchLink(self.device_id, broker_url, loop)
         self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
-        self.manager = UpdateManager(self.agent)
+        self.manager = UpdateManager.for_agent(self.agent)
         target = self.manager.target
         # Real devices each have their own CPU and RAM; in one process, at most `heavy` simulated
         # devices decrypt and load the model at the same time, or RAM runs out (500 × 5 MB × copies).

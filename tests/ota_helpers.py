@@ -133,7 +133,7 @@ class StandInAgent:
         groups: tuple[str, ...] = (),
     ) -> None:
         from edgesdk.agent.events import EventBus
-        from edgesdk.agent.metrics import Metrics
+        from edgesdk.agent.metrics import InferenceStats, Metrics
         from edgesdk.agent.serving import ModelServer
         from edgesdk.agent.store import ModelStore
 
@@ -151,11 +151,11 @@ class StandInAgent:
         self.profile = get_profile(PROFILE)
         self.events = EventBus()
         self.store = ModelStore(data_dir)
-        self.metrics = Metrics()
+        stats = InferenceStats()
         self.server = ModelServer(
-            profile=self.profile, events=self.events, observe=self.metrics.observe, count_error=self.metrics.count_error
+            profile=self.profile, events=self.events, observe=stats.observe, count_error=stats.count_error
         )
-        self.metrics.server = self.server
+        self.metrics = Metrics(self.server, stats=stats)
         self.device_key = bundles.keys.device()
         self.trusted_publishers = [
             load_publisher_public_key(bundles.keys.publisher_pub),

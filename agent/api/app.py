@@ -87,13 +87,19 @@ class ApiApp:
         self.status = status or (lambda: {})
         self.pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="infer")
         self.capacity = config.max_concurrency + config.max_queue
-        self.in_flight = 0  # running + waiting; touched only on the event loop thread
+        # Running + waiting, counted only on the event loop thread; the metrics' own counter,
+        # so /metrics and telemetry report exactly what admission control sees (queue_depth).
+        self.requests = metrics.requests
         # Smoothed duration of recent requests (s); starts high so the first ones go to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
-        metrics.queue_depth = lambda: self.in_flight
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running or waiting now."""
+        return self.requests.count
 
     def handle(self, request: Request, respond: Respond) -> None:
         path = request.path
@@ -127,10 +133,10 @@ class ApiApp:
         return Response(200, b'{"status":"ok"}')
 
     def readyz(self) -> Response:
-        active = self.server.active
-        if active is None:
+        running = self.server.running_model()
+        if running is None:
             return json_response(503, {"ready": False, "reason": "no model loaded"})
-        return json_response(200, {"ready": True, "model": active["model"], "variant": active["variant"]})
+        return json_response(200, {"ready": True, "model": running.name, "variant": running.variant})
 
     def models(self) -> Response:
         return json_response(200, {"models": self.server.describe_models()})
@@ -175,25 +181,25 @@ class ApiApp:
 
     def _infer(self, request: Request, respond: Respond, answer: InferAnswer, target: Any) -> None:
         """Admission control around ``answer(server, request, target)`` (inline or in the pool)."""
-        if self.in_flight >= self.capacity:
+        if self.requests.count >= self.capacity:
             self.metrics.count_error("overload")
             respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
             return
         enqueued = time.monotonic()
-        if self.in_flight == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
+        if self.requests.count == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
             # Nothing else runs and this model answers in well under a millisecond: the two
             # thread hops would cost more than the inference, and blocking the loop this
             # briefly delays nobody.
-            self.in_flight += 1
+            self.requests.count += 1
             try:
                 response = self._work(request, answer, target, enqueued)
             finally:
-                self.in_flight -= 1
+                self.requests.count -= 1
             respond(response)
-            if self.in_flight == 0 and self._drained is not None:
+            if self.requests.count == 0 and self._drained is not None:
                 self._drained.set()
             return
-        self.in_flight += 1
+        self.requests.count += 1
         future = self.pool.submit(self._work, request, answer, target, enqueued)
         loop = self.loop or asyncio.get_running_loop()
         timer = loop.call_later(self.config.request_timeout_s, self._too_late, respond)
@@ -210,7 +216,7 @@ class ApiApp:
 
     def _finish(self, future: Future[Response], respond: Respond, timer: asyncio.TimerHandle) -> None:
         timer.cancel()
-        self.in_flight -= 1
+        self.requests.count -= 1
         try:
             response = future.result()
         except Exception:  # noqa: BLE001 - _work turns every expected error into a response
@@ -218,7 +224,7 @@ class ApiApp:
             self.metrics.count_error("internal")
             response = json_response(500, {"error": "internal error"})
         respond(response)
-        if self.in_flight == 0 and self._drained is not None:
+        if self.requests.count == 0 and self._drained is not None:
             self._drained.set()
 
     def _work(self, request: Request, answer: InferAnswer, target: Any, enqueued: float) -> Response:
@@ -260,7 +266,7 @@ class ApiApp:
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is running or queued (SIGTERM); False on timeout."""
-        if self.in_flight == 0:
+        if self.requests.count == 0:
             return True
         self._drained = asyncio.Event()
         try:

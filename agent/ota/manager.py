@@ -17,18 +17,21 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
 from edgesdk.agent.ota.target import AgentUpdateTarget
+from edgesdk.agent.ports import EventSink, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, UpdateError
 from edgesdk.protocol.signing import verify_deployment
 from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_DEPLOYMENT, OTA_STATUS
+from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
+from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +39,64 @@ log = logging.getLogger(__name__)
 _FRAME_HEADROOM = 4096
 
 
+class UpdatableAgent(Keyring, Protocol):
+    """The parts of an agent :meth:`UpdateManager.for_agent` wires into an updater."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    @property
+    def profile(self) -> DeviceProfile: ...
+
+    @property
+    def server(self) -> Serving: ...
+
+    @property
+    def store(self) -> Slots: ...
+
+    @property
+    def events(self) -> EventSink: ...
+
+    @property
+    def link(self) -> UpdateChannel | None: ...
+
+
 class UpdateManager:
     """Owns the update state machine of one agent."""
 
-    def __init__(self, agent: Any, *, hooks: OtaHooks | None = None) -> None:
-        hooks = hooks or NO_HOOKS  # test seams (fault injection); production passes none
-        self.agent = agent
-        self.device_id: str = agent.config.device_id
-        self.ota_dir = Path(agent.config.data_dir) / "ota"
+    def __init__(
+        self,
+        ota_dir: Path,
+        *,
+        device_id: str,
+        serving: Serving,
+        slots: Slots,
+        keyring: Keyring,
+        profile_name: str | None,
+        link: UpdateChannel | None = None,
+        events: EventSink | None = None,
+        max_inbound_bytes: int = 1024 * 1024,
+        hooks: OtaHooks | None = None,
+    ) -> None:
+        hooks = hooks or NO_HOOKS  # test seams (tests/faulty_agent.py); production passes none
+        self.device_id = device_id
+        self.keyring = keyring
+        self.link = link
+        self.events = events
+        self.max_inbound_bytes = max_inbound_bytes
+        self.ota_dir = Path(ota_dir)
         self.ota_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.target = AgentUpdateTarget(agent, self.ota_dir, publish=self._publish, hooks=hooks)
+        self.target = AgentUpdateTarget(
+            self.ota_dir,
+            device_id=device_id,
+            serving=serving,
+            slots=slots,
+            keyring=keyring,
+            profile_name=profile_name,
+            link=link,
+            publish=self._publish,
+            hooks=hooks,
+        )
         self.machine = UpdateMachine(
             self.target,
             StateFile(self.ota_dir / "state.json"),
@@ -58,10 +109,26 @@ class UpdateManager:
         self._idle.set()
         self._worker: threading.Thread | None = None
         self._lock = threading.RLock()
-        link = getattr(agent, "link", None)
         if link is not None:
             link.subscribe(OTA_DEPLOYMENT, self.handle_deployment)
             link.subscribe(OTA_CHUNK_DATA, self.target.on_chunk_frame)
+
+    @classmethod
+    def for_agent(cls, agent: UpdatableAgent, *, hooks: OtaHooks | None = None) -> UpdateManager:
+        """The updater of ``agent`` (its state under ``data_dir/ota``), wired to its parts."""
+        config = agent.config
+        return cls(
+            Path(config.data_dir) / "ota",
+            device_id=config.device_id,
+            serving=agent.server,
+            slots=agent.store,
+            keyring=agent,
+            profile_name=agent.profile.name,
+            link=agent.link,
+            events=agent.events,
+            max_inbound_bytes=config.mqtt.max_inbound_bytes,
+            hooks=hooks,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -114,7 +181,7 @@ class UpdateManager:
         if deployment.targets and self.device_id not in deployment.targets:
             return  # a group message meant for other members
         try:
-            verify_deployment(deployment, self.agent.trusted_publishers)
+            verify_deployment(deployment, self.keyring.trusted_publishers)
         except EdgeSDKError as exc:
             log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
             self._refuse(deployment, str(exc))
@@ -232,8 +299,7 @@ class UpdateManager:
                 log.exception("update job failed")
 
     def _max_inbound_bytes(self) -> int:
-        mqtt = getattr(self.agent.config, "mqtt", None)
-        return int(getattr(mqtt, "max_inbound_bytes", 1024 * 1024))
+        return self.max_inbound_bytes
 
     def _refuse(self, deployment: Deployment, reason: str) -> None:
         """Report a deployment we will not run, without touching the running one."""
@@ -253,9 +319,8 @@ class UpdateManager:
         self.machine._publish()  # noqa: SLF001 - same module family; reports the current truth
 
     def agent_event(self, name: str, detail: dict[str, Any]) -> None:
-        events = getattr(self.agent, "events", None)
-        if events is not None:
-            events.emit(name, detail)
+        if self.events is not None:
+            self.events.emit(name, detail)
 
     def _publish(self, status: OtaStatus) -> None:
         log.info(
@@ -269,6 +334,5 @@ class UpdateManager:
                 "ota_state",
                 {"deployment_id": status.deployment_id, "state": status.state, "reason": status.reason},
             )
-        link = getattr(self.agent, "link", None)
-        if link is not None:
-            link.publish_reliable(OTA_STATUS, status)
+        if self.link is not None:
+            self.link.publish_reliable(OTA_STATUS, status)

@@ -1,7 +1,9 @@
 """The real :class:`UpdateTarget`: each state's work done with the agent's own parts.
 
-Verification is B's ``verify_bundle``, the A/B slots are C's ModelStore, the atomic serving
-switch is C's ModelServer, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
+It gets the agent's parts as ports (:mod:`edgesdk.agent.ports`): ``Serving`` (the atomic
+switch, ModelServer), ``Slots`` (the A/B store, ModelStore), ``Keyring`` (verification and
+decryption keys) and, for MQTT chunk downloads, the ``UpdateChannel`` (the link).
+Verification is ``verify_bundle``, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
 writes a decrypted model to disk, and nothing removes the serving slot before the new one has
 committed.
 """
@@ -21,6 +23,7 @@ from edgesdk.agent.ota.machine import ProbationFailed
 from edgesdk.agent.ota.probation import ProbationMonitor
 from edgesdk.agent.ota.smoke import smoke_test, split_golden
 from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
+from edgesdk.agent.ports import Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
 from edgesdk.protocol.chunks import decode_frame
@@ -37,10 +40,25 @@ class AgentUpdateTarget:
     """Does the work of every update state on one running agent."""
 
     def __init__(
-        self, agent: Any, ota_dir: Path, *, publish: Callable[[OtaStatus], None], hooks: OtaHooks = NO_HOOKS
+        self,
+        ota_dir: Path,
+        *,
+        device_id: str,
+        serving: Serving,
+        slots: Slots,
+        keyring: Keyring,
+        profile_name: str | None,
+        publish: Callable[[OtaStatus], None],
+        link: UpdateChannel | None = None,
+        hooks: OtaHooks = NO_HOOKS,
     ) -> None:
-        self.agent = agent
         self.ota_dir = ota_dir
+        self.device_id = device_id
+        self.serving = serving
+        self.slots = slots
+        self.keyring = keyring
+        self.profile_name = profile_name
+        self.link = link
         self._publish = publish
         self.hooks = hooks  # test seams (tests/faulty_agent.py); production passes none
         self._receiver: ChunkReceiver | None = None
@@ -55,21 +73,13 @@ class AgentUpdateTarget:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    @property
-    def _link(self) -> Any:
-        return getattr(self.agent, "link", None)
-
-    def _profile_name(self) -> str | None:
-        profile = getattr(self.agent, "profile", None)
-        return getattr(profile, "name", None) if profile is not None else None
-
     def _verify(self, path: Path, *, installed_release: int | None) -> Any:
         from edgesdk.bundle import verify_bundle
 
         return verify_bundle(
             path,
-            trusted_publishers=self.agent.trusted_publishers,
-            profile=self._profile_name(),
+            trusted_publishers=self.keyring.trusted_publishers,
+            profile=self.profile_name,
             installed_release=installed_release,
         )
 
@@ -82,11 +92,11 @@ class AgentUpdateTarget:
             receiver.on_frame(header, data)
 
     def _request_chunks(self, deployment: Deployment, indices: list[int]) -> None:
-        link = self._link
+        link = self.link
         if link is None:
             return
         request = ChunkRequest(
-            device_id=self.agent.config.device_id,
+            device_id=self.device_id,
             deployment_id=deployment.deployment_id,
             bundle_sha256=deployment.bundle_sha256,
             indices=indices,
@@ -124,7 +134,7 @@ class AgentUpdateTarget:
     def verify(self, deployment: Deployment, path: Path) -> None:
         from edgesdk.runtimes import available_runtimes
 
-        verified = self._verify(path, installed_release=self.agent.store.installed_release())
+        verified = self._verify(path, installed_release=self.slots.installed_release())
         model = verified.manifest.model
         if deployment.bundle_sha256 != verified.sha256:
             raise IntegrityError(f"bundle sha256 {verified.sha256} is not the deployment's {deployment.bundle_sha256}")
@@ -140,12 +150,12 @@ class AgentUpdateTarget:
         available = {str(getattr(r, "value", r)) for r in available_runtimes()}
         smoke_test(
             verified,
-            self.agent.device_key,
+            self.keyring.device_key,
             runnable=lambda v: str(getattr(v.runtime, "value", v.runtime)) in available,
         )
 
     def stage(self, deployment: Deployment, path: Path) -> str:
-        store = self.agent.store
+        store = self.slots
         free = shutil.disk_usage(store.slots_dir).free
         needed = path.stat().st_size + STAGING_HEADROOM_BYTES
         self.hooks.before_write("stage", Path(store.slots_dir), needed)
@@ -158,7 +168,7 @@ class AgentUpdateTarget:
         """Golden inputs/outputs for probation probes (in memory only)."""
         from edgesdk.bundle import decrypt_golden
 
-        golden = decrypt_golden(verified, self.agent.device_key)
+        golden = decrypt_golden(verified, self.keyring.device_key)
         if not golden:
             return None
         inputs, expected = split_golden(golden)
@@ -166,19 +176,19 @@ class AgentUpdateTarget:
         return inputs, expected, metric
 
     def activate(self, deployment: Deployment, slot: str) -> None:
-        store = self.agent.store
-        server = self.agent.server
+        store = self.slots
+        server = self.serving
         store.reload()
         verified = self._verify(store.bundle_path(slot), installed_release=None)
         self._golden = self._load_golden(verified)
         self._previous_model = server.model
         store.activate(slot)
-        server.swap(verified, self.agent.device_key)  # raises with the old model still serving
+        server.swap(verified, self.keyring.device_key)  # raises with the old model still serving
 
     def probation(
         self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
     ) -> None:
-        server = self.agent.server
+        server = self.serving
         serving = server.model
         if serving is None:
             raise ProbationFailed("no model serving after activation")
@@ -191,7 +201,7 @@ class AgentUpdateTarget:
             )
         if self._golden is None and deployment.health.probation_s > 0:
             # After a restart in probation the golden set is read again from the active slot.
-            store = self.agent.store
+            store = self.slots
             try:
                 if store.active_slot is not None:
                     self._golden = self._load_golden(
@@ -204,7 +214,7 @@ class AgentUpdateTarget:
         log.info("%s", summary)
 
     def commit(self, deployment: Deployment) -> None:
-        store = self.agent.store
+        store = self.slots
         store.reload()
         if store.active_slot is not None and not store.committed:
             store.commit()
@@ -212,8 +222,8 @@ class AgentUpdateTarget:
         self._golden = None
 
     def rollback(self, activated_slot: str | None) -> None:
-        store = self.agent.store
-        server = self.agent.server
+        store = self.slots
+        server = self.serving
         store.reload()
         if activated_slot is not None and store.active_slot == activated_slot:
             if store.rollback() is None:
@@ -236,7 +246,7 @@ class AgentUpdateTarget:
                 start_variant=previous.active.id,
             )
         else:
-            server.swap(self._verify(store.bundle_path(active), installed_release=None), self.agent.device_key)
+            server.swap(self._verify(store.bundle_path(active), installed_release=None), self.keyring.device_key)
         self._previous_model = None
 
     def discard(self, deployment: Deployment | None) -> None:
@@ -246,16 +256,7 @@ class AgentUpdateTarget:
             (self.ota_dir / f"{deployment.deployment_id}{suffix}").unlink(missing_ok=True)
 
     def running_model(self) -> RunningModel | None:
-        active = self.agent.server.active
-        if not active:
-            return None
-        return RunningModel(
-            name=active["model"],
-            version=active["version"],
-            release=active["release"],
-            variant=active["variant"],
-            sha256=active["sha256"],
-        )
+        return self.serving.running_model()
 
     def publish(self, status: OtaStatus) -> None:
         self._publish(status)

@@ -29,7 +29,19 @@ FLEET_COMMANDS: dict[str, str] = {
     "enroll": "edgesdk.cli.enroll_cmd:enroll",
 }
 
-COLUMNS = ("device", "online", "profile", "model", "version", "variant", "temp °C", "p95 ms", "errors", "queue", "seen")
+COLUMNS = (
+    "device",
+    "online",
+    "profile",
+    "model",
+    "version",
+    "variant",
+    "temp °C",
+    "p95 ms",
+    "errors",
+    "outbox",
+    "seen",
+)
 
 
 @click.group(cls=LazyGroup, lazy=FLEET_COMMANDS)
@@ -134,7 +146,7 @@ def _rows(views: list[Any]) -> list[list[str]]:
                 _fmt(v.temperature_c),
                 _fmt(v.p95_ms, 2),
                 _fmt(v.errors),
-                _fmt(v.queue_depth),
+                _fmt(v.outbox_depth),
                 seen,
             ]
         )

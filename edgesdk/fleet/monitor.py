@@ -46,7 +46,8 @@ class DeviceView:
     p95_ms: float | None = None
     throughput_rps: float | None = None
     errors: int = 0
-    queue_depth: int | None = None
+    queue_depth: int | None = None  # inference requests running or waiting in the device's API
+    outbox_depth: int | None = None  # messages waiting in the device's MQTT outbox
     dropped_messages: int = 0
     governor_state: str | None = None
     ota_state: str | None = None
@@ -137,6 +138,7 @@ class FleetView:
             view.throughput_rps = telemetry.throughput_rps
             view.errors = sum(telemetry.errors.values())
             view.queue_depth = telemetry.queue_depth
+            view.outbox_depth = telemetry.outbox_depth
             view.dropped_messages = telemetry.dropped_messages
             view.governor_state = telemetry.governor_state
             view.last_seen = max(filter(None, (view.last_seen, telemetry.ts)))

@@ -14,11 +14,18 @@ from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN
 
 
 class RunningModel(Schema):
+    """What is serving: the one value the agent's API, metrics, MQTT link and updater report,
+    and the fleet reads from presence, telemetry and OTA status. The last three fields came
+    later and are optional, so messages from older agents still validate."""
+
     name: str
     version: str
     release: int
     variant: str
     sha256: str = Field(pattern=SHA256_PATTERN, description="hash of the artifact now serving")
+    precision: str | None = Field(None, description="precision of the active variant (fp32, fp16, int8)")
+    runtime: str | None = Field(None, description="runtime of the active variant (onnxruntime, ...)")
+    bundle_sha256: str | None = Field(None, pattern=SHA256_PATTERN, description="hash of the bundle file it came from")
 
 
 class Presence(Schema):
@@ -56,14 +63,19 @@ class Telemetry(Schema):
     latency: dict[str, LatencyStats] = Field(default_factory=dict, description="per variant id")
     throughput_rps: float = 0.0
     errors: dict[str, int] = Field(default_factory=dict, description="count by error kind")
-    queue_depth: int = 0
+    queue_depth: int = Field(0, ge=0, description="inference requests running or waiting in the local API")
+    outbox_depth: int = Field(
+        0, ge=0, description="messages in the MQTT store-and-forward outbox, not yet acknowledged"
+    )
     cpu_percent: float | None = None
     rss_mb: float | None = None
     temperatures_c: dict[str, float] = Field(default_factory=dict)
     power_source: Literal["ac", "battery", "unknown"] = "unknown"
     governor_state: str | None = None
     switch_count: int = 0
-    dropped_messages: int = Field(0, ge=0, description="telemetry dropped by the queue's disk quota")
+    dropped_messages: int = Field(
+        0, ge=0, description="messages the MQTT outbox dropped (oldest first) to stay within its disk quota"
+    )
 
 
 class Event(Schema):

@@ -152,7 +152,7 @@ def test_a_helper_that_cannot_start_still_gets_the_model_served(tmp_path, conver
     monkeypatch.setattr("sys.executable", str(tmp_path / "no-python"))
     agent = Agent(load_config(device.config))
     assert agent.load_installed() is True
-    assert agent.server.active["version"] == "1.0.0"
+    assert agent.server.running_model().version == "1.0.0"
     assert any("cannot start the unseal helper" in p and "opened in process" in p for p in agent.problems)
 
 

@@ -28,7 +28,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
         agent = StandInAgent(
             tmp_path / f"dev-{i}", bundles, device_id=f"dev-{i}", broker_url=mqtt_broker.url, groups=("lab",)
         )
-        manager = UpdateManager(agent)
+        manager = UpdateManager.for_agent(agent)
         manager.install_local(bundles.v1, timeout=60)
         assert agent.link.client.wait_connected(10)
         agents.append(agent)
@@ -41,7 +41,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
         )  # fmt: skip
         assert push.returncode == 0, push.stderr + push.stdout
         assert "SUCCEEDED" in push.stdout and "canary" in push.stdout
-        assert [a.server.active["release"] for a in agents] == [2, 2]
+        assert [a.server.running_model().release for a in agents] == [2, 2]
 
         status = edgesdk_cli("fleet", "status", "cli-1", "--json", "--db", str(db))
         assert status.returncode == 0, status.stderr
@@ -53,7 +53,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
 
         rollback = edgesdk_cli("fleet", "rollback", "cli-1", "--wait", "60s", *common)
         assert rollback.returncode == 0, rollback.stderr + rollback.stdout
-        assert [a.server.active["release"] for a in agents] == [1, 1]
+        assert [a.server.running_model().release for a in agents] == [1, 1]
         again = edgesdk_cli("fleet", "push", str(bundles.v2), "--devices", "dev-0", "--deployment-id", "cli-1", *common)
         assert_one_line_error(again, "cli-1", "ROLLED_BACK")
     finally:
@@ -71,7 +71,7 @@ def test_abort_from_another_shell_cancels_devices_in_probation(
     from edgesdk.agent.ota import UpdateState
 
     agent = StandInAgent(tmp_path / "dev-0", bundles, device_id="dev-0", broker_url=mqtt_broker.url)
-    manager = UpdateManager(agent)
+    manager = UpdateManager.for_agent(agent)
     manager.install_local(bundles.v1, timeout=60)
     db = tmp_path / "fleet.sqlite3"
     common = ["--broker", mqtt_broker.url, "--operator-key", str(bundles.operator_key), "--db", str(db)]
@@ -85,13 +85,13 @@ def test_abort_from_another_shell_cancels_devices_in_probation(
         while time.monotonic() < deadline and manager.state is not UpdateState.PROBATION:
             time.sleep(0.05)
         assert manager.state is UpdateState.PROBATION
-        assert agent.server.active["release"] == 2
+        assert agent.server.running_model().release == 2
         abort = edgesdk_cli("fleet", "abort", "cli-2", *common)
         assert abort.returncode == 0, abort.stderr
         out, err = push.communicate(timeout=60)
         assert push.returncode == 1 and "cli-2 ABORTED" in err, err
         assert manager.wait_idle(30) and manager.state is UpdateState.ROLLED_BACK
-        assert agent.server.active["release"] == 1
+        assert agent.server.running_model().release == 1
         assert json.loads(out)["state"] == "ABORTED"
     finally:
         push.kill()

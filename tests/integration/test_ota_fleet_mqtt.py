@@ -36,7 +36,7 @@ class Fleet:
             agent = StandInAgent(
                 root / f"dev-{i}", bundles, device_id=f"dev-{i}", broker_url=broker_url, groups=("line-1",)
             )
-            manager = UpdateManager(agent)
+            manager = UpdateManager.for_agent(agent)
             manager.install_local(bundles.v1, timeout=60)
             agent.updates = manager  # type: ignore[attr-defined]
             self.agents.append(agent)
@@ -45,7 +45,7 @@ class Fleet:
             assert agent.link.client.wait_connected(10)
 
     def releases(self) -> list[int]:
-        return [a.server.active["release"] for a in self.agents]
+        return [a.server.running_model().release for a in self.agents]
 
     def stop(self) -> None:
         for agent in self.agents:

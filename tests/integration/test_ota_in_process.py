@@ -48,7 +48,7 @@ def fresh_agent(
     tmp_path: Path, bundles: OtaBundles, link=None, faults: FaultPlan | None = None
 ) -> tuple[StandInAgent, UpdateManager]:
     agent = StandInAgent(tmp_path / "agent", bundles, link=link)
-    manager = UpdateManager(agent, hooks=faults)
+    manager = UpdateManager.for_agent(agent, hooks=faults)
     manager.resume()
     manager.wait_idle(30)
     return agent, manager
@@ -58,9 +58,9 @@ def test_sideload_then_local_update_then_refusals(tmp_path: Path, bundles: OtaBu
     link = RecordingLink()
     agent, manager = fresh_agent(tmp_path, bundles, link)
     assert manager.install_local(bundles.v1, timeout=60) is UpdateState.COMMITTED
-    assert agent.server.active["release"] == 1
+    assert agent.server.running_model().release == 1
     assert manager.install_local(bundles.v2, timeout=60) is UpdateState.COMMITTED
-    assert agent.server.active["release"] == 2
+    assert agent.server.running_model().release == 2
     assert agent.store.previous_slot is not None  # the old slot stays until overwritten
     for bad, needle in [
         (bundles.v1, "not newer"),  # rollback attack
@@ -70,7 +70,7 @@ def test_sideload_then_local_update_then_refusals(tmp_path: Path, bundles: OtaBu
     ]:
         with pytest.raises(Exception, match=needle):
             manager.install_local(bad, timeout=60)
-        assert agent.server.active["release"] == 2, bad
+        assert agent.server.running_model().release == 2, bad
         last = link.published[-1]
         assert last.state == "FAILED" and needle in last.reason and last.model.release == 2
     assert not list((tmp_path / "agent").rglob("*.onnx")), "plaintext model on disk"
@@ -89,7 +89,7 @@ def test_probation_slo_breach_rolls_back_quickly(tmp_path: Path, bundles: OtaBun
     manager.accept(deployment)
     assert manager.wait_idle(60)
     assert manager.state is UpdateState.ROLLED_BACK
-    assert agent.server.active["release"] == 1
+    assert agent.server.running_model().release == 1
     states = [s.state for s in link.published if s.deployment_id == "dep-slo" and s.progress is None]
     assert states[-3:] == ["PROBATION", "ROLLING_BACK", "ROLLED_BACK"]
     assert "p95 latency" in link.published[-1].reason
@@ -108,7 +108,7 @@ def test_device_keeps_serving_during_an_update(tmp_path: Path, bundles: OtaBundl
             try:
                 logits = agent.infer_once()
                 assert logits.shape == (1, 10) and np.isfinite(logits).all()
-                served.append(agent.server.active["release"])
+                served.append(agent.server.running_model().release)
             except BaseException as exc:  # noqa: BLE001 - every failure counts
                 failures.append(exc)
 
@@ -136,7 +136,7 @@ def test_disk_full_while_staging_keeps_the_old_model(tmp_path: Path, bundles: Ot
     faults.disk_full.add("stage")
     with pytest.raises(Exception, match="No space left"):
         manager.install_local(bundles.v2, timeout=60)
-    assert agent.server.active["release"] == 1
+    assert agent.server.running_model().release == 1
     assert agent.store.installed_release() == 1 and agent.store.committed
     last = link.published[-1]
     assert last.state == "FAILED" and "No space left" in last.reason and last.model.release == 1

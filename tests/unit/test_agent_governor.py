@@ -164,7 +164,7 @@ def test_governor_runner_applies_switches_to_the_server() -> None:
     )
     assert governor.tick() is None
     switch = governor.tick()
-    assert switch is not None and switch.to == "int8" and server.active["variant"] == "int8"
+    assert switch is not None and switch.to == "int8" and server.running_model().variant == "int8"
     assert governor.tick() is None  # a failing sensor is logged, nothing changes
     assert governor.tick().to == "fp32"
     assert server.switch_count == 2 and seen.count("precision_switch") == 2

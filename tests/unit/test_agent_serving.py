@@ -122,7 +122,7 @@ def test_nonfinite_allowed_when_configured() -> None:
 def test_no_model_yet() -> None:
     with pytest.raises(NoModelError, match="no model is loaded"):
         ModelServer().infer("m", {"x": x()})
-    assert ModelServer().active is None
+    assert ModelServer().running_model() is None
 
 
 def test_switch_variant_is_counted_and_emitted() -> None:
@@ -251,7 +251,7 @@ def test_swap_loads_only_gated_variants_and_keeps_serving_on_failure(monkeypatch
     manifest.model = SimpleNamespace(name="m", version="2.0.0", release=2)
     with pytest.raises(AgentError, match="no variant of m 2.0.0 could be loaded"):
         server.swap(bundle, "key", decrypt=lambda b, vid, key: {"model.onnx": contents[vid]})
-    assert server.active["version"] == "1.0.0"
+    assert server.running_model().version == "1.0.0"
 
 
 def test_all_finite_fast_path_agrees_with_the_exact_check() -> None:

@@ -1,0 +1,179 @@
+"""Ports: what each part of the agent needs from the others, as small ``typing.Protocol``s.
+
+The daemon (:class:`edgesdk.agent.daemon.Agent`) builds the parts and hands each one only
+the ports it uses, through its constructor. So the MQTT link, the updater and the metrics
+never see the whole agent, a test can pass a small stand-in for any port, and what one
+part may do to another is written down here, once.
+
+=====================  ================================  ==========================
+port                   provided by                       used by
+=====================  ================================  ==========================
+RunningModelSource     ModelServer (and Metrics)         Metrics, AgentLink, updater
+Serving                ModelServer                       Metrics, AgentUpdateTarget
+Slots                  ModelStore                        AgentUpdateTarget
+Keyring                KeyFiles (Agent.keyring)          updater, AgentLink
+TelemetrySource        Metrics                           AgentLink
+EventSink              EventBus                          UpdateManager
+EventSource            EventBus                          AgentLink
+UpdateChannel          AgentLink                         UpdateManager, target
+GovernorReadout        Governor                          Metrics
+OutboxGauge            MessageQueue (AgentLink.queue)    Metrics
+=====================  ================================  ==========================
+
+docs/architecture.md ("Ports inside the agent") has the same table with what each offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from edgesdk.schemas.base import Schema
+from edgesdk.schemas.messages import RunningModel
+
+if TYPE_CHECKING:  # the key types import cryptography; the daemon must not at start
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.governor.sensors import SensorReading
+    from edgesdk.agent.runtimes.base import LoadedModel
+    from edgesdk.agent.serving import ServedModel
+
+    from edgesdk.schemas.manifest import Variant
+
+
+class RunningModelSource(Protocol):
+    """Says what is serving now (None before a model is loaded)."""
+
+    def running_model(self) -> RunningModel | None: ...
+
+
+class Serving(RunningModelSource, Protocol):
+    """What serves: the loaded model, how often its precision switched, and the swap to another."""
+
+    @property
+    def model(self) -> ServedModel | None: ...
+
+    @property
+    def switch_count(self) -> int: ...
+
+    def swap(
+        self, verified_bundle: Any, device_key: Any, *, decrypt: Callable[..., dict[str, bytes]] | None = None
+    ) -> ServedModel: ...
+
+    def serve(
+        self,
+        *,
+        name: str,
+        version: str,
+        release: int,
+        variants: Sequence[tuple[Variant, LoadedModel]],
+        bundle_sha256: str | None = None,
+        start_variant: str | None = None,
+    ) -> ServedModel: ...
+
+
+class Slots(Protocol):
+    """The A/B bundle slots on disk, as the updater uses them (stage, activate, commit, roll back)."""
+
+    @property
+    def slots_dir(self) -> Path: ...
+
+    @property
+    def active_slot(self) -> Any: ...
+
+    @property
+    def committed(self) -> bool: ...
+
+    def reload(self) -> None: ...
+
+    def installed_release(self) -> int | None: ...
+
+    def slot_info(self, slot: Any) -> dict[str, Any] | None: ...
+
+    def bundle_path(self, slot: Any) -> Path: ...
+
+    def stage(self, verified: Any) -> Any: ...
+
+    def activate(self, slot: Any) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> Any: ...
+
+
+class Keyring(Protocol):
+    """The device's private key and the publishers it trusts, read on first use (so a daemon
+    whose bundles open in the unseal helper never imports the crypto library at start)."""
+
+    @property
+    def device_key(self) -> X25519PrivateKey: ...
+
+    @property
+    def trusted_publishers(self) -> list[Ed25519PublicKey]: ...
+
+
+class TelemetrySource(Protocol):
+    """The agent's own measurements: the Telemetry fields the link does not fill itself."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+
+EventHandler = Callable[[str, dict[str, Any]], None]
+
+
+class EventSink(Protocol):
+    """Where a part reports what happened (precision switches, OTA states, ...)."""
+
+    def emit(self, name: str, detail: dict[str, Any] | None = None) -> None: ...
+
+
+class EventSource(Protocol):
+    """Where a part hears what happened; ``subscribe`` returns the function that unsubscribes."""
+
+    def subscribe(self, fn: EventHandler) -> Callable[[], None]: ...
+
+
+class UpdateChannel(Protocol):
+    """The MQTT link as the updater sees it: its device topics in, statuses and requests out."""
+
+    def subscribe(self, suffix: str, handler: Callable[[bytes], None]) -> None: ...
+
+    def publish_reliable(self, suffix: str, model: Schema) -> int: ...
+
+    def publish_now(self, suffix: str, payload: bytes | Schema, qos: int = 0) -> bool: ...
+
+
+class GovernorReadout(Protocol):
+    """The precision governor's state and the last sensor reading it acted on."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def last_reading(self) -> SensorReading: ...
+
+
+class OutboxGauge(Protocol):
+    """The MQTT store-and-forward outbox: messages waiting for the broker, and those dropped."""
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def dropped(self) -> int: ...
+
+
+__all__ = [
+    "EventHandler",
+    "EventSink",
+    "EventSource",
+    "GovernorReadout",
+    "Keyring",
+    "OutboxGauge",
+    "RunningModelSource",
+    "Serving",
+    "Slots",
+    "TelemetrySource",
+    "UpdateChannel",
+]
