@@ -156,7 +156,7 @@ class ApiApp:
         return Response(200, b'{"live":true}')
 
     def v2_ready(self) -> Response:
-        if self.server.active is None:
+        if self.server.running_model() is None:
             return json_response(503, {"ready": False, "error": "no model loaded"})
         return Response(200, b'{"ready":true}')
 
