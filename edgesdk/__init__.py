@@ -1,6 +1,14 @@
 """edgesdk: package trained models for edge devices, run them offline, update fleets.
 
-The public surface is small on purpose; everything else lives in submodules:
+The public surface is small on purpose (see ``docs/python-api.md``)::
+
+    edgesdk.convert(model, profile, out=...) -> ConversionReport     a model -> validated artifacts
+    edgesdk.package(report_or_dir, version=..., ...) -> Path         -> one signed, encrypted bundle
+    edgesdk.verify_bundle(path, trusted_publishers=...)              check it as a device would
+    edgesdk.load_profile(name_or_path) -> DeviceProfile
+    edgesdk.AgentClient(url) / edgesdk.AsyncAgentClient(url)         a device agent's local API
+
+Everything else lives in submodules:
 
 - :mod:`edgesdk.schemas`  - pydantic models for every document
 - :mod:`edgesdk.profiles` - device profiles (``get_profile``, ``load_profiles``)
@@ -21,11 +29,35 @@ from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError
 
 if TYPE_CHECKING:
+    from edgesdk.api import BundleVerification, convert, load_profile, package, verify_bundle
+    from edgesdk.client import AgentClient, AsyncAgentClient
     from edgesdk.profiles import get_profile, load_profiles
 
-_LAZY = {"get_profile": "edgesdk.profiles", "load_profiles": "edgesdk.profiles"}
+_LAZY = {
+    "get_profile": "edgesdk.profiles",
+    "load_profiles": "edgesdk.profiles",
+    "BundleVerification": "edgesdk.api",
+    "convert": "edgesdk.api",
+    "load_profile": "edgesdk.api",
+    "package": "edgesdk.api",
+    "verify_bundle": "edgesdk.api",
+    "AgentClient": "edgesdk.client",
+    "AsyncAgentClient": "edgesdk.client",
+}
 
-__all__ = ["EdgeSDKError", "__version__", "get_profile", "load_profiles"]
+__all__ = [
+    "AgentClient",
+    "AsyncAgentClient",
+    "BundleVerification",
+    "EdgeSDKError",
+    "__version__",
+    "convert",
+    "get_profile",
+    "load_profile",
+    "load_profiles",
+    "package",
+    "verify_bundle",
+]
 
 
 def __getattr__(name: str) -> Any:

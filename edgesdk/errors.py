@@ -27,7 +27,13 @@
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
-    │   └── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
+    │   ├── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
+    │   └── AgentRequestError      the agent's local API answered an error, or could not be reached
+    │       ├── AgentInputError        400/413/422: the request's tensors or body were refused
+    │       ├── AgentNotFoundError     404: no such model (or route)
+    │       ├── AgentUnavailableError  503: overloaded (retry after ``retry_after``) or no model loaded
+    │       ├── AgentTimeoutError      504, or no answer within the client's timeout
+    │       └── AgentConnectionError   the socket could not be opened or broke before an answer
     ├── LinkError                  the MQTT link failed (connect, TLS, publish)
     ├── UpdateError                an over-the-air update failed or was refused
     │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test
@@ -164,3 +170,42 @@ class ImageError(EdgeSDKError):
 
 class EnrollmentError(EdgeSDKError):
     """A device cannot be enrolled, approved or revoked (unknown device, bad key, registry)."""
+
+
+class AgentRequestError(AgentError):
+    """The agent's local API answered with an error status, or could not be asked at all.
+
+    ``status`` is the HTTP status (None when no answer came), ``detail`` the agent's own
+    error text, ``url`` what was asked. Raised by :class:`edgesdk.AgentClient`."""
+
+    def __init__(self, message: str, *, status: int | None = None, detail: str = "", url: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+        self.url = url
+
+
+class AgentInputError(AgentRequestError, InferenceInputError):
+    """The agent refused the request's tensors or body (HTTP 400, 413 or 422)."""
+
+
+class AgentNotFoundError(AgentRequestError):
+    """The agent serves no model (or route) by that name (HTTP 404)."""
+
+
+class AgentUnavailableError(AgentRequestError):
+    """The agent is at capacity or has no model loaded (HTTP 503); ``retry_after`` in seconds."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, detail: str = "", url: str = "", retry_after: float | None
+    ) -> None:
+        super().__init__(message, status=status, detail=detail, url=url)
+        self.retry_after = retry_after
+
+
+class AgentTimeoutError(AgentRequestError):
+    """No answer in time: the agent's own deadline (HTTP 504) or the client's timeout."""
+
+
+class AgentConnectionError(AgentRequestError):
+    """The agent could not be reached, or the connection broke before a whole answer came."""

@@ -7,10 +7,9 @@ from typing import Any
 
 import click
 
-from edgesdk.bundle import decrypt_golden, decrypt_variant, inspect_bundle, verify_bundle
+from edgesdk.api import verify_bundle
+from edgesdk.bundle import inspect_bundle
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
-from edgesdk.keys import load_device_private_key
-from edgesdk.profiles import get_profile
 from edgesdk.schemas.manifest import BundleManifest
 
 _bundle_argument = click.argument("bundle_file", type=click.Path(dir_okay=False, path_type=Path))
@@ -117,27 +116,19 @@ def verify(
     """Check a bundle as a device would: signature, hashes, expiry, target, release.
 
     Nothing is written: decrypted variants (with --device-key) stay in memory."""
-    device_profile = get_profile(profile, profiles_dirs(ctx)) if profile else None
-    key = load_device_private_key(device_key) if device_key else None
-    verified = verify_bundle(
+    result = verify_bundle(
         bundle_file,
-        trusted_publishers=list(publisher_pubs),
-        profile=device_profile,
+        trusted_publishers=publisher_pubs,
+        device_key=device_key,
+        profile=profile or None,
         installed_release=installed_release,
+        profiles_dirs=profiles_dirs(ctx),
     )
-    decrypted: dict[str, str] = {}
-    if key is not None:
-        for variant in verified.manifest.variants:
-            files = decrypt_variant(verified, variant.id, key)
-            decrypted[variant.id] = f"ok ({len(files)} file(s), {sum(len(c) for c in files.values())} bytes)"
-            del files
-        golden = decrypt_golden(verified, key)
-        if golden is not None:
-            decrypted["golden"] = f"ok ({len(golden)} arrays)"
-    checks = ["signature", "payload hashes", "expiry"]
-    checks += ["target profile"] if device_profile else []
-    checks += ["anti-rollback"] if installed_release is not None else []
-    checks += ["decryption + plaintext hashes"] if key is not None else []
+    verified = result.bundle
+    decrypted = {variant: f"ok ({part.files} file(s), {part.size} bytes)" for variant, part in result.decrypted.items()}
+    if result.golden_arrays is not None:
+        decrypted["golden"] = f"ok ({result.golden_arrays} arrays)"
+    checks = list(result.checks)
     if as_json:
         print_json(
             {

@@ -91,10 +91,10 @@ def convert(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from edgesdk.converters import convert as run_convert
-    from edgesdk.profiles import get_profile
+    from edgesdk.api import convert as run_convert
+    from edgesdk.api import load_profile
 
-    profile = get_profile(profile_name, profiles_dirs(ctx))  # fail fast, before any heavy import
+    profile = load_profile(profile_name, profiles_dirs=profiles_dirs(ctx))  # fail fast, before any heavy import
     example = dict(_parse_input(s) for s in inputs) or None
     axes: dict[str, dict[int, str]] = {}
     for spec in dynamic_axes:
@@ -103,7 +103,6 @@ def convert(
         if not tensor or not axis.isdigit() or not label:
             raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
         axes.setdefault(tensor, {})[int(axis)] = label
-    split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
     with Progress(
         SpinnerColumn(),
         BarColumn(bar_width=24),
@@ -119,15 +118,15 @@ def convert(
         report = run_convert(
             model,
             profile,
-            out,
+            out=out,
             calibration=calibration,
             validation=validation,
             metric=metric,
             gate=gate,
-            formats=split(formats),
-            precisions=split(precisions),
+            formats=formats,
+            precisions=precisions,
             name=name,
-            output_names=split(output_names),
+            output_names=output_names,
             example=example,
             dynamic_axes=axes or None,
             int8_methods=int8_methods or None,

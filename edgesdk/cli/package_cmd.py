@@ -2,39 +2,14 @@
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import click
 
-from edgesdk.bundle import inspect_bundle, package_bundle
+from edgesdk.api import package as package_bundle
+from edgesdk.api import parse_expiry
+from edgesdk.bundle import inspect_bundle
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
-from edgesdk.errors import UsageError
-from edgesdk.profiles import get_profile
-
-_DURATION = re.compile(r"^(\d+)([hdw])$")
-_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
-
-
-def parse_expiry(text: str) -> timedelta | datetime | None:
-    """``90d``/``12h``/``4w`` (from now), an ISO date or date-time (UTC if no zone), or ``never``."""
-    value = text.strip().lower()
-    if value in {"never", "none"}:
-        return None
-    match = _DURATION.match(value)
-    if match:
-        amount = int(match.group(1))
-        if amount == 0:
-            raise UsageError(f"--expires {text!r}: a bundle that expires at once cannot be installed")
-        return timedelta(**{_UNITS[match.group(2)]: amount})
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"--expires {text!r} is not a duration (90d, 12h, 4w), an ISO date (2027-01-31) or 'never'"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 @click.command("package")
@@ -101,14 +76,6 @@ def package(
     as_json: bool,
 ) -> None:
     """Sign and encrypt the variants of CONVERT_DIR (an `edgesdk convert` output) into one bundle."""
-    if registry is not None:
-        from edgesdk.fleet.enrollment import recipients_from_registry
-
-        recipients = (*recipients, *recipients_from_registry(registry))  # type: ignore[arg-type]
-    if not recipients and not groups:
-        raise UsageError("no recipients: pass --recipient DEVICE.pub and/or --recipient-group GROUP.pub")
-    for target in targets:
-        get_profile(target, profiles_dirs(ctx))  # an unknown profile is one line listing the known ones
     path = package_bundle(
         convert_dir,
         name=name,
@@ -117,12 +84,14 @@ def package(
         publisher_key=publisher_key,
         recipients=recipients,
         group_recipients=groups,
-        targets=list(targets) or None,
-        expires=parse_expiry(expires),
+        registry=registry,
+        targets=targets,
+        expires=parse_expiry(expires, option="--expires"),
         allow_downgrade=allow_downgrade,
         out=out,
         publisher_name=publisher_name,
         description=description,
+        profiles_dirs=profiles_dirs(ctx),
     )
     manifest = inspect_bundle(path).manifest
     summary = {

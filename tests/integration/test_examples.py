@@ -72,6 +72,34 @@ def test_embedded_developer_converts_and_packages_mobilenet(tmp_path: Path) -> N
         decrypt_variant(jetson, "onnx-fp32", load_device_private_key(out / "keys" / "rpi5-8gb" / "device.key"))
 
 
+def test_embedded_developer_scripts_convert_and_package_in_python(tmp_path: Path, digits) -> None:
+    # The Python API version: edgesdk.convert / package / verify_bundle on the digits CNN.
+    pytest.importorskip("onnxruntime")
+    from edgesdk.bundle import decrypt_variant, verify_bundle
+    from edgesdk.keys import load_device_private_key
+    from edgesdk.schemas.report import ConversionReport
+
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "embedded_developer" / "convert_and_package.py"), str(out)],
+        capture_output=True,
+        text=True,
+        env=example_env(DIGITS_DIR=str(digits.directory)),
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "VERIFIED digits 1.0.0" in proc.stdout and "decryption + plaintext hashes" in proc.stdout
+    report = ConversionReport.model_validate_json((out / "convert" / "report.json").read_text())
+    assert report.profile == "rpi5-8gb" and {v.id for v in report.variants} <= {"onnx-fp32", "onnx-int8"}
+    assert all(v.accuracy is not None and v.accuracy.passed for v in report.variants)
+    bundle = verify_bundle(
+        out / "digits-1.0.0.edgepkg", trusted_publishers=[out / "keys" / "publisher" / "publisher.pub"]
+    )
+    assert bundle.manifest.model.release == 1 and bundle.manifest.expires is not None
+    files = decrypt_variant(bundle, "onnx-fp32", load_device_private_key(out / "keys" / "device" / "device.key"))
+    assert files["model.onnx"] == (out / "convert" / "artifacts" / "onnx-fp32" / "model.onnx").read_bytes()
+
+
 def test_device_runs_the_agent_and_calls_the_local_api(tmp_path: Path, digits) -> None:
     pytest.importorskip("onnxruntime")
     device = tmp_path / "device"
@@ -83,10 +111,12 @@ def test_device_runs_the_agent_and_calls_the_local_api(tmp_path: Path, digits) -
     )
     out = proc.stdout
     assert "installed digits 1.0.0 (release 1)" in out
-    # Python client: both encodings answered, accurately (client.py exits 1 below 90%).
-    json_line = next(line for line in out.splitlines() if line.startswith("JSON:"))
-    npy_line = next(line for line in out.splitlines() if line.startswith(".npy:"))
-    assert "served by 1.0.0 / onnx-fp32" in json_line and "variant onnx-fp32" in npy_line
+    # Python client (edgesdk.AgentClient, then AsyncAgentClient): accurate (client.py exits 1
+    # below 90%), and a wrong dtype comes back as a typed 422 with the agent's message.
+    infer_line = next(line for line in out.splitlines() if line.startswith("infer:"))
+    assert "served by 1.0.0 / onnx-fp32" in infer_line
+    assert "refused as expected (422): input 'image'" in out
+    assert any(line.startswith("async: 4 concurrent requests") for line in out.splitlines())
     # curl: the hand-drawn zero is classified as 0.
     answer = next(line for line in out.splitlines() if line.startswith('{"model": "digits"'))
     logits = json.loads(answer)["outputs"]["logits"][0]
