@@ -34,6 +34,7 @@
     │       ├── AgentUnavailableError  503: overloaded (retry after ``retry_after``) or no model loaded
     │       ├── AgentTimeoutError      504, or no answer within the client's timeout
     │       └── AgentConnectionError   the socket could not be opened or broke before an answer
+    │           └── _Stale             (edgesdk/client/async_client.py) a kept-alive connection the agent closed; retried
     ├── LinkError                  the MQTT link failed (connect, TLS, publish)
     ├── UpdateError                an over-the-air update failed or was refused
     │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test

@@ -30,8 +30,10 @@ from edgesdk.errors import AgentConnectionError, AgentRequestError, AgentTimeout
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-class _Stale(Exception):
-    """A kept-alive connection was closed by the agent before it read the request."""
+class _Stale(AgentConnectionError):
+    """A kept-alive connection was closed by the agent before it read the request.
+
+    Internal: caught in this module, which then retries once on a fresh connection."""
 
 
 class AsyncAgentClient:
@@ -128,7 +130,7 @@ class AsyncAgentClient:
             try:
                 return await self._exchange(self._idle.pop(), call, reused=True)
             except _Stale:
-                pass
+                pass  # the agent closed the idle connection first: one retry on a fresh one, below
         return await self._exchange(await self._open(), call, reused=False)
 
     async def _exchange(self, stream: _Stream, call: Call, *, reused: bool) -> tuple[int, dict[str, str], bytearray]:
