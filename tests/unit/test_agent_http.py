@@ -213,15 +213,21 @@ def test_upgrade_request_is_answered_as_plain_http_then_closed(server) -> None:
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"GET /u 0") and b"/never" not in answer
 
 
-def test_header_block_split_over_many_reads_is_limited(server) -> None:
-    port, _ = server
-    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
-        sock.sendall(b"GET /x HTTP/1.1\r\n")
-        for _ in range(40):  # 40 x 30 bytes: over the 1024-byte limit, each read well under it
-            try:
-                sock.sendall(b"X-Pad: " + b"p" * 21 + b"\r\n")
-            except OSError:
-                break
-            time.sleep(0.002)
-        answer = sock.recv(65536)
-    assert answer.startswith(b"HTTP/1.1 431"), answer
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_header_block_split_over_many_reads_is_limited(loop) -> None:
+    # A generous header timeout: on a busy machine the pauses below must not make it a 408.
+    running = RunningServer(HttpLimits(max_header_bytes=1024, header_timeout_s=30), loop)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(b"GET /x HTTP/1.1\r\n")
+            for _ in range(40):  # 40 x 30 bytes: over the 1024-byte limit, each read well under it
+                try:
+                    sock.sendall(b"X-Pad: " + b"p" * 21 + b"\r\n")
+                except OSError:
+                    break
+                time.sleep(0.002)
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 431"), answer
+    finally:
+        running.stop()
