@@ -248,13 +248,14 @@ def encode_response(
         if not (little and array.flags.c_contiguous):
             array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         parts.append(array.tobytes())
-        descriptions.append(f"{name}={_dtype_name(array.dtype)}[{','.join(map(str, array.shape))}]")
-    return b"".join(parts), [("X-Tensors", "; ".join(descriptions))]
+        descriptions.append(_describe(name, array.dtype, array.shape))
+    return parts[0] if len(parts) == 1 else b"".join(parts), [("X-Tensors", "; ".join(descriptions))]
 
 
 _NATIVE_LITTLE = sys.byteorder == "little"
 
 
-@functools.lru_cache(maxsize=64)
-def _dtype_name(dtype: np.dtype[Any]) -> str:
-    return dtype.name  # numpy builds this string anew on every access
+@functools.lru_cache(maxsize=256)
+def _describe(name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    # Cached: the same few outputs every request, and numpy builds dtype.name anew each time.
+    return f"{name}={dtype.name}[{','.join(map(str, shape))}]"
