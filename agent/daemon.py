@@ -436,7 +436,14 @@ class Agent:
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit code."""
-        return asyncio.run(self.serve())
+        try:
+            import uvloop
+        except ImportError:
+            # The agent extra installs uvloop; without it (Windows, a bare install) the stdlib
+            # loop serves the same API, slower per request.
+            log.info("uvloop is not installed: serving on the stdlib asyncio event loop")
+            return asyncio.run(self.serve())
+        return uvloop.run(self.serve())
 
     def request_stop(self) -> None:
         """Ask a running agent to stop (thread-safe)."""

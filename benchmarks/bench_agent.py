@@ -12,6 +12,8 @@
 2. Local API vs the hand-written wrappers: the agent process vs a minimal FastAPI+uvicorn app
    and a minimal Flask app serving the same model, JSON over loopback with keep-alive, at
    concurrency 1 and 16 (req/s, p50, p99); the agent's raw tensor encoding as an extra row.
+   These wrappers are what users typically write (a sync endpoint on plain uvicorn), not fair
+   peers: benchmarks/bench_api.py compares the agent with fast ones, under wrk.
 3. Precision switches under load: >= 100 governor switches (scripted sensor trace) while 4
    clients send requests at full speed: failed requests and p99 of requests overlapping a switch.
 4. Memory: RSS of the agent serving the digits model vs a bare Python process holding the

@@ -1,5 +1,7 @@
 """The agent's HTTP/1.1 server in-process with a fake handler: keep-alive, pipelining,
-limits (header size, body size before reading, slow clients) and a handler that raises."""
+limits (header size, body size before reading, slow clients), what the parser refuses (TLS on
+the plain port, overflowing Content-Length, chunked bodies), half-closed clients and a handler
+that raises; on the stdlib event loop and on uvloop (what the daemon runs when installed)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,20 @@ def handler(request: Request, respond: Respond) -> None:
     respond(Response(200, f"{request.method} {request.path} {len(request.body)}".encode(), content_type="text/plain"))
 
 
+def _uvloop_or_skip() -> asyncio.AbstractEventLoop:
+    uvloop = pytest.importorskip("uvloop", reason="uvloop not installed (the agent extra installs it)")
+    return uvloop.new_event_loop()
+
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": _uvloop_or_skip}
+
+
 class RunningServer:
     """An HttpServer on its own event loop thread."""
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, loop: str = "asyncio") -> None:
         self.http = HttpServer(handler, limits)
-        self.loop = asyncio.new_event_loop()
+        self.loop = LOOPS[loop]()
         ready = threading.Event()
         self.port = 0
 
@@ -49,8 +59,8 @@ class RunningServer:
         self.thread.join(5)
 
 
-@pytest.fixture()
-def server() -> Iterator[tuple[int, HttpServer]]:
+@pytest.fixture(params=sorted(LOOPS))
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[int, HttpServer]]:
     limits = HttpLimits(
         max_header_bytes=1024,
         max_body_bytes=1000,
@@ -58,7 +68,7 @@ def server() -> Iterator[tuple[int, HttpServer]]:
         body_timeout_s=0.3,
         keepalive_timeout_s=0.5,
     )
-    running = RunningServer(limits)
+    running = RunningServer(limits, request.param)
     yield running.port, running.http
     running.stop()
 
@@ -99,7 +109,13 @@ def test_oversized_body_refused_before_reading(server) -> None:
         (b"GET /x HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
         (b"GET /x HTTP/1.1\r\nContent-Length: -5\r\n\r\n", b"400"),
         (b"GET /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"400"),
-        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"411"),
+        # Chunked uploads are refused, not supported: their size is known only once read.
+        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", b"411"),
+        # Past 2**64: the C parser refuses the number itself.
+        (b"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", b"400"),
+        # Both lengths at once is a request-smuggling shape.
+        (b"POST /x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc", b"400"),
+        (b"GET /x HTTP/1.1\r\n" + b"X-H: 1\r\n" * 101 + b"\r\n", b"431"),
     ],
 )
 def test_malformed_requests(server, data, status) -> None:
@@ -157,3 +173,61 @@ def test_connections_beyond_the_limit_are_refused() -> None:
         time.sleep(0.01)
     assert exchange(running.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
     running.stop()
+
+
+def test_tls_client_hello_on_the_plain_port_is_a_400_and_closes(server) -> None:
+    port, _ = server
+    # The first bytes of a TLS 1.2/1.3 ClientHello (record type 22, version 3.1).
+    hello = bytes.fromhex("16030100f4010000f00303") + bytes(range(32)) + b"\x00" * 64
+    answer = exchange(port, hello)  # returns once the server closes: no keep-alive wait
+    assert answer.startswith(b"HTTP/1.1 400") and b"Connection: close" in answer, answer
+    assert exchange(port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def test_huge_valid_content_length_is_413_before_any_body(server) -> None:
+    port, http = server
+    answer = exchange(port, b"POST /x HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert http.oversized == 1
+
+
+@pytest.mark.parametrize("path", ["/ok", "/later"])
+def test_half_closed_client_still_gets_its_answers(server, path) -> None:
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 2\r\n\r\nxy".encode())
+        sock.shutdown(socket.SHUT_WR)  # "nothing more from me", as `nc -N` or a batch client does
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    answer = b"".join(chunks)
+    assert answer.count(b"HTTP/1.1 200") == 2, answer
+    assert answer.endswith(b"POST /b 2")  # and the server closed: the recv loop ended
+
+
+def test_upgrade_request_is_answered_as_plain_http_then_closed(server) -> None:
+    port, _ = server
+    answer = exchange(
+        port, b"GET /u HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nGET /never HTTP/1.1\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"GET /u 0") and b"/never" not in answer
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_header_block_split_over_many_reads_is_limited(loop) -> None:
+    # A generous header timeout: on a busy machine the pauses below must not make it a 408.
+    running = RunningServer(HttpLimits(max_header_bytes=1024, header_timeout_s=30), loop)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(b"GET /x HTTP/1.1\r\n")
+            for _ in range(40):  # 40 x 30 bytes: over the 1024-byte limit, each read well under it
+                try:
+                    sock.sendall(b"X-Pad: " + b"p" * 21 + b"\r\n")
+                except OSError:
+                    break
+                time.sleep(0.002)
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 431"), answer
+    finally:
+        running.stop()

@@ -1,0 +1,179 @@
+"""The fair peers benchmarks/bench_api.py measures the agent against, written the way a
+performance-minded developer would serve one ONNX model (TOOLCHAIN_NOTES "Fair serving baselines"):
+
+``fastapi``
+    FastAPI, an ``async def`` endpoint reading ``await request.body()``, on
+    ``uvicorn --loop uvloop --http httptools``, access log off, orjson for JSON.
+``raw``
+    A minimal ``asyncio.Protocol`` + httptools server on uvloop (no framework at all).
+
+Both: one onnxruntime session created at start (default session options, like the agent's
+default ``runtime_threads``); ``--inline`` runs the model on the event loop (tiny models),
+``--pool N`` in a thread pool of N workers (large ones; N = the agent's ``max_concurrency``).
+Bodies, as the agent speaks them: JSON ``{"inputs": {"image": [...]}}`` answered
+``{"outputs": {"logits": [...]}}`` (float32 kept by orjson), ``.npy`` answered ``.npy``, raw
+little-endian float32 with an ``X-Tensors`` header answered the same way.
+
+Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N)``.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the real `Request` class
+# (imported inside fastapi_app) in the endpoint signature.
+
+import argparse
+import asyncio
+import io
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import orjson
+
+_SHAPE = re.compile(r"\[([0-9,\s]*)\]")
+Answer = tuple[bytes, str, list[tuple[str, str]]]
+
+
+def make_work(model_path: str) -> Callable[[str, bytes, str], Answer]:
+    """(content type, body, X-Tensors) → (body, content type, extra headers)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+    output_name = session.get_outputs()[0].name
+
+    def work(content_type: str, body: bytes, x_tensors: str) -> Answer:
+        if content_type.startswith("application/x-npy"):
+            (out,) = session.run([output_name], {input_name: np.load(io.BytesIO(body), allow_pickle=False)})
+            buffer = io.BytesIO()
+            np.save(buffer, out, allow_pickle=False)
+            return buffer.getvalue(), "application/x-npy", []
+        if content_type.startswith("application/x-edgesdk-tensors"):
+            match = _SHAPE.search(x_tensors)
+            shape = tuple(int(d) for d in match.group(1).split(",")) if match else (-1,)
+            (out,) = session.run([output_name], {input_name: np.frombuffer(body, np.float32).reshape(shape)})
+            dims = ",".join(str(d) for d in out.shape)
+            return out.tobytes(), "application/x-edgesdk-tensors", [("X-Tensors", f"{output_name}=float32[{dims}]")]
+        image = np.asarray(orjson.loads(body)["inputs"][input_name], dtype=np.float32)
+        (out,) = session.run([output_name], {input_name: image})
+        return orjson.dumps({"outputs": {output_name: out}}, option=orjson.OPT_SERIALIZE_NUMPY), "application/json", []
+
+    return work
+
+
+def fastapi_app(work: Callable[[str, bytes, str], Answer], pool: ThreadPoolExecutor | None):  # type: ignore[no-untyped-def]
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    app = FastAPI()
+
+    @app.post("/infer")
+    async def infer(request: Request) -> Response:
+        body = await request.body()
+        args = (request.headers.get("content-type", ""), body, request.headers.get("x-tensors", ""))
+        if pool is None:
+            content, media_type, headers = work(*args)
+        else:
+            content, media_type, headers = await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+        return Response(content, media_type=media_type, headers=dict(headers))
+
+    return app
+
+
+class RawProtocol(asyncio.Protocol):
+    """One keep-alive connection: httptools callbacks collect a request, the model answers it."""
+
+    work: Callable[[str, bytes, str], Answer]
+    pool: ThreadPoolExecutor | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        import httptools
+
+        self.transport = transport
+        self.parser = httptools.HttpRequestParser(self)
+        self.loop = asyncio.get_running_loop()
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        self.headers = {}
+        self.body = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep_alive = self.parser.should_keep_alive()
+        args = (
+            self.headers.get(b"content-type", b"").decode(),
+            b"".join(self.body),
+            self.headers.get(b"x-tensors", b"").decode(),
+        )
+        if self.pool is None:
+            self.send(self.work(*args), keep_alive)
+        else:
+            future = self.loop.run_in_executor(self.pool, self.work, *args)
+            future.add_done_callback(lambda f: self.send(f.result(), keep_alive))
+
+    def send(self, answer: Answer, keep_alive: bool) -> None:
+        content, media_type, headers = answer
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: {media_type}\r\nContent-Length: {len(content)}\r\n{extra}"
+        head += "\r\n" if keep_alive else "Connection: close\r\n\r\n"
+        self.transport.write(head.encode() + content)
+        if not keep_alive:
+            self.transport.close()
+
+
+async def serve_raw(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(RawProtocol, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["fastapi", "raw"])
+    parser.add_argument("model")
+    parser.add_argument("port", type=int)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--inline", action="store_true", help="run the model on the event loop")
+    mode.add_argument("--pool", type=int, help="run the model in a thread pool of this many workers")
+    args = parser.parse_args()
+    work = make_work(args.model)
+    pool = ThreadPoolExecutor(max_workers=args.pool) if args.pool else None
+    if args.kind == "fastapi":
+        import uvicorn
+
+        uvicorn.run(
+            fastapi_app(work, pool),
+            host="127.0.0.1",
+            port=args.port,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+        )
+    else:
+        import uvloop
+
+        RawProtocol.work = staticmethod(work)  # type: ignore[assignment]
+        RawProtocol.pool = pool
+        uvloop.run(serve_raw(args.port))
+
+
+if __name__ == "__main__":
+    main()
