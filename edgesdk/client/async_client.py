@@ -151,7 +151,7 @@ class AsyncAgentClient:
                 head = await reader.readuntil(b"\r\n\r\n")
             except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError) as exc:
                 if reused and not getattr(exc, "partial", b""):
-                    raise _Stale from exc
+                    raise _Stale("the agent closed this kept-alive connection before reading the request") from exc
                 raise
             status, headers = _parse_head(head)
             length = headers.get("content-length")
