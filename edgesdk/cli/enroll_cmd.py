@@ -8,9 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import click
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from edgesdk.cli.output import json_option, print_json, print_table
 from edgesdk.errors import EnrollmentError
+from edgesdk.fleet.broker_credentials import (
+    DevicePasswordFile,
+    check_device_username,
+    issue_device_credentials,
+    publish_credentials,
+)
 from edgesdk.fleet.enrollment import (
     REGISTRY_ENV,
     Candidate,
@@ -25,6 +32,12 @@ registry_option = click.option(
     "--registry",
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"Enrollment registry (JSON). Default: ${REGISTRY_ENV}, else ./edgesdk-enrollment.json.",
+)
+device_passwords_option = click.option(
+    "--device-passwords",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The broker's device password file (mosquitto format): approve issues the device its own broker "
+    "password there, revoke removes it. Reload the broker afterwards (SIGHUP).",
 )
 wait_option = click.option(
     "--wait", default=2.0, show_default=True, type=click.FloatRange(0.1, 60), help="Seconds to collect requests."
@@ -112,6 +125,12 @@ def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: An
 )
 @click.option("--key-id", "expect_key_id", help="Key id the device shows locally; approval fails if it differs.")
 @click.option("--replace", is_flag=True, help="Accept a new key for an approved device (re-flashed on purpose).")
+@device_passwords_option
+@click.option(
+    "--credentials-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the sealed credentials message here (to sideload it instead of, or besides, the broker).",
+)
 @json_option
 def approve(
     device_id: str,
@@ -120,6 +139,8 @@ def approve(
     public_key: str | None,
     expect_key_id: str | None,
     replace: bool,
+    device_passwords: Path | None,
+    credentials_out: Path | None,
     as_json: bool,
     **broker: Any,
 ) -> None:
@@ -138,26 +159,60 @@ def approve(
         profile = candidates[device_id].profile
     else:
         raise EnrollmentError("approve needs the device's key: give --broker URL or --public-key KEY")
+    if device_passwords is not None:
+        check_device_username(device_id)  # before anything is written
+        if not broker["broker"] and credentials_out is None:
+            raise EnrollmentError("--device-passwords needs --broker or --credentials-out to deliver the password")
     entry = RegistryFile(registry_path(registry)).approve(
         device_id, key, profile=profile, expect_key_id=expect_key_id, replace=replace
     )
+    delivered = None
+    if device_passwords is not None:
+        delivered = _issue_credentials(device_id, key, device_passwords, credentials_out, broker)
     if as_json:
-        print_json(entry.model_dump(mode="json"))
+        print_json({**entry.model_dump(mode="json"), "broker_credentials": delivered})
         return
     click.echo(f"approved {device_id} (key id {entry.key_id}); bundles packaged from now on include it")
+    if delivered is not None:
+        click.echo(
+            f"issued {device_id} its broker password ({device_passwords}; sealed to key {entry.key_id}, "
+            f"delivered to {delivered}); reload the broker (kill -HUP) so it takes effect"
+        )
+
+
+def _issue_credentials(
+    device_id: str, key: X25519PublicKey, password_file: Path, out: Path | None, broker: dict[str, Any]
+) -> str:
+    """Issue, record and deliver the device's broker password; says where it went."""
+    from edgesdk.cli.fleet_cmd import client_options_from
+
+    credentials = issue_device_credentials(device_id, key, DevicePasswordFile(password_file))
+    places = []
+    if out is not None:
+        out.write_text(credentials.model_dump_json(indent=2) + "\n")
+        places.append(str(out))
+    if broker["broker"]:
+        options = client_options_from(broker, f"edgesdk-enroll-{secrets.token_hex(4)}")
+        publish_credentials(options, broker["namespace"], credentials, timeout_s=broker["connect_timeout"])
+        places.append(f"{broker['broker']} (retained)")
+    return ", ".join(places)
 
 
 @enroll.command("revoke")
 @click.argument("device_id")
 @registry_option
 @click.option("--reason", default="", help="Why (kept in the registry for the audit trail).")
+@device_passwords_option
 @json_option
-def revoke(device_id: str, registry: Path | None, reason: str, as_json: bool) -> None:
+def revoke(device_id: str, registry: Path | None, reason: str, device_passwords: Path | None, as_json: bool) -> None:
     """Revoke DEVICE_ID: bundles packaged from now on have no key slot for it."""
     entry = RegistryFile(registry_path(registry)).revoke(device_id, reason=reason)
+    removed = DevicePasswordFile(device_passwords).remove(device_id) if device_passwords is not None else False
     if as_json:
-        print_json(entry.model_dump(mode="json"))
+        print_json({**entry.model_dump(mode="json"), "broker_password_removed": removed})
         return
+    if removed:
+        click.echo(f"removed {device_id}'s broker password from {device_passwords}; reload the broker (kill -HUP)")
     click.echo(
         f"revoked {device_id} (key id {entry.key_id}); it cannot decrypt bundles packaged from now on. "
         "Bundles it already holds stay readable to it: package and push a new release to the others."

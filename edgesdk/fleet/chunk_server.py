@@ -4,6 +4,13 @@ Devices pull: each asks for a window of chunks on ``devices/{id}/ota/chunks/req`
 frames back on ``devices/{id}/ota/chunks/data``. The server keeps no per-device state, so a
 device that restarts, reconnects or was offline simply asks again; and it never pushes more
 than it was asked for, which is the flow control.
+
+It does keep one small thing per device: a token bucket on its chunk requests, charged one
+token per chunk asked for (the frame is the server's real cost). An honest device keeps a
+small window of chunks outstanding and asks again only as frames arrive, so its rate is its
+link's speed; a device that floods requests (or has been taken over) would otherwise make the
+server read and publish frames as fast as it can ask, for every device sharing the server.
+Requests over the budget are dropped and counted; the device's own retry timer asks again.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.errors import EdgeSDKError, UpdateError
@@ -51,17 +60,70 @@ class BundleSource:
         self._file.close()
 
 
+@dataclass(frozen=True)
+class RequestBudget:
+    """How many chunks one device may ask for: ``rate_per_s`` on average, ``burst`` at once.
+
+    The default (200 chunks/s, 50 MiB/s at the default 256 KiB chunk) is above what a device's
+    link delivers, so only a flood meets it.
+    """
+
+    rate_per_s: float = 200.0
+    burst: int = 400
+
+    def __post_init__(self) -> None:
+        if not self.rate_per_s > 0 or self.burst < 1:
+            raise UpdateError(f"chunk request budget needs rate_per_s > 0 and burst >= 1, not {self}")
+
+
+class DeviceRateLimiter:
+    """One token bucket per device id; ``clock`` is monotonic seconds (a parameter for tests)."""
+
+    def __init__(self, budget: RequestBudget, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # device id → (tokens, last refill)
+        self._lock = threading.Lock()
+        self.dropped: dict[str, int] = {}
+
+    def allow(self, device_id: str, cost: int = 1) -> bool:
+        """Take ``cost`` tokens for ``device_id``; False (and counted) when it has fewer left."""
+        now = self._clock()
+        with self._lock:
+            tokens, last = self._buckets.get(device_id, (float(self.budget.burst), now))
+            tokens = min(float(self.budget.burst), tokens + (now - last) * self.budget.rate_per_s)
+            if tokens < cost:
+                self._buckets[device_id] = (tokens, now)
+                self.dropped[device_id] = self.dropped.get(device_id, 0) + 1
+                return False
+            self._buckets[device_id] = (tokens - cost, now)
+            return True
+
+
 class ChunkServer:
     """Serves any number of deployments to any number of devices over one MQTT client."""
 
-    def __init__(self, namespace: str, publish: Publish) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        publish: Publish,
+        *,
+        budget: RequestBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.namespace = namespace
         self.publish = publish
         self._sources: dict[str, BundleSource] = {}
         self._lock = threading.Lock()
+        self.limiter = DeviceRateLimiter(budget or RequestBudget(), clock)
         self.frames_sent = 0
         self.bytes_sent = 0
         self.bad_requests = 0
+
+    @property
+    def rate_limited(self) -> int:
+        """Chunk requests dropped because their device was over its budget (all devices together)."""
+        return sum(self.limiter.dropped.values())
 
     @property
     def request_filter(self) -> str:
@@ -96,6 +158,9 @@ class ChunkServer:
             return
         if request.device_id != parsed.name:
             self.bad_requests += 1  # a device asks only for itself (the ACL enforces it too)
+            return
+        if not self.limiter.allow(parsed.name, cost=len(request.indices)):
+            log.debug("chunk request from %s dropped: over its request budget", parsed.name)
             return
         with self._lock:
             source = self._sources.get(request.deployment_id)

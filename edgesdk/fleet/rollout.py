@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, UsageError
-from edgesdk.fleet.chunk_server import ChunkServer
+from edgesdk.fleet.chunk_server import ChunkServer, RequestBudget
 from edgesdk.fleet.deployments import (
     ABORTED,
     DEVICE_FAILURE,
@@ -136,6 +136,7 @@ class RolloutController:
         *,
         on_progress: ProgressFn | None = None,
         poll_s: float = 0.2,
+        chunk_budget: RequestBudget | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -143,7 +144,9 @@ class RolloutController:
         self.operator_key = operator_key
         self.on_progress = on_progress or (lambda _event, _info: None)
         self.poll_s = poll_s
-        self.chunks = ChunkServer(namespace, lambda topic, payload, qos: client.publish(topic, payload, qos=qos))
+        self.chunks = ChunkServer(
+            namespace, lambda topic, payload, qos: client.publish(topic, payload, qos=qos), budget=chunk_budget
+        )
         self._statuses: queue.Queue[bytes] = queue.Queue()
         self._presence: dict[str, Presence] = {}
         self._presence_lock = threading.Lock()

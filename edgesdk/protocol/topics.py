@@ -23,6 +23,9 @@ OTA_CHUNK_REQUEST: Final = "ota/chunks/req"
 #: The chunk frames that answer it (``edgesdk.protocol.chunks``, fleet → device).
 OTA_CHUNK_DATA: Final = "ota/chunks/data"
 ENROLL: Final = "enroll"
+#: The device's broker password, sealed to its key, retained by the operator at approval
+#: (``MqttCredentials`` JSON, fleet → device).
+ENROLL_CREDENTIALS: Final = "enroll/credentials"
 
 #: Suffixes a device publishes under its own id (the ACL grants write on exactly these).
 DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL)

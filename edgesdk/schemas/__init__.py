@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from edgesdk.schemas.enrollment import EnrollmentRegistry
     from edgesdk.schemas.image import ImageManifest
     from edgesdk.schemas.manifest import BundleManifest, TensorSpec, Variant
-    from edgesdk.schemas.messages import Deployment, EnrollRequest, Event, OtaStatus, Presence, Telemetry
+    from edgesdk.schemas.messages import (
+        Deployment,
+        EnrollRequest,
+        Event,
+        MqttCredentials,
+        OtaStatus,
+        Presence,
+        Telemetry,
+    )
     from edgesdk.schemas.profile import DeviceProfile
     from edgesdk.schemas.report import ConversionReport
 
@@ -39,6 +47,7 @@ _LAZY = {
     "Deployment": "messages",
     "EnrollRequest": "messages",
     "Event": "messages",
+    "MqttCredentials": "messages",
     "OtaStatus": "messages",
     "Presence": "messages",
     "Telemetry": "messages",
@@ -58,6 +67,7 @@ _EXPORTED = {
     "mqtt-ota-status": "OtaStatus",
     "conversion-report": "ConversionReport",
     "mqtt-enroll-request": "EnrollRequest",
+    "mqtt-credentials": "MqttCredentials",
     "enrollment-registry": "EnrollmentRegistry",
     "image-manifest": "ImageManifest",
 }
@@ -76,6 +86,7 @@ __all__ = [
     "Event",
     "ImageManifest",
     "ModelFormat",
+    "MqttCredentials",
     "OtaStatus",
     "Precision",
     "Presence",

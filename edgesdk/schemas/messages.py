@@ -10,7 +10,7 @@ from pydantic import Field
 
 from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
-from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN
+from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN, KeySlot
 
 
 class RunningModel(Schema):
@@ -195,3 +195,20 @@ class EnrollRequest(Schema):
     profile: str | None = None
     agent_version: str | None = None
     hostname: str | None = None
+
+
+class MqttCredentials(Schema):
+    """Retained on ``devices/{id}/enroll/credentials`` by the operator when it approves a device.
+
+    The device's own broker password (``username`` = device id), wrapped for the device's
+    approved X25519 key exactly like a bundle's content key, so only the device whose key the
+    operator pinned can read it; the topic itself may be readable by every enrolling device.
+    See docs/enrollment.md, "Broker credentials".
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["mqtt_credentials"] = "mqtt_credentials"
+    device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    username: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    issued_at: datetime
+    password: KeySlot = Field(description="the 32-character password, wrapped for the device key")

@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from edgesdk.agent.enrollment import announce_enrollment
 
+from edgesdk.errors import EnrollmentError
 from edgesdk.keys import key_id
-from edgesdk.mqtt.client import ClientOptions, MqttClient
+from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
 from edgesdk.schemas.messages import Presence
 from tests.conftest import assert_one_line_error
 
@@ -79,3 +81,137 @@ def test_unreachable_broker_is_one_line(edgesdk_cli, tmp_path: Path) -> None:
         "--broker", "mqtt://127.0.0.1:9", "--connect-timeout", "1",
     )  # fmt: skip
     assert_one_line_error(proc, "mqtt://127.0.0.1:9")
+
+
+def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edgesdk_cli, tmp_path: Path) -> None:
+    """Through the shipped mosquitto config: announce on the bootstrap listener, the operator
+    approves with --device-passwords, the device opens the sealed password with its key and
+    connects as itself; a revoked device's password stops working."""
+    import threading
+
+    from edgesdk.agent.broker_credentials import accept_credentials
+    from edgesdk.agent.link import start_link
+
+    from edgesdk.mqtt.certs import make_test_pki
+    from edgesdk.protocol import topics
+    from tests.integration.conftest import require_mosquitto
+    from tests.mqtt_helpers import FakeAgent
+    from tests.shipped_mosquitto import shipped_broker
+
+    require_mosquitto()
+    pki = make_test_pki(tmp_path / "pki")
+    device_id, device_key = "cam-e2e", X25519PrivateKey.generate()
+    with shipped_broker(tmp_path / "broker", pki, {}) as broker:
+        tls = TlsSettings(ca_file=str(pki.ca_file))
+        bootstrap = MqttClient(
+            ClientOptions(
+                client_id="ignored",
+                broker_url=broker.url("enrollment"),
+                username="edgesdk-enroll",
+                password="enroll",
+                tls=tls,
+                backoff_min_s=0.2,
+            )
+        )
+        delivered = threading.Event()
+        received: list[bytes] = []
+
+        def on_message(topic: str, payload: bytes) -> None:
+            received.append(payload)
+            delivered.set()
+
+        bootstrap.on_message = on_message
+        bootstrap.subscribe(topics.device_topic("edgesdk", device_id, topics.ENROLL_CREDENTIALS))
+        bootstrap.start()
+        assert bootstrap.wait_connected(10), bootstrap.stats.last_error
+        agent = SimpleNamespace(
+            config=SimpleNamespace(device_id=device_id, profile=None, mqtt=SimpleNamespace(namespace="edgesdk")),
+            device_key=device_key,
+        )
+        assert announce_enrollment(agent, SimpleNamespace(client=bootstrap)) is not None
+
+        operator_password = tmp_path / "op.password"
+        operator_password.write_text("op")
+        operator_flags = (
+            "--registry", str(tmp_path / "reg.json"), "--device-passwords", str(broker.device_passwords),
+        )  # fmt: skip
+        broker_flags = (
+            "--broker", broker.url("operators"), "--username", "fleet-operator",
+            "--password-file", str(operator_password), "--ca-file", str(pki.ca_file), "--wait", "1",
+        )  # fmt: skip
+        approved = edgesdk_cli(
+            "fleet", "enroll", "approve", device_id, *operator_flags, *broker_flags,
+            "--key-id", key_id(device_key.public_key()),
+        )  # fmt: skip
+        assert approved.returncode == 0, approved.stderr
+        assert "broker password" in approved.stdout
+        assert delivered.wait(10), "the sealed credentials never reached the enrolling device"
+        bootstrap.stop()
+
+        # The credentials are sealed: another key cannot open them.
+        with pytest.raises(EnrollmentError, match=device_id):
+            accept_credentials(received[0], device_id, X25519PrivateKey.generate(), tmp_path / "thief")
+        password_file = accept_credentials(received[0], device_id, device_key, tmp_path / "device")
+        assert password_file.stat().st_mode & 0o777 == 0o600
+        broker.reload()
+
+        presence: list[bytes] = []
+        observer = MqttClient(
+            ClientOptions(
+                client_id="obs", broker_url=broker.url("operators"), username="fleet-operator", password="op", tls=tls
+            )
+        )
+        observer.on_message = lambda _topic, payload: presence.append(payload)
+        observer.subscribe(f"edgesdk/devices/{device_id}/presence", qos=1)
+        observer.start()
+        assert observer.wait_connected(10), observer.stats.last_error
+        device = FakeAgent(
+            tmp_path / "device",
+            broker.url("devices"),
+            device_id=device_id,
+            username=device_id,
+            password_file=password_file,
+            tls={"ca_file": pki.ca_file},
+        )
+        link = start_link(device)
+        try:
+            assert link.client.wait_connected(10), link.client.stats.last_error
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(json.loads(p)["online"] for p in presence):
+                time.sleep(0.05)
+            assert any(json.loads(p)["online"] for p in presence), "the device's presence never arrived"
+        finally:
+            link.stop()
+
+        revoked = edgesdk_cli("fleet", "enroll", "revoke", device_id, *operator_flags)
+        assert revoked.returncode == 0, revoked.stderr
+        broker.reload()
+        again = MqttClient(
+            ClientOptions(
+                client_id=device_id,
+                broker_url=broker.url("devices"),
+                username=device_id,
+                password=password_file.read_text().strip(),
+                tls=tls,
+            )
+        ).start()
+        try:
+            assert not again.wait_connected(1.5)
+        finally:
+            again.stop()
+            observer.stop()
+
+
+def test_reserved_broker_accounts_are_never_issued_to_a_device(edgesdk_cli, tmp_path: Path) -> None:
+    key = X25519PrivateKey.generate()
+    pub = tmp_path / "k.pub"
+    from edgesdk.fleet.enrollment import encode_public_key
+
+    pub.write_text(encode_public_key(key.public_key()))
+    proc = edgesdk_cli(
+        "fleet", "enroll", "approve", "fleet-operator", "--registry", str(tmp_path / "r.json"),
+        "--public-key", pub.read_text(), "--device-passwords", str(tmp_path / "d.passwd"),
+        "--credentials-out", str(tmp_path / "c.json"),
+    )  # fmt: skip
+    assert_one_line_error(proc, "'fleet-operator'", "reserved")
+    assert not (tmp_path / "d.passwd").exists() and not (tmp_path / "r.json").exists()

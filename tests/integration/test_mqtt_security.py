@@ -1,5 +1,6 @@
 """MQTT security with a real mosquitto: the example per-device ACL, mTLS, server verification
-and username/password."""
+and username/password; and attacks on the SHIPPED broker configuration (client-id takeover,
+publishing as another device, anonymous and wrong credentials)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from edgesdk.mqtt.broker import BrokerTls, MosquittoBroker, write_password_file
 from edgesdk.mqtt.certs import LocalPki, make_test_pki
 from tests.integration.conftest import require_mosquitto
 from tests.mqtt_helpers import FakeAgent
+from tests.shipped_mosquitto import ShippedBroker, shipped_broker
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is part of the agent extra")
 
@@ -162,78 +164,6 @@ def test_username_and_password(tmp_path: Path, pki: LocalPki) -> None:
                 client.stop()
 
 
-def test_the_example_mosquitto_conf_is_accepted_by_mosquitto(tmp_path: Path, pki: LocalPki) -> None:
-    require_mosquitto()
-    import os
-    import socket
-    import subprocess
-
-    from edgesdk.mqtt.broker import find_mosquitto
-
-    example = EXAMPLE_ACL.with_name("mosquitto.conf").read_text()
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])
-    passwords = write_password_file(tmp_path / "passwd", {"fleet-operator": "op"})
-    config = (
-        example.replace("listener 8883", f"listener {ports[0]} 127.0.0.1")
-        .replace("listener 8884", f"listener {ports[1]} 127.0.0.1")
-        .replace("/etc/mosquitto/certs/ca.crt", str(pki.ca_file))
-        .replace("/etc/mosquitto/certs/server.crt", str(pki.server_cert))
-        .replace("/etc/mosquitto/certs/server.key", str(pki.server_key))
-        .replace("/etc/mosquitto/edgesdk.acl", str(EXAMPLE_ACL))
-        .replace("/etc/mosquitto/edgesdk.passwd", str(passwords))
-        .replace("/var/lib/mosquitto/", f"{tmp_path}/")
-    )
-    if os.geteuid() == 0:
-        config += "user root\n"
-    (tmp_path / "example.conf").write_text(config)
-    binary = find_mosquitto()
-    assert binary is not None
-    proc = subprocess.Popen([binary, "-c", str(tmp_path / "example.conf")], stderr=subprocess.PIPE, text=True)
-    try:
-        assert _wait(lambda: _accepts(ports[0]) and _accepts(ports[1]), 10), proc.stderr
-        device = MqttClient(
-            ClientOptions(
-                client_id="rpi-001",
-                broker_url=f"mqtts://127.0.0.1:{ports[0]}",
-                tls=TlsSettings(
-                    str(pki.ca_file), str(pki.clients["rpi-001"].cert_file), str(pki.clients["rpi-001"].key_file)
-                ),
-            )
-        ).start()
-        operator = MqttClient(
-            ClientOptions(
-                client_id="op",
-                broker_url=f"mqtts://127.0.0.1:{ports[1]}",
-                username="fleet-operator",
-                password="op",
-                tls=TlsSettings(str(pki.ca_file)),
-            )
-        ).start()
-        try:
-            assert device.wait_connected(10), device.stats.last_error
-            assert operator.wait_connected(10), operator.stats.last_error
-        finally:
-            device.stop()
-            operator.stop()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _accepts(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-            return True
-    except OSError:
-        return False
-
-
 def test_agent_link_over_mutual_tls(mtls_broker: MosquittoBroker, pki: LocalPki, tmp_path: Path) -> None:
     operator = _client(mtls_broker, pki, "fleet-operator")
     seen = _collect(operator, "edgesdk/devices/rpi-001/#")
@@ -254,3 +184,158 @@ def test_agent_link_over_mutual_tls(mtls_broker: MosquittoBroker, pki: LocalPki,
     finally:
         link.stop()
         operator.stop()
+
+
+# -- the shipped configuration (firmware_images/mosquitto/mosquitto.conf) under attack --------
+
+DEVICE_PASSWORDS = {"rpi-001": "pw-of-rpi-001", "rpi-002": "pw-of-rpi-002"}
+# Long enough for a takeover's Last Will to reach the observer: the positive control proves it
+# (the same wait sees the Will when client ids are not bound).
+WILL_WAIT_S = 3.0
+
+
+def _shipped_client(broker: ShippedBroker, listener: str, client_id: str, user: str | None, password: str | None):
+    tls = TlsSettings(ca_file=str(broker.pki.ca_file))
+    options = ClientOptions(
+        client_id=client_id,
+        broker_url=broker.url(listener),
+        username=user,
+        password=password,
+        tls=tls,
+        backoff_min_s=0.2,
+        clean_start=True,
+        session_expiry_s=0,
+    )
+    return MqttClient(options)
+
+
+def _device_link(broker: ShippedBroker, tmp_path: Path, device_id: str):
+    """The real agent link of ``device_id``: client id = device id, presence Last Will."""
+    secret = tmp_path / f"{device_id}.password"
+    secret.write_text(DEVICE_PASSWORDS[device_id])
+    agent = FakeAgent(
+        tmp_path / device_id,
+        broker.url("devices"),
+        device_id=device_id,
+        username=device_id,
+        password_file=secret,
+        tls={"ca_file": broker.pki.ca_file},
+    )
+    return start_link(agent)
+
+
+def _offline_wills(seen: list[tuple[str, bytes]], device_id: str) -> list[bytes]:
+    import json
+
+    topic = f"edgesdk/devices/{device_id}/presence"
+    return [p for t, p in seen if t == topic and json.loads(p).get("online") is False]
+
+
+@pytest.mark.parametrize(
+    ("bind_client_ids", "attacker"),
+    [
+        (True, "rpi-002"),  # device B with its own valid password
+        (True, "edgesdk-enroll"),  # the bootstrap account every image carries
+        (False, "rpi-002"),  # positive control: the permissive config before the fix
+    ],
+    ids=["shipped-device-b", "shipped-bootstrap-account", "control-unbound-client-ids"],
+)
+def test_client_id_takeover_against_the_shipped_config(
+    tmp_path: Path, pki: LocalPki, bind_client_ids: bool, attacker: str
+) -> None:
+    require_mosquitto()
+    with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS, bind_client_ids=bind_client_ids) as broker:
+        observer = _shipped_client(broker, "operators", "observer", "fleet-operator", "op")
+        seen = _collect(observer, "edgesdk/devices/rpi-001/presence")
+        observer.start()
+        assert observer.wait_connected(10), observer.stats.last_error
+        victim = _device_link(broker, tmp_path, "rpi-001")
+        try:
+            assert victim.client.wait_connected(10), victim.client.stats.last_error
+            assert _wait(lambda: len(seen) >= 1)  # its retained "online" presence: the observer is live
+            listener, password = ("enrollment", "enroll") if attacker == "edgesdk-enroll" else ("devices", None)
+            intruder = _shipped_client(
+                broker, listener, "rpi-001", attacker, password or DEVICE_PASSWORDS[attacker]
+            )  # the VICTIM's client id, the attacker's own credentials
+            intruder.start()
+            try:
+                assert intruder.wait_connected(10), intruder.stats.last_error
+                if bind_client_ids:
+                    # The broker renamed the intruder's session to its own username: the victim
+                    # keeps its connection and no Will is published for it.
+                    assert not _wait(lambda: _offline_wills(seen, "rpi-001") != [], WILL_WAIT_S)
+                    assert victim.client.stats.disconnects == 0 and victim.client.connected
+                else:
+                    assert _wait(lambda: _offline_wills(seen, "rpi-001") != [], WILL_WAIT_S)
+                    assert _wait(lambda: victim.client.stats.disconnects >= 1)  # it was kicked off
+            finally:
+                intruder.stop()
+        finally:
+            victim.stop()
+            observer.stop()
+
+
+def test_a_device_cannot_write_another_devices_topics_on_the_shipped_config(tmp_path: Path, pki: LocalPki) -> None:
+    require_mosquitto()
+    with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
+        observer = _shipped_client(broker, "operators", "observer", "fleet-operator", "op")
+        seen = _collect(observer, "edgesdk/#")
+        attacker = _shipped_client(broker, "devices", "whatever", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
+        bootstrap = _shipped_client(broker, "enrollment", "x", "edgesdk-enroll", "enroll")
+        clients = [observer, attacker, bootstrap]
+        try:
+            for client in clients:
+                client.start()
+                assert client.wait_connected(10), client.stats.last_error
+            time.sleep(0.3)
+            for topic in ("edgesdk/devices/rpi-001/presence", "edgesdk/devices/rpi-001/ota/chunks/req"):
+                attacker.publish(topic, b"forged", qos=1)
+                bootstrap.publish(topic, b"forged", qos=1)
+            bootstrap.publish("edgesdk/devices/rpi-001/enroll/credentials", b"forged", qos=1)
+            attacker.publish("edgesdk/devices/rpi-002/telemetry", b"genuine", qos=1)
+            bootstrap.publish("edgesdk/devices/new-cam/enroll", b"genuine-bootstrap", qos=1)
+            assert _wait(lambda: ("edgesdk/devices/rpi-002/telemetry", b"genuine") in seen)
+            assert _wait(lambda: ("edgesdk/devices/new-cam/enroll", b"genuine-bootstrap") in seen)
+            assert [t for t, p in seen if p == b"forged"] == []
+        finally:
+            for client in clients:
+                client.stop()
+
+
+@pytest.mark.parametrize(
+    ("listener", "user", "password"),
+    [
+        ("devices", None, None),  # anonymous
+        ("devices", "rpi-001", "wrong"),  # wrong password
+        ("devices", "edgesdk-enroll", "enroll"),  # the bootstrap secret is not a device login
+        ("operators", "rpi-001", DEVICE_PASSWORDS["rpi-001"]),  # no free client ids for a device
+        ("enrollment", None, None),  # anonymous on the bootstrap listener
+        ("enrollment", "rpi-001", DEVICE_PASSWORDS["rpi-001"]),
+    ],
+)
+def test_the_shipped_config_refuses(
+    tmp_path: Path, pki: LocalPki, listener: str, user: str | None, password: str | None
+) -> None:
+    require_mosquitto()
+    with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
+        good = _shipped_client(broker, listener, "good", *_legit(listener))
+        bad = _shipped_client(broker, listener, "rpi-009", user, password)
+        for client in (good, bad):
+            client.start()
+        try:
+            # The legitimate login on the same listener connects: the refusal is about credentials.
+            assert good.wait_connected(10), good.stats.last_error
+            assert not bad.wait_connected(1.0)
+            assert bad.stats.connects == 0
+            assert "refused" in (bad.stats.last_error or "") or "closed" in (bad.stats.last_error or "")
+        finally:
+            good.stop()
+            bad.stop()
+
+
+def _legit(listener: str) -> tuple[str, str]:
+    return {
+        "devices": ("rpi-001", DEVICE_PASSWORDS["rpi-001"]),
+        "operators": ("fleet-operator", "op"),
+        "enrollment": ("edgesdk-enroll", "enroll"),
+    }[listener]

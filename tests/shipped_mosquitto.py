@@ -1,0 +1,137 @@
+"""Run the SHIPPED mosquitto configuration (firmware_images/mosquitto/) on free local ports.
+
+The attack tests must hit the file operators install, not a look-alike: this renders that very
+file with test ports, the test PKI and test password files, and nothing else changed —
+except, on request, with ``use_username_as_clientid`` taken out, which is the permissive
+configuration before the fix (the positive control of the takeover test).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from edgesdk.mqtt.broker import find_mosquitto, write_password_file
+from edgesdk.mqtt.certs import LocalPki
+
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "firmware_images" / "mosquitto"
+SHIPPED_CONF = SHIPPED_DIR / "mosquitto.conf"
+SHIPPED_ACL = SHIPPED_DIR / "edgesdk.acl"
+LISTENERS = {"devices": 8883, "operators": 8884, "enrollment": 8885}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class ShippedBroker:
+    """mosquitto started from the shipped config; ``url(listener)`` gives each listener's address."""
+
+    work_dir: Path
+    pki: LocalPki
+    device_passwords: Path
+    operator_passwords: Path
+    enroll_passwords: Path
+    bind_client_ids: bool = True
+
+    def __post_init__(self) -> None:
+        self.ports = {name: _free_port() for name in LISTENERS}
+        self._process: subprocess.Popen[str] | None = None
+        self.log_file = self.work_dir / "mosquitto.log"
+
+    def url(self, listener: str) -> str:
+        return f"mqtts://127.0.0.1:{self.ports[listener]}"
+
+    def render(self) -> str:
+        config = SHIPPED_CONF.read_text()
+        for name, port in LISTENERS.items():
+            config = config.replace(f"listener {port}\n", f"listener {self.ports[name]} 127.0.0.1\n")
+        replacements = {
+            "/etc/mosquitto/certs/ca.crt": self.pki.ca_file,
+            "/etc/mosquitto/certs/server.crt": self.pki.server_cert,
+            "/etc/mosquitto/certs/server.key": self.pki.server_key,
+            "/etc/mosquitto/edgesdk.acl": SHIPPED_ACL,
+            "/etc/mosquitto/edgesdk-devices.passwd": self.device_passwords,
+            "/etc/mosquitto/edgesdk-enroll.passwd": self.enroll_passwords,
+            "/etc/mosquitto/edgesdk.passwd": self.operator_passwords,
+            "/var/lib/mosquitto/": f"{self.work_dir}/",
+        }
+        for old, new in replacements.items():
+            config = config.replace(old, str(new))
+        if not self.bind_client_ids:
+            config = "\n".join(line for line in config.splitlines() if line != "use_username_as_clientid true")
+        config += f"\nlog_dest file {self.log_file}\nconnection_messages true\n"
+        if os.geteuid() == 0:
+            config += "user root\n"  # as root mosquitto would drop to 'mosquitto', who cannot read 0600 files
+        return config
+
+    def start(self) -> ShippedBroker:
+        binary = find_mosquitto()
+        if binary is None:
+            raise RuntimeError("mosquitto is not installed")
+        path = self.work_dir / "shipped.conf"
+        path.write_text(self.render())
+        self._process = subprocess.Popen([binary, "-c", str(path)], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(_accepts(p) for p in self.ports.values()):
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mosquitto refused the shipped config: {self._process.stderr.read()}")  # type: ignore[union-attr]
+            time.sleep(0.05)
+        return self
+
+    def reload(self) -> None:
+        """SIGHUP: mosquitto re-reads its password and ACL files (what the operator does after approve)."""
+        assert self._process is not None
+        self._process.send_signal(1)
+        time.sleep(0.5)  # the broker re-reads between network loop iterations
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(10)
+        self._process = None
+
+    def __enter__(self) -> ShippedBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def shipped_broker(
+    work_dir: Path, pki: LocalPki, devices: dict[str, str], *, bind_client_ids: bool = True
+) -> ShippedBroker:
+    """A ShippedBroker with these device passwords, operator ``fleet-operator``/``op`` and
+    bootstrap ``edgesdk-enroll``/``enroll``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    device_file = work_dir / "devices.passwd"
+    if devices:
+        write_password_file(device_file, devices)
+    else:
+        device_file.write_text("")
+    return ShippedBroker(
+        work_dir,
+        pki,
+        device_passwords=device_file,
+        operator_passwords=write_password_file(work_dir / "operators.passwd", {"fleet-operator": "op"}),
+        enroll_passwords=write_password_file(work_dir / "enroll.passwd", {"edgesdk-enroll": "enroll"}),
+        bind_client_ids=bind_client_ids,
+    )
