@@ -129,6 +129,11 @@ class RollbackError(BundleError):
     """The bundle's release counter is not newer than the installed one."""
 
 
+class RollbackFloorUnknownError(RollbackError):
+    """The device has installed before, but no record survives to say its rollback floor:
+    installs are refused rather than treated as a fresh device."""
+
+
 class TargetMismatchError(BundleError):
     """The bundle is not built for this device's profile."""
 
