@@ -179,8 +179,8 @@ class Agent:
             if floor is None or model is None or model.release >= floor:
                 return
             problem = (
-                f"rollback floor: serving release {model.release} (a fallback) below this device's floor {floor}; "
-                f"installs below {floor} stay refused"
+                f"rollback floor: serving release {model.release} (a fallback or an operator rollback) below this "
+                f"device's floor {floor}; installs below {floor} stay refused"
             )
         if problem not in self.problems:  # a SIGHUP reload finds the same
             log.error("%s", problem)
