@@ -16,6 +16,7 @@
     │   ├── IntegrityError         a payload hash does not match the manifest
     │   ├── ExpiredBundleError     the bundle's expiry is in the past
     │   ├── RollbackError          release counter not newer than the installed one
+    │   │   └── RollbackFloorUnknownError  no surviving record says the floor: installs refused
     │   ├── TargetMismatchError    the bundle is not meant for this device's profile
     │   └── DecryptionError        no key slot opens with this device key
     ├── RuntimeBackendError        a runtime (onnxruntime, LiteRT, OpenVINO, Core ML) failed
