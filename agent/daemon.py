@@ -32,7 +32,7 @@ from edgesdk.agent.store import ModelStore
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
 
 from edgesdk._version import __version__
-from edgesdk.errors import AgentError, ConfigError, EdgeSDKError, ProfileError
+from edgesdk.errors import AgentError, ConfigError, EdgeSDKError, ProfileError, RollbackError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
@@ -161,7 +161,32 @@ class Agent:
         install, so rot in payloads the agent did not load is reported too.
 
         With ``unseal = "helper"`` the verifying and decrypting run in a helper process
-        (:mod:`edgesdk.agent.unseal`) that exits when this returns."""
+        (:mod:`edgesdk.agent.unseal`) that exits when this returns.
+
+        The rollback floor is established here too, the same one installs check: when it
+        cannot be, or the model serving is below it (a fallback), ``/v1/status`` says so."""
+        loaded = self._open_installed()
+        self._report_rollback_floor()
+        return loaded
+
+    def _report_rollback_floor(self) -> None:
+        try:
+            floor = self.store.rollback_floor()
+        except RollbackError as exc:
+            problem = f"rollback floor: {exc}"
+        else:
+            model = self.server.model
+            if floor is None or model is None or model.release >= floor:
+                return
+            problem = (
+                f"rollback floor: serving release {model.release} (a fallback or an operator rollback) below this "
+                f"device's floor {floor}; installs below {floor} stay refused"
+            )
+        if problem not in self.problems:  # a SIGHUP reload finds the same
+            log.error("%s", problem)
+            self.problems.append(problem)
+
+    def _open_installed(self) -> bool:
         if self.config.unseal == "in_process":
             return self._load_installed(None)
         from edgesdk.agent.unseal import Unsealer
@@ -280,6 +305,7 @@ class Agent:
             trusted_publishers=self.trusted_publishers,
             profile=self.profile,
             installed_release=self.store.installed_release(),
+            rollback_floor=self.store.rollback_floor(),
         )
         slot = self.store.stage(verified)
         self.store.activate(slot)

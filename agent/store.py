@@ -4,8 +4,10 @@ Layout under the agent's data dir::
 
     slots/a/bundle.edgepkg     the bundle exactly as published (encrypted payloads)
     slots/b/bundle.edgepkg
+    slots/a/committed          the release slot a committed (anti-rollback, see below)
     store.json                 which slot is active, which was before, which are proven
     store.lock                 serialises writers (the daemon and ``edge-agent install``)
+    rollback_floor             append-only floor records (:mod:`edgesdk.agent.rollback_floor`)
 
 A new bundle is staged into the slot that is not active, then activated, then committed
 once it has proven itself (the OTA probation, or at once for a sideload). The serving slot
@@ -18,6 +20,11 @@ re-hashed at start (that would cost as much again as creating the session): decr
 authenticates every byte it loads (GCM tags + signed plaintext SHA-256), so a bundle that
 rotted on an SD card fails when its variants are loaded, and the daemon then rolls back to
 the last good slot. A slot staged before ``front_sha256`` was recorded is fully re-verified.
+
+Anti-rollback does not trust ``store.json``: :meth:`ModelStore.rollback_floor` is the floor of
+:class:`~edgesdk.agent.rollback_floor.RollbackFloor` (a monotonic counter plus per-slot records,
+each fsynced on its own), raised when a slot *commits*, so a rollback during probation still
+works; every install path checks against it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
+from edgesdk.agent.rollback_floor import MonotonicCounter, RollbackFloor
 
 from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
 from edgesdk.hashing import sha256_file
@@ -71,6 +79,7 @@ class ModelStore:
         *,
         verify: Callable[..., Any] | None = None,
         verify_installed: Callable[..., Any] | None = None,
+        counter: MonotonicCounter | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.slots_dir = self.data_dir / "slots"
@@ -82,6 +91,8 @@ class ModelStore:
         for slot in SLOTS:
             (self.slots_dir / slot).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._state = self._read_state()
+        #: The anti-rollback floor; ``counter`` replaces its file-backed monotonic counter.
+        self.floor = RollbackFloor(self.data_dir, SLOTS, counter=counter, bundle_file=BUNDLE_FILE)
         #: What the last ``load_active`` found: slot used, problems met, whether it fell back.
         self.load_report: dict[str, Any] = {}
 
@@ -143,10 +154,20 @@ class ModelStore:
         return self.slots_dir / slot / BUNDLE_FILE
 
     def installed_release(self) -> int | None:
-        """Release counter of the active slot (the anti-rollback floor), None when empty."""
+        """Release counter of the active slot as ``store.json`` says, None when empty or lost.
+
+        Not the anti-rollback floor: that is :meth:`rollback_floor`, which survives the loss of
+        this file."""
         active = self.active_slot
         info = self._state["slots"].get(active) if active else None
         return int(info["release"]) if info else None
+
+    def rollback_floor(self) -> int | None:
+        """The lowest release an install may bring (None on a device that never installed).
+
+        Raises :class:`~edgesdk.errors.RollbackFloorUnknownError` when this device installed
+        before but no record of it survives: installs must then be refused."""
+        return self.floor.floor()
 
     def snapshot(self) -> dict[str, Any]:
         """A copy of the persisted state, for status pages."""
@@ -165,6 +186,8 @@ class ModelStore:
             target = self.bundle_path(slot)
             tmp = target.with_name(f".{BUNDLE_FILE}.tmp-{os.getpid()}")
             digest = hashlib.sha256()
+            # The slot's old release no longer lives there once the copy replaces it.
+            self.floor.slot_staging(slot)
             try:
                 with open(verified.path, "rb") as src, open(tmp, "wb") as dst:
                     os.fchmod(dst.fileno(), 0o600)
@@ -194,6 +217,10 @@ class ModelStore:
                 "staged_at": time.time(),
                 "good": False,
             }
+            downgrade = getattr(manifest, "downgrade", None)
+            if downgrade is not None:
+                # Re-checked when the slot commits and the floor is lowered to this release.
+                self._state["slots"][slot]["downgrade_from"] = list(downgrade.from_releases)
             if self._state["previous"] == slot:
                 self._state["previous"] = None  # its old content is gone
             self._save()
@@ -221,11 +248,22 @@ class ModelStore:
             log.info("activated slot %s (previous %s)", slot, self._state["previous"])
 
     def commit(self) -> None:
-        """The active slot has proven itself: it becomes the last good one."""
+        """The active slot has proven itself: it becomes the last good one, and the rollback
+        floor rises to its release (or, for a signed downgrade, is lowered to it) before
+        ``store.json`` says so."""
         with self._locked():
             active = self._state["active"]
             if active is None:
                 raise AgentError("nothing to commit: no active slot")
+            info = self._state["slots"][active]
+            front = info.get("front_sha256")
+            downgrade_from = info.get("downgrade_from")
+            self.floor.committed(
+                active,
+                int(info["release"]),
+                downgrade_from=(int(downgrade_from[0]), int(downgrade_from[1])) if downgrade_from else None,
+                evidence=bytes.fromhex(front) if front else b"\0" * 32,
+            )
             self._state["committed"] = True
             self._state["slots"][active]["good"] = True
             self._save()

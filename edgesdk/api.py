@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
     from edgesdk.bundle.verify import VerifiedBundle
-    from edgesdk.schemas.manifest import BundleManifest
+    from edgesdk.schemas.manifest import BundleManifest, DowngradePermission
     from edgesdk.schemas.profile import DeviceProfile
     from edgesdk.schemas.report import ConversionReport
 
@@ -203,6 +203,25 @@ def parse_expiry(text: str, *, option: str = "expires") -> timedelta | datetime 
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _downgrade_permission(
+    downgrade_from: tuple[int, int] | None, expires: str | timedelta | datetime
+) -> DowngradePermission | None:
+    """The signed downgrade permission, or None; an unbounded one cannot be made."""
+    from edgesdk.schemas.manifest import DowngradePermission
+
+    if downgrade_from is None:
+        return None
+    moment = parse_expiry(expires, option="--downgrade-expires") if isinstance(expires, str) else expires
+    if moment is None:
+        raise UsageError("--downgrade-expires never: a downgrade permission must expire (e.g. 7d)")
+    if isinstance(moment, timedelta):
+        moment = datetime.now(timezone.utc).replace(microsecond=0) + moment
+    low, high = downgrade_from
+    return DowngradePermission.parse_obj_clear(
+        {"from_releases": [low, high], "expires_at": moment}, source="--downgrade-from"
+    )
+
+
 def package(
     report_or_dir: ConversionReport | str | Path,
     *,
@@ -216,7 +235,8 @@ def package(
     release: int | None = None,
     expires: str | timedelta | datetime | None = None,
     targets: Iterable[str | DeviceProfile] | None = None,
-    allow_downgrade: bool = False,
+    downgrade_from: tuple[int, int] | None = None,
+    downgrade_expires: str | timedelta | datetime = "7d",
     publisher_name: str = "edgesdk-publisher",
     description: str = "",
     profiles_dirs: Iterable[str | Path] = (),
@@ -230,7 +250,9 @@ def package(
     recipient is needed. ``name`` defaults to the report's model name; ``release`` (the
     anti-rollback counter) to seconds since the epoch; ``expires`` is ``"90d"``, an ISO date,
     a datetime, a timedelta from now, or None/``"never"``; ``targets`` default to the
-    report's profile. ``allow_downgrade`` signs permission to install over a newer release."""
+    report's profile. ``downgrade_from`` ``(min, max)`` signs permission to install this older
+    release on a device whose rollback floor lies in that range, until ``downgrade_expires``
+    (a duration from now or a moment; default 7 days)."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
     from edgesdk.bundle import package_bundle
@@ -261,7 +283,7 @@ def package(
         group_recipients=group_keys,
         targets=target_names or None,
         expires=parse_expiry(expires) if isinstance(expires, str) else expires,
-        allow_downgrade=allow_downgrade,
+        downgrade=_downgrade_permission(downgrade_from, downgrade_expires),
         out=out,
         publisher_name=publisher_name,
         description=description,
@@ -319,12 +341,13 @@ def verify_bundle(
     installed_release: int | None = None,
     now: datetime | None = None,
     profiles_dirs: Iterable[str | Path] = (),
+    rollback_floor: int | None = None,
 ) -> BundleVerification:
     """Check a bundle file as a device would; nothing is written.
 
     Always: the signature by one of ``trusted_publishers`` (``publisher.pub`` paths or keys),
     the payload hashes and the expiry (against ``now``, default the clock). With ``profile``:
-    the bundle must target it. With ``installed_release``: anti-rollback. With ``device_key``
+    the bundle must target it. With ``installed_release`` and/or ``rollback_floor``: anti-rollback. With ``device_key``
     (a ``device.key`` path or key): every variant and the golden set are also decrypted in
     memory and checked against their signed plaintext hashes.
 
@@ -350,6 +373,7 @@ def verify_bundle(
         profile=device_profile,
         installed_release=installed_release,
         now=now,
+        rollback_floor=rollback_floor,
     )
     decrypted: dict[str, DecryptedVariant] = {}
     golden_arrays = None
@@ -362,6 +386,6 @@ def verify_bundle(
         golden_arrays = None if golden is None else len(golden)
     checks = ["signature", "payload hashes", "expiry"]
     checks += ["target profile"] if device_profile is not None else []
-    checks += ["anti-rollback"] if installed_release is not None else []
+    checks += ["anti-rollback"] if installed_release is not None or rollback_floor is not None else []
     checks += ["decryption + plaintext hashes"] if key is not None else []
     return BundleVerification(verified, tuple(checks), decrypted, golden_arrays)

@@ -16,6 +16,7 @@
     │   ├── IntegrityError         a payload hash does not match the manifest
     │   ├── ExpiredBundleError     the bundle's expiry is in the past
     │   ├── RollbackError          release counter not newer than the installed one
+    │   │   └── RollbackFloorUnknownError  no surviving record says the floor: installs refused
     │   ├── TargetMismatchError    the bundle is not meant for this device's profile
     │   └── DecryptionError        no key slot opens with this device key
     ├── RuntimeBackendError        a runtime (onnxruntime, LiteRT, OpenVINO, Core ML) failed
@@ -127,6 +128,11 @@ class ExpiredBundleError(BundleError):
 
 class RollbackError(BundleError):
     """The bundle's release counter is not newer than the installed one."""
+
+
+class RollbackFloorUnknownError(RollbackError):
+    """The device has installed before, but no record survives to say its rollback floor:
+    installs are refused rather than treated as a fresh device."""
 
 
 class TargetMismatchError(BundleError):

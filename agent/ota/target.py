@@ -73,7 +73,7 @@ class AgentUpdateTarget:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _verify(self, path: Path, *, installed_release: int | None) -> Any:
+    def _verify(self, path: Path, *, installed_release: int | None, rollback_floor: int | None = None) -> Any:
         from edgesdk.bundle import verify_bundle
 
         return verify_bundle(
@@ -81,7 +81,14 @@ class AgentUpdateTarget:
             trusted_publishers=self.keyring.trusted_publishers,
             profile=self.profile_name,
             installed_release=installed_release,
+            rollback_floor=rollback_floor,
         )
+
+    def _verify_install(self, path: Path) -> Any:
+        """Verify a bundle to install: anti-rollback against the store's floor (which raises
+        when it cannot be established: the install is then refused)."""
+        slots = self.slots
+        return self._verify(path, installed_release=slots.installed_release(), rollback_floor=slots.rollback_floor())
 
     def on_chunk_frame(self, payload: bytes) -> None:
         """Link handler for ``ota/chunks/data``: hand the frame to the running download."""
@@ -134,7 +141,7 @@ class AgentUpdateTarget:
     def verify(self, deployment: Deployment, path: Path) -> None:
         from edgesdk.runtimes import available_runtimes
 
-        verified = self._verify(path, installed_release=self.slots.installed_release())
+        verified = self._verify_install(path)
         model = verified.manifest.model
         if deployment.bundle_sha256 != verified.sha256:
             raise IntegrityError(f"bundle sha256 {verified.sha256} is not the deployment's {deployment.bundle_sha256}")
@@ -161,7 +168,7 @@ class AgentUpdateTarget:
         self.hooks.before_write("stage", Path(store.slots_dir), needed)
         if free < needed:
             raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
-        verified = self._verify(path, installed_release=store.installed_release())
+        verified = self._verify_install(path)
         return str(store.stage(verified))
 
     def _load_golden(self, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:

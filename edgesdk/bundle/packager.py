@@ -35,6 +35,7 @@ from edgesdk.keys import key_id, key_id_bytes, load_device_public_key, load_publ
 from edgesdk.schemas.manifest import (
     BundleEncryption,
     BundleManifest,
+    DowngradePermission,
     Golden,
     KeySlot,
     ModelInfo,
@@ -201,7 +202,7 @@ def package_bundle(
     group_recipients: Iterable[X25519PublicKey | Path | str] = (),
     targets: Sequence[str] | None = None,
     expires: datetime | timedelta | None = None,
-    allow_downgrade: bool = False,
+    downgrade: DowngradePermission | None = None,
     out: Path | str,
     publisher_name: str = "edgesdk-publisher",
     description: str = "",
@@ -213,7 +214,9 @@ def package_bundle(
     Every variant file and the golden set are encrypted under one fresh content key, which
     is wrapped for each recipient (device keys and group keys); the manifest is signed with
     ``publisher_key``. ``release`` defaults to :func:`default_release`; ``targets`` to the
-    report's profile; ``expires`` may be a moment or a duration from now."""
+    report's profile; ``expires`` may be a moment or a duration from now. ``downgrade``
+    signs a bounded, expiring permission to install this release over newer ones (see
+    :class:`~edgesdk.schemas.manifest.DowngradePermission`)."""
     root = Path(convert_dir)
     report_path = root / "report.json"
     if not report_path.is_file():
@@ -282,7 +285,7 @@ def package_bundle(
                 targets=list(targets) if targets else [report.profile],
                 variants=variants,
                 golden=golden,
-                allow_downgrade=allow_downgrade,
+                downgrade=downgrade,
                 encryption=BundleEncryption(segment_size=segment_size, key_slots=slots, payloads=locations),
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError

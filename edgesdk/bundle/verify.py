@@ -128,6 +128,7 @@ def check_policy(
     installed_release: int | None,
     now: datetime | None,
     allow_expired: bool = False,
+    rollback_floor: int | None = None,
 ) -> None:
     """Expiry, target profile and anti-rollback of a manifest whose signature already checked."""
     moment = _as_utc(now or datetime.now(timezone.utc))
@@ -141,11 +142,51 @@ def check_policy(
             raise TargetMismatchError(
                 f"{source}: bundle targets {', '.join(manifest.targets)}, not this device's profile {names[0]!r}"
             )
+    check_release(
+        manifest, source=source, installed_release=installed_release, rollback_floor=rollback_floor, now=moment
+    )
+
+
+def check_release(
+    manifest: BundleManifest,
+    *,
+    source: str,
+    installed_release: int | None,
+    rollback_floor: int | None,
+    now: datetime,
+) -> None:
+    """Anti-rollback: refuse a release below the device's rollback floor (the highest release
+    it committed) or not newer than the release installed now, unless the manifest carries a
+    signed ``downgrade`` permission whose ``from_releases`` hold the device's floor and whose
+    ``expires_at`` has not passed. The unbounded ``allow_downgrade: true`` of older manifests is
+    not honoured."""
     release = manifest.model.release
-    if installed_release is not None and release <= installed_release and not manifest.allow_downgrade:
+    refusal = None
+    if rollback_floor is not None and release < rollback_floor:
+        refusal = f"release {release} is below this device's rollback floor {rollback_floor}"
+    elif installed_release is not None and release <= installed_release:
+        refusal = f"release {release} is not newer than the installed release {installed_release}"
+    if refusal is None:
+        return
+    permission = manifest.downgrade
+    if permission is None:
+        legacy = " (its unbounded allow_downgrade is no longer honoured)" if manifest.allow_downgrade else ""
         raise RollbackError(
-            f"{source}: release {release} is not newer than the installed release {installed_release} "
-            "(rollback refused; a publisher can sign an explicit downgrade with --allow-downgrade)"
+            f"{source}: {refusal}: rollback refused{legacy}; a publisher can sign a bounded downgrade "
+            "with --downgrade-from MIN-MAX --downgrade-expires"
+        )
+    current = rollback_floor if rollback_floor is not None else installed_release
+    low, high = permission.from_releases
+    if not low <= (current or 0) <= high:
+        raise RollbackError(
+            f"{source}: {refusal}, and the bundle's downgrade permission covers floors {low}-{high}, "
+            f"not this device's {current}: downgrade refused"
+        )
+    expires_at = _as_utc(permission.expires_at)
+    if now >= expires_at:
+        raise RollbackError(
+            f"{source}: {refusal}, and the bundle's downgrade permission expired at {expires_at.isoformat()} "
+            f"(now {now.isoformat()}): downgrade refused"
         )
 
 
@@ -157,13 +198,17 @@ def verify_bundle(
     installed_release: int | None = None,
     now: datetime | None = None,
     allow_expired: bool = False,
+    rollback_floor: int | None = None,
 ) -> VerifiedBundle:
     """Check a bundle file completely and return it as a :class:`VerifiedBundle`.
 
     ``trusted_publishers``: Ed25519 public keys (objects, or paths of ``.pub`` files, or a
     mapping key id → key). ``profile``: the device's profile (name or DeviceProfile); None
-    skips the target check. ``installed_release``: the release counter installed now; None
-    skips anti-rollback. ``now``: the time to check expiry against (default: the clock).
+    skips the target check. ``installed_release``: the release counter installed now;
+    ``rollback_floor``: the device's floor (the highest release it committed, see
+    ``edgesdk.agent.rollback_floor``); None skips the respective check. A release below the floor
+    or not above ``installed_release`` is refused unless its signed ``downgrade`` permission
+    holds the floor and has not expired. ``now``: the time to check expiry against (default: the clock).
     ``allow_expired``: skip only the expiry check — for re-verifying a bundle that was
     installed while it was valid (expiry stops *installing* stale bundles, not serving one).
     Raises a BundleError subclass naming what failed; nothing is returned half-checked."""
@@ -178,6 +223,7 @@ def verify_bundle(
             installed_release=installed_release,
             now=now,
             allow_expired=allow_expired,
+            rollback_floor=rollback_floor,
         )
         file_hash = _hash_payloads(handle, manifest, front.header, front, source=source)
     return VerifiedBundle(
@@ -258,6 +304,7 @@ def _check_front(
     installed_release: int | None,
     now: datetime | None,
     allow_expired: bool,
+    rollback_floor: int | None = None,
 ) -> tuple[ContainerFront, BundleManifest, str]:
     """Checks 1–5: header, signer, signature, manifest, layout, policy. Nothing is parsed
     before the signature holds."""
@@ -295,6 +342,7 @@ def _check_front(
         installed_release=installed_release,
         now=now,
         allow_expired=allow_expired,
+        rollback_floor=rollback_floor,
     )
     return front, manifest, signer_id
 

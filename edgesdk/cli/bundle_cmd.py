@@ -29,7 +29,12 @@ def _summary(manifest: BundleManifest) -> dict[str, Any]:
         "created": manifest.created.isoformat(),
         "expires": manifest.expires.isoformat() if manifest.expires else "never",
         "targets": ", ".join(manifest.targets),
-        "allow_downgrade": manifest.allow_downgrade,
+        "downgrade": (
+            f"from releases {manifest.downgrade.from_releases[0]}-{manifest.downgrade.from_releases[1]} "
+            f"until {manifest.downgrade.expires_at.isoformat()}"
+            if manifest.downgrade
+            else "no"
+        ),
         "recipients": ", ".join(f"{s.recipient} ({s.kind})" for s in manifest.encryption.key_slots)
         if manifest.encryption
         else "",

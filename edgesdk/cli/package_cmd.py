@@ -10,6 +10,16 @@ from edgesdk.api import package as package_bundle
 from edgesdk.api import parse_expiry
 from edgesdk.bundle import inspect_bundle
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
+from edgesdk.errors import UsageError
+
+
+def _release_range(text: str) -> tuple[int, int]:
+    """``5-7`` (or a single ``5``) → (5, 7)."""
+    low, _, high = text.strip().partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise UsageError(f"--downgrade-from {text!r} is not a release range MIN-MAX (e.g. 5-7)") from None
 
 
 @click.command("package")
@@ -50,8 +60,18 @@ from edgesdk.cli.output import json_option, print_json, print_table, profiles_di
     "--target", "targets", multiple=True, help="Device profile the bundle is for; repeatable (default: the report's)."
 )
 @click.option(
-    "--allow-downgrade", is_flag=True, help="Sign permission to install over a newer release (explicit downgrade)."
+    "--downgrade-from",
+    metavar="MIN-MAX",
+    default=None,
+    help="Sign permission to install this (older) release on devices whose rollback floor is in MIN-MAX.",
 )
+@click.option(
+    "--downgrade-expires",
+    default="7d",
+    show_default=True,
+    help="When the downgrade permission ends: 12h, 7d, an ISO date (never is refused).",
+)
+@click.option("--allow-downgrade", is_flag=True, hidden=True, help="Removed: use --downgrade-from.")
 @click.option("--publisher-name", default="edgesdk-publisher", show_default=True, help="Shown to operators.")
 @click.option("--description", default="", help="Free text stored in the manifest.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.edgepkg to write.")
@@ -69,6 +89,8 @@ def package(
     registry: Path | None,
     expires: str,
     targets: tuple[str, ...],
+    downgrade_from: str | None,
+    downgrade_expires: str,
     allow_downgrade: bool,
     publisher_name: str,
     description: str,
@@ -76,6 +98,11 @@ def package(
     as_json: bool,
 ) -> None:
     """Sign and encrypt the variants of CONVERT_DIR (an `edgesdk convert` output) into one bundle."""
+    if allow_downgrade:
+        raise UsageError(
+            "--allow-downgrade signed an unbounded downgrade and is gone: use --downgrade-from MIN-MAX "
+            "(the device floors it may replace) and --downgrade-expires"
+        )
     path = package_bundle(
         convert_dir,
         name=name,
@@ -87,7 +114,8 @@ def package(
         registry=registry,
         targets=targets,
         expires=parse_expiry(expires, option="--expires"),
-        allow_downgrade=allow_downgrade,
+        downgrade_from=_release_range(downgrade_from) if downgrade_from else None,
+        downgrade_expires=downgrade_expires,
         out=out,
         publisher_name=publisher_name,
         description=description,

@@ -160,6 +160,24 @@ class ModelInfo(Schema):
     description: str = ""
 
 
+class DowngradePermission(Schema):
+    """A publisher-signed permission to install this (older) release over a device whose
+    rollback floor lies in ``from_releases``, until ``expires_at``. Part of the signed
+    manifest, so neither the range nor the expiry can be changed without the publisher key."""
+
+    from_releases: tuple[int, int] = Field(description="[min, max] of the device floors this downgrade may replace")
+    expires_at: datetime = Field(description="after this moment the permission is void (timezone-aware)")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DowngradePermission:
+        low, high = self.from_releases
+        if low < 1 or high < low:
+            raise ValueError(f"from_releases must be [min, max] with 1 <= min <= max, got [{low}, {high}]")
+        if self.expires_at.tzinfo is None:
+            raise ValueError("expires_at needs a timezone (e.g. 2026-05-01T00:00:00Z)")
+        return self
+
+
 class BundleManifest(Schema):
     """The signed table of contents of a model bundle."""
 
@@ -171,8 +189,13 @@ class BundleManifest(Schema):
     targets: list[str] = Field(min_length=1, description="device profile names this bundle is for")
     variants: list[Variant] = Field(min_length=1)
     golden: Golden | None = None
-    allow_downgrade: bool = Field(
-        False, description="signed permission to install over a newer release (explicit operator downgrade)"
+    allow_downgrade: bool | None = Field(
+        None,
+        description="the unbounded permission of older manifests; read so they still load, never honoured "
+        "(edgesdk no longer writes it): use `downgrade`",
+    )
+    downgrade: DowngradePermission | None = Field(
+        None, description="signed, bounded and expiring permission to install over a newer release"
     )
     encryption: BundleEncryption | None = Field(
         None, description="key slots and payload layout; every bundle edgesdk writes has it"
@@ -188,6 +211,13 @@ class BundleManifest(Schema):
             raise ValueError(f"payload names repeat: {payloads}")
         if self.expires is not None and self.expires <= self.created:
             raise ValueError("expires must be after created")
+        if self.downgrade is not None:
+            low, _ = self.downgrade.from_releases
+            if self.model.release >= low:
+                raise ValueError(
+                    f"downgrade.from_releases starts at {low}: a downgrade goes to an older release, "
+                    f"but this bundle is release {self.model.release}"
+                )
         return self
 
     def variant(self, variant_id: str) -> Variant:

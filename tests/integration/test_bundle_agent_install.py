@@ -91,7 +91,7 @@ CASES = [
     ("wrong-device-key", "not encrypted for device key"),
     ("unknown-publisher", "signed by unknown publisher key"),
     ("expired", "bundle expired at"),
-    ("older-release", f"release {INSTALLED_RELEASE - 1} is not newer than the installed release {INSTALLED_RELEASE}"),
+    ("older-release", f"release {INSTALLED_RELEASE - 1} is below this device's rollback floor {INSTALLED_RELEASE}"),
     ("same-release", f"release {INSTALLED_RELEASE} is not newer"),
     ("other-profile", "not this device's profile 'rpi5-8gb'"),
     ("path-traversal", "files.0.name"),

@@ -243,7 +243,7 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
             deployment_id = operator.push(bundles.v1, HealthCriteria(probation_s=0.5))
             operator.thread.join(120)
             row = operator.device_row(deployment_id)
-            assert row.state == "FAILED" and "not newer" in row.reason, row
+            assert row.state == "FAILED" and "below this device's rollback floor" in row.reason, row
             # A deployment signed by a key the device does not trust is refused before download.
             rogue_key, _ = generate_publisher_key(tmp_path / "rogue")
             message = operator.ctl.store.get(deployment_id).message.model_copy(update={"deployment_id": "rogue-1"})

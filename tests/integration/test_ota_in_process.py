@@ -63,7 +63,7 @@ def test_sideload_then_local_update_then_refusals(tmp_path: Path, bundles: OtaBu
     assert agent.server.running_model().release == 2
     assert agent.store.previous_slot is not None  # the old slot stays until overwritten
     for bad, needle in [
-        (bundles.v1, "not newer"),  # rollback attack
+        (bundles.v1, "below this device's rollback floor"),  # rollback attack
         (bundles.v3_bad_golden, "golden"),  # smoke test
         (bundles.v4_other_profile, "rpi5-8gb"),  # other profile
         (bundles.v5_untrusted_signer, "unknown publisher"),  # bad signature

@@ -326,18 +326,71 @@ def test_older_release_is_a_rollback(env) -> None:
             verify(env["bundle"], env, installed_release=installed)
 
 
-def test_signed_downgrade_is_allowed(env, tmp_path) -> None:
-    out = package_bundle(
+def downgrade_bundle(env, tmp_path: Path, *, from_releases: tuple[int, int], expires_at: datetime) -> Path:
+    from edgesdk.schemas.manifest import DowngradePermission
+
+    permission = DowngradePermission(from_releases=from_releases, expires_at=expires_at)
+    return package_bundle(
         env["convert"],
         name="digits",
         version="1.1.0",
         release=2,
-        allow_downgrade=True,
+        downgrade=permission,
         publisher_key=env["keys"].publisher_key,
         recipients=[env["keys"].device_pub],
         out=tmp_path / "down.edgepkg",
+        now=NOW,
     )
-    assert verify(out, env, installed_release=RELEASE).manifest.allow_downgrade
+
+
+def test_signed_downgrade_installs_over_a_floor_in_its_range(env, tmp_path) -> None:
+    out = downgrade_bundle(env, tmp_path, from_releases=(RELEASE - 1, RELEASE + 1), expires_at=NOW + timedelta(days=7))
+    verified = verify(out, env, installed_release=RELEASE, rollback_floor=RELEASE)
+    assert verified.manifest.downgrade.from_releases == (RELEASE - 1, RELEASE + 1)
+    # The floor, not store.json's installed release, is what the range is checked against.
+    assert verify(out, env, installed_release=None, rollback_floor=RELEASE + 1).manifest.model.release == 2
+
+
+def test_signed_downgrade_outside_its_range_is_refused(env, tmp_path) -> None:
+    out = downgrade_bundle(env, tmp_path, from_releases=(RELEASE - 1, RELEASE + 1), expires_at=NOW + timedelta(days=7))
+    with pytest.raises(RollbackError, match=f"covers floors {RELEASE - 1}-{RELEASE + 1}, not this device's 9") as info:
+        verify(out, env, rollback_floor=RELEASE + 2)
+    assert_refused(info, out)
+
+
+def test_signed_downgrade_after_it_expired_is_refused(env, tmp_path) -> None:
+    out = downgrade_bundle(env, tmp_path, from_releases=(RELEASE, RELEASE), expires_at=NOW + timedelta(hours=1))
+    with pytest.raises(RollbackError, match="downgrade permission expired at 2026-11-30T13:00:00"):
+        verify(out, env, rollback_floor=RELEASE, now=NOW + timedelta(hours=2))
+    assert verify(out, env, rollback_floor=RELEASE, now=NOW + timedelta(minutes=59)).manifest.model.release == 2
+
+
+def test_a_release_below_the_floor_is_refused_even_without_an_installed_release(env) -> None:
+    # store.json lost: installed_release is None, the floor still holds.
+    with pytest.raises(RollbackError, match=f"release {RELEASE} is below this device's rollback floor 8"):
+        verify(env["bundle"], env, installed_release=None, rollback_floor=RELEASE + 1)
+    # The release the floor names may be installed again (after a fallback, for instance).
+    assert verify(env["bundle"], env, installed_release=None, rollback_floor=RELEASE).manifest.model.release == RELEASE
+
+
+def test_legacy_unbounded_allow_downgrade_still_loads_but_is_not_honoured(env, tmp_path) -> None:
+    def legacy(manifest: dict) -> None:
+        manifest["allow_downgrade"] = True
+
+    out = resign_bundle(env["bundle"], tmp_path / "legacy.edgepkg", env["keys"].signer(), legacy)
+    assert verify(out, env).manifest.allow_downgrade is True  # an old manifest still loads
+    with pytest.raises(RollbackError, match="unbounded allow_downgrade is no longer honoured"):
+        verify(out, env, rollback_floor=RELEASE + 1)
+
+
+def test_a_downgrade_permission_must_point_down_and_be_bounded() -> None:
+    from edgesdk.errors import SchemaError
+    from edgesdk.schemas.manifest import DowngradePermission
+
+    with pytest.raises(SchemaError, match="1 <= min <= max"):
+        DowngradePermission.parse_obj_clear({"from_releases": [5, 3], "expires_at": NOW.isoformat()}, source="t")
+    with pytest.raises(SchemaError, match="timezone"):
+        DowngradePermission.parse_obj_clear({"from_releases": [3, 5], "expires_at": "2026-01-01T00:00:00"}, source="t")
 
 
 def test_other_profile(env) -> None:

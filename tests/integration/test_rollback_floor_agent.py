@@ -1,0 +1,144 @@
+"""Rollback attacks against the real ``edge-agent install`` and ``edge-agent run``: the
+anti-rollback floor holds when store.json or the floor record is damaged or gone, refuses
+installs (and says so in /v1/status) when nothing can establish it, and lets through only a
+signed downgrade for the device's floor that has not expired."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from edgesdk.bundle import package_bundle
+from edgesdk.schemas.manifest import DowngradePermission
+from tests.agent_helpers import PROFILE, AgentProcess, Device, make_device, run_agent_cli
+from tests.conftest import assert_one_line_error
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def convert_dir(digits, request):
+    from tests.bundle_helpers import make_digits_convert_dir
+
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
+def install(device: Device, bundle: Path):
+    return run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundle))
+
+
+def installed(device: Device, bundle: Path) -> None:
+    proc = install(device, bundle)
+    assert proc.returncode == 0, proc.stderr
+
+
+def assert_refused(proc, needle: str) -> None:
+    """Refused with one error line naming why; the agent may also log what it found damaged
+    (store.json unreadable) on the line before."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
+
+
+def downgrade(
+    device: Device, convert_dir: Path, *, release: int, from_releases: tuple[int, int], expires_at: datetime, **kw
+) -> Path:
+    return package_bundle(
+        convert_dir,
+        name="digits",
+        version=f"0.{release}.0",
+        release=release,
+        downgrade=DowngradePermission(from_releases=from_releases, expires_at=expires_at),
+        publisher_key=device.publisher_key,
+        recipients=[device.device_pub],
+        targets=[PROFILE],
+        out=device.root / f"downgrade-{release}-{from_releases[0]}-{from_releases[1]}.edgepkg",
+        **kw,
+    )
+
+
+@pytest.fixture
+def device_on_release_2(tmp_path, convert_dir):
+    device = make_device(tmp_path / "dev")
+    old = device.bundle(convert_dir, version="1.0.0", release=1)
+    installed(device, old)
+    installed(device, device.bundle(convert_dir, version="2.0.0", release=2))
+    return device, old
+
+
+def test_fresh_device_installs_its_first_release(tmp_path, convert_dir) -> None:
+    device = make_device(tmp_path / "dev")
+    assert not (device.data_dir / "rollback_floor").exists()
+    installed(device, device.bundle(convert_dir, version="1.0.0", release=1))
+    assert (device.data_dir / "rollback_floor").stat().st_size > 0  # the commit recorded the floor
+
+
+def test_store_json_corrupted_then_older_release_is_refused(device_on_release_2) -> None:
+    device, old = device_on_release_2
+    (device.data_dir / "store.json").write_text("{")
+    assert_refused(install(device, old), "release 1 is below this device's rollback floor 2")
+
+
+def test_store_json_deleted_then_older_release_is_refused(device_on_release_2) -> None:
+    device, old = device_on_release_2
+    (device.data_dir / "store.json").unlink()
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+
+
+def test_floor_file_deleted_the_slots_still_hold_the_floor(device_on_release_2) -> None:
+    device, old = device_on_release_2
+    (device.data_dir / "rollback_floor").unlink()
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+    # Two files gone (floor record and store.json): the slots' committed records still hold it.
+    (device.data_dir / "store.json").unlink()
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+
+
+def test_every_record_gone_but_slots_present_installs_are_refused_and_reported(
+    device_on_release_2, convert_dir
+) -> None:
+    device, old = device_on_release_2
+    for lost in ("rollback_floor", "store.json", "slots/a/committed", "slots/b/committed"):
+        (device.data_dir / lost).unlink()
+    # Not reset to "no floor": even a newer release is refused, since nothing says what is safe.
+    newer = device.bundle(convert_dir, version="3.0.0", release=3)
+    for bundle in (old, newer):
+        assert_one_line_error(install(device, bundle), "rollback floor cannot be established")
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
+        problems = client.get("/v1/status").json()["problems"]
+    assert any(p.startswith("rollback floor: rollback floor cannot be established") for p in problems), problems
+
+
+def test_downgrade_outside_its_range_is_refused(device_on_release_2, convert_dir) -> None:
+    device, _ = device_on_release_2
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    bundle = downgrade(device, convert_dir, release=1, from_releases=(3, 5), expires_at=later)
+    assert_one_line_error(
+        install(device, bundle), "downgrade permission covers floors 3-5, not this device's 2: downgrade refused"
+    )
+
+
+def test_expired_downgrade_is_refused(device_on_release_2, convert_dir) -> None:
+    device, _ = device_on_release_2
+    past = datetime.now(timezone.utc) - timedelta(days=10)
+    bundle = downgrade(
+        device, convert_dir, release=1, from_releases=(2, 2), expires_at=past + timedelta(days=1), now=past
+    )
+    assert_one_line_error(install(device, bundle), "downgrade permission expired at")
+
+
+def test_downgrade_in_range_installs_and_the_next_normal_update_works(device_on_release_2, convert_dir) -> None:
+    device, old = device_on_release_2
+    installed(device, device.bundle(convert_dir, version="3.0.0", release=3))  # slots: b=2 → a=3
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    installed(device, downgrade(device, convert_dir, release=2, from_releases=(3, 3), expires_at=later))
+    # The floor was lowered to 2 for this device: 1 is still refused, the next update is not.
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+    installed(device, device.bundle(convert_dir, version="4.0.0", release=4))
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
+        status = client.get("/v1/status").json()
+    assert status["model"]["release"] == 4 and not status["problems"], status
