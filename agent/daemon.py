@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the link, the updater and the key types load when used, not
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from edgesdk.agent.link import AgentLink
+    from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
 
@@ -78,7 +79,7 @@ class Agent:
         )
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()
-        self.keyring = KeyFiles(self.device_key_path, [Path(p) for p in config.publisher_keys])
+        self.keyring = KeyFiles(self.device_key_path, [Path(p) for p in config.publisher_keys], unseal=config.unseal)
         if not config.publisher_keys:
             log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
         if config.unseal == "in_process":
@@ -145,6 +146,22 @@ class Agent:
     @property
     def trusted_publishers(self) -> list[Ed25519PublicKey]:
         return self.keyring.trusted_publishers
+
+    def device_public_key(self) -> bytes:
+        """The raw public half of the device key (``device.pub``; never the private key here)."""
+        return self.keyring.device_public_key()
+
+    def _open_bundles(self) -> OpenerFactory:
+        """Where updates and sideloads verify and decrypt: the unseal helper unless configured
+        ``unseal = "in_process"`` (see :mod:`edgesdk.agent.openers`)."""
+        from edgesdk.agent.openers import opener_factory
+
+        return opener_factory(
+            self.config.unseal,
+            self.keyring,
+            publisher_keys=[Path(p) for p in self.config.publisher_keys],
+            device_key=self.device_key_path,
+        )
 
     def _log_event(self, name: str, detail: dict[str, Any]) -> None:
         log.debug("event %s %s", name, detail)
@@ -298,22 +315,23 @@ class Agent:
         }
 
     def _install_directly(self, path: Path) -> dict[str, Any]:
-        from edgesdk.bundle import verify_bundle
-
-        verified = verify_bundle(
-            path,
-            trusted_publishers=self.trusted_publishers,
-            profile=self.profile,
-            installed_release=self.store.installed_release(),
-            rollback_floor=self.store.rollback_floor(),
-        )
-        slot = self.store.stage(verified)
-        self.store.activate(slot)
+        opener = self._open_bundles()()
         try:
-            self.server.swap(verified, self.device_key)
-        except EdgeSDKError:
-            self.store.rollback()
-            raise
+            verified = opener.verify(
+                path,
+                profile=self.profile.name,
+                installed_release=self.store.installed_release(),
+                rollback_floor=self.store.rollback_floor(),
+            )
+            slot = self.store.stage(verified)
+            self.store.activate(slot)
+            try:
+                opener.serve(self.server, verified)
+            except EdgeSDKError:
+                self.store.rollback()
+                raise
+        finally:
+            opener.close()
         self.store.commit()
         manifest = verified.manifest
         self.events.emit(
@@ -396,6 +414,7 @@ class Agent:
             events=self.events,
             max_inbound_bytes=self.config.mqtt.max_inbound_bytes,
             hooks=self.ota_hooks,
+            open_bundles=self._open_bundles(),
         )
 
     def _start_link(self) -> None:
@@ -461,7 +480,13 @@ class Agent:
     # -- running ------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; returns the exit code."""
+        """Serve until SIGTERM/SIGINT; returns the exit code.
+
+        The serving process is hardened first (no core file, not dumpable): it holds decrypted
+        models, and a crash must not leave them on disk (:mod:`edgesdk.agent.hardening`)."""
+        from edgesdk.agent.hardening import harden_process
+
+        harden_process()
         try:
             import uvloop
         except ImportError:

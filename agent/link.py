@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from edgesdk.agent.keyring import public_key_text
 from edgesdk.agent.ports import EventSource, Keyring, RunningModelSource, TelemetrySource
@@ -43,9 +43,6 @@ from edgesdk.protocol import topics
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.base import Schema
 from edgesdk.schemas.messages import Event, Presence, RunningModel, Telemetry
-
-if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 log = logging.getLogger("edgesdk.agent.link")
 
@@ -237,9 +234,10 @@ class AgentLink:
         if self._public_key is not None or self.keyring is None:
             return self._public_key
         try:
-            device_key: X25519PrivateKey | None = self.keyring.device_key
-            if device_key is not None:
-                self._public_key = public_key_text(device_key)
+            # The public key file, never the private key: the daemon does not hold it.
+            raw = self.keyring.device_public_key()
+            if raw is not None:
+                self._public_key = public_key_text(raw)
         except (EdgeSDKError, ValueError, TypeError) as exc:
             # Presence still goes out (the fleet sees the device online), just without the key.
             log.warning("presence is sent without the device public key: cannot read it: %s", exc)

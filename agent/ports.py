@@ -12,6 +12,7 @@ RunningModelSource     ModelServer (and Metrics)         Metrics, AgentLink, upd
 Serving                ModelServer                       Metrics, AgentUpdateTarget
 Slots                  ModelStore                        AgentUpdateTarget
 Keyring                KeyFiles (Agent.keyring)          updater, AgentLink
+BundleOpener           edgesdk.agent.openers             AgentUpdateTarget, Agent
 TelemetrySource        Metrics                           AgentLink
 EventSink              EventBus                          UpdateManager
 EventSource            EventBus                          AgentLink
@@ -105,14 +106,35 @@ class Slots(Protocol):
 
 
 class Keyring(Protocol):
-    """The device's private key and the publishers it trusts, read on first use (so a daemon
-    whose bundles open in the unseal helper never imports the crypto library at start)."""
+    """The device's keys and the publishers it trusts, read on first use (so a daemon whose
+    bundles open in the unseal helper never imports the crypto library at start).
+    ``device_public_key`` is all the link needs: with ``unseal = "helper"`` nothing in the
+    daemon reads ``device_key``."""
 
     @property
     def device_key(self) -> X25519PrivateKey: ...
 
     @property
     def trusted_publishers(self) -> list[Ed25519PublicKey]: ...
+
+    def device_public_key(self) -> bytes | None: ...
+
+
+class BundleOpener(Protocol):
+    """Verifies and decrypts bundles for one piece of work (an update state, a sideload), in
+    this process or in the unseal helper; closed when that work ends (the helper exits)."""
+
+    def verify(
+        self, path: Path, *, profile: str | None, installed_release: int | None, rollback_floor: int | None = None
+    ) -> Any: ...
+
+    def decrypt(self, bundle: Any, variant_id: str) -> dict[str, bytes]: ...
+
+    def golden(self, bundle: Any) -> dict[str, Any] | None: ...
+
+    def serve(self, serving: Serving, bundle: Any) -> ServedModel: ...
+
+    def close(self) -> None: ...
 
 
 class TelemetrySource(Protocol):
@@ -167,6 +189,7 @@ class OutboxGauge(Protocol):
 
 
 __all__ = [
+    "BundleOpener",
     "EventHandler",
     "EventSink",
     "EventSource",

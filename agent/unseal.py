@@ -17,8 +17,11 @@ the raw bytes of each part listed in ``header["parts"]`` (their sizes). The daem
 path and what to check it against) and ``decrypt`` (a variant id); every answer has ``ok``, and
 a failure names the ``edgesdk.errors`` class to raise, so fallback works as in process.
 
-Updates over the air still verify in the daemon (``edgesdk.agent.ota``); that imports the crypto
-there when the first update arrives.
+Updates over the air and sideloads use it too (:mod:`edgesdk.agent.openers`): ``open`` then also
+carries the release floor (``installed_release``), ``golden`` returns the smoke test's arrays, and
+``public_key`` derives the device's public key for a device key that has no ``.pub`` file beside
+it. So with ``unseal = "helper"`` the device's private key is only ever read by a helper, never by
+the daemon (``docs/agent.md``, "Which process holds the device key").
 """
 
 from __future__ import annotations
@@ -214,12 +217,33 @@ class Unsealer:
         )
 
     def verify(
-        self, path: Path, *, trusted_publishers: Any = None, profile: str | None = None, allow_expired: bool = False
+        self,
+        path: Path,
+        *,
+        trusted_publishers: Any = None,
+        profile: str | None = None,
+        allow_expired: bool = False,
+        installed_release: int | None = None,
+        rollback_floor: int | None = None,
     ) -> OpenedBundle:
-        return self._open(path, installed=None, profile=profile, allow_expired=allow_expired)
+        return self._open(
+            path,
+            installed=None,
+            profile=profile,
+            allow_expired=allow_expired,
+            installed_release=installed_release,
+            rollback_floor=rollback_floor,
+        )
 
     def _open(
-        self, path: Path, *, installed: dict[str, str] | None, profile: str | None, allow_expired: bool = True
+        self,
+        path: Path,
+        *,
+        installed: dict[str, str] | None,
+        profile: str | None,
+        allow_expired: bool = True,
+        installed_release: int | None = None,
+        rollback_floor: int | None = None,
     ) -> OpenedBundle:
         path = Path(path).absolute()
         request = {
@@ -229,6 +253,8 @@ class Unsealer:
             "profile": getattr(profile, "name", profile),
             "installed": installed,
             "allow_expired": allow_expired,
+            "installed_release": installed_release,
+            "rollback_floor": rollback_floor,
         }
         answer, parts = self._ask(request)
         if len(parts) != 1:
@@ -264,6 +290,33 @@ class Unsealer:
             )
         return {entry.name: content for entry, content in zip(variant.files, contents, strict=True)}
 
+    def golden(self, bundle: OpenedBundle) -> dict[str, Any] | None:
+        """The bundle's golden inputs/outputs (name → numpy array), or None if it has none."""
+        import numpy as np
+
+        if bundle.manifest.golden is None:
+            return None
+        if self._opened_in.get(str(bundle.path)) is not self._proc:
+            raise AgentError(f"{bundle.path}: the unseal helper that opened it is gone; open it again")
+        answer, parts = self._ask({"op": "golden", "path": str(bundle.path), "device_key": self.device_key})
+        arrays = answer.get("arrays")
+        if not isinstance(arrays, list) or len(arrays) != len(parts):
+            raise AgentError(f"the unseal helper answered golden with {len(parts)} parts for {arrays!r}")
+        golden: dict[str, Any] = {}
+        for meta, raw in zip(arrays, parts, strict=True):
+            dtype = np.dtype(str(meta["dtype"]))
+            if dtype.hasobject:  # never unpickle: object arrays are refused as np.load refuses them
+                raise IntegrityError(f"{bundle.path}: golden array {meta['name']!r} has object dtype {dtype}")
+            golden[str(meta["name"])] = np.frombuffer(raw, dtype=dtype).reshape([int(n) for n in meta["shape"]])
+        return golden
+
+    def public_key(self) -> bytes:
+        """The raw 32-byte public half of the device key, derived in the helper."""
+        answer, parts = self._ask({"op": "public_key", "device_key": self.device_key})
+        if len(parts) != 1 or len(parts[0]) != 32:
+            raise AgentError("the unseal helper answered public_key without a 32-byte key")
+        return parts[0]
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
@@ -293,6 +346,10 @@ class _Helper:
             return self.open(request)
         if op == "decrypt":
             return self.decrypt(request)
+        if op == "golden":
+            return self.golden(request)
+        if op == "public_key":
+            return self.public_key(request)
         raise AgentError(f"unknown request {op!r}")
 
     def open(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
@@ -315,6 +372,8 @@ class _Helper:
                 trusted_publishers=publishers,
                 profile=request.get("profile"),
                 allow_expired=bool(request.get("allow_expired")),
+                installed_release=request.get("installed_release"),
+                rollback_floor=request.get("rollback_floor"),
             )
         self.opened[str(path)] = verified
         manifest = verified.manifest.model_dump_json().encode()
@@ -340,11 +399,32 @@ class _Helper:
         parts: list[bytes | memoryview] = list(files.values())  # in the manifest's file order
         return {"ok": True}, parts
 
+    def golden(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        import edgesdk.bundle as bundle
+        from edgesdk.keys import load_device_private_key
+
+        verified = self.opened.get(str(request.get("path")))
+        if verified is None:
+            raise AgentError(f"bundle {request.get('path')!r} was not opened first")
+        key = load_device_private_key(request["device_key"])
+        arrays = bundle.decrypt_golden(verified, key) or {}  # type: ignore[attr-defined]
+        meta = [{"name": name, "dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()]
+        return {"ok": True, "arrays": meta}, [a.tobytes() for a in arrays.values()]
+
+    def public_key(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        from edgesdk.keys import load_device_private_key
+
+        key = load_device_private_key(request["device_key"])
+        return {"ok": True}, [key.public_key().public_bytes_raw()]
+
 
 def main() -> int:
     """The helper: answer requests on stdin until it closes. Never writes plaintext to a file."""
+    from edgesdk.agent.hardening import harden_process
+
     from edgesdk.offline import disable_vendor_telemetry
 
+    harden_process()  # it holds the device key and plaintext: no core dump, no ptrace by peers
     disable_vendor_telemetry()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the pipe

@@ -57,6 +57,9 @@ class FakeAgent:
         self.events = EventBus()
         self.device_key = None
 
+    def device_public_key(self) -> bytes | None:
+        return None  # presence without a key, as an agent that has none
+
 
 class Collector:
     """Subscribes with a real client and keeps every message (topic, JSON-decoded or raw)."""

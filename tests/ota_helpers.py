@@ -157,6 +157,7 @@ class StandInAgent:
         )
         self.metrics = Metrics(self.server, stats=stats)
         self.device_key = bundles.keys.device()
+        self.device_public_key = self.device_key.public_key().public_bytes_raw
         self.trusted_publishers = [
             load_publisher_public_key(bundles.keys.publisher_pub),
             load_publisher_public_key(bundles.operator_pub),

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from edgesdk.agent.openers import OpenerFactory
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
@@ -77,6 +78,7 @@ class UpdateManager:
         events: EventSink | None = None,
         max_inbound_bytes: int = 1024 * 1024,
         hooks: OtaHooks | None = None,
+        open_bundles: OpenerFactory | None = None,
     ) -> None:
         hooks = hooks or NO_HOOKS  # test seams (tests/faulty_agent.py); production passes none
         self.device_id = device_id
@@ -96,6 +98,7 @@ class UpdateManager:
             link=link,
             publish=self._publish,
             hooks=hooks,
+            open_bundles=open_bundles,
         )
         self.machine = UpdateMachine(
             self.target,

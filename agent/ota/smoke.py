@@ -72,18 +72,25 @@ def run_variant(
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
-def smoke_test(verified: Any, device_key: Any, *, runnable: Callable[[Variant], bool] | None = None) -> SmokeReport:
+def smoke_test(
+    verified: Any,
+    decrypt: Callable[[Any, str], dict[str, bytes]],
+    golden: dict[str, np.ndarray] | None,
+    *,
+    runnable: Callable[[Variant], bool] | None = None,
+) -> SmokeReport:
     """Load every eligible variant of ``verified`` from memory and compare with its golden set.
 
-    Raises SmokeTestError naming the first variant that fails. Variants whose runtime is not
-    installed here are skipped (and listed); at least one variant must pass."""
+    ``decrypt(verified, variant_id)`` gives a variant's files and ``golden`` is the bundle's
+    golden set, both from the :class:`~edgesdk.agent.ports.BundleOpener` that verified it (so
+    the device key stays where that opener keeps it). Raises SmokeTestError naming the first
+    variant that fails. Variants whose runtime is not installed here are skipped (and listed);
+    at least one variant must pass."""
     from edgesdk.agent.serving import ServedVariant, gate_passed
 
-    from edgesdk.bundle import decrypt_golden, decrypt_variant
     from edgesdk.runtimes import load_variant
 
     manifest: BundleManifest = verified.manifest
-    golden = decrypt_golden(verified, device_key)
     inputs, expected = split_golden(golden) if golden else ({}, {})
     metric = manifest.golden.metric if manifest.golden else "top1"
     gate = manifest.golden.gate if manifest.golden else 0.0
@@ -96,7 +103,7 @@ def smoke_test(verified: Any, device_key: Any, *, runnable: Callable[[Variant], 
             report.skipped[meta.id] = f"runtime {meta.runtime} not available on this device"
             continue
         try:
-            files = decrypt_variant(verified, meta.id, device_key)
+            files = decrypt(verified, meta.id)
             loaded = load_variant(meta.runtime, files)
             del files
         except EdgeSDKError as exc:

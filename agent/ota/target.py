@@ -3,27 +3,31 @@
 It gets the agent's parts as ports (:mod:`edgesdk.agent.ports`): ``Serving`` (the atomic
 switch, ModelServer), ``Slots`` (the A/B store, ModelStore), ``Keyring`` (verification and
 decryption keys) and, for MQTT chunk downloads, the ``UpdateChannel`` (the link).
-Verification is ``verify_bundle``, the transfer is :mod:`edgesdk.agent.ota.transfer`. Nothing here
-writes a decrypted model to disk, and nothing removes the serving slot before the new one has
-committed.
+Verification is ``verify_bundle``, the transfer is :mod:`edgesdk.agent.ota.transfer`. Each state
+that verifies or decrypts opens a :class:`~edgesdk.agent.ports.BundleOpener` for its own work and
+closes it after: by default the unseal helper, so the device key never enters the daemon
+(:mod:`edgesdk.agent.openers`). Nothing here writes a decrypted model to disk, and nothing
+removes the serving slot before the new one has committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from edgesdk.agent.openers import InProcessOpener, OpenerFactory
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import ProbationFailed
 from edgesdk.agent.ota.probation import ProbationMonitor
 from edgesdk.agent.ota.smoke import smoke_test, split_golden
 from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
-from edgesdk.agent.ports import Keyring, Serving, Slots, UpdateChannel
+from edgesdk.agent.ports import BundleOpener, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
 from edgesdk.protocol.chunks import decode_frame
@@ -51,6 +55,7 @@ class AgentUpdateTarget:
         publish: Callable[[OtaStatus], None],
         link: UpdateChannel | None = None,
         hooks: OtaHooks = NO_HOOKS,
+        open_bundles: OpenerFactory | None = None,
     ) -> None:
         self.ota_dir = ota_dir
         self.device_id = device_id
@@ -61,6 +66,8 @@ class AgentUpdateTarget:
         self.link = link
         self._publish = publish
         self.hooks = hooks  # test seams (tests/faulty_agent.py); production passes none
+        # Where bundles are verified and decrypted; the agent passes its unseal helper's factory.
+        self.open_bundles: OpenerFactory = open_bundles or (lambda: InProcessOpener(keyring))
         self._receiver: ChunkReceiver | None = None
         self._receiver_lock = threading.Lock()
         # The model that served before activation, kept loaded during probation: rolling back
@@ -73,22 +80,28 @@ class AgentUpdateTarget:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _verify(self, path: Path, *, installed_release: int | None, rollback_floor: int | None = None) -> Any:
-        from edgesdk.bundle import verify_bundle
+    @contextlib.contextmanager
+    def _opener(self) -> Iterator[BundleOpener]:
+        opener = self.open_bundles()
+        try:
+            yield opener
+        finally:
+            opener.close()  # the helper (and the device key it read) is gone with the state's work
 
-        return verify_bundle(
-            path,
-            trusted_publishers=self.keyring.trusted_publishers,
-            profile=self.profile_name,
-            installed_release=installed_release,
-            rollback_floor=rollback_floor,
-        )
+    def _verify(self, opener: BundleOpener, path: Path, *, installed_release: int | None) -> Any:
+        """Re-open a bundle already in a slot (no anti-rollback: it was checked when installed)."""
+        return opener.verify(path, profile=self.profile_name, installed_release=installed_release)
 
-    def _verify_install(self, path: Path) -> Any:
+    def _verify_install(self, opener: BundleOpener, path: Path) -> Any:
         """Verify a bundle to install: anti-rollback against the store's floor (which raises
         when it cannot be established: the install is then refused)."""
         slots = self.slots
-        return self._verify(path, installed_release=slots.installed_release(), rollback_floor=slots.rollback_floor())
+        return opener.verify(
+            path,
+            profile=self.profile_name,
+            installed_release=slots.installed_release(),
+            rollback_floor=slots.rollback_floor(),
+        )
 
     def on_chunk_frame(self, payload: bytes) -> None:
         """Link handler for ``ota/chunks/data``: hand the frame to the running download."""
@@ -139,9 +152,13 @@ class AgentUpdateTarget:
             self.download_stats["bad_chunks"] += receiver.bad_chunks
 
     def verify(self, deployment: Deployment, path: Path) -> None:
+        with self._opener() as opener:
+            self._verify_and_smoke(opener, deployment, path)
+
+    def _verify_and_smoke(self, opener: BundleOpener, deployment: Deployment, path: Path) -> None:
         from edgesdk.runtimes import available_runtimes
 
-        verified = self._verify_install(path)
+        verified = self._verify_install(opener, path)
         model = verified.manifest.model
         if deployment.bundle_sha256 != verified.sha256:
             raise IntegrityError(f"bundle sha256 {verified.sha256} is not the deployment's {deployment.bundle_sha256}")
@@ -157,7 +174,8 @@ class AgentUpdateTarget:
         available = {str(getattr(r, "value", r)) for r in available_runtimes()}
         smoke_test(
             verified,
-            self.keyring.device_key,
+            opener.decrypt,
+            opener.golden(verified),
             runnable=lambda v: str(getattr(v.runtime, "value", v.runtime)) in available,
         )
 
@@ -168,14 +186,13 @@ class AgentUpdateTarget:
         self.hooks.before_write("stage", Path(store.slots_dir), needed)
         if free < needed:
             raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
-        verified = self._verify_install(path)
-        return str(store.stage(verified))
+        with self._opener() as opener:
+            verified = self._verify_install(opener, path)
+            return str(store.stage(verified))
 
-    def _load_golden(self, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+    def _load_golden(self, opener: BundleOpener, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
         """Golden inputs/outputs for probation probes (in memory only)."""
-        from edgesdk.bundle import decrypt_golden
-
-        golden = decrypt_golden(verified, self.keyring.device_key)
+        golden = opener.golden(verified)
         if not golden:
             return None
         inputs, expected = split_golden(golden)
@@ -186,11 +203,12 @@ class AgentUpdateTarget:
         store = self.slots
         server = self.serving
         store.reload()
-        verified = self._verify(store.bundle_path(slot), installed_release=None)
-        self._golden = self._load_golden(verified)
-        self._previous_model = server.model
-        store.activate(slot)
-        server.swap(verified, self.keyring.device_key)  # raises with the old model still serving
+        with self._opener() as opener:
+            verified = self._verify(opener, store.bundle_path(slot), installed_release=None)
+            self._golden = self._load_golden(opener, verified)
+            self._previous_model = server.model
+            store.activate(slot)
+            opener.serve(server, verified)  # raises with the old model still serving
 
     def probation(
         self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
@@ -211,9 +229,9 @@ class AgentUpdateTarget:
             store = self.slots
             try:
                 if store.active_slot is not None:
-                    self._golden = self._load_golden(
-                        self._verify(store.bundle_path(store.active_slot), installed_release=None)
-                    )
+                    with self._opener() as opener:
+                        verified = self._verify(opener, store.bundle_path(store.active_slot), installed_release=None)
+                        self._golden = self._load_golden(opener, verified)
             except EdgeSDKError as exc:
                 log.warning("probation runs without golden probes: %s", exc)
         monitor = ProbationMonitor(server, server.model.name, self._golden)
@@ -253,7 +271,8 @@ class AgentUpdateTarget:
                 start_variant=previous.active.id,
             )
         else:
-            server.swap(self._verify(store.bundle_path(active), installed_release=None), self.keyring.device_key)
+            with self._opener() as opener:
+                opener.serve(server, self._verify(opener, store.bundle_path(active), installed_release=None))
         self._previous_model = None
 
     def discard(self, deployment: Deployment | None) -> None:

@@ -40,6 +40,7 @@ from edgesdk.image.agent_config import (
     render_agent_config,
 )
 from edgesdk.image.recipes import Recipe, common_dir, recipe_for
+from edgesdk.image.unit_limits import DROP_IN, render_limits_drop_in
 from edgesdk.schemas.image import ImageFile, ImageManifest
 from edgesdk.schemas.profile import DeviceProfile
 
@@ -168,6 +169,9 @@ def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
         api_port=options.api_port,
     )
     (overlay / str(CONFIG_FILE).lstrip("/")).write_text(render_agent_config(settings), encoding="utf-8")
+    limits = overlay / DROP_IN
+    limits.parent.mkdir(parents=True, exist_ok=True)
+    limits.write_text(render_limits_drop_in(options.profile, options.broker), encoding="utf-8")
     profiles = overlay / str(PROFILES_DIR).lstrip("/")
     profiles.mkdir(parents=True, exist_ok=True)
     # The resolved profile, standalone: the device knows a custom profile without its parents.

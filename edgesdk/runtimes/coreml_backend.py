@@ -3,6 +3,10 @@
 Core ML predicts only on macOS. coremltools installs on Linux too (the converters use it),
 but there ``is_available()`` is False and loading raises BackendUnavailableError: Linux hosts
 validate Core ML variants by their spec instead (see edgesdk.converters).
+
+Core ML compiles from a package directory, so the decrypted package is briefly a set of files:
+they go to a memory-backed directory only (:mod:`edgesdk.runtimes.plaintext_dir`; the load is
+refused when there is none) and are removed as soon as the model is loaded.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class CoreMLModel:
 
     def close(self) -> None:
         self._model = None
-        shutil.rmtree(self._package_dir, ignore_errors=True)
+        shutil.rmtree(self._package_dir, ignore_errors=True)  # gone after load already; never left behind
 
 
 class CoreMLBackend:
@@ -89,15 +93,18 @@ class CoreMLBackend:
 
         import coremltools as ct
 
-        # Core ML compiles from a directory; on macOS the agent's data dir is the device's own
-        # storage and the package is removed on close.
-        package_dir = Path(tempfile.mkdtemp(prefix="edgesdk-coreml-"))
+        from edgesdk.runtimes.plaintext_dir import choose_plaintext_dir
+
+        # Core ML compiles from a directory: the plaintext package lives in RAM (tmpfs) only,
+        # and only until the model is loaded.
+        package_dir = Path(tempfile.mkdtemp(prefix="edgesdk-coreml-", dir=choose_plaintext_dir(options)))
         try:
             with zipfile.ZipFile(io.BytesIO(model)) as archive:
                 archive.extractall(package_dir)
             units = getattr(ct.ComputeUnit, dict(options or {}).get("compute_units", "ALL"))
             loaded = ct.models.MLModel(str(package_dir / "model.mlpackage"), compute_units=units)
         except Exception as exc:  # noqa: BLE001 - coremltools raises many types
-            shutil.rmtree(package_dir, ignore_errors=True)
             raise RuntimeBackendError(f"Core ML could not load the model: {exc}") from exc
+        finally:
+            shutil.rmtree(package_dir, ignore_errors=True)
         return CoreMLModel(loaded, package_dir)

@@ -25,7 +25,7 @@ def device_announces(broker_url: str, device_id: str, key: X25519PrivateKey) -> 
     assert client.wait_connected(10)
     agent = SimpleNamespace(
         config=SimpleNamespace(device_id=device_id, profile="rpi5-8gb", mqtt=SimpleNamespace(namespace="edgesdk")),
-        device_key=key,
+        device_public_key=key.public_key().public_bytes_raw,
     )
     assert announce_enrollment(agent, SimpleNamespace(client=client)) is not None
     time.sleep(0.3)  # let the QoS 1 publish be acknowledged before disconnecting

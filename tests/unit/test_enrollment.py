@@ -154,7 +154,7 @@ def test_a_bundle_packaged_after_revocation_has_no_slot_for_the_revoked_device(t
 
 def test_enroll_request_carries_the_public_key_only() -> None:
     device = new_device()
-    request = enrollment_request("cam-a", device, profile="rpi5-8gb")
+    request = enrollment_request("cam-a", device.public_key().public_bytes_raw(), profile="rpi5-8gb")
     private_raw = device.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
@@ -176,7 +176,7 @@ def test_candidates_from_presence_and_forged_requests() -> None:
     )
     seen = candidate_from_message("presence", presence.model_dump_json().encode())
     assert seen is not None and seen.seen_via == "presence" and seen.key_id == key_id(device.public_key())
-    forged = json.loads(enrollment_request("cam-a", device).model_dump_json())
+    forged = json.loads(enrollment_request("cam-a", device.public_key().public_bytes_raw()).model_dump_json())
     forged["key_id"] = "f" * 32  # key id of another key
     assert candidate_from_message("enroll", json.dumps(forged).encode()) is None
     assert candidate_from_message("enroll", b"\xff not json") is None
@@ -186,8 +186,8 @@ def test_candidates_from_presence_and_forged_requests() -> None:
 def test_table_flags_a_device_offering_a_new_key(tmp_path: Path) -> None:
     registry = RegistryFile(tmp_path / "reg.json")
     registry.approve("cam-a", new_device().public_key())
-    other = enrollment_request("cam-a", new_device())
-    newcomer = enrollment_request("cam-b", new_device())
+    other = enrollment_request("cam-a", new_device().public_key().public_bytes_raw())
+    newcomer = enrollment_request("cam-b", new_device().public_key().public_bytes_raw())
     candidates = {
         c.device_id: c
         for c in (
@@ -226,7 +226,7 @@ def test_cli_approve_list_revoke(edgesdk_cli, tmp_path: Path) -> None:
 
 
 def test_agent_stand_in_type_is_enough_for_announce() -> None:
-    # announce_enrollment reads only config.device_id/profile/mqtt.namespace and device_key.
+    # announce_enrollment reads only config.device_id/profile/mqtt.namespace and device_public_key().
     from edgesdk.agent.enrollment import announce_enrollment
 
     published: list[tuple[str, bytes, int, bool]] = []
@@ -238,7 +238,7 @@ def test_agent_stand_in_type_is_enough_for_announce() -> None:
 
     agent = SimpleNamespace(
         config=SimpleNamespace(device_id="cam-a", profile="rpi5-8gb", mqtt=SimpleNamespace(namespace="fleet1")),
-        device_key=new_device(),
+        device_public_key=new_device().public_key().public_bytes_raw,
     )
     request = announce_enrollment(agent, SimpleNamespace(client=Client()))
     assert request is not None
