@@ -370,6 +370,8 @@ class Agent:
             events=self.events,
             max_inbound_bytes=self.config.mqtt.max_inbound_bytes,
             hooks=self.ota_hooks,
+            groups=tuple(self.config.mqtt.groups),
+            clock_skew_s=self.config.ota.clock_skew_s,
         )
 
     def _start_link(self) -> None:
