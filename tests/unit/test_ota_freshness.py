@@ -142,3 +142,14 @@ def test_an_unreadable_ledger_fails_closed(tmp_path: Path) -> None:
     (tmp_path / "command_sequence.json").write_text("{")
     error = refusal(gate(tmp_path), command(10**12))
     assert error.why == "replay" and "unreadable" in str(error)
+
+
+def test_clock_skew_is_configured_in_the_agent_config() -> None:
+    from edgesdk.schemas.agent_config import AgentConfig
+
+    base = {"device_id": "dev-1", "profile": "rpi5-8gb"}
+    assert AgentConfig.model_validate(base).ota.clock_skew_s == 300
+    assert AgentConfig.model_validate({**base, "ota": {"clock_skew_s": 5}}).ota.clock_skew_s == 5
+    for bad in (-1, 10**6):
+        with pytest.raises(SchemaError, match="clock_skew_s"):
+            AgentConfig.parse_obj_clear({**base, "ota": {"clock_skew_s": bad}}, source="agent config")
