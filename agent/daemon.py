@@ -415,6 +415,8 @@ class Agent:
             max_inbound_bytes=self.config.mqtt.max_inbound_bytes,
             hooks=self.ota_hooks,
             open_bundles=self._open_bundles(),
+            groups=tuple(self.config.mqtt.groups),
+            clock_skew_s=self.config.ota.clock_skew_s,
         )
 
     def _start_link(self) -> None:

@@ -17,6 +17,11 @@
    (its ``model_loaded`` event) — with the old model kept loaded during probation (the normal
    path) and after the agent was SIGKILLed in probation and started again (the new process
    holds only the new model: verify, decrypt and load the old slot).
+4. ``--compare-checks``: the cost of the device's command checks (freshness, audience, replay,
+   agent/ota/freshness.py) — the fleet update of part 1 with the real checks and with them
+   bypassed (a gate passed in to UpdateManager, never reachable in production), rounds
+   alternating in one run; the ratio of the medians; and one check alone (µs, including the
+   fsync'd write of the sequence ledger).
 
 Run: ``.venv/bin/python benchmarks/bench_ota.py [--devices 100,500] [--json]``.
 """
@@ -46,6 +51,7 @@ from edgesdk.offline import disable_vendor_telemetry  # noqa: E402
 disable_vendor_telemetry()
 
 from edgesdk.agent.ota import UpdateManager, UpdateState  # noqa: E402
+from edgesdk.agent.ota.freshness import Admission, CommandGate, SequenceLedger  # noqa: E402
 
 from edgesdk.fleet.deployments import DeploymentStore  # noqa: E402
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
@@ -183,14 +189,31 @@ class BenchLink:
         self.client.stop(graceful=False)
 
 
+class UncheckedGate(CommandGate):
+    """The "before" of the checks' cost: admits every signed command (benchmark only)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def admit(self, command: Any, issuer: str, *, now: Any = None) -> Admission:
+        return Admission.ACT
+
+
 class SimDevice:
     def __init__(
-        self, root: Path, index: int, bundles: Bundles, broker_url: str, loop: NetworkLoop, heavy: threading.Semaphore
+        self,
+        root: Path,
+        index: int,
+        bundles: Bundles,
+        broker_url: str,
+        loop: NetworkLoop,
+        heavy: threading.Semaphore,
+        checks: bool = True,
     ) -> None:
         self.device_id = f"sim-{index:04d}"
         self.link = BenchLink(self.device_id, broker_url, loop)
         self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
-        self.manager = UpdateManager.for_agent(self.agent)
+        self.manager = UpdateManager.for_agent(self.agent, gate=None if checks else UncheckedGate())
         target = self.manager.target
         # Real devices each have their own CPU and RAM; in one process, at most `heavy` simulated
         # devices decrypt and load the model at the same time, or RAM runs out (500 × 5 MB × copies).
@@ -214,14 +237,16 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def bench_fleet(bundles: Bundles, count: int, root: Path, heavy_concurrency: int) -> dict[str, Any]:
+def bench_fleet(
+    bundles: Bundles, count: int, root: Path, heavy_concurrency: int, *, checks: bool = True
+) -> dict[str, Any]:
     import psutil
 
     root.mkdir(parents=True)
     with MosquittoBroker(data_dir=root / "mosquitto") as broker:
         loop = NetworkLoop(name="sim-fleet").start()
         heavy = threading.Semaphore(heavy_concurrency)
-        devices = [SimDevice(root / "devices", i, bundles, broker.url, loop, heavy) for i in range(count)]
+        devices = [SimDevice(root / "devices", i, bundles, broker.url, loop, heavy, checks) for i in range(count)]
         for device in devices:
             device.link.start()
         for device in devices:
@@ -278,6 +303,62 @@ def bench_fleet(bundles: Bundles, count: int, root: Path, heavy_concurrency: int
         loop.stop()
     shutil.rmtree(root, ignore_errors=True)
     return result
+
+
+# -- part 4: the cost of the command checks --------------------------------------------------------
+
+
+def bench_one_check(root: Path, count: int = 200) -> dict[str, float]:
+    """One CommandGate.admit on a fresh, addressed, new command: median and p90 in µs."""
+    from datetime import datetime, timedelta, timezone
+
+    from edgesdk.schemas.messages import Deployment
+
+    root.mkdir(parents=True)
+    gate = CommandGate(SequenceLedger(root / "command_sequence.json"), device_id="sim-0000")
+    now = datetime.now(timezone.utc)
+    base = Deployment(
+        deployment_id="bench",
+        issued_at=now,
+        expires_at=now + timedelta(hours=6),
+        sequence=1,
+        targets=["sim-0000"],
+        model_name="digits",
+        model_version="1.0.0",
+        release=2,
+        bundle_sha256="0" * 64,
+        bundle_size=1,
+        signature="ed25519:bench:x",
+    )
+    times = []
+    for sequence in range(1, count + 1):
+        command = base.model_copy(update={"sequence": sequence, "signature": f"ed25519:bench:{sequence}"})
+        start = time.perf_counter()
+        gate.admit(command, "bench")
+        times.append((time.perf_counter() - start) * 1e6)
+    times.sort()
+    return {"median_us": round(statistics.median(times), 1), "p90_us": round(times[int(0.9 * len(times))], 1)}
+
+
+def bench_checks(bundles: Bundles, count: int, root: Path, heavy_concurrency: int, rounds: int) -> dict[str, Any]:
+    """The fleet update with the device checks on and bypassed, alternating, in one run."""
+    seconds: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for index in range(rounds):
+        order = ("checked", "unchecked") if index % 2 == 0 else ("unchecked", "checked")
+        for mode in order:
+            result = bench_fleet(bundles, count, root / f"{mode}-{index}", heavy_concurrency, checks=mode == "checked")
+            if result["committed"] != count:
+                raise RuntimeError(f"{mode} round {index}: only {result['committed']} of {count} committed")
+            seconds[mode].append(result["seconds_to_all_committed"])
+    checked, unchecked = statistics.median(seconds["checked"]), statistics.median(seconds["unchecked"])
+    return {
+        "devices": count,
+        "rounds": rounds,
+        "seconds_checked": seconds["checked"],
+        "seconds_unchecked": seconds["unchecked"],
+        "ratio_checked_over_unchecked": round(checked / unchecked, 3),
+        "one_check": bench_one_check(root / "one-check"),
+    }
 
 
 # -- part 2: serving during an update (real agent process) ----------------------------------------
@@ -524,12 +605,23 @@ def main() -> None:
     parser.add_argument("--heavy-concurrency", type=int, default=16, help="simulated devices loading models at once")
     parser.add_argument("--skip", default="", help="parts to skip: fleet,serving,rollback")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--compare-checks",
+        action="store_true",
+        help="only part 4: the fleet update (first --devices size, --repeat rounds) with and without "
+        "the device's command checks, and the ratio",
+    )
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     work = Path(tempfile.mkdtemp(prefix="bench-ota-"))
     try:
         bundles = Bundles(work / "bundles", args.bundle_mb)
         results: dict[str, Any] = {"bundle_bytes": bundles.v2.stat().st_size, "model_bytes": bundles.model_bytes}
+        if args.compare_checks:
+            count = int(args.devices.split(",")[0])
+            results["checks"] = bench_checks(bundles, count, work / "checks", args.heavy_concurrency, args.repeat)
+            print(json.dumps(results, indent=2))
+            return
         if "rollback" not in skip:
             results["rollback"] = bench_rollback(bundles, work / "rollback", args.repeat)
             print(json.dumps({"rollback": results["rollback"]}), flush=True)

@@ -40,7 +40,8 @@
     ├── UpdateError                an over-the-air update failed or was refused
     │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test
     │   ├── UpdateCancelled        (agent/ota/machine.py) the operator cancelled the deployment
-    │   └── ProbationFailed        (agent/ota/machine.py) the new model breached a health criterion
+    │   ├── ProbationFailed        (agent/ota/machine.py) the new model breached a health criterion
+    │   └── CommandRefused         (agent/ota/freshness.py) a signed command is replayed, expired, not yet valid or not for this device
     ├── ImageError                 a provisioning image cannot be built (recipe, wheelhouse)
     ├── EnrollmentError            a device cannot be enrolled, approved or revoked
     └── DemoError                  (edgesdk/demo/story.py) a demo step could not finish

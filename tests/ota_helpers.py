@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,25 @@ def make_deployment(
     url: str | None = None,
     action: str = "install",
     targets: list[str] | None = None,
+    target_groups: list[str] | None = None,
+    sequence: int | None = None,
+    issued_at: datetime | None = None,
+    ttl_s: float = 3600.0,
 ) -> Deployment:
-    """A signed deployment of ``bundle`` (manifest fields read from the file, unverified)."""
+    """A signed deployment of ``bundle`` (manifest fields read from the file, unverified), for
+    ``targets`` (default dev-1, the StandInAgent's id), valid ``ttl_s`` from ``issued_at`` (now)
+    and numbered ``sequence`` (default: the next of a per-process counter)."""
     from edgesdk.bundle import inspect_bundle
     from edgesdk.keys import load_publisher_private_key
 
     model = inspect_bundle(bundle).manifest.model
     data = bundle.read_bytes()
+    issued = issued_at or datetime.now(timezone.utc)
     deployment = Deployment(
         deployment_id=deployment_id,
-        issued_at=datetime.now(timezone.utc),
+        issued_at=issued,
+        expires_at=issued + timedelta(seconds=ttl_s),
+        sequence=next_sequence() if sequence is None else sequence,
         model_name=model.name,
         model_version=model.version,
         release=model.release,
@@ -114,9 +124,29 @@ def make_deployment(
         url=url,
         health=health or HealthCriteria(probation_s=1.0),
         action=action,  # type: ignore[arg-type]
-        targets=targets or [],
+        targets=targets if targets is not None or target_groups else ["dev-1"],
+        target_groups=target_groups or [],
     )
     return sign_deployment(deployment, load_publisher_private_key(operator_key))
+
+
+_sequence = itertools.count(1)
+
+
+def next_sequence() -> int:
+    """Strictly increasing within this process, like an operator's database."""
+    return next(_sequence)
+
+
+def command_fields(device_id: str = "dev-1", *, ttl_s: float = 3600.0) -> dict[str, Any]:
+    """The freshness and audience fields a version-2 Deployment needs, for tests that build one."""
+    now = datetime.now(timezone.utc)
+    return {
+        "issued_at": now,
+        "expires_at": now + timedelta(seconds=ttl_s),
+        "sequence": next_sequence(),
+        "targets": [device_id],
+    }
 
 
 class StandInAgent:

@@ -1,8 +1,8 @@
 """UpdateManager: the agent's entry point to over-the-air updates.
 
 The daemon creates one per agent and calls :meth:`UpdateManager.resume` at start. Deployments
-arrive from the MQTT link (:meth:`handle_deployment`, signature checked before anything else),
-sideloads from ``edge-agent install`` (:meth:`install_local`). One worker thread runs the state
+arrive from the MQTT link (:meth:`handle_deployment`: signature checked before anything else, then
+freshness, audience and replay, see :mod:`edgesdk.agent.ota.freshness`), sideloads from ``edge-agent install`` (:meth:`install_local`). One worker thread runs the state
 machine, so the link and the API never block on an update and two updates never interleave.
 """
 
@@ -15,11 +15,12 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from edgesdk.agent.openers import OpenerFactory
+from edgesdk.agent.ota.freshness import Admission, CommandGate, CommandRefused, SequenceLedger
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
@@ -79,7 +80,12 @@ class UpdateManager:
         max_inbound_bytes: int = 1024 * 1024,
         hooks: OtaHooks | None = None,
         open_bundles: OpenerFactory | None = None,
+        groups: tuple[str, ...] | list[str] = (),
+        clock_skew_s: float | None = None,
+        gate: CommandGate | None = None,
     ) -> None:
+        """``gate`` replaces the freshness/audience/replay checks (benchmarks compare with and
+        without them); production passes none and gets the real checks over ``ota_dir``."""
         hooks = hooks or NO_HOOKS  # test seams (tests/faulty_agent.py); production passes none
         self.device_id = device_id
         self.keyring = keyring
@@ -88,6 +94,12 @@ class UpdateManager:
         self.max_inbound_bytes = max_inbound_bytes
         self.ota_dir = Path(ota_dir)
         self.ota_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.gate = gate or CommandGate(
+            SequenceLedger(self.ota_dir / "command_sequence.json"),
+            device_id=device_id,
+            groups=groups,
+            **({"clock_skew_s": clock_skew_s} if clock_skew_s is not None else {}),
+        )
         self.target = AgentUpdateTarget(
             self.ota_dir,
             device_id=device_id,
@@ -117,7 +129,9 @@ class UpdateManager:
             link.subscribe(OTA_CHUNK_DATA, self.target.on_chunk_frame)
 
     @classmethod
-    def for_agent(cls, agent: UpdatableAgent, *, hooks: OtaHooks | None = None) -> UpdateManager:
+    def for_agent(
+        cls, agent: UpdatableAgent, *, hooks: OtaHooks | None = None, gate: CommandGate | None = None
+    ) -> UpdateManager:
         """The updater of ``agent`` (its state under ``data_dir/ota``), wired to its parts."""
         config = agent.config
         return cls(
@@ -131,6 +145,9 @@ class UpdateManager:
             events=agent.events,
             max_inbound_bytes=config.mqtt.max_inbound_bytes,
             hooks=hooks,
+            groups=tuple(config.mqtt.groups),
+            clock_skew_s=config.ota.clock_skew_s,
+            gate=gate,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -181,18 +198,34 @@ class UpdateManager:
             log.warning("ignored deployment message: %s", exc)
             self.agent_event("ota_refused", {"reason": str(exc)})
             return
-        if deployment.targets and self.device_id not in deployment.targets:
-            return  # a group message meant for other members
         try:
-            verify_deployment(deployment, self.keyring.trusted_publishers)
+            signer = verify_deployment(deployment, self.keyring.trusted_publishers)
         except EdgeSDKError as exc:
             log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
             self._refuse(deployment, str(exc))
             return
+        # Only a signed command reaches the gate, so nobody but an operator can make the device
+        # write its sequence ledger (or publish refusals quoting attacker-chosen fields).
+        try:
+            admission = self.gate.admit(deployment, signer)
+        except CommandRefused as exc:
+            log.warning("refused deployment %s (%s): %s", deployment.deployment_id, exc.why, exc)
+            self.agent_event(
+                "ota_refused", {"deployment_id": deployment.deployment_id, "why": exc.why, "reason": str(exc)}
+            )
+            self._refuse(deployment, str(exc))
+            return
+        except OSError as exc:  # the ledger could not be written: acting would reopen the window
+            log.error("refused deployment %s: sequence ledger not written: %s", deployment.deployment_id, exc)
+            self._refuse(deployment, f"could not record the command's sequence ({exc}); retry later")
+            return
+        if admission is Admission.REPEAT:
+            self._republish()  # the same message again (QoS 1 redelivery, a resend): report, do nothing
+            return
         self.accept(deployment)
 
     def accept(self, deployment: Deployment) -> None:
-        """Act on a deployment whose signature was checked."""
+        """Act on a deployment whose signature, freshness, audience and sequence were checked."""
         record = self.machine.record
         current = record.deployment.deployment_id if record.deployment else None
         same = current == deployment.deployment_id
@@ -249,9 +282,15 @@ class UpdateManager:
         from edgesdk.bundle import inspect_bundle
 
         model = inspect_bundle(source).manifest.model  # display data only; VERIFYING checks everything
+        now = datetime.now(timezone.utc)
+        # A sideload is the device's own command, never checked by the gate: sequence 0 is
+        # below any operator command, and the expiry only has to outlast this call.
         deployment = Deployment(
             deployment_id=f"local-{sha[:12]}-{uuid.uuid4().hex[:6]}",
-            issued_at=datetime.now(timezone.utc),
+            issued_at=now,
+            expires_at=now + timedelta(days=1),
+            sequence=0,
+            targets=[self.device_id],
             model_name=model.name,
             model_version=model.version,
             release=model.release,

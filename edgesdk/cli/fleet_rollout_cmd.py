@@ -4,6 +4,10 @@
 a progress bar per wave; Ctrl-C leaves the deployment IN_PROGRESS in the database, and
 ``push --deployment-id ID`` with the same id resumes it. ``status`` reads the database only;
 ``abort`` and ``rollback`` also tell the devices (signed cancel/rollback messages).
+
+Every message devices get is issued when it is sent: addressed to those devices, with the next
+sequence number of the operator key and valid for ``--expires`` (devices refuse it after that;
+see docs/ota.md). Each wave of a push gets its own.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from edgesdk.errors import UpdateError, UsageError
 
 OPERATOR_KEY_ENV = "EDGESDK_OPERATOR_KEY"
 
+_expires_help = (
+    "How long each command sent to devices stays valid; devices refuse it afterwards. Each wave gets a fresh one."
+)
 _db_option = click.option(
     "--db",
     "db_path",
@@ -116,6 +123,7 @@ class _WaveBars:
 @click.option("--url", default=None, help="Devices download from this HTTP(S) URL instead of MQTT chunks.")
 @click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
 @click.option("--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes.")
+@click.option("--expires", default="6h", show_default=True, help=_expires_help)
 @_key_option
 @_db_option
 @json_option
@@ -133,6 +141,7 @@ def push(
     url: str | None,
     chunk_size: int | None,
     deployment_id: str | None,
+    expires: str,
     key_path: Path | None,
     db_path: Path | None,
     as_json: bool,
@@ -165,6 +174,7 @@ def push(
             max_failures=parse_percent(max_failures, option="--max-failures"),
             probation_s=parse_duration(probation, option="--probation"),
             wave_timeout_s=parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
+            command_ttl_s=_positive_duration(expires),
         )
         health = HealthCriteria(
             probation_s=plan.probation_s,
@@ -225,6 +235,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
         console().print(summary["reason"])
 
 
+def _positive_duration(text: str) -> float:
+    from edgesdk.fleet.rollout import parse_duration
+
+    seconds = parse_duration(text, option="--expires")
+    if seconds <= 0:
+        raise UsageError(f"bad --expires {text!r}: a command must stay valid for some time, e.g. 30m or 6h")
+    return seconds
+
+
 @click.command("status")
 @click.argument("deployment", required=False)
 @_db_option
@@ -282,13 +301,14 @@ def status(deployment: str | None, db_path: Path | None, as_json: bool) -> None:
 @broker_options
 @_key_option
 @_db_option
-def abort(deployment: str, key_path: Path | None, db_path: Path | None, **params: Any) -> None:
+@click.option("--expires", default=None, help=_expires_help.split(";")[0] + " (default: the push's --expires).")
+def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires: str | None, **params: Any) -> None:
     """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
     store = _store(db_path)
     store.get(deployment)  # unknown id → one clear error before touching the broker
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
-        ctl.abort(deployment)
+        ctl.abort(deployment, ttl_s=_positive_duration(expires) if expires else None)
         time.sleep(0.5)  # let QoS 1 messages leave before disconnecting
     finally:
         client.stop()
@@ -301,12 +321,14 @@ def abort(deployment: str, key_path: Path | None, db_path: Path | None, **params
 @_key_option
 @_db_option
 @click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
+@click.option("--expires", default=None, help=_expires_help.split(";")[0] + " (default: the push's --expires).")
 @json_option
 def rollback(
     deployment: str,
     key_path: Path | None,
     db_path: Path | None,
     wait_s: str,
+    expires: str | None,
     as_json: bool,
     **params: Any,
 ) -> None:
@@ -318,7 +340,7 @@ def rollback(
     timeout = parse_duration(wait_s, option="--wait")
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
-        asked = ctl.rollback(deployment)
+        asked = ctl.rollback(deployment, ttl_s=_positive_duration(expires) if expires else None)
         confirmed = ctl.wait_for_states(deployment, {"ROLLED_BACK", "FAILED", "TIMED_OUT"}, timeout)
     finally:
         client.stop()

@@ -1,5 +1,12 @@
 """Operator-side deployment records (SQLite) and signed Deployment messages.
 
+What the database keeps of a deployment is its *template*: the bundle's fields, unsigned,
+sequence 0 — not a command any device accepts. Every message that leaves for devices is
+issued from it by :func:`issue_command`: freshly dated, expiring after the plan's command TTL,
+addressed to exactly the devices (and wave) it is sent to, carrying the next sequence number
+of the signing key (persisted here), and signed. A wave that starts hours after the canary
+therefore gets its own command, and a captured one is useless elsewhere and later.
+
 The rollout controller writes every decision and every device status here before acting on
 it, so a controller that is stopped or crashes is resumed from the database (``fleet push
 --deployment-id ID`` again), and ``fleet status/abort/rollback`` work from another shell while
@@ -17,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +54,10 @@ CREATE TABLE IF NOT EXISTS deployments (
     wave INTEGER NOT NULL DEFAULT -1,
     reason TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS issuers (
+    key_id TEXT PRIMARY KEY,        -- the operator key that signs commands
+    sequence INTEGER NOT NULL       -- the last sequence it issued (devices refuse anything not above)
+);
 CREATE TABLE IF NOT EXISTS devices (
     deployment_id TEXT NOT NULL REFERENCES deployments(id),
     device_id TEXT NOT NULL,
@@ -71,17 +82,23 @@ def default_db_path() -> Path:
     return Path.home() / ".local" / "share" / "edgesdk" / "fleet.sqlite3"
 
 
+#: How long an issued command stays valid when the plan does not say (``--expires``).
+DEFAULT_COMMAND_TTL_S = 6 * 3600.0
+
+
 def build_deployment(
     bundle: Path,
     *,
     deployment_id: str,
-    operator_key: Any,
+    targets: list[str],
     health: HealthCriteria,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     url: str | None = None,
+    command_ttl_s: float = DEFAULT_COMMAND_TTL_S,
 ) -> Deployment:
-    """A signed install Deployment for ``bundle`` (manifest read for display fields only: the
-    device verifies the bundle itself)."""
+    """The unsigned install template for ``bundle`` to ``targets`` (manifest read for display
+    fields only: the device verifies the bundle itself). Send only what :func:`issue_command`
+    makes of it."""
     from edgesdk.bundle import inspect_bundle
 
     if not bundle.is_file():
@@ -91,9 +108,13 @@ def build_deployment(
     with open(bundle, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
-    deployment = Deployment(
+    now = datetime.now(timezone.utc)
+    return Deployment(
         deployment_id=deployment_id,
-        issued_at=datetime.now(timezone.utc),
+        issued_at=now,
+        expires_at=now + timedelta(seconds=command_ttl_s),
+        sequence=0,
+        targets=sorted(targets),
         model_name=model.name,
         model_version=model.version,
         release=model.release,
@@ -104,14 +125,42 @@ def build_deployment(
         url=url,
         health=health,
     )
-    return sign_deployment(deployment, operator_key)
 
 
-def control_message(deployment: Deployment, action: str, operator_key: Any) -> Deployment:
-    """The same deployment with ``action`` cancel or rollback, signed again."""
-    return sign_deployment(
-        deployment.model_copy(update={"action": action, "issued_at": datetime.now(timezone.utc)}), operator_key
+def issue_command(
+    template: Deployment,
+    *,
+    store: DeploymentStore,
+    operator_key: Any,
+    targets: list[str],
+    action: str = "install",
+    wave: int | None = None,
+    ttl_s: float = DEFAULT_COMMAND_TTL_S,
+    target_groups: list[str] | None = None,
+) -> Deployment:
+    """A command made from ``template``: ``action`` for exactly ``targets`` (and/or
+    ``target_groups``), issued now, expiring in ``ttl_s``, with the signing key's next sequence."""
+    from edgesdk.keys import key_id
+
+    if not targets and not target_groups:
+        raise UsageError(f"deployment {template.deployment_id!r}: a command needs target devices or groups")
+    if ttl_s <= 0:
+        raise UsageError(f"command lifetime must be positive, got {ttl_s:g} s")
+    now = datetime.now(timezone.utc)
+    command = template.model_copy(
+        update={
+            "action": action,
+            "issued_at": now,
+            "expires_at": now + timedelta(seconds=ttl_s),
+            "sequence": store.next_sequence(key_id(operator_key.public_key())),
+            "targets": sorted(targets),
+            "target_groups": sorted(target_groups or []),
+            "wave": wave,
+            "signature": None,
+        }
     )
+    # model_copy skips validation: validate the command as a device will, before signing it.
+    return sign_deployment(Deployment.model_validate(command.model_dump()), operator_key)
 
 
 @dataclass(frozen=True)
@@ -213,6 +262,24 @@ class DeploymentStore:
                 "WHERE id = ?",
                 (state, time.time(), reason, wave, deployment_id),
             )
+
+    # -- command sequence numbers -----------------------------------------------------------
+
+    def next_sequence(self, issuer: str) -> int:
+        """The next sequence number of ``issuer`` (an operator key id), persisted before it is
+        used: strictly above every one this database issued, and at least the current Unix time
+        in milliseconds, so a new or restored database (or a second operator machine with the
+        same key and a sane clock) still issues numbers the devices accept."""
+        floor = int(time.time() * 1000)
+        with self._tx() as db:
+            row = db.execute("SELECT sequence FROM issuers WHERE key_id = ?", (issuer,)).fetchone()
+            sequence = max(floor, (row["sequence"] + 1) if row else 0)
+            db.execute(
+                "INSERT INTO issuers (key_id, sequence) VALUES (?, ?) "
+                "ON CONFLICT(key_id) DO UPDATE SET sequence = excluded.sequence",
+                (issuer, sequence),
+            )
+        return sequence
 
     # -- devices ------------------------------------------------------------------------------
 

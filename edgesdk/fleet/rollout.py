@@ -1,7 +1,8 @@
 """The staged rollout controller (operator side): canary, waves, failure threshold, abort.
 
 A push is planned into waves (the canary first), written to the deployment database, then run:
-each wave gets the signed Deployment on its devices' topics, the controller serves their chunk
+each wave gets its own freshly issued, signed command (addressed to the wave's devices, with the
+wave number, a short expiry and the next sequence of the operator key) on their topics, the controller serves their chunk
 requests and records their statuses, and waits until every device of the wave has committed
 (which a device only does after its probation) or failed, or the wave times out. As soon as the
 failures among the devices sent so far exceed ``max_failures``, the rollout aborts and the
@@ -24,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from edgesdk.errors import EdgeSDKError, UsageError
 from edgesdk.fleet.chunk_server import ChunkServer, RequestBudget
 from edgesdk.fleet.deployments import (
     ABORTED,
+    DEFAULT_COMMAND_TTL_S,
     DEVICE_FAILURE,
     DEVICE_SUCCESS,
     FINISHED_ROLLOUT_STATES,
@@ -39,7 +42,7 @@ from edgesdk.fleet.deployments import (
     SUCCEEDED,
     DeploymentStore,
     build_deployment,
-    control_message,
+    issue_command,
 )
 from edgesdk.protocol.topics import OTA_DEPLOYMENT, OTA_STATUS, PRESENCE, all_devices_filter, device_topic, parse_topic
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, Presence
@@ -61,6 +64,7 @@ class RolloutPlan:
     probation_s: float = 600.0
     wave_timeout_s: float | None = None  # default: probation + 10 minutes
     resend_s: float = 30.0
+    command_ttl_s: float = DEFAULT_COMMAND_TTL_S  # each issued command's lifetime (``--expires``)
 
     def timeout(self) -> float:
         return self.wave_timeout_s if self.wave_timeout_s is not None else self.probation_s + 600.0
@@ -207,14 +211,21 @@ class RolloutController:
         chunk_size: int | None = None,
         health: HealthCriteria | None = None,
     ) -> Deployment:
-        """Sign the deployment, plan its waves, persist both (state PENDING)."""
+        """Make the deployment's template, plan its waves, persist both (state PENDING); the
+        commands devices act on are issued per wave by ``run``."""
         if not devices:
             raise UsageError("no target devices: give --devices A,B or a --group with members")
         deployment_id = deployment_id or f"dep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         health = health or HealthCriteria(probation_s=plan.probation_s)
         kwargs: dict[str, Any] = {"chunk_size": chunk_size} if chunk_size else {}
         message = build_deployment(
-            bundle, deployment_id=deployment_id, operator_key=self.operator_key, health=health, url=url, **kwargs
+            bundle,
+            deployment_id=deployment_id,
+            targets=devices,
+            health=health,
+            url=url,
+            command_ttl_s=plan.command_ttl_s,
+            **kwargs,
         )
         waves = plan_waves(devices, plan, seed=deployment_id)
         self.store.create(message, bundle, plan.to_json(), waves)
@@ -254,7 +265,10 @@ class RolloutController:
         devices = [d.device_id for d in self.store.devices(deployment_id, wave)]
         self.on_progress("wave_started", {"wave": wave, "waves": waves, "devices": len(devices)})
         pending = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state in ("PENDING", "SENT")]
-        self._send(message, pending)
+        # Issued now, for this wave only: a wave that starts after the canary's probation gets a
+        # command dated now, and the canary's message is not valid for anyone else.
+        command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
+        self._send(command, pending)
         self.store.mark_sent(deployment_id, pending)
         deadline = time.monotonic() + plan.timeout()
         last_sent = time.monotonic()
@@ -286,7 +300,7 @@ class RolloutController:
                     f"{len(failures)} of {len(sent)} devices failed in waves 0..{wave} "
                     f"(max_failures {plan.max_failures:.0%}); first: {failures[0].device_id}: {failures[0].reason}"
                 )
-                self._abort_wave(deployment_id, message, wave, reason)
+                self._abort_wave(deployment_id, message, plan, wave, reason)
                 return ABORTED
             if len(done) == len(in_wave):
                 self.on_progress(
@@ -307,19 +321,21 @@ class RolloutController:
             if now - last_sent > plan.resend_s:
                 # A device that never answered may have been offline: send again (devices ignore repeats).
                 silent = [d.device_id for d in in_wave if d.state == "SENT"]
-                self._send(message, silent)
+                if command.expires_at is None or command.expires_at - _utcnow() < _seconds(2 * plan.resend_s):
+                    command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
+                self._send(command, silent)  # the same command again is a repeat to a device that has it
                 last_sent = now
             time.sleep(self.poll_s)
 
-    def _abort_wave(self, deployment_id: str, message: Deployment, wave: int, reason: str) -> None:
+    def _abort_wave(self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, reason: str) -> None:
         """Stop the rollout and roll the failing wave back (earlier waves passed and stay)."""
         self.store.set_state(deployment_id, ABORTED, reason=reason)
         in_wave = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state not in ("PENDING",)]
-        self._send(control_message(message, "rollback", self.operator_key), in_wave)
+        self._command(message, "rollback", in_wave, plan, wave=wave)
         log.warning("deployment %s aborted: %s", deployment_id, reason)
         self.on_progress("aborted", {"wave": wave, "reason": reason})
 
-    def abort(self, deployment_id: str, reason: str = "aborted by operator") -> None:
+    def abort(self, deployment_id: str, reason: str = "aborted by operator", *, ttl_s: float | None = None) -> None:
         """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
         row = self.store.get(deployment_id)
         active = [
@@ -328,14 +344,16 @@ class RolloutController:
             if d.state not in ("PENDING",) and d.state not in DEVICE_SUCCESS
         ]
         self.store.set_state(deployment_id, ABORTED, reason=reason)
-        self._send(control_message(row.message, "cancel", self.operator_key), active)
+        self._command(row.message, "cancel", active, _with_ttl(RolloutPlan.from_json(row.plan), ttl_s))
 
-    def rollback(self, deployment_id: str, reason: str = "rolled back by operator") -> int:
+    def rollback(
+        self, deployment_id: str, reason: str = "rolled back by operator", *, ttl_s: float | None = None
+    ) -> int:
         """Roll every device the deployment reached back to its previous model; returns how many were asked."""
         row = self.store.get(deployment_id)
         reached = [d.device_id for d in self.store.devices(deployment_id) if d.state != "PENDING"]
         self.store.set_state(deployment_id, ROLLED_BACK, reason=reason)
-        self._send(control_message(row.message, "rollback", self.operator_key), reached)
+        self._command(row.message, "rollback", reached, _with_ttl(RolloutPlan.from_json(row.plan), ttl_s))
         return len(reached)
 
     def wait_for_states(self, deployment_id: str, states: set[str], timeout: float) -> bool:
@@ -350,6 +368,32 @@ class RolloutController:
         return False
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    def issue(
+        self,
+        template: Deployment,
+        devices: list[str],
+        *,
+        action: str = "install",
+        wave: int | None = None,
+        ttl_s: float = DEFAULT_COMMAND_TTL_S,
+    ) -> Deployment:
+        """A fresh signed command from ``template`` for exactly ``devices`` (see issue_command)."""
+        return issue_command(
+            template,
+            store=self.store,
+            operator_key=self.operator_key,
+            targets=devices,
+            action=action,
+            wave=wave,
+            ttl_s=ttl_s,
+        )
+
+    def _command(
+        self, template: Deployment, action: str, devices: list[str], plan: RolloutPlan, *, wave: int | None = None
+    ) -> None:
+        if devices:
+            self._send(self.issue(template, devices, action=action, wave=wave, ttl_s=plan.command_ttl_s), devices)
 
     def _send(self, message: Deployment, devices: list[str]) -> None:
         payload = message.model_dump_json().encode()
@@ -371,6 +415,19 @@ class RolloutController:
                 log.warning("ignored malformed status: %s", exc)
                 continue
             self.store.record_status(status)
+
+
+def _with_ttl(plan: RolloutPlan, ttl_s: float | None) -> RolloutPlan:
+    """``plan`` with its command lifetime replaced (``fleet abort/rollback --expires``)."""
+    return plan if ttl_s is None else RolloutPlan.from_json({**plan.to_json(), "command_ttl_s": ttl_s})
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
 
 
 def _count(states: Any) -> dict[str, int]:

@@ -68,6 +68,16 @@ class GovernorConfig(Schema):
     min_dwell_s: float | None = Field(None, ge=0, description="override the profile's min dwell time")
 
 
+class OtaConfig(Schema):
+    clock_skew_s: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        description="tolerance between the fleet's clock and this device's when checking a command's "
+        "issued_at/expires_at (docs/ota.md); raise it only for devices without a reliable clock",
+    )
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -84,6 +94,7 @@ class AgentConfig(Schema):
     api: ApiConfig = Field(default_factory=ApiConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
+    ota: OtaConfig = Field(default_factory=OtaConfig)
     runtime_threads: int | None = Field(
         None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
     )

@@ -4,9 +4,9 @@ reader can reject what it does not understand instead of misreading it."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
@@ -101,13 +101,27 @@ class HealthCriteria(Schema):
     max_output_drift: float | None = Field(None, ge=0)
 
 
-class Deployment(Schema):
-    """Sent by the fleet to a device or group: install this bundle. Signed by the operator."""
+#: Deployment messages before version 2 carried no freshness or audience fields. They still
+#: parse (an update record saved by an older agent must load after an upgrade), but a device
+#: acts on no version-1 command (edgesdk.agent.ota.freshness).
+DEPLOYMENT_SCHEMA_VERSION: Final = 2
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+
+class Deployment(Schema):
+    """Sent by the fleet to a device or group: install this bundle (or cancel / roll back a
+    deployment). Signed by the operator; every field but ``signature`` is signed, so the
+    freshness window, the sequence and the audience cannot be changed in transit."""
+
+    schema_version: Literal[1, 2] = DEPLOYMENT_SCHEMA_VERSION
     kind: Literal["deployment"] = "deployment"
     deployment_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     issued_at: datetime
+    expires_at: datetime | None = Field(
+        None, description="devices refuse the command after this instant (plus their clock-skew tolerance)"
+    )
+    sequence: int | None = Field(
+        None, ge=0, description="strictly increasing per signing key; devices refuse one not above the last accepted"
+    )
     model_name: str
     model_version: str = Field(pattern=SEMVER_PATTERN)
     release: int = Field(ge=1)
@@ -119,10 +133,31 @@ class Deployment(Schema):
         default_factory=list,
         description="sha256 of each chunk_size piece of the bundle, in order: every chunk is checked on arrival",
     )
-    targets: list[str] = Field(default_factory=list, description="device ids this deployment is for; empty = all")
+    targets: list[str] = Field(default_factory=list, description="device ids this command is for")
+    target_groups: list[str] = Field(
+        default_factory=list, description="device groups this command is for (a device in any of them)"
+    )
+    wave: int | None = Field(None, ge=0, description="rollout wave the command was issued for (0 = canary)")
     health: HealthCriteria = Field(default_factory=HealthCriteria)
     action: Literal["install", "cancel", "rollback"] = "install"
     signature: str | None = Field(None, description="Ed25519 over the canonical JSON without this field")
+
+    @model_validator(mode="after")
+    def _fresh_and_addressed(self) -> Deployment:
+        # Version 2 makes the freshness window, the sequence and an explicit audience required:
+        # "empty targets = every device" made a canary's message valid for the whole fleet.
+        if self.schema_version < 2:
+            return self
+        missing = [name for name in ("expires_at", "sequence") if getattr(self, name) is None]
+        if not self.targets and not self.target_groups:
+            missing.append("targets or target_groups")
+        if missing:
+            raise ValueError(f"schema_version 2 deployment needs {', '.join(missing)}")
+        if self.expires_at is not None and self.expires_at <= self.issued_at:
+            raise ValueError(
+                f"expires_at {self.expires_at.isoformat()} is not after issued_at {self.issued_at.isoformat()}"
+            )
+        return self
 
 
 # The accepted strings come from the enum the update machine walks, not from a second list:

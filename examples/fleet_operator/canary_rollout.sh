@@ -91,8 +91,10 @@ echo "==> 5. deliver v1 to the whole group"
   --operator-key "$WORK/keys/publisher.key" --db "$DB" --deployment-id lab-v1
 
 echo "==> 6. v2 as a canary rollout: one device first, the rest once it has passed 5 s of probation"
+# Each wave gets its own signed command, addressed to its devices and valid for --expires:
+# devices refuse it afterwards, on another device, or replayed (docs/ota.md).
 "$EDGESDK" fleet push "$WORK/digits-v2.edgepkg" --group lab --canary 33% --waves 100% \
-  --probation 5s --p95-ms 50 --max-failures 0% \
+  --probation 5s --p95-ms 50 --max-failures 0% --expires 1h \
   --operator-key "$WORK/keys/publisher.key" --db "$DB" --deployment-id lab-v2
 
 echo "==> 7. what the deployment database says"

@@ -111,6 +111,9 @@ def test_inbound_device_and_group_messages_reach_handlers_and_bad_ones_are_count
     good = Deployment(
         deployment_id="dep-1",
         issued_at="2026-01-01T00:00:00Z",
+        expires_at="2026-01-01T06:00:00Z",
+        sequence=1,
+        targets=["dev-1"],
         model_name="digits",
         model_version="1.0.0",
         release=2,

@@ -267,3 +267,110 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
             assert status["updates"]["deployment_id"] == deployment_id
         finally:
             operator.close()
+
+
+def _publish_to(operator: Operator, device_id: str, command) -> None:
+    operator.client.publish(f"edgesdk/devices/{device_id}/ota/deployment", command.model_dump_json().encode(), qos=1)
+
+
+def _refusal(watch: Collector, deployment_id: str, needle: str, *, after: int = 0) -> dict:
+    """The FAILED status the agent publishes for a refused command (proof it was handled)."""
+
+    def found() -> list[dict]:
+        return [
+            s
+            for s in watch.json("ota/status")[after:]
+            if s["deployment_id"] == deployment_id and s["state"] == "FAILED" and needle in s["reason"]
+        ]
+
+    assert watch.wait_for(lambda: bool(found()), timeout=30), watch.json("ota/status")[after:]
+    return found()[0]
+
+
+def test_replayed_stale_and_misaddressed_commands_are_refused(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    """Attacks on the command channel with correctly signed messages, against a real agent:
+    a deployment replayed after a newer command, a rollback replayed, a command for another
+    device, an expired one and one dated in the future; then the agent restarts and the replays
+    are refused still. Each refusal is a FAILED status naming why, and the model serving stays."""
+    from datetime import datetime, timedelta, timezone
+
+    from edgesdk.keys import key_id
+    from edgesdk.protocol.signing import sign_deployment
+
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    sent = Collector(mqtt_broker.url, "edgesdk/devices/+/ota/+", client_id="attacker-tap")
+    agent = AgentProcess(device).start()
+    try:
+        # The operator installs v2 (deployment A), then rolls it back; the attacker records both.
+        install_a = operator.push(bundles.v2, HealthCriteria(probation_s=0.5))
+        operator.thread.join(180)
+        assert operator.device_row(install_a).state == "COMMITTED"
+        operator.ctl.rollback(install_a)
+        assert operator.ctl.wait_for_states(install_a, {"ROLLED_BACK"}, 60), operator.device_row(install_a)
+        commands = [c for c in sent.json("ota/deployment") if c["deployment_id"] == install_a]
+        captured_install = next(c for c in commands if c["action"] == "install")
+        captured_rollback = next(c for c in commands if c["action"] == "rollback")
+        assert captured_install["targets"] == ["dev-1"] and captured_install["wave"] == 0
+        assert api_get(agent, "/v1/status")["model"]["release"] == 1
+
+        # 1. The deployment replayed after a newer command (the rollback): refused as a replay.
+        mark = len(sent.json("ota/status"))
+        operator.client.publish("edgesdk/devices/dev-1/ota/deployment", json.dumps(captured_install).encode(), qos=1)
+        refusal = _refusal(sent, install_a, "replay", after=mark)
+        assert "not above the last accepted" in refusal["reason"], refusal
+
+        # A newer deployment B commits v2 again, so the old rollback would have something to undo.
+        install_b = operator.push(bundles.v2, HealthCriteria(probation_s=0.5))
+        operator.thread.join(180)
+        assert operator.device_row(install_b).state == "COMMITTED"
+
+        # 2. The captured rollback replayed: refused as a replay; v2 keeps serving.
+        mark = len(sent.json("ota/status"))
+        operator.client.publish("edgesdk/devices/dev-1/ota/deployment", json.dumps(captured_rollback).encode(), qos=1)
+        _refusal(sent, install_a, "replay", after=mark)
+
+        # 3. A command for another device (dev-2), validly signed and fresh, on dev-1's topic.
+        operator_key = load_publisher_private_key(bundles.operator_key)
+        template = operator.ctl.store.get(install_b).message
+        for_dev_2 = operator.ctl.issue(template, ["dev-2"], action="rollback")
+        mark = len(sent.json("ota/status"))
+        _publish_to(operator, "dev-1", for_dev_2)
+        _refusal(sent, install_b, "not addressed to this device (dev-1)", after=mark)
+
+        # 4. An expired command and 5. one issued in the future, each with a fresh sequence.
+        signer = key_id(operator_key.public_key())
+        now = datetime.now(timezone.utc)
+        for issued, expires, needle in [
+            (now - timedelta(hours=8), now - timedelta(hours=2), "expired"),
+            (now + timedelta(hours=2), now + timedelta(hours=8), "not yet valid"),
+        ]:
+            stale = template.model_copy(
+                update={
+                    "action": "rollback",
+                    "issued_at": issued,
+                    "expires_at": expires,
+                    "sequence": operator.ctl.store.next_sequence(signer),
+                    "targets": ["dev-1"],
+                }
+            )
+            mark = len(sent.json("ota/status"))
+            _publish_to(operator, "dev-1", sign_deployment(stale, operator_key))
+            _refusal(sent, install_b, needle, after=mark)
+        status = api_get(agent, "/v1/status")
+        assert status["model"]["release"] == 2  # nothing was rolled back
+        assert status["updates"] == {**status["updates"], "deployment_id": install_b, "state": "COMMITTED"}
+
+        # 6. Restart the agent: the sequence it accepted last is on disk; the replays stay refused.
+        agent.stop()
+        agent = AgentProcess(device).start()
+        for captured in (captured_install, captured_rollback):
+            mark = len(sent.json("ota/status"))
+            operator.client.publish("edgesdk/devices/dev-1/ota/deployment", json.dumps(captured).encode(), qos=1)
+            _refusal(sent, install_a, "replay", after=mark)
+        assert api_get(agent, "/v1/status")["model"]["release"] == 2
+        assert "refused deployment" in agent.log()
+    finally:
+        agent.stop()
+        sent.stop()
+        operator.close()

@@ -37,7 +37,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
     try:
         push = edgesdk_cli(
             "fleet", "push", str(bundles.v2), "--group", "lab", "--canary", "50%", "--waves", "100%",
-            "--probation", "1s", "--max-failures", "0%", "--deployment-id", "cli-1", *common,
+            "--probation", "1s", "--max-failures", "0%", "--deployment-id", "cli-1", "--expires", "30m", *common,
         )  # fmt: skip
         assert push.returncode == 0, push.stderr + push.stdout
         assert "SUCCEEDED" in push.stdout and "canary" in push.stdout
@@ -47,15 +47,18 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
         assert status.returncode == 0, status.stderr
         report = json.loads(status.stdout)
         assert report["state"] == "SUCCEEDED" and report["by_state"] == {"COMMITTED": 2}
+        assert report["plan"]["command_ttl_s"] == 1800  # each command sent lived 30 minutes
         assert {d["device_id"] for d in report["device_states"]} == {"dev-0", "dev-1"}
         listing = edgesdk_cli("fleet", "status", "--db", str(db))
         assert "cli-1" in listing.stdout
 
-        rollback = edgesdk_cli("fleet", "rollback", "cli-1", "--wait", "60s", *common)
+        rollback = edgesdk_cli("fleet", "rollback", "cli-1", "--wait", "60s", "--expires", "10m", *common)
         assert rollback.returncode == 0, rollback.stderr + rollback.stdout
         assert [a.server.running_model().release for a in agents] == [1, 1]
         again = edgesdk_cli("fleet", "push", str(bundles.v2), "--devices", "dev-0", "--deployment-id", "cli-1", *common)
         assert_one_line_error(again, "cli-1", "ROLLED_BACK")
+        forever = edgesdk_cli("fleet", "push", str(bundles.v2), "--devices", "dev-0", "--expires", "0s", *common)
+        assert_one_line_error(forever, "--expires", "'0s'")
     finally:
         for agent in agents:
             agent.link.stop()

@@ -186,7 +186,7 @@ def test_corrupted_chunk_and_a_racing_deployment(tmp_path: Path, bundles: OtaBun
         second = ctl.create(bundles.v2, ["dev-0"], plan, chunk_size=16 * 1024)
         runner, result = _run_in_thread(ctl, first.deployment_id)
         assert _wait(lambda: fleet.managers[0].state is UpdateState.DOWNLOADING)
-        ctl._send(second, ["dev-0"])  # a second operator pushes at the same time
+        ctl._send(ctl.issue(second, ["dev-0"]), ["dev-0"])  # a second operator pushes at the same time
         runner.join(120)
         assert result["state"] == SUCCEEDED
         assert ctl.wait_for_states(second.deployment_id, {"FAILED"}, 10)

@@ -27,6 +27,9 @@ def deployment(deployment_id: str = "dep-1") -> Deployment:
     return Deployment(
         deployment_id=deployment_id,
         issued_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        expires_at=datetime(2026, 1, 1, 6, tzinfo=timezone.utc),
+        sequence=1,
+        targets=["dev-1"],
         model_name="digits",
         model_version="1.1.0",
         release=2,
@@ -46,7 +49,17 @@ def test_signed_deployment_verifies_and_any_change_breaks_it(operator) -> None:
     signed = sign_deployment(deployment(), private)
     assert verify_deployment(signed, [public])
     assert b"signature" not in canonical_json(signed)
-    for change in ({"release": 3}, {"bundle_sha256": "0" * 64}, {"action": "rollback"}, {"targets": ["dev-9"]}):
+    changes = (
+        {"release": 3},
+        {"bundle_sha256": "0" * 64},
+        {"action": "rollback"},
+        {"targets": ["dev-9"]},
+        {"target_groups": ["all"]},
+        {"wave": 2},
+        {"sequence": 99},
+        {"expires_at": datetime(2030, 1, 1, tzinfo=timezone.utc)},
+    )
+    for change in changes:
         with pytest.raises(SignatureError, match="does not verify"):
             verify_deployment(signed.model_copy(update=change), [public])
 
@@ -131,7 +144,9 @@ def test_deployment_store_records_statuses_in_order(tmp_path: Path) -> None:
 class SimulatedFleet:
     """The MQTT client a RolloutController talks to, with simulated devices behind it.
 
-    A device checks the operator's signature on every message, answers an install with
+    A device checks the operator's signature on every message, that it is addressed to the
+    device whose topic it came on, and that its sequence is above the last one the device
+    accepted (as edgesdk.agent.ota.freshness does), answers an install with
     COMMITTED (or FAILED when it is in ``failing``), and a rollback of a committed update with
     ROLLED_BACK, as the agent does (``agent/ota/manager.py``: ``rollback_committed``)."""
 
@@ -141,6 +156,8 @@ class SimulatedFleet:
         self.on_message = None
         self.state: dict[str, str] = {}
         self.rollbacks_received: list[str] = []
+        self.commands: list[Deployment] = []
+        self.last_sequence: dict[str, int] = {}
         self._second = 0
 
     def subscribe(self, _topic_filter: str, qos: int = 0) -> None:
@@ -151,6 +168,11 @@ class SimulatedFleet:
         assert scope == "devices" and suffix == ["ota", "deployment"], topic
         message = Deployment.model_validate_json(payload)
         assert verify_deployment(message, [self.public_key])
+        assert device in message.targets, (device, message.targets)
+        assert message.sequence is not None and message.sequence > self.last_sequence.get(device, 0)
+        assert message.expires_at is not None and message.expires_at > datetime.now(timezone.utc)
+        self.last_sequence[device] = message.sequence
+        self.commands.append(message)
         if message.action == "install":
             self._report(message, device, "FAILED" if device in self.failing else "COMMITTED")
         elif message.action == "rollback":
@@ -183,7 +205,8 @@ def run_simulated_rollout(tmp_path: Path, operator, plan: RolloutPlan, failing: 
     tmp_path.mkdir(exist_ok=True)
     bundle = tmp_path / "bundle.edgepkg"
     bundle.write_bytes(b"x")  # deployment() describes these bytes; the controller serves chunks from them
-    message = sign_deployment(deployment(), private)
+    # What RolloutController.create stores: an unsigned template; the controller issues commands.
+    message = deployment().model_copy(update={"sequence": 0, "targets": TWENTY_DEVICES})
     store = DeploymentStore(tmp_path / "fleet.sqlite3")
     waves = plan_waves(TWENTY_DEVICES, plan, seed=message.deployment_id)
     store.create(message, bundle, plan.to_json(), waves)
@@ -224,3 +247,31 @@ def test_one_failure_past_max_failures_aborts_and_rolls_back_the_whole_wave(tmp_
     assert {states[d] for d in failing} == {"FAILED"}
     assert {states[d] for d in waves[2]} == {"PENDING"}  # never sent
     assert sorted(fleet.rollbacks_received) == sorted(waves[1])
+
+
+def test_each_wave_gets_its_own_command_addressed_to_exactly_its_devices(tmp_path: Path, operator) -> None:
+    plan = RolloutPlan(canary=0.1, waves=(0.5, 1.0), max_failures=0.05, probation_s=1, wave_timeout_s=60)
+    outcome, fleet, store, waves = run_simulated_rollout(tmp_path, operator, plan, failing=set())
+    assert outcome == SUCCEEDED
+    by_wave: dict[int | None, list[Deployment]] = {}
+    for command in fleet.commands:
+        by_wave.setdefault(command.wave, []).append(command)
+    assert sorted(by_wave) == list(range(len(waves)))
+    for index, wave in enumerate(waves):
+        assert len({c.sequence for c in by_wave[index]}) == 1  # one command per wave, sent to each device
+        assert by_wave[index][0].targets == sorted(wave)
+    sequences = [by_wave[i][0].sequence for i in range(len(waves))]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    # The database stores a template no device accepts: unsigned, sequence 0.
+    template = store.get("dep-1").message
+    assert template.sequence == 0 and template.signature is None
+
+
+def test_sequence_numbers_rise_across_deployments_and_a_new_database(tmp_path: Path) -> None:
+    first = DeploymentStore(tmp_path / "a.sqlite3")
+    numbers = [first.next_sequence("key-1") for _ in range(3)]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 3
+    assert first.next_sequence("key-2") >= numbers[0]  # each key has its own counter
+    # A lost or second database still issues above what the first did (Unix-millisecond floor).
+    assert DeploymentStore(tmp_path / "b.sqlite3").next_sequence("key-1") > numbers[0]
+    assert DeploymentStore(tmp_path / "a.sqlite3").next_sequence("key-1") > numbers[-1]

@@ -8,7 +8,6 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from edgesdk.agent.ota.states import (
 
 from edgesdk.errors import IntegrityError, UpdateError
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, RunningModel
+from tests.ota_helpers import command_fields
 
 S = UpdateState
 OLD, NEW = "old", "new"
@@ -130,7 +130,7 @@ class FakeDevice:
 def make_deployment(deployment_id: str = "dep-1", **health: object) -> Deployment:
     return Deployment(
         deployment_id=deployment_id,
-        issued_at=datetime.now(timezone.utc),
+        **command_fields(),
         model_name="digits",
         model_version="1.2.0",
         release=2,

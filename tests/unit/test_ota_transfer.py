@@ -6,7 +6,6 @@ import hashlib
 import http.server
 import os
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from edgesdk.protocol.chunks import chunk_hashes, decode_frame, encode_frame
 from edgesdk.protocol.topics import OTA_CHUNK_REQUEST, device_topic
 from edgesdk.schemas.messages import ChunkHeader, ChunkRequest, Deployment
 from tests.faulty_agent import FaultPlan
+from tests.ota_helpers import command_fields
 
 NS = "edgesdk"
 CHUNK = 4096
@@ -30,7 +30,7 @@ def make_bundle(tmp_path: Path, size: int = 10 * CHUNK + 123, chunk: int = CHUNK
     path.write_bytes(os.urandom(size))
     deployment = Deployment(
         deployment_id="dep-1",
-        issued_at=datetime.now(timezone.utc),
+        **command_fields(),
         model_name="digits",
         model_version="1.0.0",
         release=2,

@@ -1,0 +1,174 @@
+"""Fresh, bound commands: the device-side checks a signed deployment passes before it is acted on.
+
+A valid signature says who issued a command, not when or for whom. So, after the signature,
+every deployment, cancel and rollback must also be:
+
+* **addressed to this device** — its id in ``targets`` or one of its groups in ``target_groups``
+  (a canary's message published on another device's topic is refused);
+* **fresh** — ``issued_at`` not further in the future than the clock-skew tolerance, and
+  ``expires_at`` not further in the past than it (a command captured today is dead by tonight);
+* **new** — its ``sequence`` above the last one accepted from the same signing key. The last
+  accepted sequence per key is persisted atomically (write-temp, fsync, rename) *before* the
+  command is acted on, so neither a restart nor a crash reopens the window.
+
+One exception keeps QoS 1 honest: the exact last accepted command arriving again (a broker
+redelivery, the controller's resend to a device whose status was lost) is a *repeat*, answered
+by re-reporting the current state and never acted on a second time.
+
+Each refusal is a :class:`CommandRefused` whose ``why`` names the check (``replay``,
+``expired``, ``not_yet_valid``, ``not_addressed``, ``unversioned``); the update manager turns
+it into a FAILED ``ota/status`` and an ``ota_refused`` event. See docs/ota.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from edgesdk.agent.ota.record import write_atomically
+
+from edgesdk.errors import UpdateError
+from edgesdk.schemas.messages import Deployment
+
+log = logging.getLogger(__name__)
+
+#: Default tolerance between the operator's clock and the device's (AgentConfig.ota.clock_skew_s).
+DEFAULT_CLOCK_SKEW_S = 300.0
+
+RefusalKind = Literal["replay", "expired", "not_yet_valid", "not_addressed", "unversioned"]
+
+
+class CommandRefused(UpdateError):
+    """A correctly signed command that is replayed, expired, not yet valid or not for this device."""
+
+    def __init__(self, why: RefusalKind, message: str) -> None:
+        super().__init__(message)
+        self.why: RefusalKind = why
+
+
+class Admission(Enum):
+    """What the manager does with a command that passed the gate."""
+
+    ACT = "act"  #: new: act on it
+    REPEAT = "repeat"  #: the exact last accepted command again: re-report, do nothing
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    sequence: int
+    digest: str  # sha256 of the signature: identifies the exact command (Ed25519 is deterministic)
+
+
+class SequenceLedger:
+    """The last accepted sequence per signing key, in one atomically replaced JSON file.
+
+    A file that exists but cannot be read fails closed: every command is refused (as a replay
+    of an unknown window) until an operator looks — starting from zero would reopen every
+    command ever captured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Accepted] | None = None
+        self._error: str | None = None
+
+    def _load(self) -> dict[str, _Accepted]:
+        if self._entries is not None:
+            return self._entries
+        try:
+            raw = json.loads(self.path.read_bytes())
+            entries = {
+                str(key): _Accepted(int(value["sequence"]), str(value["digest"]))
+                for key, value in raw["issuers"].items()
+            }
+        except FileNotFoundError:
+            entries = {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._error = f"sequence ledger {str(self.path)!r} is unreadable ({exc})"
+            log.error("%s; refusing every command until it is repaired", self._error)
+            raise CommandRefused("replay", self._error) from exc
+        self._entries = entries
+        return entries
+
+    def last(self, issuer: str) -> int:
+        """The last accepted sequence from ``issuer`` (0 when none)."""
+        with self._lock:
+            entry = self._load().get(issuer)
+            return entry.sequence if entry else 0
+
+    def admit(self, issuer: str, sequence: int, signature: str, *, what: str) -> Admission:
+        """Record ``sequence`` as accepted from ``issuer`` (persisted before returning ACT), or
+        refuse it; ``what`` names the command in the refusal."""
+        digest = hashlib.sha256(signature.encode()).hexdigest()
+        with self._lock:
+            entries = self._load()
+            last = entries.get(issuer)
+            if last is not None and sequence == last.sequence and digest == last.digest:
+                return Admission.REPEAT
+            if last is not None and sequence <= last.sequence:
+                raise CommandRefused(
+                    "replay",
+                    f"replay: {what} has sequence {sequence}, not above the last accepted {last.sequence} "
+                    f"from key {issuer}",
+                )
+            updated = {**entries, issuer: _Accepted(sequence, digest)}
+            document = {
+                "issuers": {key: {"sequence": e.sequence, "digest": e.digest} for key, e in sorted(updated.items())}
+            }
+            write_atomically(self.path, json.dumps(document, indent=1).encode())
+            self._entries = updated
+            return Admission.ACT
+
+
+class CommandGate:
+    """The freshness, audience and replay checks of one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        ledger: SequenceLedger,
+        *,
+        device_id: str,
+        groups: Iterable[str] = (),
+        clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+    ) -> None:
+        self.ledger = ledger
+        self.device_id = device_id
+        self.groups = frozenset(groups)
+        self.clock_skew = timedelta(seconds=clock_skew_s)
+
+    def admit(self, command: Deployment, issuer: str, *, now: datetime | None = None) -> Admission:
+        """Check ``command`` (whose signature by ``issuer`` was verified); raise CommandRefused."""
+        now = now or datetime.now(timezone.utc)
+        what = f"{command.action} {command.deployment_id!r}"
+        if command.schema_version < 2 or command.expires_at is None or command.sequence is None:
+            raise CommandRefused(
+                "unversioned",
+                f"{what} is schema_version {command.schema_version}: no expiry or sequence; "
+                "issue it again with a current edgesdk",
+            )
+        if self.device_id not in command.targets and not self.groups & set(command.target_groups):
+            audience = ", ".join([*command.targets, *(f"group {g}" for g in command.target_groups)])
+            raise CommandRefused(
+                "not_addressed", f"not addressed to this device ({self.device_id}): {what} is for {audience}"
+            )
+        if command.issued_at > now + self.clock_skew:
+            raise CommandRefused(
+                "not_yet_valid",
+                f"not yet valid: {what} issued at {command.issued_at.isoformat()}, device time {now.isoformat()} "
+                f"(clock skew allowed {self.clock_skew.total_seconds():g} s; is the device clock set?)",
+            )
+        if command.expires_at < now - self.clock_skew:
+            raise CommandRefused(
+                "expired",
+                f"expired: {what} expired at {command.expires_at.isoformat()}, device time {now.isoformat()} "
+                f"(clock skew allowed {self.clock_skew.total_seconds():g} s)",
+            )
+        return self.ledger.admit(issuer, command.sequence, command.signature or "", what=what)
