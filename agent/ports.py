@@ -103,14 +103,21 @@ class Slots(Protocol):
 
 
 class Keyring(Protocol):
-    """The device's private key and the publishers it trusts, read on first use (so a daemon
+    """The device's private key and the keys it trusts per role, read on first use (so a daemon
     whose bundles open in the unseal helper never imports the crypto library at start)."""
 
     @property
     def device_key(self) -> X25519PrivateKey: ...
 
     @property
-    def trusted_publishers(self) -> list[Ed25519PublicKey]: ...
+    def trusted_publishers(self) -> list[Ed25519PublicKey]:
+        """Keys that may sign bundles."""
+        ...
+
+    @property
+    def trusted_operators(self) -> list[Ed25519PublicKey]:
+        """Keys that may sign deployments, rollbacks and aborts (raises TrustError when none may)."""
+        ...
 
 
 class TelemetrySource(Protocol):

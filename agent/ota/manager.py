@@ -181,7 +181,8 @@ class UpdateManager:
         if deployment.targets and self.device_id not in deployment.targets:
             return  # a group message meant for other members
         try:
-            verify_deployment(deployment, self.keyring.trusted_publishers)
+            # Operator keys only: with a trust document a publisher key cannot command a device.
+            verify_deployment(deployment, self.keyring.trusted_operators)
         except EdgeSDKError as exc:
             log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
             self._refuse(deployment, str(exc))

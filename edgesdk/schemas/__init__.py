@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from edgesdk.schemas.messages import Deployment, EnrollRequest, Event, OtaStatus, Presence, Telemetry
     from edgesdk.schemas.profile import DeviceProfile
     from edgesdk.schemas.report import ConversionReport
+    from edgesdk.schemas.trust import TrustDocument
 
     EXPORTED_SCHEMAS: dict[str, type[Schema]]
 
@@ -44,6 +45,7 @@ _LAZY = {
     "Telemetry": "messages",
     "DeviceProfile": "profile",
     "ConversionReport": "report",
+    "TrustDocument": "trust",
 }
 
 #: Every document that gets a JSON Schema file from ``edgesdk schema export`` (name → class name).
@@ -60,6 +62,7 @@ _EXPORTED = {
     "mqtt-enroll-request": "EnrollRequest",
     "enrollment-registry": "EnrollmentRegistry",
     "image-manifest": "ImageManifest",
+    "trust-document": "TrustDocument",
 }
 
 __all__ = [
@@ -83,6 +86,7 @@ __all__ = [
     "Schema",
     "Telemetry",
     "TensorSpec",
+    "TrustDocument",
     "Variant",
 ]
 
