@@ -83,11 +83,6 @@ class Agent:
         self.keyring = KeyFiles(self.device_key_path, [Path(p) for p in config.publisher_keys], trust=self.trust)
         if self.trust is None and not config.publisher_keys:
             log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
-        elif self.trust is None:
-            log.warning(
-                "no trust_document configured: publisher_keys verify bundles AND deployments, so a key that "
-                "signs deployments can also ship models (roles not separated; see docs/trust.md)"
-            )
         if config.unseal == "in_process":
             _ = self.device_key, self.trusted_publishers  # read now: a bad key file stops the start
         else:
@@ -439,6 +434,11 @@ class Agent:
         """Report an expired trust document (now that the link carries events) and take newer
         documents from the fleet's retained trust topic."""
         if self.trust is None:
+            if self.config.publisher_keys:  # said by the running daemon only, not by every CLI command
+                log.warning(
+                    "no trust_document configured: publisher_keys verify bundles AND deployments, so a key that "
+                    "signs deployments can also ship models (roles not separated; see docs/trust.md)"
+                )
             return
         problem = self.trust.report_expiry()
         if problem:
