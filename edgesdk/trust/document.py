@@ -110,7 +110,7 @@ def _require_threshold(document: TrustDocument, role: TrustRole, whose: str) -> 
     signers = valid_signers(document, role)
     if len(signers) < role.threshold:
         raise TrustError(
-            f"trust document version {document.version} is signed by {len(signers)} of the {whose} root keys; "
+            f"trust document version {document.version} is signed by {len(signers)} of {whose} root keys; "
             f"it needs {role.threshold} (known: {', '.join(sorted(role.keys))})"
         )
 
@@ -130,7 +130,7 @@ def verify_update(current: TrustDocument, new: TrustDocument, *, now: datetime |
             f"trust document version {new.version} is not newer than the trusted version {current.version} "
             "(rollback or replay refused)"
         )
-    _require_threshold(new, current.roles.root, f"trusted (version {current.version})")
+    _require_threshold(new, current.roles.root, f"the trusted (version {current.version})")
     _require_threshold(new, new.roles.root, "its own")
     require_current(new, now=now)
 

@@ -282,4 +282,26 @@ def test_with_a_trust_document_the_daemon_still_never_maps_the_crypto(tmp_path, 
     with AgentProcess(device) as agent:
         now = status(agent)
         assert now["model"] is None
-        assert any("signed by 0 of the its own root keys" in p for p in now["problems"]), now["problems"]
+        assert any("signed by 0 of its own root keys" in p for p in now["problems"]), now["problems"]
+
+
+def test_trust_push_publishes_retained_for_devices_that_connect_later(tmp_path, bundles, mqtt_broker) -> None:
+    import subprocess
+    import sys
+
+    path = write_document(document(bundles, 4), tmp_path / "trust.json")
+    cli = [sys.executable, "-m", "edgesdk.cli.main", "trust", "push"]
+    proc = subprocess.run([*cli, str(path), "--broker", mqtt_broker.url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    late = Collector(mqtt_broker.url, "edgesdk/fleet/trust", client_id="late-device")  # subscribes afterwards
+    try:
+        assert late.wait_for(lambda: bool(late.json()), 10)
+        assert late.json()[0]["version"] == 4
+    finally:
+        late.stop()
+    tampered = json.loads(path.read_text())
+    tampered["version"] = 5
+    path.write_text(json.dumps(tampered))
+    proc = subprocess.run([*cli, str(path), "--broker", mqtt_broker.url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "signed by 0 of its own root keys" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -45,7 +45,7 @@ def test_a_signed_document_verifies_and_a_tampered_one_does_not(keys) -> None:
     verify_self(document)
     assert parse_document(document_bytes(document), source="t") == document  # the file form round-trips
     tampered = document.model_copy(update={"version": 7})
-    with pytest.raises(TrustError, match="signed by 0 of the its own root keys; it needs 1"):
+    with pytest.raises(TrustError, match="signed by 0 of its own root keys; it needs 1"):
         verify_self(tampered)
     unsigned = document.model_copy(update={"signatures": []})
     with pytest.raises(TrustError):
@@ -82,7 +82,7 @@ def test_rotation_needs_the_old_root_and_the_new_root(keys) -> None:
     with pytest.raises(TrustError, match=r"0 of the trusted \(version 1\) root keys"):
         verify_update(current, only_new)
     only_old = doc(keys, version=2, roots=("root2",), signers=("root",))
-    with pytest.raises(TrustError, match="0 of the its own root keys"):
+    with pytest.raises(TrustError, match="0 of its own root keys"):
         verify_update(current, only_old)
     both = doc(keys, version=2, roots=("root2",), signers=("root", "root2"))
     verify_update(current, both)
