@@ -4,6 +4,7 @@
     edge-agent install --config /etc/edgesdk/agent.toml model.edgepkg
     edge-agent key --config ...          (the device public key, for enrollment)
     edge-agent status --config ...       (asks the running agent over its local API)
+    edge-agent trust install --config ... trust.json   (a newer root-signed trust document)
 
 Every user error is one ``error: ...`` line and exit status 1 (same as ``edgesdk``).
 """
@@ -134,6 +135,44 @@ def status(config_path: Path | None) -> None:
             click.echo(json.dumps(json.loads(response.read()), indent=2))
     except (urllib.error.URLError, OSError) as exc:
         raise AgentError(f"agent on port {port} does not answer: {exc}") from exc
+
+
+@cli.group()
+def trust() -> None:
+    """The trust document: which keys may sign bundles and deployments on this device."""
+
+
+@trust.command("install")
+@_config_option
+@click.argument("document", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--no-reload", is_flag=True, help="Do not signal a running agent to re-read it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def trust_install(config_path: Path | None, document: Path, no_reload: bool, as_json: bool) -> None:
+    """Install DOCUMENT if the trusted root signed it and its version is newer (rotation, revocation)."""
+    config = _load(config_path)
+    if config.trust_document is None:
+        raise AgentError("this agent has no trust_document configured: there is no root to check a new one against")
+    from edgesdk.agent.daemon import PID_FILE
+    from edgesdk.agent.trust import AgentTrust
+
+    try:
+        raw = document.read_bytes()
+    except OSError as exc:
+        raise AgentError(f"trust document {str(document)!r}: {exc.strerror or exc}") from exc
+    trust_store = AgentTrust(Path(config.trust_document), Path(config.data_dir))
+    installed, changed = trust_store.install(raw, source=f"trust document {document}")
+    reloaded = changed and not no_reload and _signal_running_agent(Path(config.data_dir) / PID_FILE)
+    result = {"version": installed.version, "changed": changed, "path": str(trust_store.persisted)}
+    result["running_agent_reloaded"] = reloaded
+    if as_json:
+        click.echo(json.dumps(result))
+    elif changed:
+        click.echo(
+            f"installed trust document version {installed.version}"
+            + ("; the running agent re-reads it" if reloaded else "")
+        )
+    else:
+        click.echo(f"trust document version {installed.version} is already the one in force")
 
 
 def main(argv: list[str] | None = None) -> None:

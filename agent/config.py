@@ -30,6 +30,7 @@ ENV_PREFIX = "EDGESDK_AGENT__"
 _PATH_KEYS = (
     ("data_dir",),
     ("device_key",),
+    ("trust_document",),
     ("api", "unix_socket"),
     ("governor", "trace_file"),
     ("mqtt", "password_file"),

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the link, the updater and the key types load when used, not
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
+    from edgesdk.agent.trust import AgentTrust
 
 log = logging.getLogger("edgesdk.agent")
 
@@ -79,8 +80,11 @@ class Agent:
         )
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()
-        self.keyring = KeyFiles(self.device_key_path, [Path(p) for p in config.publisher_keys], unseal=config.unseal)
-        if not config.publisher_keys:
+        self.trust = self._trust()
+        self.keyring = KeyFiles(
+            self.device_key_path, [Path(p) for p in config.publisher_keys], unseal=config.unseal, trust=self.trust
+        )
+        if self.trust is None and not config.publisher_keys:
             log.warning("no publisher_keys configured: no bundle can be verified, so none will be served")
         if config.unseal == "in_process":
             _ = self.device_key, self.trusted_publishers  # read now: a bad key file stops the start
@@ -125,6 +129,13 @@ class Agent:
         threads = self.config.runtime_threads
         return {"intra_op_num_threads": str(threads)} if threads else {}
 
+    def _trust(self) -> AgentTrust | None:
+        if self.config.trust_document is None:
+            return None
+        from edgesdk.agent.trust import AgentTrust
+
+        return AgentTrust(Path(self.config.trust_document), self.data_dir, events=self.events)
+
     def _device_key_path(self) -> Path:
         path = self.config.device_key
         if path is not None:
@@ -151,16 +162,23 @@ class Agent:
         """The raw public half of the device key (``device.pub``; never the private key here)."""
         return self.keyring.device_public_key()
 
+    @property
+    def trusted_operators(self) -> list[Ed25519PublicKey]:
+        return self.keyring.trusted_operators
+
     def _open_bundles(self) -> OpenerFactory:
         """Where updates and sideloads verify and decrypt: the unseal helper unless configured
-        ``unseal = "in_process"`` (see :mod:`edgesdk.agent.openers`)."""
+        ``unseal = "in_process"`` (see :mod:`edgesdk.agent.openers`). The helper is handed the
+        trust document in force when it starts (it follows rotations)."""
         from edgesdk.agent.openers import opener_factory
 
+        trust = self.trust
         return opener_factory(
             self.config.unseal,
             self.keyring,
             publisher_keys=[Path(p) for p in self.config.publisher_keys],
             device_key=self.device_key_path,
+            trust_document=(lambda: trust.path) if trust is not None else None,
         )
 
     def _log_event(self, name: str, detail: dict[str, Any]) -> None:
@@ -208,7 +226,11 @@ class Agent:
             return self._load_installed(None)
         from edgesdk.agent.unseal import Unsealer
 
-        with Unsealer(publisher_keys=self.config.publisher_keys, device_key=self.device_key_path) as unsealer:
+        with Unsealer(
+            publisher_keys=self.config.publisher_keys,
+            device_key=self.device_key_path,
+            trust_document=self.trust.path if self.trust is not None else None,
+        ) as unsealer:
             if self.store.active_slot is not None:
                 try:
                     unsealer.start()
@@ -288,8 +310,10 @@ class Agent:
         """Sideload through the OTA install path (verify, stage, smoke-test, activate, commit).
 
         Without the OTA module the same steps run here directly; either way the serving slot
-        is kept until the new bundle has loaded.
+        is kept until the new bundle has loaded. An expired trust document refuses it (new content).
         """
+        if self.trust is not None:
+            self.trust.require_current()
         updates = self.updates
         if updates is None:
             try:
@@ -346,7 +370,9 @@ class Agent:
         return self._installed_summary()
 
     def reload(self) -> None:
-        """Serve what the store says is active now, if it changed (SIGHUP)."""
+        """Serve what the store says is active now, if it changed (SIGHUP); re-read the trust document."""
+        if self.trust is not None:
+            self.trust.reload()  # edge-agent trust install may have replaced it
         self.store.reload()
         info = self.store.slot_info(self.store.active_slot) if self.store.active_slot else None
         current = self.server.model
@@ -385,6 +411,7 @@ class Agent:
             ],
             "link": self.link is not None,
             "updates": self.updates.status() if self.updates is not None else None,
+            "trust": self.trust.status() if self.trust is not None else None,
         }
 
     def _status_model(self) -> dict[str, Any] | None:
@@ -443,6 +470,7 @@ class Agent:
             except EdgeSDKError as exc:
                 log.error("MQTT link did not start: %s (serving goes on offline)", exc)
                 self.problems.append(f"mqtt: {exc}")
+        self._start_trust()
         try:
             self.updates = self._make_updater()
         except ImportError:
@@ -453,6 +481,25 @@ class Agent:
         except EdgeSDKError as exc:
             log.error("OTA resume failed: %s", exc)
             self.problems.append(f"ota: {exc}")
+
+    def _start_trust(self) -> None:
+        """Report an expired trust document (now that the link carries events) and take newer
+        documents from the fleet's retained trust topic."""
+        if self.trust is None:
+            if self.config.publisher_keys:  # said by the running daemon only, not by every CLI command
+                log.warning(
+                    "no trust_document configured: publisher_keys verify bundles AND deployments, so a key that "
+                    "signs deployments can also ship models (roles not separated; see docs/trust.md)"
+                )
+            return
+        problem = self.trust.report_expiry()
+        if problem:
+            log.error("%s", problem)
+            self.problems.append(problem)
+        if self.link is not None:
+            from edgesdk.protocol.topics import TRUST
+
+            self.link.subscribe_fleet(TRUST, self.trust.on_message)
 
     def _guard_boot(self) -> None:
         """Before any model loads: if the last start died while a new model was on probation,

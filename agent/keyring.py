@@ -24,6 +24,7 @@ from edgesdk.errors import ConfigError, KeyFileError
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.trust import AgentTrust
 
 
 log = logging.getLogger("edgesdk.agent.keyring")
@@ -66,10 +67,14 @@ def raw_key_id(raw_public_key: bytes) -> str:
 
 
 class KeyFiles:
-    """The device key and the trusted publishers' keys of one agent (the ``Keyring`` port).
+    """The device key and the trusted keys per role of one agent (the ``Keyring`` port).
 
-    ``unseal`` says who may read the private key: ``"helper"`` (the daemon never does; a
-    missing ``device.pub`` is derived once by the unseal helper) or ``"in_process"``."""
+    With a trust document (``trust``), bundles verify against its publisher keys and
+    deployments against its operator keys, and ``publisher_key_paths`` is not used. Without
+    one, the configured publisher keys verify both: the roles are not separated (the daemon
+    warns), as before trust documents existed. ``unseal`` says who may read the private key:
+    ``"helper"`` (the daemon never does; a missing ``device.pub`` is derived once by the
+    unseal helper) or ``"in_process"``."""
 
     def __init__(
         self,
@@ -77,10 +82,12 @@ class KeyFiles:
         publisher_key_paths: Sequence[Path],
         *,
         unseal: Literal["helper", "in_process"] = "helper",
+        trust: AgentTrust | None = None,
     ) -> None:
         self.device_key_path = Path(device_key_path)
         self.publisher_key_paths = [Path(p) for p in publisher_key_paths]
         self.unseal = unseal
+        self.trust = trust
         self._public_raw: bytes | None = None
 
     def device_public_key(self) -> bytes:
@@ -113,7 +120,9 @@ class KeyFiles:
 
     def check_files(self) -> None:
         """Each key file exists and is a regular file (ConfigError naming the one that is not)."""
-        for path in [*self.publisher_key_paths, self.device_key_path]:
+        trust_files = [self.trust.path] if self.trust is not None else []
+        publisher_files = self.publisher_key_paths if self.trust is None else []
+        for path in [*publisher_files, *trust_files, self.device_key_path]:
             try:
                 info = path.stat()
             except OSError as exc:
@@ -127,8 +136,20 @@ class KeyFiles:
 
         return keys.load_device_private_key(self.device_key_path)
 
-    @functools.cached_property
+    @property
     def trusted_publishers(self) -> list[Ed25519PublicKey]:
+        if self.trust is not None:
+            return self.trust.publisher_keys()  # follows the document in force (rotation, revocation)
+        return self._configured_publishers
+
+    @property
+    def trusted_operators(self) -> list[Ed25519PublicKey]:
+        if self.trust is not None:
+            return self.trust.operator_keys()
+        return self._configured_publishers
+
+    @functools.cached_property
+    def _configured_publishers(self) -> list[Ed25519PublicKey]:
         from edgesdk import keys
 
         return [keys.load_publisher_public_key(path) for path in self.publisher_key_paths]

@@ -104,6 +104,7 @@ class AgentLink:
         self.inbound = InboundStats()
         self.events_suppressed = 0
         self._handlers: dict[str, list[InboundHandler]] = {}
+        self._fleet_handlers: dict[str, list[InboundHandler]] = {}  # {namespace}/fleet/{suffix}
         self._handlers_lock = threading.Lock()
         self._inbox: queue.Queue[tuple[str, bytes] | None] = queue.Queue(_INBOX_SIZE)
         self._stopping = threading.Event()
@@ -174,6 +175,12 @@ class AgentLink:
             self._handlers.setdefault(suffix, []).append(handler)
         for topic_filter in filters:
             self.client.subscribe(topic_filter, qos=1)
+
+    def subscribe_fleet(self, suffix: str, handler: InboundHandler) -> None:
+        """Call ``handler(payload)`` for ``suffix`` on the fleet-wide topic (the trust document)."""
+        with self._handlers_lock:
+            self._fleet_handlers.setdefault(suffix, []).append(handler)
+        self.client.subscribe(topics.fleet_topic(self.namespace, suffix), qos=1)
 
     def publish_reliable(self, suffix: str, model: Schema) -> int:
         """Queue ``model`` (JSON) for ``devices/{id}/{suffix}`` at QoS 1 through store-and-forward."""
@@ -367,7 +374,10 @@ class AgentLink:
                 or (parsed.scope == "groups" and parsed.name in self.groups)
             )
             with self._handlers_lock:
-                handlers = list(self._handlers.get(parsed.suffix, [])) if parsed is not None and mine else []
+                if parsed is not None and parsed.scope == "fleet":
+                    handlers = list(self._fleet_handlers.get(parsed.suffix, []))
+                else:
+                    handlers = list(self._handlers.get(parsed.suffix, [])) if parsed is not None and mine else []
             if not handlers:
                 self.inbound.unrouted += 1
                 continue

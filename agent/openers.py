@@ -63,10 +63,12 @@ class InProcessOpener:
 class HelperOpener:
     """Verifies and decrypts in one unseal helper process, started on first use."""
 
-    def __init__(self, *, publisher_keys: Sequence[Path], device_key: Path) -> None:
+    def __init__(self, *, publisher_keys: Sequence[Path], device_key: Path, trust_document: Path | None = None) -> None:
         from edgesdk.agent.unseal import Unsealer
 
-        self.unsealer: Unsealer = Unsealer(publisher_keys=publisher_keys, device_key=device_key)
+        self.unsealer: Unsealer = Unsealer(
+            publisher_keys=publisher_keys, device_key=device_key, trust_document=trust_document
+        )
 
     def verify(
         self, path: Path, *, profile: str | None, installed_release: int | None, rollback_floor: int | None = None
@@ -94,9 +96,17 @@ def opener_factory(
     *,
     publisher_keys: Sequence[Path],
     device_key: Path,
+    trust_document: Callable[[], Path] | None = None,
 ) -> OpenerFactory:
-    """What the agent hands its updater: a new opener of the configured kind per piece of work."""
+    """What the agent hands its updater: a new opener of the configured kind per piece of work.
+
+    ``trust_document`` gives the trust document in force when a helper starts, so a helper
+    started after a rotation verifies against the new publisher keys."""
     if unseal == "in_process":
         return lambda: InProcessOpener(keyring)
     helper_keys, helper_device_key = list(publisher_keys), device_key
-    return lambda: HelperOpener(publisher_keys=helper_keys, device_key=helper_device_key)
+    return lambda: HelperOpener(
+        publisher_keys=helper_keys,
+        device_key=helper_device_key,
+        trust_document=trust_document() if trust_document is not None else None,
+    )

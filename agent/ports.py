@@ -106,7 +106,7 @@ class Slots(Protocol):
 
 
 class Keyring(Protocol):
-    """The device's keys and the publishers it trusts, read on first use (so a daemon whose
+    """The device's keys and the keys it trusts per role, read on first use (so a daemon whose
     bundles open in the unseal helper never imports the crypto library at start).
     ``device_public_key`` is all the link needs: with ``unseal = "helper"`` nothing in the
     daemon reads ``device_key``."""
@@ -115,7 +115,14 @@ class Keyring(Protocol):
     def device_key(self) -> X25519PrivateKey: ...
 
     @property
-    def trusted_publishers(self) -> list[Ed25519PublicKey]: ...
+    def trusted_publishers(self) -> list[Ed25519PublicKey]:
+        """Keys that may sign bundles."""
+        ...
+
+    @property
+    def trusted_operators(self) -> list[Ed25519PublicKey]:
+        """Keys that may sign deployments, rollbacks and aborts (raises TrustError when none may)."""
+        ...
 
     def device_public_key(self) -> bytes | None: ...
 

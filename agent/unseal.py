@@ -132,8 +132,17 @@ class Unsealer:
     they are) except that keys are files: the helper reads ``publisher_keys`` and
     ``device_key`` itself. ``decrypt(bundle, variant_id, _key)`` fits ``ModelServer.swap``."""
 
-    def __init__(self, *, publisher_keys: Sequence[Path], device_key: Path, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        *,
+        publisher_keys: Sequence[Path],
+        device_key: Path,
+        trust_document: Path | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         self.publisher_keys = [str(p) for p in publisher_keys]
+        # With a trust document the helper checks it and takes ITS publisher keys (not the list).
+        self.trust_document = str(trust_document) if trust_document is not None else None
         self.device_key = str(device_key)
         self.timeout_s = timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -250,6 +259,7 @@ class Unsealer:
             "op": "open",
             "path": str(path),
             "publisher_keys": self.publisher_keys,
+            "trust_document": self.trust_document,
             "profile": getattr(profile, "name", profile),
             "installed": installed,
             "allow_expired": allow_expired,
@@ -356,7 +366,13 @@ class _Helper:
         import edgesdk.bundle as bundle
 
         path = Path(request["path"])
-        publishers = list(request.get("publisher_keys") or [])
+        publishers: list[Any] = list(request.get("publisher_keys") or [])
+        if request.get("trust_document"):
+            from edgesdk.trust import load_document, role_keys, verify_self
+
+            document = load_document(request["trust_document"])
+            verify_self(document)  # a threshold of its own root: a damaged or edited file is refused
+            publishers = role_keys(document.roles.publisher)
         installed = request.get("installed")
         if installed:
             verified = bundle.verify_installed_bundle(  # type: ignore[attr-defined]

@@ -10,6 +10,9 @@
     │   └── AccuracyGateError      no variant kept the accuracy the gate asks for
     ├── BudgetError                nothing fits the profile's size or memory budget
     ├── KeyFileError               a key file is missing, malformed or has loose permissions
+    ├── TrustError                 a trust document is malformed, badly signed, or cannot replace the current one
+    │   ├── TrustRollbackError     its version is not newer than the trusted one (rollback or replay)
+    │   └── TrustExpiredError      the trusted document has expired: no new content until a newer one
     ├── BundleError                a bundle is malformed or cannot be trusted
     │   ├── BundleFormatError      container structure is broken (truncated, bad offsets, absurd sizes)
     │   ├── SignatureError         manifest signature missing, invalid, or by an unknown publisher
@@ -105,6 +108,19 @@ class BudgetError(EdgeSDKError):
 
 class KeyFileError(EdgeSDKError):
     """A key file is missing, malformed or has loose permissions."""
+
+
+class TrustError(EdgeSDKError):
+    """A trust document is malformed, not signed by the root keys it needs, or cannot replace
+    the trusted one."""
+
+
+class TrustRollbackError(TrustError):
+    """A trust document's version is not newer than the trusted one (a rollback or a replay)."""
+
+
+class TrustExpiredError(TrustError):
+    """The trusted document has expired: new content is refused until a newer document arrives."""
 
 
 class BundleError(EdgeSDKError):

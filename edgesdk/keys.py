@@ -4,6 +4,8 @@ Two kinds of key, never interchangeable:
 
 - a **publisher** key (Ed25519) signs bundle manifests; its public half is what devices
   trust (``trusted_publishers``);
+- a **root** key is an Ed25519 key kept offline that signs trust documents
+  (:mod:`edgesdk.trust`), which say which publisher and operator keys devices trust;
 - a **device** key (X25519) receives bundles: the packager wraps each bundle's content key
   for the device's public key. A *group* key is a device key shared by a group of devices.
 
@@ -40,6 +42,8 @@ PUBLISHER_PRIVATE = "publisher.key"
 PUBLISHER_PUBLIC = "publisher.pub"
 DEVICE_PRIVATE = "device.key"
 DEVICE_PUBLIC = "device.pub"
+ROOT_PRIVATE = "root.key"
+ROOT_PUBLIC = "root.pub"
 
 PublicKey = Ed25519PublicKey | X25519PublicKey
 
@@ -93,7 +97,7 @@ def _pem_public(key: PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def _generate(out_dir: Path | str, kind: Literal["publisher", "device"]) -> tuple[Path, Path]:
+def _generate(out_dir: Path | str, kind: Literal["publisher", "root", "device"]) -> tuple[Path, Path]:
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -103,6 +107,9 @@ def _generate(out_dir: Path | str, kind: Literal["publisher", "device"]) -> tupl
     if kind == "publisher":
         private = Ed25519PrivateKey.generate()
         priv_path, pub_path = out / PUBLISHER_PRIVATE, out / PUBLISHER_PUBLIC
+    elif kind == "root":
+        private = Ed25519PrivateKey.generate()
+        priv_path, pub_path = out / ROOT_PRIVATE, out / ROOT_PUBLIC
     else:
         private = X25519PrivateKey.generate()
         priv_path, pub_path = out / DEVICE_PRIVATE, out / DEVICE_PUBLIC
@@ -117,6 +124,11 @@ def _generate(out_dir: Path | str, kind: Literal["publisher", "device"]) -> tupl
 def generate_publisher_key(out_dir: Path | str) -> tuple[Path, Path]:
     """Make an Ed25519 signing key: ``out_dir/publisher.key`` (0600) and ``publisher.pub``."""
     return _generate(out_dir, "publisher")
+
+
+def generate_root_key(out_dir: Path | str) -> tuple[Path, Path]:
+    """Make an Ed25519 root key: ``out_dir/root.key`` (0600; keep it offline) and ``root.pub``."""
+    return _generate(out_dir, "root")
 
 
 def generate_device_key(out_dir: Path | str) -> tuple[Path, Path]:

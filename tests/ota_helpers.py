@@ -192,6 +192,7 @@ class StandInAgent:
             load_publisher_public_key(bundles.keys.publisher_pub),
             load_publisher_public_key(bundles.operator_pub),
         ]
+        self.trusted_operators = self.trusted_publishers  # no trust document: one key set, both roles
         self.link = link
         if broker_url is not None and link is None:
             from edgesdk.agent.link import start_link

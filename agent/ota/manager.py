@@ -199,7 +199,8 @@ class UpdateManager:
             self.agent_event("ota_refused", {"reason": str(exc)})
             return
         try:
-            signer = verify_deployment(deployment, self.keyring.trusted_publishers)
+            # Operator keys only: with a trust document a publisher key cannot command a device.
+            signer = verify_deployment(deployment, self.keyring.trusted_operators)
         except EdgeSDKError as exc:
             log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
             self._refuse(deployment, str(exc))

@@ -31,6 +31,12 @@ def image() -> None:
     type=_FILE,
     help="Trusted publisher public key (PEM); repeatable. Needed to verify bundles.",
 )
+@click.option(
+    "--trust-document",
+    type=_FILE,
+    help="Root-signed trust document (edgesdk trust sign): publisher keys verify bundles, operator keys "
+    "deployments. Shipped as /etc/edgesdk/trust.json and set in the config.",
+)
 @click.option("--group", "groups", multiple=True, help="Fleet group every device joins (repeatable).")
 @click.option("--namespace", default="edgesdk", show_default=True, help="MQTT topic namespace.")
 @click.option("--api-port", default=8470, show_default=True, type=click.IntRange(0, 65535), help="Local API port.")
@@ -53,6 +59,7 @@ def build(
     bundle: Path | None,
     ca: Path | None,
     publisher_keys: tuple[Path, ...],
+    trust_document: Path | None,
     groups: tuple[str, ...],
     namespace: str,
     api_port: int,
@@ -69,6 +76,7 @@ def build(
         bundle=bundle,
         ca=ca,
         publisher_keys=list(publisher_keys),
+        trust_document=trust_document,
         groups=list(groups),
         namespace=namespace,
         api_port=api_port,

@@ -1,4 +1,4 @@
-"""``edgesdk keys publisher|device|id``: make signing and device keys, show key ids."""
+"""``edgesdk keys publisher|root|device|id``: make signing, root and device keys, show key ids."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from edgesdk.errors import KeyFileError
 from edgesdk.keys import (
     generate_device_key,
     generate_publisher_key,
+    generate_root_key,
     key_id,
     load_device_public_key,
     load_publisher_public_key,
@@ -27,7 +28,7 @@ _out_option = click.option(
 
 @click.group()
 def keys() -> None:
-    """Keys: publisher keys sign bundles, device keys receive them."""
+    """Keys: publisher keys sign bundles, root keys sign trust documents, device keys receive bundles."""
 
 
 def _report(kind: str, priv: Path, pub: Path, identifier: str, as_json: bool) -> None:
@@ -48,6 +49,15 @@ def publisher(out_dir: Path, as_json: bool) -> None:
     """Make an Ed25519 publisher key pair (publisher.key signs, publisher.pub goes to devices)."""
     priv, pub = generate_publisher_key(out_dir)
     _report("publisher", priv, pub, key_id(load_publisher_public_key(pub)), as_json)
+
+
+@keys.command("root")
+@_out_option
+@json_option
+def root(out_dir: Path, as_json: bool) -> None:
+    """Make an Ed25519 root key pair: root.key signs trust documents (keep it offline), root.pub goes in them."""
+    priv, pub = generate_root_key(out_dir)
+    _report("root", priv, pub, key_id(load_publisher_public_key(pub)), as_json)
 
 
 @keys.command("device")

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "image": "edgesdk.cli.image_cmd:image",
     "fleet": "edgesdk.cli.fleet_cmd:fleet",
     "keys": "edgesdk.cli.keys_cmd:keys",
+    "trust": "edgesdk.cli.trust_cmd:trust",
     "package": "edgesdk.cli.package_cmd:package",
     "bundle": "edgesdk.cli.bundle_cmd:bundle",
 }
@@ -77,7 +78,7 @@ def cli(ctx: click.Context, profiles_dirs: tuple[str, ...]) -> None:
     \b
     Everyone:            profiles, schema, demo
     Embedded developers: convert, package, bundle, keys
-    Fleet operators:     fleet, image
+    Fleet operators:     fleet, image, trust
     """
     ctx.ensure_object(dict)
     ctx.obj["profiles_dirs"] = list(profiles_dirs)

@@ -26,6 +26,8 @@ RUNTIME_DIR = PurePosixPath("/run/edgesdk")
 CONFIG_FILE = CONFIG_DIR / "agent.toml"
 CA_FILE = CONFIG_DIR / "ca.pem"
 PUBLISHERS_DIR = CONFIG_DIR / "publishers"
+#: The initial trust document (root-owned; newer ones the agent installs go to its data dir).
+TRUST_FILE = CONFIG_DIR / "trust.json"
 PROFILES_DIR = CONFIG_DIR / "profiles"
 #: Where the agent makes its key pair on first start (``device_key`` is left unset on purpose:
 #: a configured key file must already exist, the default one is created when missing).
@@ -60,6 +62,7 @@ class ProvisioningConfig:
     broker: str
     has_ca: bool = False
     publisher_key_names: list[str] = field(default_factory=list)
+    has_trust_document: bool = False
     groups: list[str] = field(default_factory=list)
     namespace: str = "edgesdk"
     api_port: int = 8470
@@ -77,12 +80,14 @@ def agent_config_document(settings: ProvisioningConfig) -> dict[str, Any]:
         mqtt["tls"] = {"ca_file": str(CA_FILE)}
     elif settings.broker.startswith("mqtts://"):
         mqtt["tls"] = {}  # TLS against the system's CA store
+    trust = {"trust_document": str(TRUST_FILE)} if settings.has_trust_document else {}
     return {
         "schema_version": 1,
         "device_id": "unprovisioned",
         "profile": settings.profile,
         "data_dir": str(STATE_DIR),
         "publisher_keys": [str(PUBLISHERS_DIR / name) for name in settings.publisher_key_names],
+        **trust,
         "log_level": "info",
         "log_format": "journald",
         "api": {"host": "127.0.0.1", "port": settings.api_port, "unix_socket": str(RUNTIME_DIR / "agent.sock")},

@@ -35,6 +35,7 @@ from edgesdk.image.agent_config import (
     CONFIG_FILE,
     PROFILES_DIR,
     PUBLISHERS_DIR,
+    TRUST_FILE,
     ProvisioningConfig,
     check_broker_url,
     render_agent_config,
@@ -61,6 +62,7 @@ class ImageOptions:
     bundle: Path | None = None
     ca: Path | None = None
     publisher_keys: list[Path] = field(default_factory=list)
+    trust_document: Path | None = None
     groups: list[str] = field(default_factory=list)
     namespace: str = "edgesdk"
     api_port: int = 8470
@@ -115,8 +117,13 @@ def check_options(options: ImageOptions) -> tuple[Recipe, str]:
     names = [key.name for key in options.publisher_keys]
     if len(set(names)) != len(names):
         raise ImageError(f"publisher key file names must differ (they share /etc/edgesdk/publishers): {names}")
-    if options.bundle is not None and not options.publisher_keys:
-        raise ImageError("--bundle needs --publisher-key: the device must be able to verify the bundle's signature")
+    _check_file(options.trust_document, "trust document")
+    if options.trust_document is not None:
+        _check_trust_document(options.trust_document)
+    if options.bundle is not None and not options.publisher_keys and options.trust_document is None:
+        raise ImageError(
+            "--bundle needs --trust-document or --publisher-key: the device must be able to verify the bundle's signature"
+        )
     if options.agent_wheel is not None and not (
         options.agent_wheel.name.startswith("edgesdk-") and options.agent_wheel.suffix == ".whl"
     ):
@@ -133,6 +140,19 @@ def check_options(options: ImageOptions) -> tuple[Recipe, str]:
     return recipe, python
 
 
+def _check_trust_document(path: Path) -> None:
+    """The shipped document must hold as the device will read it: its own root threshold signed
+    it, and it has not expired (an expired one refuses every deployment from the first start)."""
+    from edgesdk.trust import load_document, require_current, verify_self
+
+    try:
+        document = load_document(path)
+        verify_self(document)
+        require_current(document)
+    except EdgeSDKError as exc:
+        raise ImageError(f"trust document would be refused by the device: {exc}") from exc
+
+
 def _check_bundle(options: ImageOptions) -> str | None:
     """Verify the initial bundle now, as the device will, so a wrong one fails here.
 
@@ -145,7 +165,12 @@ def _check_bundle(options: ImageOptions) -> str | None:
     except ImportError:
         return "  (edgesdk.bundle is not available here: the bundle's signature is checked on the device only)"
     try:
-        trusted = [load_publisher_public_key(path) for path in options.publisher_keys]
+        if options.trust_document is not None:  # the device then trusts the document's publishers only
+            from edgesdk.trust import load_document, role_keys
+
+            trusted = role_keys(load_document(options.trust_document).roles.publisher)
+        else:
+            trusted = [load_publisher_public_key(path) for path in options.publisher_keys]
         verified = verify_bundle(options.bundle, trusted_publishers=trusted, profile=options.profile)
     except EdgeSDKError as exc:
         raise ImageError(f"initial bundle would be refused by the device: {exc}") from exc
@@ -164,6 +189,7 @@ def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
         broker=options.broker,
         has_ca=options.ca is not None,
         publisher_key_names=[key.name for key in options.publisher_keys],
+        has_trust_document=options.trust_document is not None,
         groups=list(options.groups),
         namespace=options.namespace,
         api_port=options.api_port,
@@ -181,6 +207,8 @@ def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
     )
     if options.ca is not None:
         shutil.copyfile(options.ca, overlay / str(CA_FILE).lstrip("/"))
+    if options.trust_document is not None:
+        shutil.copyfile(options.trust_document, overlay / str(TRUST_FILE).lstrip("/"))
     if options.publisher_keys:
         publishers = overlay / str(PUBLISHERS_DIR).lstrip("/")
         publishers.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The topic scheme: ``{namespace}/devices/{device_id}/{suffix}`` and ``{namespace}/groups/{group}/{suffix}``.
+"""The topic scheme: ``{namespace}/devices/{device_id}/{suffix}``, ``{namespace}/groups/{group}/{suffix}``
+and, for what the whole fleet reads (the trust document), ``{namespace}/fleet/{suffix}``.
 
 One module builds and parses every topic so that the device, the fleet tools and the broker
 ACL (``firmware_images/mosquitto/acl``) agree on one layout. Ids and group names never contain
@@ -26,6 +27,9 @@ ENROLL: Final = "enroll"
 #: The device's broker password, sealed to its key, retained by the operator at approval
 #: (``MqttCredentials`` JSON, fleet → device).
 ENROLL_CREDENTIALS: Final = "enroll/credentials"
+#: The fleet's trust document (``TrustDocument`` JSON, retained, fleet → every device) under
+#: ``{namespace}/fleet/``: one message for the whole fleet, read by every device.
+TRUST: Final = "trust"
 
 #: Suffixes a device publishes under its own id (the ACL grants write on exactly these).
 DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL)
@@ -34,7 +38,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 
-Scope = Literal["devices", "groups"]
+Scope = Literal["devices", "groups", "fleet"]
 
 
 def _check(kind: str, value: str, pattern: re.Pattern[str]) -> str:
@@ -60,6 +64,13 @@ def _join(namespace: str, scope: Scope, name: str, suffix: str) -> str:
     return f"{namespace}/{scope}/{name}/{suffix}"
 
 
+def fleet_topic(namespace: str, suffix: str) -> str:
+    """Topic of ``suffix`` for every device of the namespace, e.g. ``edgesdk/fleet/trust``."""
+    _check("namespace", namespace, _NAMESPACE)
+    _check("topic suffix", suffix, _SUFFIX)
+    return f"{namespace}/fleet/{suffix}"
+
+
 def all_devices_filter(namespace: str, suffix: str) -> str:
     """Subscription filter matching ``suffix`` of every device (fleet side)."""
     _check("namespace", namespace, _NAMESPACE)
@@ -69,7 +80,7 @@ def all_devices_filter(namespace: str, suffix: str) -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    """A topic split back into its parts."""
+    """A topic split back into its parts (``name`` is empty for the fleet scope)."""
 
     scope: Scope
     name: str
@@ -81,7 +92,11 @@ def parse_topic(namespace: str, topic: str) -> ParsedTopic | None:
     prefix = namespace + "/"
     if not topic.startswith(prefix):
         return None
-    parts = topic[len(prefix) :].split("/", 2)
+    rest = topic[len(prefix) :]
+    if rest.startswith("fleet/"):
+        suffix = rest[len("fleet/") :]
+        return ParsedTopic(scope="fleet", name="", suffix=suffix) if _SUFFIX.match(suffix) else None
+    parts = rest.split("/", 2)
     if len(parts) != 3 or parts[0] not in ("devices", "groups"):
         return None
     scope, name, suffix = parts

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     )
     from edgesdk.schemas.profile import DeviceProfile
     from edgesdk.schemas.report import ConversionReport
+    from edgesdk.schemas.trust import TrustDocument
 
     EXPORTED_SCHEMAS: dict[str, type[Schema]]
 
@@ -53,6 +54,7 @@ _LAZY = {
     "Telemetry": "messages",
     "DeviceProfile": "profile",
     "ConversionReport": "report",
+    "TrustDocument": "trust",
 }
 
 #: Every document that gets a JSON Schema file from ``edgesdk schema export`` (name → class name).
@@ -70,6 +72,7 @@ _EXPORTED = {
     "mqtt-credentials": "MqttCredentials",
     "enrollment-registry": "EnrollmentRegistry",
     "image-manifest": "ImageManifest",
+    "trust-document": "TrustDocument",
 }
 
 __all__ = [
@@ -94,6 +97,7 @@ __all__ = [
     "Schema",
     "Telemetry",
     "TensorSpec",
+    "TrustDocument",
     "Variant",
 ]
 

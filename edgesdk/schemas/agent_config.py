@@ -84,7 +84,16 @@ class AgentConfig(Schema):
     profile: str
     data_dir: Path = Path("/var/lib/edgesdk")
     device_key: Path | None = Field(None, description="X25519 private key; created in data_dir if missing")
-    publisher_keys: list[Path] = Field(default_factory=list, description="trusted Ed25519 public keys")
+    publisher_keys: list[Path] = Field(
+        default_factory=list,
+        description="trusted Ed25519 public keys, for bundles AND deployments (roles not separated); "
+        "ignored when trust_document is set",
+    )
+    trust_document: Path | None = Field(
+        None,
+        description="root-signed trust document (edgesdk trust sign): its publisher keys verify bundles, its "
+        "operator keys deployments; newer ones arrive over MQTT or edge-agent trust install (kept in data_dir)",
+    )
     unseal: Literal["helper", "in_process"] = Field(
         "helper",
         description="where installed bundles are verified and decrypted: a short-lived helper process (the "

@@ -79,3 +79,55 @@ def test_good_bundle_is_shipped_with_its_trust_anchor(edgesdk_cli, signed, tmp_p
         assert f"/etc/edgesdk/publishers/{signed['keys'].publisher_pub.name}" in config.read().decode()
     listed = {f["path"] for f in manifest["files"]}
     assert "bundle/initial.edgepkg" in listed and "install.sh" in listed
+
+
+def _trust(signed, tmp_path: Path, publisher_pub: Path, **kw) -> Path:
+    from tests.trust_helpers import make_root, trust_document, write_document
+
+    root_key, root_pub = make_root(tmp_path / "root")
+    operator = make_keys(tmp_path / "operator")
+    document = trust_document(
+        version=1,
+        root_pubs=[root_pub],
+        publisher_pubs=[publisher_pub],
+        operator_pubs=[operator.publisher_pub],
+        signers=[root_key],
+        **kw,
+    )
+    return write_document(document, tmp_path / "trust.json")
+
+
+def build_with_trust(edgesdk_cli, tmp_path: Path, bundle: Path, trust: Path, *extra: str):
+    return edgesdk_cli(
+        "image", "build", "--profile", "rpi5-8gb", "--broker", "mqtt://b.local", "--bundle", str(bundle),
+        "--trust-document", str(trust), "--out", str(tmp_path / "i.tar.gz"), *extra,
+    )  # fmt: skip
+
+
+def test_bundle_checked_against_the_trust_documents_publishers(edgesdk_cli, signed, tmp_path: Path) -> None:
+    trust = _trust(signed, tmp_path, signed["stranger_pub"])  # the document trusts another publisher
+    proc = build_with_trust(edgesdk_cli, tmp_path, signed["bundle"], trust)
+    assert_one_line_error(proc, "would be refused by the device", "unknown publisher key")
+
+
+def test_expired_trust_document_is_refused_before_building(edgesdk_cli, signed, tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    past = datetime.now(timezone.utc) - timedelta(days=1)
+    trust = _trust(signed, tmp_path, signed["keys"].publisher_pub, expires_at=past)
+    proc = build_with_trust(edgesdk_cli, tmp_path, signed["bundle"], trust)
+    assert_one_line_error(proc, "trust document would be refused by the device", "expired")
+
+
+def test_good_bundle_is_shipped_with_its_trust_document(edgesdk_cli, signed, tmp_path: Path) -> None:
+    require_package_index()
+    trust = _trust(signed, tmp_path, signed["keys"].publisher_pub)
+    proc = build_with_trust(edgesdk_cli, tmp_path, signed["bundle"], trust)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tmp_path / "i.tar.gz") as tar:
+        top = "edgesdk-image-rpi5-8gb"
+        shipped = tar.extractfile(f"{top}/overlay/etc/edgesdk/trust.json")
+        config = tar.extractfile(f"{top}/overlay/etc/edgesdk/agent.toml")
+        assert shipped is not None and config is not None
+        assert shipped.read() == trust.read_bytes()
+        assert 'trust_document = "@ROOT@/etc/edgesdk/trust.json"' in config.read().decode()

@@ -45,6 +45,13 @@ def test_rendered_config_is_valid_toml_and_a_valid_agent_config() -> None:
     assert config.device_key is None  # the agent makes data_dir/device.key on first start
 
 
+def test_a_shipped_trust_document_is_what_the_config_points_at() -> None:
+    text = render_agent_config(ProvisioningConfig(profile="rpi5-8gb", broker="mqtt://b", has_trust_document=True))
+    assert str(load_config(text).trust_document) == "/etc/edgesdk/trust.json"
+    without = render_agent_config(ProvisioningConfig(profile="rpi5-8gb", broker="mqtt://b"))
+    assert load_config(without).trust_document is None
+
+
 def test_root_prefix_moves_every_path_and_nothing_else() -> None:
     text = render_agent_config(ProvisioningConfig(profile="rpi5-8gb", broker="mqtt://10.0.0.2"))
     config = load_config(text, root="/tmp/stage")
