@@ -189,6 +189,9 @@ def test_keyfiles_give_each_role_its_own_keys(keys, tmp_path) -> None:
         release=1,
         bundle_sha256="0" * 64,
         bundle_size=1,
+        expires_at=datetime.now(timezone.utc) + timedelta(hours=1),
+        sequence=1,
+        targets=["dev-1"],
     )
     by_publisher = sign_deployment(deployment, load_publisher_private_key(keys["publisher"][0]))
     with pytest.raises(SignatureError, match="unknown key"):
