@@ -24,6 +24,7 @@ from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
 from edgesdk.agent.ota.target import AgentUpdateTarget
+from edgesdk.agent.ota.transfer import TransferLimits
 from edgesdk.agent.ports import EventSink, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, UpdateError
@@ -77,6 +78,7 @@ class UpdateManager:
         events: EventSink | None = None,
         max_inbound_bytes: int = 1024 * 1024,
         hooks: OtaHooks | None = None,
+        transfer_limits: TransferLimits | None = None,
     ) -> None:
         hooks = hooks or NO_HOOKS  # test seams (tests/faulty_agent.py); production passes none
         self.device_id = device_id
@@ -96,6 +98,7 @@ class UpdateManager:
             link=link,
             publish=self._publish,
             hooks=hooks,
+            transfer_limits=transfer_limits,
         )
         self.machine = UpdateMachine(
             self.target,
@@ -128,6 +131,12 @@ class UpdateManager:
             events=agent.events,
             max_inbound_bytes=config.mqtt.max_inbound_bytes,
             hooks=hooks,
+            transfer_limits=TransferLimits(
+                min_rate_bytes_s=config.ota.download_min_rate_bytes_s,
+                window_s=config.ota.download_rate_window_s,
+                deadline_min_s=config.ota.download_deadline_min_s,
+                deadline_max_s=config.ota.download_deadline_max_s,
+            ),
         )
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -81,6 +81,22 @@ class GovernorConfig(Schema):
     min_dwell_s: float | None = Field(None, ge=0, description="override the profile's min dwell time")
 
 
+class OtaConfig(Schema):
+    """Bounds on an update's download, so a slow or stalled source ends in FAILED, not forever."""
+
+    download_min_rate_bytes_s: float = Field(
+        1024.0,
+        gt=0,
+        description="slower than this, averaged over download_rate_window_s (MQTT: at least two chunks' "
+        "worth at this rate), fails the download",
+    )
+    download_rate_window_s: float = Field(60.0, gt=0, description="the sliding window of the minimum rate")
+    download_deadline_min_s: float = Field(
+        300.0, gt=0, description="overall deadline of a download: its size at the minimum rate, at least this"
+    )
+    download_deadline_max_s: float = Field(6 * 3600.0, gt=0, description="... and at most this")
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -97,6 +113,7 @@ class AgentConfig(Schema):
     api: ApiConfig = Field(default_factory=ApiConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
+    ota: OtaConfig = Field(default_factory=OtaConfig)
     runtime_threads: int | None = Field(
         None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
     )
