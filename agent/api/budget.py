@@ -83,7 +83,7 @@ class Allowance:
         if self.decoded + size > self.max_decoded:
             raise BudgetRefused(
                 413,
-                f"{what}: declares {self.decoded + size} bytes of arrays for this request; "
+                f"{what}: needs {self.decoded + size} bytes of memory for this request; "
                 f"the limit is {self.max_decoded} bytes (api.max_decoded_bytes)",
             )
         budget = self.budget

@@ -158,7 +158,21 @@ def json_shape(value: Any, name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+#: What one JSON number costs once parsed: its Python object (24-32 bytes) and its slot in a
+#: list (8, plus the list's spare room). JSON text costs ~15x its size in memory, not 1x.
+JSON_VALUE_BYTES = 40
+
+
+def json_parse_cost(text: bytes) -> int:
+    """Bytes that parsing ``text`` may allocate, bounded before parsing: every value but the
+    last is followed by a comma (bytes.count is a C scan: ~1 ms per MB)."""
+    return (text.count(b",") + 1) * JSON_VALUE_BYTES
+
+
 def _decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
+    allowance.take_decoded(
+        json_parse_cost(body), "the JSON body (use application/x-npy or raw tensors for large inputs)"
+    )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -168,6 +182,8 @@ def _decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dic
             document = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
+        except RecursionError:  # orjson stops at 1024 levels; the stdlib parser would recurse on
+            raise DecodeError("malformed JSON: nested too deep") from None
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
         raise DecodeError('JSON body must be an object {"inputs": {"<name>": [...]}}')
     feeds: dict[str, np.ndarray] = {}

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
-from edgesdk.agent.api.codec import DecodeError, check_declared, json_shape
+from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape
 from edgesdk.agent.api.http import Request, Response, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.signature import Signature, TensorSlot
@@ -202,10 +202,15 @@ def decode_infer_request(
     if allowance is None:
         allowance = unlimited_allowance()
     header, binary = _split_body(body, headers)
+    allowance.take_decoded(
+        json_parse_cost(header), "the JSON of the request (use the binary tensor extension for large inputs)"
+    )
     try:
         document = json.loads(header)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed JSON: {exc}") from exc
+    except RecursionError:
+        raise DecodeError("malformed JSON: nested too deep") from None
     document = _object(document, "the request")
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:

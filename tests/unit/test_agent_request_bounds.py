@@ -136,8 +136,10 @@ def test_x_tensors_overflowing_dimensions_are_client_errors(header: str) -> None
 def test_json_lists_are_checked_against_the_signature_and_charged() -> None:
     with pytest.raises(DeclaredInputError, match="axis 1 must be 1"):
         decode("application/json", json.dumps({"inputs": {"image": [[[[0.0] * 8] * 8] * 2]}}).encode())
-    rows = [[[[0.0] * 8] * 8]] * 2048  # 2048 images: 2 MiB of float32 + its float64 reading
-    with pytest.raises(BudgetRefused, match="input 'image'"):
+    # 2048 images: 2 MiB of float32, but ~20 MiB of Python objects while the text is parsed,
+    # refused from a count of its commas before parsing.
+    rows = [[[[0.0] * 8] * 8]] * 2048
+    with pytest.raises(BudgetRefused, match="the JSON body"):
         decode("application/json", json.dumps({"inputs": {"image": rows}}).encode(), grant=allowance(cap=MiB))
 
 
@@ -188,3 +190,11 @@ def test_the_budget_is_shared_and_given_back() -> None:
     with pytest.raises(BudgetRefused):  # an answered request takes nothing more
         first.take_decoded(1, "input 'a'")
     assert budget.used == 0
+
+
+def test_json_nested_too_deep_is_a_400_not_a_recursion_error() -> None:
+    deep = b'{"inputs": {"image": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    with pytest.raises(DecodeError, match="nested too deep"):
+        decode("application/json", deep)
+    with pytest.raises(DecodeError, match="nested too deep"):
+        decode_infer_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, SIGNATURE, allowance())
