@@ -269,7 +269,7 @@ def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict
     # The zip directory declares every member's uncompressed size: check them all, and each
     # member's .npy header against the signature and the budget, before inflating anything
     # past a header (a few kB of deflate can declare gigabytes).
-    planned = []
+    planned: list[tuple[str, Any, tuple[int, ...], bool, np.dtype[Any], int]] = []
     for info in members:
         name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
         what = f"input {name!r}"
@@ -295,7 +295,7 @@ def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict
     feeds: dict[str, np.ndarray] = {}
     for name, member, shape, fortran, dtype, nbytes in planned:
         flat = np.empty(nbytes // dtype.itemsize, dtype=dtype)
-        target = memoryview(flat).cast("B")
+        target = memoryview(flat).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
         filled = 0
         try:
             # Inflated a MiB at a time straight into the array (ZipExtFile.readinto would read
