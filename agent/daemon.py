@@ -578,6 +578,8 @@ class Agent:
                 body_timeout_s=api_config.body_timeout_s,
                 keepalive_timeout_s=api_config.keepalive_timeout_s,
                 max_connections=api_config.max_connections,
+                max_inflight_bytes=api_config.max_inflight_bytes,
+                max_decoded_bytes=api_config.max_decoded_bytes,
             ),
         )
         try:

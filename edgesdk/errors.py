@@ -27,10 +27,12 @@
     ├── AgentError                 the device agent cannot do what was asked
     │   ├── ConfigError            the agent configuration is invalid
     │   ├── InferenceInputError    a request does not match the model's input signature
+    │   │   └── DeclaredInputError     (agent/api/codec.py) what an encoding declares does not fit, found before allocating
     │   ├── ModelNotFoundError     (agent/serving.py) the request names a model not served here
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
+    │   ├── BudgetRefused          (agent/api/budget.py) a request over its size cap (413) or the memory budget (503)
     │   ├── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
     │   └── AgentRequestError      the agent's local API answered an error, or could not be reached
     │       ├── AgentInputError        400/413/422: the request's tensors or body were refused

@@ -30,11 +30,15 @@ WRITE_KINDS: tuple[WriteKind, ...] = ("download", "stage")
 class FaultPlan(OtaHooks):
     """Faults for one agent: a SIGKILL right after a state is persisted, a full disk at a write.
 
-    ``disk_full`` is a set the test may change while the agent runs ("space is back")."""
+    ``disk_full`` is a set the test may change while the agent runs ("space is back"); with
+    ``once``, each write kind fails the first time only (space is back for the next update)."""
 
-    def __init__(self, *, kill_at: UpdateState | None = None, disk_full: set[WriteKind] | None = None) -> None:
+    def __init__(
+        self, *, kill_at: UpdateState | None = None, disk_full: set[WriteKind] | None = None, once: bool = False
+    ) -> None:
         self.kill_at = kill_at
         self.disk_full: set[WriteKind] = set(disk_full or ())
+        self.once = once
 
     def after_state_saved(self, state: UpdateState) -> None:
         if state is self.kill_at:
@@ -45,6 +49,8 @@ class FaultPlan(OtaHooks):
 
     def before_write(self, kind: WriteKind, path: Path, size: int) -> None:
         if kind in self.disk_full:
+            if self.once:
+                self.disk_full.discard(kind)
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected by the fault plan)", str(path))
 
 
@@ -63,7 +69,8 @@ class FaultPlan(OtaHooks):
     multiple=True,
     help="Fail this updater write with ENOSPC (repeatable).",
 )
-def run(config_path: Path, kill_at: str | None, disk_full: tuple[WriteKind, ...]) -> None:
+@click.option("--disk-full-once", is_flag=True, help="Each --disk-full write fails the first time only.")
+def run(config_path: Path, kill_at: str | None, disk_full: tuple[WriteKind, ...], disk_full_once: bool) -> None:
     """Run the agent until SIGTERM, with the faults planted."""
     from edgesdk.agent.config import load_config
     from edgesdk.agent.daemon import Agent
@@ -71,7 +78,7 @@ def run(config_path: Path, kill_at: str | None, disk_full: tuple[WriteKind, ...]
 
     config = load_config(config_path)
     setup_logging(config.log_level, config.log_format)
-    plan = FaultPlan(kill_at=UpdateState(kill_at) if kill_at else None, disk_full=set(disk_full))
+    plan = FaultPlan(kill_at=UpdateState(kill_at) if kill_at else None, disk_full=set(disk_full), once=disk_full_once)
     code = Agent(config, ota_hooks=plan).run()
     if code:
         raise click.exceptions.Exit(code)
@@ -81,7 +88,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def faulty_agent_argv(
-    config: Path, *, kill_at: UpdateState | None = None, disk_full: tuple[WriteKind, ...] = ()
+    config: Path,
+    *,
+    kill_at: UpdateState | None = None,
+    disk_full: tuple[WriteKind, ...] = (),
+    disk_full_once: bool = False,
 ) -> list[str]:
     """The command line that runs this harness (for ``AgentProcess(argv=...)``)."""
     argv = [sys.executable, "-m", "tests.faulty_agent", "--config", str(config)]
@@ -89,6 +100,8 @@ def faulty_agent_argv(
         argv += ["--kill-at", kill_at.value]
     for kind in disk_full:
         argv += ["--disk-full", kind]
+    if disk_full_once:
+        argv.append("--disk-full-once")
     return argv
 
 

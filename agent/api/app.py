@@ -12,9 +12,11 @@ The Open Inference Protocol (KServe v2) routes live beside ``/v1`` (``/v2/...``,
 ``open_inference``); their inferences take the same admission control and the same server path.
 
 Status codes: 400 malformed body, 404 unknown route or model, 405 wrong method, 406/415
-encodings, 408 slow client, 411 no Content-Length, 413 body too large, 422 the tensors do
-not match the model's signature (wrong dtype/shape, NaN/Inf), 500 the runtime failed, 503
-overload (Retry-After) or no model loaded, 504 the request waited past ``request_timeout_s``.
+encodings, 408 slow client, 411 no Content-Length, 413 body too large or declaring arrays over
+``max_decoded_bytes``, 422 the tensors do not match the model's signature (wrong dtype/shape,
+NaN/Inf; checked on the declared sizes before anything is allocated), 500 the runtime failed,
+503 overload or the memory budget for requests in flight full (Retry-After) or no model
+loaded, 504 the request waited past ``request_timeout_s``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from edgesdk.agent.api import open_inference
+from edgesdk.agent.api.budget import BudgetRefused
 from edgesdk.agent.api.codec import (
+    DeclaredInputError,
     DecodeError,
     UnsupportedEncodingError,
     decode_request,
@@ -61,7 +65,9 @@ def answer_v1(server: ModelServer, request: Request, model_name: str) -> Respons
     model = server.get_model(model_name)
     content_type = media_type(request.headers.get("content-type"))
     encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
-    feeds = decode_request(content_type, request.body, request.headers, request.query, model.signature)
+    feeds = decode_request(
+        content_type, request.body, request.headers, request.query, model.signature, request.allowance
+    )
     outputs, variant = server.infer_with_variant(model_name, feeds)
     body, headers = encode_response(
         encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
@@ -247,12 +253,20 @@ class ApiApp:
         except NoModelError as exc:
             self.metrics.count_error("no_model")
             return json_response(503, {"error": str(exc)}, [("Retry-After", "5")])
+        except BudgetRefused as exc:
+            # Declared sizes over the request's cap (413) or the shared memory budget (503).
+            self.metrics.count_error("overload" if exc.status == 503 else "bad_request")
+            return json_response(exc.status, {"error": str(exc)}, exc.headers)
         except DecodeError as exc:
             self.metrics.count_error("bad_request")
             return json_response(400, {"error": str(exc)})
         except UnsupportedEncodingError as exc:
             self.metrics.count_error("bad_request")
             return json_response(exc.status, {"error": str(exc)})
+        except DeclaredInputError as exc:
+            # Refused on what the encoding declared, before the server (which counts its own) saw it.
+            self.metrics.count_error("bad_input")
+            return json_response(422, {"error": str(exc)})
         except InferenceInputError as exc:
             # The server already counted bad_input for signature errors it raised itself.
             return json_response(422, {"error": str(exc)})

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs
 
 import numpy as np
 import orjson
+from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.http import dumps
 from edgesdk.agent.signature import Signature
 
@@ -44,10 +45,20 @@ ENCODINGS = (JSON, NPY, NPZ, RAW)
 
 _RAW_ITEM = re.compile(r"^\s*([^=;\s]+)\s*=\s*([a-z0-9]+)\s*\[\s*([0-9,\s]*)\]\s*$")
 _RAW_DTYPES = {"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
+#: A dimension longer than this is refused as written (numpy's own limit is 2**63 - 1; a
+#: larger one would fail deep inside numpy instead of as the client's error).
+MAX_DIM = (1 << 62) - 1
+#: Bytes of an .npy header read before its shape is known (numpy itself allows 10000).
+_NPY_HEADER_MAX = 64 * 1024
 
 
 class DecodeError(AgentError):
     """The request body is not a valid instance of its declared encoding (HTTP 400)."""
+
+
+class DeclaredInputError(InferenceInputError):
+    """What an encoding declares (name, dtype, shape) does not fit the model's signature (HTTP
+    422), found before the array was built, so before the server's own check saw it."""
 
 
 class UnsupportedEncodingError(AgentError):
@@ -77,15 +88,28 @@ def response_encoding(accept: str | None, request_type: str) -> str:
 
 
 def decode_request(
-    content_type: str, body: bytes, headers: Mapping[str, str], query: str, signature: Signature
+    content_type: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    query: str,
+    signature: Signature,
+    allowance: Allowance | None = None,
 ) -> dict[str, np.ndarray]:
-    """Body → feeds by input name (signature checks come after, in the server)."""
+    """Body → feeds by input name.
+
+    Every array's DECLARED name, dtype and shape are checked against ``signature`` (fixed
+    dimensions; rank) and its bytes taken from ``allowance`` (the request's share of the
+    server's memory budget) before the array is allocated, so no encoding can make the agent
+    allocate more than it allows. The full signature check (NaN/Inf included) comes after, in
+    the server."""
+    if allowance is None:
+        allowance = unlimited_allowance()
     if content_type == JSON or content_type == "":
-        return _decode_json(body, signature)
+        return _decode_json(body, signature, allowance)
     if content_type == NPY:
-        return _decode_npy(body, query, signature)
+        return _decode_npy(body, query, signature, allowance)
     if content_type == NPZ:
-        return _decode_npz(body, signature)
+        return _decode_npz(body, signature, allowance)
     if content_type in (RAW, "application/octet-stream"):
         return _decode_raw(body, headers.get("x-tensors", ""))
     raise UnsupportedEncodingError(
@@ -93,7 +117,62 @@ def decode_request(
     )
 
 
-def _decode_json(body: bytes, signature: Signature) -> dict[str, np.ndarray]:
+def check_declared(signature: Signature, name: str, shape: tuple[int, ...], dtype: np.dtype[Any] | None = None) -> int:
+    """What an encoding declares for input ``name``, checked before the array exists: the
+    input is the model's, ``dtype`` (when the encoding carries one) is its dtype, the rank and
+    every fixed dimension match, and it is not empty. Returns the array's size in bytes (in the
+    input's dtype); InferenceInputError (422) names the problem, as ``Signature.check`` would."""
+    slot = signature.by_name.get(name)
+    if slot is None:
+        raise DeclaredInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
+    if dtype is not None and dtype != slot.dtype:
+        label = dtype.name if dtype.isnative else f"{dtype.name} ({dtype.str}, non-native byte order)"
+        raise DeclaredInputError(f"input {name!r}: dtype {label}, expected {slot.dtype.name}")
+    if len(shape) != len(slot.shape):
+        raise DeclaredInputError(
+            f"input {name!r}: shape {list(shape)} has rank {len(shape)}, expected rank {len(slot.shape)} "
+            f"{list(slot.shape)}"
+        )
+    for axis, size in slot.fixed_axes:
+        if shape[axis] != size:
+            raise DeclaredInputError(
+                f"input {name!r}: shape {list(shape)} does not match {list(slot.shape)} (axis {axis} must be {size})"
+            )
+    count = math.prod(shape)
+    if count == 0:
+        raise DeclaredInputError(f"input {name!r}: shape {list(shape)} is empty")
+    return count * slot.dtype.itemsize
+
+
+def json_shape(value: Any, name: str) -> tuple[int, ...]:
+    """The shape nested JSON lists declare (their lengths along the first elements), read
+    before numpy builds anything; ragged lists are found by numpy afterwards."""
+    shape: list[int] = []
+    while isinstance(value, list):
+        if len(shape) >= 64:
+            raise DecodeError(f"input {name!r}: lists nested more than 64 deep")
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return tuple(shape)
+
+
+#: What one JSON number costs once parsed: its Python object (24-32 bytes) and its slot in a
+#: list (8, plus the list's spare room). JSON text costs ~15x its size in memory, not 1x.
+JSON_VALUE_BYTES = 40
+
+
+def json_parse_cost(text: bytes) -> int:
+    """Bytes that parsing ``text`` may allocate, bounded before parsing: every value but the
+    last is followed by a comma (bytes.count is a C scan: ~1 ms per MB)."""
+    return (text.count(b",") + 1) * JSON_VALUE_BYTES
+
+
+def _decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
+    allowance.take_decoded(
+        json_parse_cost(body), "the JSON body (use application/x-npy or raw tensors for large inputs)"
+    )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -103,6 +182,8 @@ def _decode_json(body: bytes, signature: Signature) -> dict[str, np.ndarray]:
             document = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
+        except RecursionError:  # orjson stops at 1024 levels; the stdlib parser would recurse on
+            raise DecodeError("malformed JSON: nested too deep") from None
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
         raise DecodeError('JSON body must be an object {"inputs": {"<name>": [...]}}')
     feeds: dict[str, np.ndarray] = {}
@@ -110,6 +191,9 @@ def _decode_json(body: bytes, signature: Signature) -> dict[str, np.ndarray]:
         slot = signature.by_name.get(name)
         if slot is None:
             raise InferenceInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
+        nbytes = check_declared(signature, name, json_shape(value, name))
+        # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
+        allowance.take_decoded(nbytes + nbytes // slot.dtype.itemsize * 8, f"input {name!r}")
         try:
             raw = np.asarray(value)
         except (ValueError, TypeError) as exc:
@@ -127,17 +211,33 @@ def _decode_json(body: bytes, signature: Signature) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _load_npy(data: bytes, what: str) -> np.ndarray:
+def _npy_header(stream: Any, what: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    """(shape, fortran_order, dtype, header bytes) of the .npy at the start of ``stream``, read
+    without reading (or allocating) the array itself."""
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=_NPY_HEADER_MAX)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=_NPY_HEADER_MAX)
+        else:  # pragma: no cover - read_magic refuses other versions itself
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise DecodeError(f"{what}: not a valid .npy array ({exc})") from exc
-    if not isinstance(array, np.ndarray):
-        raise DecodeError(f"{what}: expected one .npy array")
-    return array
+    if dtype.hasobject:
+        raise DecodeError(f"{what}: .npy arrays of Python objects are not accepted (they need pickle)")
+    if any(d > MAX_DIM for d in shape):
+        raise DecodeError(f"{what}: .npy shape {list(shape)} has a dimension over {MAX_DIM}")
+    return tuple(shape), bool(fortran), dtype, stream.tell()
 
 
-def _decode_npy(body: bytes, query: str, signature: Signature) -> dict[str, np.ndarray]:
+def _shaped(flat: np.ndarray, shape: tuple[int, ...], fortran: bool) -> np.ndarray:
+    array = flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+    # A header of any length may leave the data at an odd address: runtimes want aligned arrays.
+    return array if array.flags.aligned else array.copy()
+
+
+def _decode_npy(body: bytes, query: str, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
     names = parse_qs(query).get("input")
     if names:
         name = names[0]
@@ -147,25 +247,71 @@ def _decode_npy(body: bytes, query: str, signature: Signature) -> dict[str, np.n
         raise DecodeError(
             f"the model takes {len(signature.inputs)} inputs; send application/x-npz, or name one with ?input=NAME"
         )
-    return {name: _load_npy(body, f"input {name!r}")}
+    what = f"input {name!r}"
+    shape, fortran, dtype, offset = _npy_header(io.BytesIO(body), what)
+    check_declared(signature, name, shape, dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if len(body) - offset != nbytes:
+        raise DecodeError(
+            f"{what}: the .npy header declares {list(shape)} {dtype.name} ({nbytes} bytes), "
+            f"the body holds {len(body) - offset}"
+        )
+    # The body holds the array already: a view of it, nothing allocated (the body is charged).
+    return {name: _shaped(np.frombuffer(body, dtype=dtype, offset=offset), shape, fortran)}
 
 
-def _decode_npz(body: bytes, signature: Signature) -> dict[str, np.ndarray]:
+def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
     try:
         archive = zipfile.ZipFile(io.BytesIO(body))
-        declared = sum(info.file_size for info in archive.infolist())
+        members = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
         raise DecodeError(f"not a valid .npz archive ({exc})") from exc
-    # An archive could decompress to far more than it weighs: refuse before inflating.
-    if declared > max(len(body) * 2, 1 << 20) and declared > 64 * len(body):
-        raise DecodeError(f".npz declares {declared} bytes of arrays in a {len(body)}-byte body (compression bomb?)")
-    feeds: dict[str, np.ndarray] = {}
-    for info in archive.infolist():
+    # The zip directory declares every member's uncompressed size: check them all, and each
+    # member's .npy header against the signature and the budget, before inflating anything
+    # past a header (a few kB of deflate can declare gigabytes).
+    planned: list[tuple[str, Any, tuple[int, ...], bool, np.dtype[Any], int]] = []
+    for info in members:
         name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        what = f"input {name!r}"
+        if name not in signature.by_name:
+            raise DeclaredInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
+        if any(name == other for other, *_ in planned):
+            raise DecodeError(f"{what}: given twice in the .npz")
         try:
-            feeds[name] = _load_npy(archive.read(info), f"input {name!r}")
-        except (zipfile.BadZipFile, OSError, RuntimeError) as exc:
+            member = archive.open(info)
+            shape, fortran, dtype, offset = _npy_header(member, what)
+        except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as exc:
+            raise DecodeError(f"{what}: unreadable in the .npz ({exc})") from exc
+        check_declared(signature, name, shape, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if info.file_size != offset + nbytes:
+            raise DecodeError(
+                f"{what}: the zip directory declares {info.file_size} bytes, its .npy header "
+                f"{offset + nbytes} ({list(shape)} {dtype.name})"
+            )
+        planned.append((name, member, shape, fortran, dtype, nbytes))
+    for name, _, _, _, _, nbytes in planned:
+        allowance.take_decoded(nbytes, f"input {name!r}")
+    feeds: dict[str, np.ndarray] = {}
+    for name, member, shape, fortran, dtype, nbytes in planned:
+        flat = np.empty(nbytes // dtype.itemsize, dtype=dtype)
+        target = memoryview(flat).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+        filled = 0
+        try:
+            # Inflated a MiB at a time straight into the array (ZipExtFile.readinto would read
+            # the whole member into a temporary bytes object first: twice the memory).
+            while filled < nbytes:
+                piece = member.read(min(1 << 20, nbytes - filled))
+                if not piece:
+                    break
+                target[filled : filled + len(piece)] = piece
+                filled += len(piece)
+            extra = member.read(1)
+        except (zipfile.BadZipFile, OSError, RuntimeError, EOFError) as exc:
             raise DecodeError(f"input {name!r}: unreadable in the .npz ({exc})") from exc
+        if filled != nbytes or extra:
+            raise DecodeError(f"input {name!r}: the .npz member holds other than the {nbytes} bytes it declares")
+        feeds[name] = _shaped(flat, shape, fortran)
     return feeds
 
 
@@ -190,7 +336,11 @@ def _parse_tensor_header(header: str) -> tuple[tuple[str, np.dtype[Any], tuple[i
             raise DecodeError(
                 f"X-Tensors entry {name!r}: unknown dtype {dtype!r}; known: {', '.join(sorted(_RAW_DTYPES))}"
             )
-        shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        digits = [d.strip() for d in dims.split(",") if d.strip()]
+        # Checked as text first: int() of thousands of digits is itself refused (or slow).
+        if any(len(d) > 19 or int(d) > MAX_DIM for d in digits):
+            raise DecodeError(f"X-Tensors entry {name!r}: a dimension of [{dims}] is over {MAX_DIM}")
+        shape = tuple(int(d) for d in digits)
         items.append((name, np.dtype(dtype).newbyteorder("<"), shape, math.prod(shape)))
     return tuple(items)
 
@@ -202,6 +352,8 @@ def _decode_raw(body: bytes, header: str) -> dict[str, np.ndarray]:
         size = count * dtype.itemsize
         if offset + size > len(body):
             raise DecodeError(f"body has {len(body)} bytes; X-Tensors needs at least {offset + size} (at {name!r})")
+        if count == 0:
+            raise DeclaredInputError(f"input {name!r}: shape {list(shape)} is empty")
         array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
         if not dtype.isnative:  # a big-endian host: swap to native order once, here
             array = array.astype(dtype.newbyteorder("="))

@@ -7,7 +7,9 @@ free is written out here on purpose, around the C parser:
 
 * header block limited to ``max_header_bytes`` (431); a client that has not sent its whole
   header block ``header_timeout_s`` after its first byte is cut off with 408 (slowloris);
-* ``Content-Length`` checked against ``max_body_bytes`` BEFORE any body byte is read (413);
+* ``Content-Length`` checked against ``max_body_bytes`` BEFORE any body byte is read (413),
+  and against the memory budget all connections share (``max_inflight_bytes``: bodies being
+  read or waiting, plus the arrays decoded from them; 503 with Retry-After when it is full);
   the body must then arrive within ``body_timeout_s``; chunked uploads are refused (411),
   because their size is only known once they have been read;
 * anything llhttp rejects (a TLS ClientHello on the plain port, a bad or overflowing
@@ -34,6 +36,7 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
+from edgesdk.agent.api.budget import Allowance, MemoryBudget
 
 from edgesdk.errors import AgentError
 
@@ -58,6 +61,18 @@ class HttpLimits:
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0
     max_connections: int = 256
+    #: Bodies in flight plus their decoded arrays, all connections together (None: 4 bodies).
+    max_inflight_bytes: int | None = None
+    #: Arrays one request may decode to (None: ``max_body_bytes``, what raw tensors could carry).
+    max_decoded_bytes: int | None = None
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self.max_inflight_bytes if self.max_inflight_bytes is not None else 4 * self.max_body_bytes
+
+    @property
+    def decoded_bytes(self) -> int:
+        return self.max_decoded_bytes if self.max_decoded_bytes is not None else self.max_body_bytes
 
 
 @dataclass(slots=True)
@@ -68,6 +83,8 @@ class Request:
     headers: dict[str, str]
     body: bytes = b""
     keep_alive: bool = True
+    #: Its share of the server's memory budget (None: no body); released once it is answered.
+    allowance: Allowance | None = None
 
 
 @dataclass(slots=True)
@@ -91,8 +108,8 @@ def _encode_head(response: Response, keep_alive: bool) -> bytes:
     ).encode("latin-1")
 
 
-def _error(status: int, message: str) -> Response:
-    return Response(status, orjson.dumps({"error": message}))
+def _error(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response(status, orjson.dumps({"error": message}), headers=headers or [])
 
 
 class _BadRequest(AgentError):
@@ -101,9 +118,10 @@ class _BadRequest(AgentError):
     It never leaves this module: the connection answers it with ``status`` and closes. It is
     still an AgentError so that every exception edgesdk defines sits in one tree."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or []
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -125,6 +143,7 @@ class HttpProtocol(asyncio.Protocol):
         self._header_count = 0
         self._body_parts: list[bytes] = []
         self._rejected: _BadRequest | None = None  # raised in a parser callback
+        self._allowance: Allowance | None = None  # the body being read holds this much budget
         # Complete requests (or a final error answer) waiting for the ones before them.
         self._queue: deque[Request | Response] = deque()
         self._queued_bytes = 0
@@ -155,6 +174,14 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = True
         self._stop_timer()
         self.server.connections.discard(self)
+        # Bodies nobody will answer any more give their budget back (the one being answered
+        # gives it back when its answer comes, even to a closed connection).
+        if self._allowance is not None:
+            self._allowance.release()
+            self._allowance = None
+        for item in self._queue:
+            if isinstance(item, Request) and item.allowance is not None:
+                item.allowance.release()
 
     def eof_received(self) -> bool:
         """The client half-closed (``shutdown(SHUT_WR)``): answer what it asked, then close."""
@@ -177,7 +204,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._feed(data[:budget])
                 data = data[budget:]
         except _BadRequest as exc:
-            self._fail(_error(exc.status, str(exc)))
+            self._fail(_error(exc.status, str(exc), exc.headers))
         except httptools.HttpParserUpgrade:
             # Upgrade (h2c, websocket) and CONNECT are not spoken here: the request that asked
             # is answered as plain HTTP, then the connection closes (nothing after it is parsed).
@@ -187,7 +214,7 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             rejected, self._rejected = self._rejected, None
             if rejected is not None:
-                self._fail(_error(rejected.status, str(rejected)))
+                self._fail(_error(rejected.status, str(rejected), rejected.headers))
             else:
                 self._fail(_error(400, f"malformed request: {exc}"))
         if self._busy:
@@ -240,6 +267,17 @@ class HttpProtocol(asyncio.Protocol):
             self.server.on_oversized()
             self._reject(413, f"body of {length} bytes is over the limit of {self.limits.max_body_bytes} bytes")
         if length:
+            allowance = Allowance(self.server.budget, self.limits.decoded_bytes)
+            if not allowance.take_body(length):
+                # Refused before it is read, like an oversized body; unlike one, it fits later.
+                self.server.on_over_budget()
+                self._reject(
+                    503,
+                    f"body of {length} bytes does not fit the agent's memory budget for requests in flight "
+                    f"({self.server.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly",
+                    [("Retry-After", "1")],
+                )
+            self._allowance = allowance
             if headers.get("expect", "").lower() == "100-continue":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
             self._arm("body", self.limits.body_timeout_s)
@@ -260,13 +298,15 @@ class HttpProtocol(asyncio.Protocol):
             self._headers,
             body,
             self._parser.should_keep_alive(),
+            self._allowance,
         )
+        self._allowance = None
         self._queue.append(request)
         self._queued_bytes += len(body)
 
-    def _reject(self, status: int, message: str) -> None:
+    def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
-        self._rejected = _BadRequest(status, message)
+        self._rejected = _BadRequest(status, message, headers)
         raise self._rejected
 
     # -- timers -------------------------------------------------------------------------------
@@ -367,6 +407,8 @@ class HttpProtocol(asyncio.Protocol):
             if answered:
                 return
             answered = True
+            if request.allowance is not None:
+                request.allowance.release()
             keep = request.keep_alive and not self.server.draining and not (self._eof and not self._queue)
             self._send(response, keep_alive=keep, head_only=request.method == "HEAD")
             if keep and not self._closing:
@@ -410,12 +452,17 @@ class HttpServer:
         self.slow_clients = 0
         self.oversized = 0
         self.refused = 0
+        self.over_budget = 0
+        self.budget = MemoryBudget(limits.inflight_bytes)
 
     def on_slow_client(self) -> None:
         self.slow_clients += 1
 
     def on_oversized(self) -> None:
         self.oversized += 1
+
+    def on_over_budget(self) -> None:
+        self.over_budget += 1
 
     def _factory(self) -> HttpProtocol:
         return HttpProtocol(self.handler, self.limits, self)

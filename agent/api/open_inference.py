@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.api.codec import DecodeError
+from edgesdk.agent.api.budget import Allowance, unlimited_allowance
+from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape
 from edgesdk.agent.api.http import Request, Response, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.signature import Signature, TensorSlot
@@ -188,18 +189,28 @@ def _split_body(body: bytes, headers: Mapping[str, str]) -> tuple[bytes, memoryv
     return body[:length], memoryview(body)[length:]
 
 
-def decode_infer_request(body: bytes, headers: Mapping[str, str], signature: Signature) -> InferRequest:
+def decode_infer_request(
+    body: bytes, headers: Mapping[str, str], signature: Signature, allowance: Allowance | None = None
+) -> InferRequest:
     """A v2 request body (JSON, or JSON + binary tensors) → feeds for ``signature``'s inputs.
 
     Checks what the protocol itself defines (datatypes, element counts, binary sizes) and that
-    each tensor's datatype is the input's; shapes, missing inputs and NaN/Inf are left to the
-    server's signature check, exactly as for ``/v1``.
+    each tensor's datatype is the input's; each declared shape is checked against the input's
+    (rank, fixed dimensions) and JSON data charged to ``allowance`` before numpy builds it, as
+    for ``/v1``; missing inputs and NaN/Inf are left to the server's signature check.
     """
+    if allowance is None:
+        allowance = unlimited_allowance()
     header, binary = _split_body(body, headers)
+    allowance.take_decoded(
+        json_parse_cost(header), "the JSON of the request (use the binary tensor extension for large inputs)"
+    )
     try:
         document = json.loads(header)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed JSON: {exc}") from exc
+    except RecursionError:
+        raise DecodeError("malformed JSON: nested too deep") from None
     document = _object(document, "the request")
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:
@@ -215,11 +226,20 @@ def decode_infer_request(body: bytes, headers: Mapping[str, str], signature: Sig
         name, dtype, shape = _input_header(_object(item, f"inputs[{index}]"), index, signature)
         if name in feeds:
             raise DecodeError(f"input {name!r} is given twice")
+        nbytes = check_declared(signature, name, tuple(shape))
         size = _parameters(item, f"input {name!r}").get("binary_data_size")
         if size is None:
             if "data" not in item:
                 raise DecodeError(f"input {name!r} has neither data nor parameters.binary_data_size")
-            feeds[name] = _json_tensor(name, item["data"], dtype, shape)
+            data = item["data"]
+            given = math.prod(json_shape(data, name))
+            if given != nbytes // dtype.itemsize:
+                raise DecodeError(
+                    f"input {name!r}: {given} values for shape {list(shape)}, which holds {nbytes // dtype.itemsize}"
+                )
+            # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
+            allowance.take_decoded(nbytes + given * 8, f"input {name!r}")
+            feeds[name] = _json_tensor(name, data, dtype, shape)
             continue
         if "data" in item:
             raise DecodeError(f"input {name!r} has both data and parameters.binary_data_size; send one")
@@ -372,7 +392,7 @@ def answer_infer(server: ModelServer, request: Request, route: ModelRoute) -> Re
     """``POST .../infer``: decode, run through the server (all its checks), encode. Raises the
     errors ``ApiApp`` turns into status codes, as ``/v1`` does."""
     model = served_model(server, route)
-    infer_request = decode_infer_request(request.body, request.headers, model.signature)
+    infer_request = decode_infer_request(request.body, request.headers, model.signature, request.allowance)
     outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
     return encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
 

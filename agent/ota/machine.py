@@ -115,6 +115,8 @@ class UpdateMachine:
         self.on_state_saved = on_state_saved
         self.max_state_saves = max_state_saves
         self.record = state_file.load()
+        # Why the current state could not be persisted (disk full, read-only file system), or None.
+        self._unsaved: str | None = None
         self._cancel = threading.Event()
         self._lock = threading.RLock()
 
@@ -185,7 +187,12 @@ class UpdateMachine:
         """Do the current state's work, follow the table, repeat until a resting state."""
         while True:
             state = self.record.state
-            if state not in RESTING_STATES and self.record.save_count > self.max_state_saves:
+            if self._unsaved is not None and state not in RESTING_STATES and state is not S.ROLLING_BACK:
+                # A busy state that is not on disk must not do its work: after a crash the agent
+                # would resume from the state before it (re-staging into a slot activated
+                # meanwhile, say). Its failure path runs instead; rolling back always runs.
+                event, reason = E.ERROR, self._unsaved
+            elif state not in RESTING_STATES and self.record.save_count > self.max_state_saves:
                 event, reason = E.LOOP_DETECTED, f"update loop detected after {self.record.save_count} state saves"
             else:
                 event, reason = self._work(state)
@@ -211,7 +218,17 @@ class UpdateMachine:
         if state is S.PROBATION and self.record.probation_started is None:
             update["probation_started"] = now
         self.record = self.record.model_copy(update=update)
-        self.state_file.save(self.record)
+        try:
+            self.state_file.save(self.record)
+            self._unsaved = None
+        except OSError as exc:
+            # Never an exception out of the loop: that would leave the machine "busy" in memory
+            # until a restart. The loop sends a busy state down its failure path (see run).
+            self._unsaved = f"cannot save update state {state.value}: {exc.strerror or exc}"
+            log.error("%s (%s)", self._unsaved, self.state_file.path)
+            if state not in RESTING_STATES:
+                self._publish()
+            return
         if self.on_state_saved is not None:
             self.on_state_saved(state)
         if state not in RESTING_STATES:

@@ -26,6 +26,7 @@ from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
 from edgesdk.agent.ota.target import AgentUpdateTarget
+from edgesdk.agent.ota.transfer import TransferLimits
 from edgesdk.agent.ports import EventSink, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, UpdateError
@@ -83,6 +84,7 @@ class UpdateManager:
         groups: tuple[str, ...] | list[str] = (),
         clock_skew_s: float | None = None,
         gate: CommandGate | None = None,
+        transfer_limits: TransferLimits | None = None,
     ) -> None:
         """``gate`` replaces the freshness/audience/replay checks (benchmarks compare with and
         without them); production passes none and gets the real checks over ``ota_dir``."""
@@ -111,6 +113,7 @@ class UpdateManager:
             publish=self._publish,
             hooks=hooks,
             open_bundles=open_bundles,
+            transfer_limits=transfer_limits,
         )
         self.machine = UpdateMachine(
             self.target,
@@ -148,6 +151,12 @@ class UpdateManager:
             groups=tuple(config.mqtt.groups),
             clock_skew_s=config.ota.clock_skew_s,
             gate=gate,
+            transfer_limits=TransferLimits(
+                min_rate_bytes_s=config.ota.download_min_rate_bytes_s,
+                window_s=config.ota.download_rate_window_s,
+                deadline_min_s=config.ota.download_deadline_min_s,
+                deadline_max_s=config.ota.download_deadline_max_s,
+            ),
         )
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.machine import ProbationFailed
 from edgesdk.agent.ota.probation import ProbationMonitor
 from edgesdk.agent.ota.smoke import smoke_test, split_golden
-from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
+from edgesdk.agent.ota.transfer import ChunkReceiver, TransferLimits, download_url
 from edgesdk.agent.ports import BundleOpener, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
@@ -56,8 +56,10 @@ class AgentUpdateTarget:
         link: UpdateChannel | None = None,
         hooks: OtaHooks = NO_HOOKS,
         open_bundles: OpenerFactory | None = None,
+        transfer_limits: TransferLimits | None = None,
     ) -> None:
         self.ota_dir = ota_dir
+        self.transfer_limits = transfer_limits or TransferLimits()
         self.device_id = device_id
         self.serving = serving
         self.slots = slots
@@ -132,13 +134,14 @@ class AgentUpdateTarget:
         if deployment.url is None and not deployment.chunk_sha256 and local.exists():
             return local  # a sideload: install_local placed the file here before starting
         if deployment.url is not None:
-            return download_url(deployment, self.ota_dir, progress, cancelled, self.hooks)
+            return download_url(deployment, self.ota_dir, progress, cancelled, self.hooks, self.transfer_limits)
         receiver = ChunkReceiver(
             deployment,
             self.ota_dir,
             lambda indices: self._request_chunks(deployment, indices),
             window=self.chunk_window,
             hooks=self.hooks,
+            limits=self.transfer_limits,
         )
         with self._receiver_lock:
             self._receiver = receiver

@@ -5,6 +5,10 @@ against the signed hash list of the Deployment, so a download survives a broker 
 dropped link or an agent restart: on start the partial file is re-hashed chunk by chunk and
 only what is missing or wrong is fetched again. The finished file must match the signed
 ``bundle_sha256`` before it is renamed to ``<deployment>.edgepkg``.
+
+Both are bounded in time (:class:`Pace`): an overall deadline (the size at the minimum rate,
+clamped) and a minimum rate over a sliding window, so a source that trickles a byte now and
+then ends the update in FAILED with a reason that says so, instead of holding it forever.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
@@ -33,6 +38,62 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[float], None]
 CancelledFn = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """How slow a download may be (``AgentConfig.ota``; the defaults are its defaults)."""
+
+    min_rate_bytes_s: float = 1024.0
+    window_s: float = 60.0
+    deadline_min_s: float = 300.0
+    deadline_max_s: float = 6 * 3600.0
+
+    def deadline_s(self, size: int) -> float:
+        """The whole download's time: ``size`` at the minimum rate, within [min, max]."""
+        return min(self.deadline_max_s, max(self.deadline_min_s, size / self.min_rate_bytes_s))
+
+
+class Pace:
+    """One download's clock: ``check`` raises UpdateError past the overall deadline, or when
+    fewer than ``min_rate_bytes_s`` arrived on average over the last window (checked once a
+    whole window has passed). ``unit``: the bytes that arrive at once (an MQTT chunk), so the
+    window is at least two of them at the minimum rate and a slow but steady link passes."""
+
+    def __init__(self, limits: TransferLimits, size: int, what: str, *, unit: int = 1) -> None:
+        self.limits = limits
+        self.what = what
+        self.size = size
+        self.window_s = max(limits.window_s, 2 * unit / limits.min_rate_bytes_s)
+        self.deadline_s = limits.deadline_s(size)
+        self.started = time.monotonic()
+        self.received = 0
+        # (time, bytes received by then); the first one is the last sample at least a window old.
+        self._samples: deque[tuple[float, int]] = deque([(self.started, 0)])
+
+    def add(self, size: int) -> None:
+        self.received += size
+        self._samples.append((time.monotonic(), self.received))
+
+    def check(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self.started
+        if elapsed > self.deadline_s:
+            raise UpdateError(
+                f"{self.what} too slow: {self.received} of {self.size} bytes after {elapsed:.0f} s, past its "
+                f"deadline of {self.deadline_s:.0f} s ({self.limits.min_rate_bytes_s:g} bytes/s minimum)"
+            )
+        samples = self._samples
+        while len(samples) > 1 and samples[1][0] <= now - self.window_s:
+            samples.popleft()
+        since, then = samples[0]
+        if now - since >= self.window_s:
+            rate = (self.received - then) / (now - since)
+            if rate < self.limits.min_rate_bytes_s:
+                raise UpdateError(
+                    f"{self.what} too slow: {rate:.1f} bytes/s over the last {now - since:.0f} s, below the "
+                    f"minimum of {self.limits.min_rate_bytes_s:g} bytes/s ({self.received} of {self.size} bytes)"
+                )
 
 
 class DownloadPaths:
@@ -179,6 +240,7 @@ class ChunkReceiver:
         stall_timeout_s: float = 600.0,
         max_bad_chunks: int = 8,
         hooks: OtaHooks = NO_HOOKS,
+        limits: TransferLimits = TransferLimits(),
     ) -> None:
         if not deployment.chunk_sha256:
             raise UpdateError(f"deployment {deployment.deployment_id!r} has no chunk hashes and no url")
@@ -190,6 +252,7 @@ class ChunkReceiver:
         self.stall_timeout_s = stall_timeout_s
         self.max_bad_chunks = max_bad_chunks
         self.hooks = hooks
+        self.limits = limits
         self.bad_chunks = 0
         self.requests_sent = 0
         self.rerequests = 0  # chunks asked for again after a timeout (lost request or frame)
@@ -220,9 +283,12 @@ class ChunkReceiver:
             asked_again: set[int] = set()
             last_progress_at = time.monotonic()
             reported = -1
+            missing_bytes = sum(chunk_length(self.deployment, i) for i in missing)
+            pace = Pace(self.limits, missing_bytes, "download over MQTT", unit=self.deployment.chunk_size)
             while len(have) < total:
                 if cancelled():
                     raise UpdateCancelled("download cancelled")
+                pace.check()
                 now = time.monotonic()
                 expired = [i for i, sent in in_flight.items() if now - sent > self.window.timeout_s]
                 if expired:  # lost request or frame (or an overloaded server): back off, ask again
@@ -261,6 +327,7 @@ class ChunkReceiver:
                     missing.appendleft(index)
                     continue
                 os.pwrite(fd, data, index * self.deployment.chunk_size)
+                pace.add(len(data))
                 have.add(index)
                 last_progress_at = time.monotonic()
                 once = sent_at is not None and index not in asked_again
@@ -280,8 +347,10 @@ def download_url(
     progress: ProgressFn,
     cancelled: CancelledFn,
     hooks: OtaHooks = NO_HOOKS,
+    limits: TransferLimits = TransferLimits(),
 ) -> Path:
-    """Fetch ``deployment.url`` (HTTP or HTTPS), resuming with a Range request when possible."""
+    """Fetch ``deployment.url`` (HTTP or HTTPS), resuming with a Range request when possible,
+    within ``limits`` (overall deadline, minimum rate)."""
     url = deployment.url or ""
     if not url.startswith(("http://", "https://")):
         raise UpdateError(f"deployment url {url!r} is not http(s)")
@@ -299,8 +368,12 @@ def download_url(
         offset = min(start_chunk * deployment.chunk_size, deployment.bundle_size)
         if offset < deployment.bundle_size:
             request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+            pace = Pace(limits, deployment.bundle_size - offset, f"download of {url}")
+            # A socket that stays silent a whole rate window is below any positive rate: the
+            # read times out then, and the deadline is checked at least that often.
+            silence_s = min(30.0, pace.window_s)
             try:
-                response = urllib.request.urlopen(request, timeout=30)  # noqa: S310 - scheme checked above
+                response = urllib.request.urlopen(request, timeout=silence_s)  # noqa: S310 - scheme checked above
             except (urllib.error.URLError, OSError) as exc:
                 raise UpdateError(f"cannot download {url}: {exc}") from exc
             with response:
@@ -311,12 +384,21 @@ def download_url(
                 while True:
                     if cancelled():
                         raise UpdateCancelled("download cancelled")
+                    pace.check()
                     try:
-                        block = response.read(1 << 16)
+                        # read1: what has arrived (up to 64 KiB), so the pace is checked as bytes
+                        # come in; read() would wait for the whole 64 KiB however slowly it came.
+                        block = response.read1(1 << 16)
+                    except TimeoutError as exc:
+                        raise UpdateError(
+                            f"download of {url} too slow: nothing received for {silence_s:g} s "
+                            f"(at byte {position} of {deployment.bundle_size})"
+                        ) from exc
                     except OSError as exc:
                         raise UpdateError(f"download of {url} broke at byte {position}: {exc}") from exc
                     if not block:
                         break
+                    pace.add(len(block))
                     if position + len(block) > deployment.bundle_size:
                         raise IntegrityError(f"{url} sent more than the signed {deployment.bundle_size} bytes")
                     os.pwrite(fd, block, position)

@@ -19,6 +19,19 @@ class ApiConfig(Schema):
     port: int = Field(8470, ge=0, le=65535, description="0 picks a free port (written to the data dir)")
     unix_socket: Path | None = Field(None, description="also serve on this Unix socket (mode 0660)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_inflight_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="memory for requests in flight, all connections together: bodies being read or waiting plus "
+        "the arrays decoded from them; a body that does not fit gets 503 + Retry-After before it is read. "
+        "None: 4 x max_body_bytes",
+    )
+    max_decoded_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="arrays one request may decode to, checked against what the encoding declares before "
+        "anything is allocated (413 over it). None: max_body_bytes",
+    )
     max_concurrency: int = Field(4, gt=0, description="inferences running at once")
     max_queue: int = Field(64, ge=0, description="requests waiting beyond that; more get 503")
     request_timeout_s: float = Field(30.0, gt=0)
@@ -69,6 +82,20 @@ class GovernorConfig(Schema):
 
 
 class OtaConfig(Schema):
+    """Over-the-air updates on this device: bounds on a download (so a slow or stalled source
+    ends in FAILED, not forever) and the clock tolerance of the command freshness checks."""
+
+    download_min_rate_bytes_s: float = Field(
+        1024.0,
+        gt=0,
+        description="slower than this, averaged over download_rate_window_s (MQTT: at least two chunks' "
+        "worth at this rate), fails the download",
+    )
+    download_rate_window_s: float = Field(60.0, gt=0, description="the sliding window of the minimum rate")
+    download_deadline_min_s: float = Field(
+        300.0, gt=0, description="overall deadline of a download: its size at the minimum rate, at least this"
+    )
+    download_deadline_max_s: float = Field(6 * 3600.0, gt=0, description="... and at most this")
     clock_skew_s: float = Field(
         300.0,
         ge=0,

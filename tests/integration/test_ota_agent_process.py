@@ -7,6 +7,7 @@ or the staging write is played the same way."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import threading
 import time
@@ -88,12 +89,12 @@ class Operator:
         ).start()
         self.result: dict[str, str] = {}
 
-    def push(self, bundle: Path, health: HealthCriteria) -> str:
+    def push(self, bundle: Path, health: HealthCriteria, url: str | None = None) -> str:
         # max_failures 100%: the controller only waits for the device's final word here.
         plan = RolloutPlan(
             canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=health.probation_s, wave_timeout_s=240
         )
-        message = self.ctl.create(bundle, ["dev-1"], plan, health=health, chunk_size=32 * 1024)
+        message = self.ctl.create(bundle, ["dev-1"], plan, health=health, chunk_size=32 * 1024, url=url)
         self.thread = threading.Thread(
             target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
         )
@@ -374,3 +375,89 @@ def test_replayed_stale_and_misaddressed_commands_are_refused(tmp_path: Path, bu
         agent.stop()
         sent.stop()
         operator.close()
+
+
+def test_disk_full_mid_download_leaves_the_machine_idle_and_the_next_deployment_installs(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker
+) -> None:
+    """ENOSPC at the download (the FaultPlan, once): FAILED with the reason, the old model serves,
+    the machine is at rest — and the next deployment (space back) is accepted and commits."""
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    argv = faulty_agent_argv(device.config, disk_full=("download",), disk_full_once=True)
+    agent = AgentProcess(device, argv=argv, env=faulty_agent_env(agent_env())).start()
+    try:
+        first = operator.push(bundles.v2, HealthCriteria(probation_s=1))
+        operator.thread.join(240)
+        row = operator.device_row(first)
+        assert row.state == "FAILED" and "ENOSPC" in row.reason, (row, agent.log()[-3000:])
+        assert api_get(agent, "/v1/status")["model"]["release"] == 1
+        second = operator.push(bundles.v2, HealthCriteria(probation_s=1))
+        operator.thread.join(240)
+        row = operator.device_row(second)
+        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
+        status = api_get(agent, "/v1/status")
+        assert status["model"]["release"] == 2 and status["updates"]["state"] == "COMMITTED"
+        assert len(infer(agent)) == 1
+    finally:
+        operator.close()
+        agent.stop()
+
+
+class _Trickle(http.server.BaseHTTPRequestHandler):
+    """Announces the whole bundle, then sends one byte every 2 s (slow retrieval)."""
+
+    size = 0
+    stop = threading.Event()
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.size))
+        self.end_headers()
+        try:
+            while not self.stop.wait(2.0):
+                self.wfile.write(b"\0")
+                self.wfile.flush()
+        except OSError:
+            return  # the agent hung up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_trickling_url_fails_the_update_within_its_deadline(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
+    """A server sending one byte every 2 s: FAILED with a reason that says too slow (test
+    limits: 1 KB/s over 4 s, 20 s overall), the old model serves on, the machine is at rest."""
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    device.write_config(
+        **{
+            **device.settings,
+            "ota": {
+                "download_min_rate_bytes_s": 1000.0,
+                "download_rate_window_s": 4.0,
+                "download_deadline_min_s": 20.0,
+                "download_deadline_max_s": 20.0,
+            },
+        }
+    )
+    _Trickle.size = bundles.v2.stat().st_size
+    _Trickle.stop.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    agent = AgentProcess(device).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v2.edgepkg"
+        deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1), url=url)
+        operator.thread.join(240)
+        row = operator.device_row(deployment_id)
+        assert row.state == "FAILED", (row, agent.log()[-3000:])
+        assert "too slow" in row.reason, row.reason
+        status = api_get(agent, "/v1/status")
+        assert status["model"]["release"] == 1 and status["updates"]["state"] == "FAILED"
+    finally:
+        _Trickle.stop.set()
+        server.shutdown()
+        server.server_close()
+        operator.close()
+        agent.stop()

@@ -572,3 +572,43 @@ def test_boot_guard_rolls_the_store_back_for_activating(tmp_path: Path) -> None:
     assert machine.resume() is S.ROLLED_BACK
     assert_truthful(device, S.ROLLED_BACK, OLD)
     assert guard_boot(tmp_path, FakeStore(disk)) is None  # nothing pending any more
+
+
+# -- a state file that cannot be written (disk full) ---------------------------------------------
+
+
+class FullDiskStateFile(StateFile):
+    """Saves fail with ENOSPC while ``full`` holds the state being saved (None: every save)."""
+
+    def __init__(self, path: Path, full: UpdateState | None) -> None:
+        super().__init__(path)
+        self.full = full
+        self.full_disk = True
+
+    def save(self, record: UpdateRecord) -> None:
+        import errno
+
+        if self.full_disk and (self.full is None or record.state is self.full):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        super().save(record)
+
+
+@pytest.mark.parametrize("full", [*WORK, None], ids=lambda s: getattr(s, "value", "every-state"))
+def test_a_state_that_cannot_be_saved_ends_at_rest_and_the_next_deployment_runs(
+    tmp_path: Path, full: UpdateState | None
+) -> None:
+    """ENOSPC (any OSError) from the state file at any state: the machine never stays busy, the
+    old model serves, the reason says why, and once space is back the next deployment commits."""
+    disk = FakeDisk()
+    device = FakeDevice(disk)
+    state_file = FullDiskStateFile(tmp_path / "state.json", full)
+    machine = UpdateMachine(device, state_file, device_id="dev-1")
+    final = machine.start(make_deployment("dep-1", probation_s=0))
+    assert not machine.busy, final
+    if full is not S.ROLLING_BACK:  # that state is never entered: nothing failed after activation
+        assert final in (S.FAILED, S.ROLLED_BACK), final
+        assert "No space left" in machine.record.reason, machine.record.reason
+        assert_truthful(device, final, OLD)
+    state_file.full_disk = False
+    assert machine.start(make_deployment("dep-2", probation_s=0)) is S.COMMITTED
+    assert device.serving == NEW

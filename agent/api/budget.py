@@ -1,0 +1,114 @@
+"""The memory the local API may hold for requests, shared by all connections.
+
+Why: a request's cost in memory is its body plus the arrays decoded from it, and an encoding
+can declare far more array bytes than it weighs (an ``.npz`` of zeros, an ``.npy`` header over
+a short body). The sizes are checked where they are DECLARED (zip directory, ``.npy`` header,
+X-Tensors, JSON list lengths, v2 ``binary_data_size``) against the model's signature and
+against this budget, and refused before anything is allocated:
+
+* :class:`MemoryBudget` — one per server: ``max_inflight_bytes`` of bodies being read or
+  waiting plus arrays being decoded, across every connection. A body that would not fit is
+  answered 503 with ``Retry-After`` before it is read (its ``Content-Length`` is known first);
+* :class:`Allowance` — one per request with a body: what it holds of the budget, and its own
+  cap on decoded arrays (``max_decoded_bytes``, 413 over it: retrying would not help). The HTTP
+  server releases it when the request is answered or its connection is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from edgesdk.errors import AgentError
+
+
+class BudgetRefused(AgentError):
+    """A request refused for its size: 413 (too large for one request) or 503 (the server's
+    budget is full now; ``retry_after`` seconds)."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        return [("Retry-After", str(self.retry_after))] if self.retry_after is not None else []
+
+
+class MemoryBudget:
+    """Bytes held for requests, process-wide. Thread-safe: bodies are counted on the event loop,
+    decoded arrays in the inference pool."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def try_take(self, size: int) -> bool:
+        with self.lock:
+            if self.used + size > self.capacity:
+                self.refused += 1
+                return False
+            self.used += size
+            return True
+
+    def give_back(self, size: int) -> None:
+        with self.lock:
+            self.used -= size
+
+
+class Allowance:
+    """One request's share of the budget: its body, then the arrays decoded from it."""
+
+    __slots__ = ("budget", "max_decoded", "held", "decoded", "released")
+
+    def __init__(self, budget: MemoryBudget, max_decoded: int) -> None:
+        self.budget = budget
+        self.max_decoded = max_decoded
+        self.held = 0
+        self.decoded = 0
+        self.released = False
+
+    def take_body(self, size: int) -> bool:
+        """Hold ``size`` body bytes; False when the budget is full (the caller answers 503)."""
+        if not self.budget.try_take(size):
+            return False
+        self.held += size
+        return True
+
+    def take_decoded(self, size: int, what: str) -> None:
+        """Hold ``size`` bytes of arrays about to be allocated for ``what`` (an input), or raise
+        BudgetRefused: 413 over the per-request cap, 503 when the server's budget is full."""
+        if self.decoded + size > self.max_decoded:
+            raise BudgetRefused(
+                413,
+                f"{what}: needs {self.decoded + size} bytes of memory for this request; "
+                f"the limit is {self.max_decoded} bytes (api.max_decoded_bytes)",
+            )
+        budget = self.budget
+        with budget.lock:
+            # A request answered already (504 after request_timeout_s) holds nothing any more:
+            # the worker still decoding it must not take bytes nobody would give back.
+            if self.released or budget.used + size > budget.capacity:
+                budget.refused += 1
+                raise BudgetRefused(
+                    503, f"{what}: the agent's memory budget for requests is in use; retry shortly", retry_after=1
+                )
+            budget.used += size
+            self.held += size
+            self.decoded += size
+
+    def release(self) -> None:
+        """Give everything back (idempotent)."""
+        budget = self.budget
+        with budget.lock:
+            if not self.released:
+                self.released = True
+                budget.used -= self.held
+                self.held = 0
+
+
+def unlimited_allowance() -> Allowance:
+    """For decoding outside the server (tests, tools): no shared budget, no cap."""
+    return Allowance(MemoryBudget(1 << 62), 1 << 62)

@@ -1,0 +1,181 @@
+"""Resource-exhaustion attacks on a real ``edge-agent run`` serving the digits bundle: bodies
+that declare far more array bytes than they weigh (npz, npy, X-Tensors, JSON, v2 binary) get a
+4xx each, several at once get 4xx/503, and the agent's peak memory stays bounded while it goes
+on answering. The bound is a memory figure read from /proc, never a timing."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.agent_helpers import AgentProcess, make_device, run_agent_cli
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("onnxruntime")
+if not sys.platform.startswith("linux"):
+    pytest.skip("reads the agent's peak RSS from /proc/PID/status (Linux only)", allow_module_level=True)
+
+MiB = 1 << 20
+#: How much the agent's peak RSS (VmHWM) may grow while it refuses every bomb below. Why 64 MB:
+#: the largest body sent is 12 MiB and at most four are read at once (the 64 MiB in-flight
+#: budget refuses the rest before reading them), and the interpreter's allocator keeps some of
+#: what it freed; before the declared sizes were checked, one 250 kB .npz below made the agent
+#: allocate 256 MiB (and copy it), and the issue measured 237 MB for a 1.1 MB body.
+MAX_PEAK_GROWTH = 64 * MiB
+
+
+@pytest.fixture(scope="module")
+def convert_dir(digits, request):
+    from tests.bundle_helpers import make_digits_convert_dir
+
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
+@pytest.fixture(scope="module")
+def agent(convert_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("agent-bounds")
+    device = make_device(root)
+    # The shipped defaults: 16 MiB bodies, 64 MiB in flight, 16 MiB of arrays per request.
+    device.write_config(api={"max_concurrency": 2, "max_queue": 16})
+    bundle = device.bundle(convert_dir, version="1.0.0", release=1)
+    proc = run_agent_cli("install", "--config", str(device.config), str(bundle))
+    assert proc.returncode == 0, proc.stderr
+    with AgentProcess(device) as running:
+        yield running
+        assert running.proc.poll() is None, running.log()
+
+
+def memory_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
+    header = repr({"descr": dtype, "fortran_order": False, "shape": shape}).encode()
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header
+
+
+def npz_bomb(array_bytes: int) -> bytes:
+    """A real, valid .npz of zero images: ``array_bytes`` of arrays in ~1/1000 of that."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("image.npy", "w", force_zip64=True) as member:
+            member.write(npy_header((array_bytes // 256, 1, 8, 8)))
+            zeros = bytes(4 * MiB)
+            for _ in range(array_bytes // len(zeros)):
+                member.write(zeros)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, tuple[bytes, dict[str, str], str]]:
+    """name → (body, headers, path); each declares far more than it weighs or the model takes."""
+    infer = "/v1/models/digits/infer"
+    v2_header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "FP32",
+                    "shape": [1 << 40, 1, 8, 8],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ]
+        }
+    ).encode()
+    return {
+        "npz_256MiB": (npz_bomb(256 * MiB), {"content-type": "application/x-npz"}, infer),
+        "npy_header_4GiB": (npy_header((1 << 24, 1, 8, 8)) + bytes(256), {"content-type": "application/x-npy"}, infer),
+        "x_tensors_overflow": (
+            bytes(256),
+            {"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[0,18446744073709551615,8,8]"},
+            infer,
+        ),
+        "x_tensors_digits": (
+            bytes(256),
+            {"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[" + "9" * 5000 + ",1,8,8]"},
+            infer,
+        ),
+        "json_flat_4M": (
+            b'{"inputs": {"image": [' + b"0," * (4 * MiB - 1) + b"0]}}",
+            {"content-type": "application/json"},
+            infer,
+        ),
+        "json_deep": (
+            b'{"inputs": {"image": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}",
+            {"content-type": "application/json"},
+            infer,
+        ),
+        "v2_binary_size": (
+            v2_header + bytes(256),
+            {"content-type": "application/octet-stream", "inference-header-content-length": str(len(v2_header))},
+            "/v2/models/digits/infer",
+        ),
+    }
+
+
+def good_inference(client) -> None:
+    images = np.zeros((1, 1, 8, 8), np.float32)
+    answer = client.post("/v1/models/digits/infer", json={"inputs": {"image": images.tolist()}})
+    assert answer.status_code == 200, answer.text
+
+
+def test_each_bomb_gets_a_4xx_and_peak_memory_stays_bounded(agent, bombs) -> None:
+    with httpx.Client(base_url=agent.url, timeout=60) as client:
+        good_inference(client)  # warm: the model and the pool threads exist
+        baseline = memory_kib(agent.proc.pid, "VmHWM") * 1024
+        for name, (body, headers, path) in bombs.items():
+            answer = client.post(path, content=body, headers=headers)
+            assert 400 <= answer.status_code < 500, (name, answer.status_code, answer.text[:300])
+            assert "error" in answer.json(), name
+        grown = memory_kib(agent.proc.pid, "VmHWM") * 1024 - baseline
+        assert grown < MAX_PEAK_GROWTH, f"peak RSS grew {grown / MiB:.0f} MiB over {baseline / MiB:.0f} MiB"
+        good_inference(client)
+
+
+def test_many_bombs_at_once_get_4xx_or_503_and_the_agent_answers_healthz(agent, bombs) -> None:
+    big_raw = (
+        bytes(12 * MiB),
+        {"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[1,1,8,8]"},
+    )
+    statuses: list[int] = []
+    lock = threading.Lock()
+    baseline = memory_kib(agent.proc.pid, "VmHWM") * 1024
+
+    def attack(body: bytes, headers: dict[str, str], path: str) -> None:
+        with httpx.Client(base_url=agent.url, timeout=60) as client:
+            try:
+                status = client.post(path, content=body, headers=headers).status_code
+            except httpx.TransportError:
+                status = 0  # a 503 before the body was read closes the connection under our upload
+        with lock:
+            statuses.append(status)
+
+    work = [(big_raw[0], big_raw[1], "/v1/models/digits/infer")] * 8 + list(bombs.values()) * 2
+    threads = [threading.Thread(target=attack, args=item) for item in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    refused = [s for s in statuses if s != 0]
+    assert len(statuses) == len(work)
+    assert all(400 <= s < 500 or s == 503 for s in refused), statuses
+    assert 503 in statuses or 0 in statuses, f"8 x 12 MiB against a 64 MiB budget must overflow: {statuses}"
+    with httpx.Client(base_url=agent.url, timeout=10) as client:
+        assert client.get("/healthz").status_code == 200
+        good_inference(client)
+    grown = memory_kib(agent.proc.pid, "VmHWM") * 1024 - baseline
+    assert grown < MAX_PEAK_GROWTH + 64 * MiB, (
+        f"peak RSS grew {grown / MiB:.0f} MiB"
+    )  # the budget, plus the bound above
