@@ -8,7 +8,7 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -69,6 +69,9 @@ def deployment(url: str | None = None, chunk_sha256: list[str] | None = None) ->
         chunk_size=1024,
         chunk_sha256=chunk_sha256 or [],
         url=url,
+        expires_at=datetime.now(timezone.utc) + timedelta(hours=1),
+        sequence=1,
+        targets=["dev-1"],
     )
 
 
