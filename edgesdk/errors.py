@@ -25,6 +25,7 @@
     │   ├── InferenceInputError    a request does not match the model's input signature
     │   ├── ModelNotFoundError     (agent/serving.py) the request names a model not served here
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
+    │   ├── BatchAbandonedError    (agent/batching.py) a request's batch ended without running
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
     │   ├── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
