@@ -153,6 +153,7 @@ class DynamicBatcher:
                 m.error = exc if index == 0 else _copy_error(exc)
             return
         self.batches_run += 1
+        log.debug("ran %d requests (%d rows) as one batch on %s", len(members), total, tag)
         if any(out.ndim == 0 or out.shape[0] != total for out in outputs.values()):
             # Not one output row per input row: this model cannot be split back. Answer each
             # request from its own run, and stop batching this model.
