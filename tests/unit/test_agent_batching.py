@@ -54,7 +54,9 @@ class GatedRun:
 
 
 def settings(**overrides: Any) -> BatchingSettings:
-    return BatchingSettings(**{"enabled": True, "max_batch_size": 8, "max_queue_delay_us": 0, **overrides})
+    # One run slot: a held first run makes the others queue behind it (see the module docstring).
+    base = {"enabled": True, "max_batch_size": 8, "max_queue_delay_us": 0, "max_concurrent_batches": 1}
+    return BatchingSettings(**{**base, **overrides})
 
 
 def rows(n: int, value: float, width: int = 4) -> np.ndarray:
@@ -277,7 +279,7 @@ def batching_server(
 ) -> tuple[ModelServer, FakeModel, FakeModel, Recorder]:
     shape = shape or ["batch", 4]
     record = Recorder()
-    config = BatchingConfig(**{"enabled": True, "max_batch_size": 8, **batching})
+    config = BatchingConfig(**{"enabled": True, "max_batch_size": 8, "max_concurrent_batches": 1, **batching})
     server = ModelServer(batching=config, observe=record.observe, count_error=record.count_error)
     fp32, int8 = FakeModel(1.0, shape), FakeModel(2.0, shape)
     server.serve(
