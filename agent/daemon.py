@@ -77,6 +77,7 @@ class Agent:
             runtime_options=self._runtime_options(),
             observe=stats.observe,
             count_error=stats.count_error,
+            batching=config.api.batching,
         )
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()

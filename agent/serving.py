@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
 from edgesdk.agent.signature import Signature, dequantize, quantize
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.runtimes.base import LoadedModel
+from edgesdk.schemas.agent_config import BatchingConfig
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
 from edgesdk.schemas.messages import RunningModel
@@ -141,6 +143,13 @@ class ServedModel:
     signature: Signature
     active: ServedVariant
     loaded_at: float = field(default_factory=time.time)
+    #: Set when dynamic batching is on for this model and it has a batch axis (ModelServer.serve).
+    batcher: DynamicBatcher | None = None
+
+    def run_active(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+        """Run checked feeds on the active variant, taken once; the batcher's ``run_batch``."""
+        variant = self.active
+        return variant.run_checked(feeds), variant.id
 
     def running(self, variant: ServedVariant | None = None) -> RunningModel:
         """This model with ``variant`` (the active one by default), as the agent reports what is serving."""
@@ -254,6 +263,7 @@ class ModelServer:
         runtime_options: Mapping[str, str] | None = None,
         observe: ObserveFn | None = None,
         count_error: ErrorFn | None = None,
+        batching: BatchingConfig | None = None,
     ) -> None:
         self.profile = profile
         self.events = events or EventBus()
@@ -261,6 +271,7 @@ class ModelServer:
         self.runtime_options = dict(runtime_options or {})
         self.observe = observe or _noop_observe
         self.count_error = count_error or _noop_error
+        self.batching = batching or BatchingConfig()
         self.switch_count = 0
         self._model: ServedModel | None = None
         self._running: RunningModel | None = None  # _model described; changes with it, under _change_lock
@@ -361,6 +372,7 @@ class ModelServer:
             if start_variant is not None:
                 active = next((v for v in ladder if v.id == start_variant), active)
             model = ServedModel(name, version, release, bundle_sha256, ladder, signature, active)
+            model.batcher = self._batcher_for(model)
             running = model.running()  # built first: a bad hash fails here with the old model serving
             self._model = model  # the switch: one reference assignment
             self._running = running
@@ -383,6 +395,18 @@ class ModelServer:
             },
         )
         return model
+
+    def _batcher_for(self, model: ServedModel) -> DynamicBatcher | None:
+        """A batcher when batching is on for ``model`` and every input and output of its public
+        signature (so of every variant) has a dynamic first axis; None otherwise."""
+        settings = self.batching.for_model(model.name)
+        if not settings.enabled or settings.max_batch_size < 2:
+            return None
+        signature = model.signature
+        if not has_batch_axis([s.shape for s in signature.inputs], [s.shape for s in signature.outputs]):
+            log.info("dynamic batching is on but %s has no dynamic batch axis: one request per run", model.name)
+            return None
+        return DynamicBatcher(model.run_active, settings)
 
     def unload(self) -> None:
         """Stop serving (requests in flight finish on what they hold)."""
@@ -447,6 +471,8 @@ class ModelServer:
         if model is None or model.name != model_name:
             self.count_error("not_found" if model is not None else "no_model")
             model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
+        if model.batcher is not None:
+            return self._infer_batched(model, model.batcher, feeds)
         try:
             # Everything but the NaN/Inf scan of large float inputs, which is returned instead.
             deferred = model.signature.check_deferring_scans(feeds)
@@ -492,6 +518,29 @@ class ModelServer:
                 self._refuse_nonfinite(bad)  # the outputs computed from it are dropped
         self.observe(variant.id, elapsed)
         return outputs, variant.id
+
+    def _infer_batched(
+        self, model: ServedModel, batcher: DynamicBatcher, feeds: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], str]:
+        """``infer_with_variant`` through the batcher. Every check, the NaN/Inf scan of every input
+        included, is done before the request joins a batch: a bad request is refused alone and
+        never reaches (or fails) the others. Latency observed = queue wait + batch run."""
+        start = time.perf_counter()
+        try:
+            model.signature.check(feeds)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        try:
+            outputs, variant_id = batcher.run(feeds)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        except Exception:
+            self.count_error("runtime")  # every request of a failed batch is counted
+            raise
+        self.observe(variant_id, time.perf_counter() - start)
+        return outputs, variant_id
 
     def _refuse_nonfinite(self, name: str | None, cause: BaseException | None = None) -> None:
         """Count and raise the NaN/Inf error for input ``name``; nothing when ``name`` is None."""

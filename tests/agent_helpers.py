@@ -66,7 +66,7 @@ class Device:
 
 
 def to_toml(settings: dict[str, Any]) -> str:
-    """A tiny TOML writer for flat values and one level of tables (enough for AgentConfig)."""
+    """A tiny TOML writer for flat values and one level of tables, deeper ones inline (enough for AgentConfig)."""
 
     def value(v: Any) -> str:
         if isinstance(v, bool):
@@ -75,6 +75,8 @@ def to_toml(settings: dict[str, Any]) -> str:
             return repr(v)
         if isinstance(v, (list, tuple)):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # a table inside a table: an inline table
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + "}"
         return json.dumps(str(v))
 
     top = [f"{k} = {value(v)}" for k, v in settings.items() if not isinstance(v, dict)]

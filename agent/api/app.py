@@ -91,7 +91,9 @@ class ApiApp:
         self.metrics = metrics
         self.config = config
         self.status = status or (lambda: {})
-        self.pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="infer")
+        # Requests waiting in a filling batch hold a thread each (agent/batching.py).
+        threads = config.batching.pool_threads(config.max_concurrency)
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="infer")
         self.capacity = config.max_concurrency + config.max_queue
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).

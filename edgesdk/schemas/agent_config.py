@@ -14,6 +14,59 @@ from pydantic import Field
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 
 
+class BatchingSettings(Schema):
+    """Dynamic batching of one model (Triton's semantics; agent/batching.py). It applies only
+    when every input and output of the served model has a dynamic first (batch) axis; a model
+    without one is always served one request at a time, whatever this says."""
+
+    enabled: bool = Field(
+        False,
+        description="coalesce concurrent requests of the same shape into one run (BENCHMARKS.md, 'Dynamic "
+        "batching': on the 2-core reference machine it was no throughput win for MobileNetV2, so off by default)",
+    )
+    max_batch_size: int = Field(8, ge=1, le=1024, description="rows (summed batch axes) in one run at most")
+    max_queue_delay_us: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="how long the oldest request of a batch waits for more to join; 0: requests join only "
+        "while the runs in progress keep the batch from starting",
+    )
+    max_concurrent_batches: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="batches running at once (Triton's instance count; as many as max_concurrency's default); "
+        "more wait, and fill. On 2 cores MobileNetV2 at c=16 ran at ~0.3x the unbatched throughput with 1, "
+        "0.6-0.8x with 2, 0.8-1.4x with 4 (BENCHMARKS.md)",
+    )
+
+
+class BatchingConfig(BatchingSettings):
+    """``[api.batching]``: the settings for every model, and ``[api.batching.models.NAME]`` for one."""
+
+    models: dict[str, BatchingSettings] = Field(
+        default_factory=dict, description="per model name: settings replacing the ones above for that model"
+    )
+
+    def for_model(self, name: str) -> BatchingSettings:
+        """The settings that apply to model ``name``."""
+        return self.models.get(name) or BatchingSettings(
+            enabled=self.enabled,
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_us=self.max_queue_delay_us,
+            max_concurrent_batches=self.max_concurrent_batches,
+        )
+
+    def pool_threads(self, max_concurrency: int) -> int:
+        """Threads the API needs so that batches can fill: a request waiting in a batch holds a
+        thread while it waits, so the running batches and one filling batch each need
+        ``max_batch_size`` threads; never fewer than ``max_concurrency``."""
+        settings = [self, *self.models.values()]
+        wanted = [(s.max_concurrent_batches + 1) * s.max_batch_size for s in settings if s.enabled]
+        return max([max_concurrency, *wanted])
+
+
 class ApiConfig(Schema):
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
     port: int = Field(8470, ge=0, le=65535, description="0 picks a free port (written to the data dir)")
@@ -46,6 +99,7 @@ class ApiConfig(Schema):
         description="when no other request runs and recent requests took less than this, answer on the event "
         "loop without the thread-pool hop (tiny models); 0 disables",
     )
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)  # type: ignore[arg-type]
 
 
 class TlsConfig(Schema):
