@@ -126,7 +126,7 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
         assert bootstrap.wait_connected(10), bootstrap.stats.last_error
         agent = SimpleNamespace(
             config=SimpleNamespace(device_id=device_id, profile=None, mqtt=SimpleNamespace(namespace="edgesdk")),
-            device_key=device_key,
+            device_public_key=device_key.public_key().public_bytes_raw,
         )
         assert announce_enrollment(agent, SimpleNamespace(client=bootstrap)) is not None
 

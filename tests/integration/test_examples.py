@@ -118,8 +118,9 @@ def test_device_runs_the_agent_and_calls_the_local_api(tmp_path: Path, digits) -
     assert "refused as expected (422): input 'image'" in out
     assert any(line.startswith("async: 4 concurrent requests") for line in out.splitlines())
     # curl: the hand-drawn zero is classified as 0.
-    answer = next(line for line in out.splitlines() if line.startswith('{"model": "digits"'))
-    logits = json.loads(answer)["outputs"]["logits"][0]
+    answers = [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"outputs"' in line]
+    assert answers and answers[0]["model"] == "digits", out[-3000:]
+    logits = answers[0]["outputs"]["logits"][0]
     assert max(range(10), key=lambda i: logits[i]) == 0
     assert 'edgesdk_agent_inferences_total{variant="onnx-fp32"}' in out
     # The agent made its own key pair; the private half is 0600 in its data dir.
