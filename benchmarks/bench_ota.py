@@ -392,25 +392,13 @@ def _stats(records: list[tuple[float, float, bool]]) -> dict[str, Any]:
 
 
 def bench_serving(bundles: Bundles, root: Path, clients: int, before_s: float) -> dict[str, Any]:
-    from tests.agent_helpers import AgentProcess, Device, run_agent_cli
+    from tests.agent_helpers import AgentProcess, run_agent_cli
+    from tests.ota_helpers import make_mqtt_device
 
     root.mkdir(parents=True)
     with MosquittoBroker(data_dir=root / "mosquitto") as broker:
-        data_dir = root / "data"
-        data_dir.mkdir(mode=0o700)
-        device = Device(
-            root,
-            data_dir,
-            bundles.keys.publisher_key,
-            bundles.keys.publisher_pub,
-            bundles.keys.device_pub,
-            root / "agent.toml",
-        )
-        device.write_config(
-            device_key=str(bundles.keys.device_key),
-            publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
-            governor={"enabled": False, "source": "psutil"},
-            mqtt={"enabled": True, "broker": broker.url, "telemetry_interval_s": 5},
+        device = make_mqtt_device(
+            root, bundles, broker.url, mqtt={"enabled": True, "broker": broker.url, "telemetry_interval_s": 5}
         )
         proc = run_agent_cli("install", "--config", str(device.config), str(bundles.v1))
         if proc.returncode != 0:
@@ -460,20 +448,10 @@ def bench_serving(bundles: Bundles, root: Path, clients: int, before_s: float) -
 
 
 def _device_with(bundles: Bundles, root: Path, broker_url: str, installed: Path) -> Any:
-    from tests.agent_helpers import Device, run_agent_cli
+    from tests.agent_helpers import run_agent_cli
+    from tests.ota_helpers import make_mqtt_device
 
-    data_dir = root / "data"
-    data_dir.mkdir(parents=True, mode=0o700)
-    device = Device(
-        root, data_dir, bundles.keys.publisher_key, bundles.keys.publisher_pub, bundles.keys.device_pub,
-        root / "agent.toml",
-    )  # fmt: skip
-    device.write_config(
-        device_key=str(bundles.keys.device_key),
-        publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
-        governor={"enabled": False, "source": "psutil"},
-        mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
-    )
+    device = make_mqtt_device(root, bundles, broker_url)  # type: ignore[arg-type]  # same fields as OtaBundles
     proc = run_agent_cli("install", "--config", str(device.config), str(installed))
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)

@@ -85,6 +85,31 @@ def build_ota_bundles(digits: Any, root: Path) -> OtaBundles:
     )
 
 
+def make_mqtt_device(root: Path, bundles: OtaBundles, broker_url: str, **settings: Any) -> Any:
+    """A device (``tests.agent_helpers.Device``) whose agent talks to ``broker_url``, trusting the
+    bundles' publisher and operator keys, governor off; ``settings`` replace config sections."""
+    from tests.agent_helpers import Device
+
+    data_dir = root / "data"
+    data_dir.mkdir(parents=True, mode=0o700)
+    device = Device(
+        root,
+        data_dir,
+        bundles.keys.publisher_key,
+        bundles.keys.publisher_pub,
+        bundles.keys.device_pub,
+        root / "agent.toml",
+    )
+    config: dict[str, Any] = {
+        "device_key": str(bundles.keys.device_key),
+        "publisher_keys": [str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
+        "governor": {"enabled": False, "source": "psutil"},
+        "mqtt": {"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
+    }
+    device.write_config(**{**config, **settings})
+    return device
+
+
 def make_deployment(
     bundle: Path,
     deployment_id: str,

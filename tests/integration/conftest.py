@@ -26,3 +26,20 @@ def mqtt_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
     broker = MosquittoBroker(data_dir=tmp_path / "mosquitto")
     with broker:
         yield broker
+
+
+@pytest.fixture(scope="module")
+def images(digits):
+    """Eight validation images of the digits CNN (a test module may override the count)."""
+    import numpy as np
+
+    return np.load(digits.validation)["image"][:8]
+
+
+@pytest.fixture(scope="module")
+def reference(digits, images):
+    """The digits CNN's logits for ``images`` straight from onnxruntime: what the agent must answer."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(digits.onnx), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], {"image": images})[0]

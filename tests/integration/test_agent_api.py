@@ -51,19 +51,6 @@ def agent(convert_dir, tmp_path_factory):
         assert running.proc.poll() is None, running.log()  # nothing above killed it
 
 
-@pytest.fixture(scope="module")
-def images(digits):
-    return np.load(digits.validation)["image"][:8]
-
-
-@pytest.fixture(scope="module")
-def reference(digits, images):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(digits.onnx), providers=["CPUExecutionProvider"])
-    return session.run(["logits"], {"image": images})[0]
-
-
 @pytest.fixture()
 def client(agent):
     with httpx.Client(base_url=agent.url, timeout=30) as c:

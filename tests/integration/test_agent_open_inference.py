@@ -39,19 +39,6 @@ def agent(convert_dir, tmp_path_factory):
         assert running.proc.poll() is None, running.log()
 
 
-@pytest.fixture(scope="module")
-def images(digits):
-    return np.load(digits.validation)["image"][:8]
-
-
-@pytest.fixture(scope="module")
-def reference(digits, images):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(digits.onnx), providers=["CPUExecutionProvider"])
-    return session.run(["logits"], {"image": images})[0]
-
-
 @pytest.fixture()
 def triton(agent):
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{agent.port}", network_timeout=30)

@@ -25,7 +25,7 @@ from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, Device, agent_env, run_agent_cli
 from tests.faulty_agent import faulty_agent_argv, faulty_agent_env
 from tests.mqtt_helpers import Collector
-from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles
+from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles, make_mqtt_device
 
 pytestmark = pytest.mark.slow
 
@@ -38,22 +38,7 @@ def bundles(digits, tmp_path_factory) -> OtaBundles:
 
 
 def make_device(root: Path, bundles: OtaBundles, broker_url: str) -> Device:
-    data_dir = root / "data"
-    data_dir.mkdir(parents=True, mode=0o700)
-    device = Device(
-        root,
-        data_dir,
-        bundles.keys.publisher_key,
-        bundles.keys.publisher_pub,
-        bundles.keys.device_pub,
-        root / "agent.toml",
-    )
-    device.write_config(
-        device_key=str(bundles.keys.device_key),
-        publisher_keys=[str(bundles.keys.publisher_pub), str(bundles.operator_pub)],
-        governor={"enabled": False, "source": "psutil"},
-        mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
-    )
+    device = make_mqtt_device(root, bundles, broker_url)
     proc = run_agent_cli("install", "--config", str(device.config), str(bundles.v1))
     assert proc.returncode == 0, proc.stderr
     return device

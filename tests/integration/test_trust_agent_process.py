@@ -25,7 +25,7 @@ from edgesdk.schemas.messages import HealthCriteria
 from edgesdk.trust import document_bytes
 from tests.agent_helpers import AgentProcess, Device, run_agent_cli, to_toml
 from tests.mqtt_helpers import Collector
-from tests.ota_helpers import OtaBundles, build_ota_bundles, make_deployment
+from tests.ota_helpers import OtaBundles, build_ota_bundles, make_deployment, make_mqtt_device
 from tests.trust_helpers import make_root, trust_document, write_document
 
 pytestmark = pytest.mark.slow
@@ -74,23 +74,8 @@ def document(bundles: OtaBundles, version: int, *, publisher: Path | None = None
 
 
 def make_device(root: Path, bundles: OtaBundles, broker_url: str, shipped: Path) -> Device:
-    data_dir = root / "data"
-    data_dir.mkdir(parents=True, mode=0o700)
-    device = Device(
-        root,
-        data_dir,
-        bundles.keys.publisher_key,
-        bundles.keys.publisher_pub,
-        bundles.keys.device_pub,
-        root / "agent.toml",
-    )
-    device.write_config(
-        device_key=str(bundles.keys.device_key),
-        publisher_keys=[],  # the trust document alone says who signs what
-        trust_document=str(shipped),
-        governor={"enabled": False, "source": "psutil"},
-        mqtt={"enabled": True, "broker": broker_url, "telemetry_interval_s": 3600},
-    )
+    # The trust document alone says who signs what: no publisher_keys.
+    device = make_mqtt_device(root, bundles, broker_url, publisher_keys=[], trust_document=str(shipped))
     proc = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundles.v1))
     assert proc.returncode == 0, proc.stderr
     return device
