@@ -61,14 +61,14 @@ class HttpLimits:
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0
     max_connections: int = 256
-    #: Bodies in flight plus their decoded arrays, all connections together (None: 4 bodies).
+    #: Bodies in flight plus their decoded arrays, all connections together (None: 8 bodies).
     max_inflight_bytes: int | None = None
     #: Arrays one request may decode to (None: ``max_body_bytes``, what raw tensors could carry).
     max_decoded_bytes: int | None = None
 
     @property
     def inflight_bytes(self) -> int:
-        return self.max_inflight_bytes if self.max_inflight_bytes is not None else 4 * self.max_body_bytes
+        return self.max_inflight_bytes if self.max_inflight_bytes is not None else 8 * self.max_body_bytes
 
     @property
     def decoded_bytes(self) -> int:

@@ -77,7 +77,8 @@ class ApiConfig(Schema):
         gt=0,
         description="memory for requests in flight, all connections together: bodies being read or waiting plus "
         "the arrays decoded from them; a body that does not fit gets 503 + Retry-After before it is read. "
-        "None: 4 x max_body_bytes",
+        "None: 8 x max_body_bytes (16 clients posting 3 MB JSON tensors to a 4-worker agent need ~75 MB: "
+        "bodies waiting plus four being parsed)",
     )
     max_decoded_bytes: int | None = Field(
         None,

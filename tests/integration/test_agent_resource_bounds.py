@@ -43,8 +43,9 @@ def convert_dir(digits, request):
 def agent(convert_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("agent-bounds")
     device = make_device(root)
-    # The shipped defaults: 16 MiB bodies, 64 MiB in flight, 16 MiB of arrays per request.
-    device.write_config(api={"max_concurrency": 2, "max_queue": 16})
+    # The shipped defaults (16 MiB bodies, 16 MiB of arrays per request) with a small board's
+    # 64 MiB in flight (the default is 8 bodies, 128 MiB).
+    device.write_config(api={"max_concurrency": 2, "max_queue": 16, "max_inflight_bytes": 64 * MiB})
     bundle = device.bundle(convert_dir, version="1.0.0", release=1)
     proc = run_agent_cli("install", "--config", str(device.config), str(bundle))
     assert proc.returncode == 0, proc.stderr
