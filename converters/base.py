@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from edgesdk.converters.input_spec import InputLayout
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
 from edgesdk.schemas.manifest import TensorSpec
@@ -29,6 +30,8 @@ class SourceModel:
     outputs: list[TensorSpec]
     example: dict[str, np.ndarray]
     torch_module: Any | None = None
+    #: Where each input's and output's samples are (input_spec.py); set once the data is read.
+    layout: InputLayout = field(default_factory=InputLayout)
 
     @property
     def kind(self) -> str:

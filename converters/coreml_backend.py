@@ -41,7 +41,7 @@ class CoreMLConverter:
         import coremltools as ct
         import torch
 
-        example = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in source.example.values())
+        example = tuple(torch.from_numpy(np.array(v)) for v in source.example.values())
         with torch.no_grad():
             traced = torch.jit.trace(source.torch_module, example)
         inputs = [

@@ -1,5 +1,8 @@
 """Calibration and validation data: ``.npz`` files keyed by input name, checked against the model.
 
+Inside the pipeline the data is sample-major (axis 0 the sample); converters/input_spec.py
+says how each array of the file maps to that from the model's own layout.
+
 A wrong file is caught here, before any converter runs, with the file, the input and both
 shapes/dtypes in the message ("calibration data cal.npz: input 'image' is float64; the
 model takes float32").
@@ -12,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
+from edgesdk.converters.input_spec import InputLayout, Placement, resolve_layout, to_sample_major
 
 from edgesdk.errors import UsageError
 from edgesdk.schemas.manifest import TensorSpec
@@ -33,14 +37,18 @@ def load_npz(path: Path | str, what: str) -> dict[str, np.ndarray]:
 
 
 def check_against_inputs(
-    data: Mapping[str, np.ndarray], inputs: list[TensorSpec], what: str, where: str
+    data: Mapping[str, np.ndarray],
+    inputs: list[TensorSpec],
+    what: str,
+    where: str,
+    layout: InputLayout | None = None,
+    declared: Mapping[str, int | str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The model inputs from ``data``, each with the model's dtype, rank and fixed dims.
+    """The model inputs from ``data``, checked (dtype, rank, fixed dims) and made sample-major.
 
-    Axis 0 is the sample axis of the file, so it may differ from a fixed batch of 1.
+    Each array is in the model's own layout; where its samples are comes from ``layout`` (or,
+    when not given, from this file, ``declared`` axes and the model: see input_spec.py).
     """
-    checked: dict[str, np.ndarray] = {}
-    counts: set[int] = set()
     for spec in inputs:
         if spec.name not in data:
             keys = ", ".join(sorted(data)) or "none"
@@ -50,21 +58,9 @@ def check_against_inputs(
             raise UsageError(
                 f"{what} data {where}: input {spec.name!r} is {array.dtype.name}; the model takes {spec.dtype}"
             )
-        want = ["N", *[d if isinstance(d, int) else "?" for d in spec.shape[1:]]]
-        if array.ndim != len(spec.shape) or any(
-            isinstance(w, int) and w != g for w, g in zip(want[1:], array.shape[1:])
-        ):
-            raise UsageError(
-                f"{what} data {where}: input {spec.name!r} has shape {tuple(array.shape)}; "
-                f"the model expects ({', '.join(str(w) for w in want)})"
-            )
-        if array.shape[0] == 0:
-            raise UsageError(f"{what} data {where}: input {spec.name!r} has no samples")
-        counts.add(array.shape[0])
-        checked[spec.name] = array
-    if len(counts) > 1:
-        raise UsageError(f"{what} data {where}: inputs have different sample counts {sorted(counts)}")
-    return checked
+    if layout is None:
+        layout = resolve_layout(inputs, [], data, declared, what=what, where=where)
+    return to_sample_major(data, inputs, layout, declared, what, where)
 
 
 def sample_count(data: Mapping[str, np.ndarray]) -> int:
@@ -83,16 +79,26 @@ def subset(data: Mapping[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v[:count]) for k, v in data.items()}
 
 
-def synthetic_inputs(inputs: list[TensorSpec], count: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of the model's shapes (dynamic dims → 1), for when no data is given."""
+def synthetic_inputs(
+    inputs: list[TensorSpec], count: int, seed: int = 0, layout: InputLayout | None = None
+) -> dict[str, np.ndarray]:
+    """Random sample-major inputs of the model's shapes (dynamic dims → 1), for when no data is given."""
     rng = np.random.default_rng(seed)
+    layout = layout or InputLayout()
     out: dict[str, np.ndarray] = {}
     for spec in inputs:
-        shape = [count, *[d if isinstance(d, int) else 1 for d in spec.shape[1:]]]
+        placed = layout.of_input(spec.name)
+        dims = [d if isinstance(d, int) else 1 for d in spec.shape]
+        if placed.placement == Placement.BATCHED and dims:
+            shape = [count, *(d for i, d in enumerate(dims) if i != placed.axis)]
+        else:
+            shape = [count, *dims]
         if spec.dtype.startswith("float"):
             out[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype == "bool":
             out[spec.name] = np.ones(shape, dtype=bool)
         else:
             out[spec.name] = rng.integers(0, 100, size=shape).astype(spec.dtype)
+        if placed.placement == Placement.CONSTANT:
+            out[spec.name] = np.broadcast_to(out[spec.name][:1], shape)  # one value, fed with every sample
     return out

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
+from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.registry import CONVERTERS
 
 from edgesdk.errors import ConversionError
@@ -33,11 +34,8 @@ def onnx_quantizable_layers(source: SourceModel) -> list[str]:
 class _Calibration:
     """onnxruntime CalibrationDataReader over in-memory arrays, one sample per call."""
 
-    def __init__(self, data: Mapping[str, np.ndarray]) -> None:
-        count = int(next(iter(data.values())).shape[0])
-        self._feeds: Iterator[dict[str, np.ndarray]] = iter(
-            [{k: np.ascontiguousarray(v[i : i + 1]) for k, v in data.items()} for i in range(count)]
-        )
+    def __init__(self, data: Mapping[str, np.ndarray], layout: InputLayout) -> None:
+        self._feeds: Iterator[dict[str, np.ndarray]] = iter(list(layout.samples(data)))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._feeds, None)
@@ -88,7 +86,7 @@ class OnnxConverter:
                 quantize_static(
                     source,
                     str(out),
-                    _Calibration(request.calibration),
+                    _Calibration(request.calibration, request.source.layout),
                     quant_format=QuantFormat.QDQ,
                     per_channel=True,
                     activation_type=QuantType.QInt8,
@@ -119,7 +117,7 @@ class OnnxConverter:
 
         data = request.calibration or {}
         count = int(next(iter(data.values())).shape[0])
-        items = [{k: v[i : i + 1] for k, v in data.items()} for i in range(count)]
+        items = list(request.source.layout.samples(data))
         quantized = nncf.quantize(
             onnx.load(str(request.source.onnx_path)),
             nncf.Dataset(items),

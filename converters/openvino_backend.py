@@ -86,7 +86,7 @@ class OpenVINOConverter:
             raise ConversionError("openvino int8 (NNCF) needs calibration data (--calibration)")
         data = request.calibration
         count = int(next(iter(data.values())).shape[0])
-        items = [{k: v[i : i + 1] for k, v in data.items()} for i in range(count)]
+        items = list(request.source.layout.samples(data))
         keep = _openvino_names(model, request.keep_float)
         try:
             quantized = nncf.quantize(

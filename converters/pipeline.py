@@ -18,7 +18,10 @@ from typing import Any
 
 import numpy as np
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
-from edgesdk.converters.data import LABEL_KEY, check_against_inputs, load_npz, subset, synthetic_inputs
+from edgesdk.converters.data import LABEL_KEY, load_npz, subset
+from edgesdk.converters.input_spec import first_sample
+from edgesdk.converters.model_data import arrange_data as _arrange_data
+from edgesdk.converters.model_data import golden_set
 from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS, get_converter
@@ -138,6 +141,7 @@ class _Run:
                     metric=self.metric,
                     gate=self.gate,
                     options=planned.options,
+                    layout=self.source.layout,
                 )
         else:
             from edgesdk.converters.coreml_backend import validate_spec
@@ -276,12 +280,13 @@ def _example_from(
     calibration: Mapping[str, np.ndarray] | None,
     validation: Mapping[str, np.ndarray] | None,
     example: Mapping[str, np.ndarray] | None,
+    batch_axes: Mapping[str, int | str] | None,
 ) -> dict[str, np.ndarray] | None:
     if example:
         return dict(example)
     for data in (calibration, validation):
         if data:
-            return {k: v[:1] for k, v in data.items() if k != LABEL_KEY}
+            return first_sample({k: v for k, v in data.items() if k != LABEL_KEY}, batch_axes)
     return None
 
 
@@ -303,8 +308,12 @@ def convert(
     int8_methods: Collection[str] | None = None,
     profiles_dirs: Sequence[str] = (),
     progress: Progress | None = None,
+    batch_axes: Mapping[str, int | str] | None = None,
 ) -> ConversionReport:
-    """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``."""
+    """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``.
+
+    The data keeps the model's own layout; ``batch_axes`` (input or output name → axis, or
+    ``"none"`` for a constant) says where the samples are where the model's dims do not."""
     disable_vendor_telemetry()
     say = _Steps(progress)
     if isinstance(profile, str):
@@ -342,23 +351,15 @@ def convert(
             source = load_source(
                 model,
                 work,
-                example=_example_from(raw_calibration, raw_validation, example),
+                example=_example_from(raw_calibration, raw_validation, example, batch_axes),
                 name=name,
                 output_names=output_names,
                 dynamic_axes=dynamic_axes,
+                batch_axes=batch_axes,
             )
-        cal = (
-            check_against_inputs(raw_calibration, source.inputs, "calibration", cal_where) if raw_calibration else None
+        source, cal, val, decisions = _arrange_data(
+            source, raw_calibration, cal_where, raw_validation, val_where, batch_axes
         )
-        decisions: list[str] = []
-        if raw_validation:
-            val = check_against_inputs(raw_validation, source.inputs, "validation", val_where)
-        elif cal:
-            val = cal
-            decisions.append("no --validation data: validating on the calibration data")
-        else:
-            val = synthetic_inputs(source.inputs, 32)
-            decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")
         if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
             val = subset(val, MAX_VALIDATION_SAMPLES)
             decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
@@ -456,6 +457,7 @@ def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
                     for b in numeric.values()
                 },
                 run.data,
+                layout=run.source.layout,
             )
         for b in numeric.values():
             p50, p95 = timed[b.planned.id]
@@ -507,8 +509,7 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 validation=b.result.validation,
             )
         )
-    golden = subset(run.data, GOLDEN_SAMPLES)
-    golden.update({f"output:{k}": v[:GOLDEN_SAMPLES] for k, v in run.reference.items()})
+    golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
     np.savez(staging / "golden.npz", **golden)  # type: ignore[arg-type]
     report = ConversionReport(
         model_name=run.source.name,

@@ -47,7 +47,7 @@ def rank_layers(
     quantize_static(
         str(source.onnx_path),
         str(quantized),
-        _Calibration(calibration),
+        _Calibration(calibration, source.layout),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
         activation_type=QuantType.QInt8,
@@ -67,16 +67,13 @@ def rank_layers(
         },
     }
     data = subset(calibration, samples)
-    count = len(next(iter(data.values())))
     runs: dict[str, dict[str, np.ndarray]] = {}
     for label, path in (("fp32", source.onnx_path), ("int8", quantized)):
         tensors = sorted({t for pair in ends[label].values() for t in pair} - graph_inputs - constants)
         probe = _with_outputs(path, tensors, workdir / f"probe-{label}.onnx")
         session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        per_sample = [
-            dict(zip(names, session.run(names, {k: v[i : i + 1] for k, v in data.items()}))) for i in range(count)
-        ]
+        per_sample = [dict(zip(names, session.run(names, feed))) for feed in source.layout.samples(data)]
         runs[label] = {t: np.concatenate([s[t] for s in per_sample]) for t in tensors}
         runs[label].update({t: data[t] for t in graph_inputs})
 

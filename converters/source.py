@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 from edgesdk.converters.base import SourceModel
-from edgesdk.converters.data import batches
 
-from edgesdk.errors import ModelError, UnsupportedOpError
+from edgesdk.errors import EdgeSDKError, ModelError, UnsupportedOpError
 from edgesdk.schemas.manifest import TensorSpec
 
 ONNX_OPSET = 17
@@ -142,19 +141,26 @@ def export_torch(
     dynamic_axes: Mapping[str, Mapping[int, str]] | None,
     workdir: Path,
     where: str,
+    batch_axes: Mapping[str, int | str] | None = None,
 ) -> tuple[Path, list[str]]:
     """``torch.onnx.export`` (TorchScript exporter, opset 17) with a dynamic batch axis by default."""
     import torch
     from torch.onnx.errors import OnnxExporterError
 
-    args = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in example.values())
+    args = tuple(torch.from_numpy(np.array(v)) for v in example.values())
     with torch.no_grad():
         first = _NamedOutputs(module)(*args)
     names = list(output_names or (["output"] if len(first) == 1 else [f"output_{i}" for i in range(len(first))]))
     if len(names) != len(first):
         raise ModelError(f"model {where}: it returns {len(first)} outputs but {len(names)} output names were given")
-    # Axis 0 of every input and output is the batch; ``dynamic_axes`` adds more (e.g. sequence).
-    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in [*example, *names]}
+    # Axis 0 of every input and output is the batch unless --batch-axis says another (or none,
+    # and a 0-d input has none); ``dynamic_axes`` adds more (e.g. sequence).
+    declared = dict(batch_axes or {})
+    axes: dict[str, dict[int, str]] = {}
+    for n in [*example, *names]:
+        axis = declared.get(n, 0)
+        if isinstance(axis, int) and (n not in example or example[n].ndim > axis):
+            axes[n] = {axis: "batch"}
     for tensor, extra in (dynamic_axes or {}).items():
         axes.setdefault(tensor, {}).update(extra)
     path = workdir / "source.onnx"
@@ -186,6 +192,7 @@ def load_source(
     name: str | None = None,
     output_names: Sequence[str] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    batch_axes: Mapping[str, int | str] | None = None,
 ) -> SourceModel:
     """Read ``model`` (path to .onnx, ``"module:factory"`` or ``nn.Module``) into a SourceModel.
 
@@ -196,15 +203,18 @@ def load_source(
         path = Path(model)
         onnx_path, inputs, outputs = read_onnx(path, workdir)
         from edgesdk.converters.data import synthetic_inputs
+        from edgesdk.converters.input_spec import resolve_layout
 
-        feeds = dict(example) if example else synthetic_inputs(inputs, 1)
+        layout = resolve_layout(inputs, outputs, None, batch_axes)
+        feeds = dict(example) if example else layout.feed(synthetic_inputs(inputs, 1, layout=layout))
         return SourceModel(
             name=name or path.stem,
             source=str(path),
             onnx_path=onnx_path,
             inputs=inputs,
             outputs=outputs,
-            example={k: np.ascontiguousarray(v[:1]) for k, v in feeds.items()},
+            example={k: np.array(v) for k, v in feeds.items()},
+            layout=layout,
         )
     if isinstance(model, (str, Path)):
         where = str(model)
@@ -227,8 +237,10 @@ def load_source(
             f"model {where}: a PyTorch model needs example inputs (calibration/validation data or --input)"
         )
     module = module.eval()
-    example = {k: np.ascontiguousarray(v[:1]) for k, v in example.items()}
-    onnx_path, names = export_torch(module, example, output_names, dynamic_axes, workdir, where)
+    from edgesdk.converters.input_spec import first_sample
+
+    example = first_sample(example, batch_axes)  # one sample, in the model's layout
+    onnx_path, names = export_torch(module, example, output_names, dynamic_axes, workdir, where, batch_axes)
     _, inputs, outputs = read_onnx(onnx_path, workdir)
     return SourceModel(
         name=name or default_name,
@@ -241,23 +253,20 @@ def load_source(
     )
 
 
-def _batch_size(source: SourceModel) -> int:
-    fixed = [s.shape[0] for s in source.inputs if s.shape and isinstance(s.shape[0], int)]
-    return 1 if fixed else 64
-
-
 def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What the source model says for ``data``: PyTorch for a module, onnxruntime for ONNX."""
+    """What the source model says for sample-major ``data`` (sample-major too): PyTorch for a
+    module, onnxruntime for ONNX, fed in the model's own layout."""
     chunks: list[dict[str, np.ndarray]] = []
-    size = _batch_size(source)
+    layout = source.layout
+    size = layout.batch_size(source.inputs)
     if source.torch_module is not None:
         import torch
 
         wrapped = _NamedOutputs(source.torch_module)
         with torch.no_grad():
-            for batch in batches(data, size):
-                values = wrapped(*(torch.from_numpy(batch[s.name]) for s in source.inputs))
-                chunks.append({s.name: v.detach().numpy() for s, v in zip(source.outputs, values)})
+            for batch in layout.batches(data, size):
+                values = wrapped(*(torch.from_numpy(np.asarray(batch[s.name])) for s in source.inputs))
+                chunks.append(layout.sample_major({s.name: v.detach().numpy() for s, v in zip(source.outputs, values)}))
     else:
         from edgesdk.runtimes import load_model
 
@@ -265,7 +274,15 @@ def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> di
             session = load_model("onnxruntime", source.onnx_path.read_bytes())
         except Exception as exc:  # noqa: BLE001
             raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
-        for batch in batches(data, size):
-            chunks.append(session.run(batch))
-        session.close()
+        try:
+            for batch in layout.batches(data, size):
+                chunks.append(layout.sample_major(session.run(batch)))
+        except EdgeSDKError as exc:
+            shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ModelError(
+                f"model {source.source}: onnxruntime cannot run it on the data fed as {shapes}: {first}"
+            ) from exc
+        finally:
+            session.close()
     return {s.name: np.concatenate([c[s.name] for c in chunks]) for s in source.outputs}

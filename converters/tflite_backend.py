@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from edgesdk.converters import onnx2tf_route
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
+from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS
 
@@ -83,7 +84,7 @@ class TFLiteConverter:
         import litert_torch
         import torch
 
-        sample = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in source.example.items()}
+        sample = {k: torch.from_numpy(np.array(v)) for k, v in source.example.items()}
         try:
             with quiet_native():
                 converted = litert_torch.convert(_named_module(source), sample_kwargs=sample)
@@ -117,7 +118,7 @@ class TFLiteConverter:
             if method == "static-int8-full-integer":
                 if not request.calibration:
                     raise ConversionError("tflite full-integer int8 needs calibration data (--calibration)")
-                content = self._quantize(fp32, recipe.static_wi8_ai8(), request.calibration)
+                content = self._quantize(fp32, recipe.static_wi8_ai8(), request.calibration, request.source.layout)
                 notes.append("int8 inputs/outputs: quantize with the TensorSpec quantization parameters")
             elif method == "dynamic-int8":
                 content = self._quantize(fp32, recipe.dynamic_wi8_afp32(), None)
@@ -128,7 +129,9 @@ class TFLiteConverter:
         out.write_bytes(content)
         return ConvertedArtifact({"model.tflite": out}, request.precision, method, notes)
 
-    def _quantize(self, model: bytes, recipe: Any, calibration: dict[str, np.ndarray] | Any) -> bytes:
+    def _quantize(
+        self, model: bytes, recipe: Any, calibration: dict[str, np.ndarray] | Any, layout: InputLayout | None = None
+    ) -> bytes:
         from ai_edge_quantizer import quantizer
 
         try:
@@ -136,9 +139,8 @@ class TFLiteConverter:
                 q = quantizer.Quantizer(model)
                 q.load_quantization_recipe(recipe)
                 if q.need_calibration:
-                    count = int(next(iter(calibration.values())).shape[0])
-                    samples = [{k: v[i : i + 1] for k, v in calibration.items()} for i in range(count)]
-                    result = q.quantize(q.calibrate({SIGNATURE: samples}))
+                    samples = list((layout or InputLayout()).samples(calibration))
+                    result = q.quantize(q.calibrate({SIGNATURE: samples}))  # type: ignore[union-attr]
                 else:
                     result = q.quantize()
         except Exception as exc:  # noqa: BLE001

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from edgesdk.converters.data import batches, subset
+from edgesdk.converters.data import subset
+from edgesdk.converters.input_spec import InputLayout
 
 from edgesdk.errors import ConversionError
 from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
@@ -129,9 +130,14 @@ def validate_numeric(
     gate: float,
     options: Mapping[str, str] | None = None,
     latency_runs: int = 30,
+    layout: InputLayout | None = None,
 ) -> ValidationResult:
-    """Load the variant from bytes in ``runtime`` and compare it with the reference."""
+    """Load the variant from bytes in ``runtime`` and compare it with the reference.
+
+    ``data`` and ``reference`` are sample-major; ``layout`` says how the model takes them."""
     from edgesdk.runtimes import load_variant
+
+    layout = layout or InputLayout()
 
     blobs = {name: path.read_bytes() for name, path in files.items()}
     with _PeakRss() as rss:
@@ -139,9 +145,8 @@ def validate_numeric(
         model = load_variant(runtime, blobs, options=options)
         load_ms = (time.perf_counter() - started) * 1000
         in_specs = {s.name: s for s in model.inputs}
-        fixed_batch = all(s.shape and isinstance(s.shape[0], int) for s in model.inputs)
         chunks: list[dict[str, np.ndarray]] = []
-        for batch in batches(data, 1 if fixed_batch else 64):
+        for batch in layout.batches(data, layout.batch_size(model.inputs)):
             feeds = {}
             for name, value in batch.items():
                 if name not in in_specs:
@@ -156,11 +161,14 @@ def validate_numeric(
     produced = list(chunks[0])
     mapping = {n: (n if n in chunks[0] else produced[i]) for i, n in enumerate(names)}
     outputs = {
-        n: np.concatenate([_dequantize(c[mapping[n]], out_specs.get(mapping[n])) for c in chunks]) for n in names
+        n: np.concatenate(
+            [layout.sample_major({n: _dequantize(c[mapping[n]], out_specs.get(mapping[n]))})[n] for c in chunks]
+        )
+        for n in names
     }
     value = score(metric, outputs, reference)
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
-    one = {k: _quantize(v, in_specs[k]) for k, v in subset(data, 1).items()}
+    one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
     for _ in range(3):
         model.run(one)  # warm-up: first calls allocate and pick kernels
     latencies = []
@@ -196,6 +204,7 @@ def latency_side_by_side(
     variants: Mapping[str, tuple[str, Mapping[str, Path], Mapping[str, str] | None]],
     sample: Mapping[str, np.ndarray],
     rounds: int = 40,
+    layout: InputLayout | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Batch-1 (median, p95) ms per variant, measured round-robin so that load from other
     processes falls on every variant alike: variant id → (runtime, files, options)."""
@@ -205,7 +214,8 @@ def latency_side_by_side(
     for variant_id, (runtime, files, options) in variants.items():
         model = load_variant(runtime, {n: p.read_bytes() for n, p in files.items()}, options=options)
         specs = {s.name: s for s in model.inputs}
-        feeds[variant_id] = {k: _quantize(v[:1], specs[k]) for k, v in sample.items()}
+        one = (layout or InputLayout()).feed(subset(sample, 1))
+        feeds[variant_id] = {k: _quantize(v, specs[k]) for k, v in one.items()}
         for _ in range(3):
             model.run(feeds[variant_id])
         models[variant_id] = model

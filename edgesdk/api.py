@@ -132,6 +132,7 @@ def convert(
     int8_methods: Collection[str] | None = None,
     profiles_dirs: Iterable[str | Path] = (),
     progress: ProgressCallback | None = None,
+    batch_axes: Mapping[str, int | str] | None = None,
 ) -> ConversionReport:
     """Convert ``model`` for a device profile into validated artifacts under ``out``.
 
@@ -145,6 +146,8 @@ def convert(
     and ``gate`` decide which variants ship. ``formats``, ``precisions``, ``int8_methods``
     narrow the plan (lists or comma-separated strings). ``example`` (input name → one batch)
     and ``dynamic_axes`` (input name → {axis: label}) describe a PyTorch model's inputs.
+    The data keeps the model's own layout: ``batch_axes`` (tensor name → axis, or ``"none"``
+    for a constant) says where the samples are when the model's dimension names do not.
 
     Returns the :class:`~edgesdk.schemas.report.ConversionReport`, which :func:`package`
     accepts directly. Raises :class:`~edgesdk.errors.ConversionError` (or a subclass,
@@ -170,6 +173,7 @@ def convert(
         dynamic_axes=dynamic_axes,
         int8_methods=_names(int8_methods),
         progress=progress,
+        batch_axes=batch_axes,
     )
     _remember_dir(report, destination)
     return report

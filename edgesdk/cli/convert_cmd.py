@@ -61,6 +61,13 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     help="Only these int8 methods (repeatable), e.g. static-qdq-per-channel, nncf-qdq, dynamic-int8, "
     "static-int8-full-integer, nncf-ptq, linear-weights-int8. Default: every method, the fastest that holds the gate wins.",
 )
+@click.option(
+    "--batch-axis",
+    "batch_axes",
+    multiple=True,
+    help="Which axis of a tensor holds the samples when the model's dimension names do not say, NAME=AXIS "
+    "(e.g. state=1), or NAME=none for an array fed as it is with every sample. Arrays keep the model's layout.",
+)
 @json_option
 @click.pass_context
 def convert(
@@ -79,6 +86,7 @@ def convert(
     inputs: tuple[str, ...],
     dynamic_axes: tuple[str, ...],
     int8_methods: tuple[str, ...],
+    batch_axes: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Convert MODEL (an .onnx file or module:factory returning an nn.Module) for a device profile.
@@ -93,8 +101,10 @@ def convert(
 
     from edgesdk.api import convert as run_convert
     from edgesdk.api import load_profile
+    from edgesdk.converters.input_spec import parse_batch_axes
 
     profile = load_profile(profile_name, profiles_dirs=profiles_dirs(ctx))  # fail fast, before any heavy import
+    declared_axes = parse_batch_axes(batch_axes)
     example = dict(_parse_input(s) for s in inputs) or None
     axes: dict[str, dict[int, str]] = {}
     for spec in dynamic_axes:
@@ -130,6 +140,7 @@ def convert(
             example=example,
             dynamic_axes=axes or None,
             int8_methods=int8_methods or None,
+            batch_axes=declared_axes or None,
             progress=lambda message, done, total: progress.update(
                 task, description=message, completed=done, total=total
             ),

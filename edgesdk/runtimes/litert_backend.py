@@ -78,7 +78,7 @@ class LiteRTModel:
             if self._runner is None:
                 raise RuntimeBackendError("the LiteRT model was closed")
             try:
-                out = self._runner(**{k: np.ascontiguousarray(v) for k, v in feeds.items()})
+                out = self._runner(**{k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
             except (ValueError, RuntimeError) as exc:
                 raise RuntimeBackendError(f"LiteRT failed: {exc}") from exc
         return {name: np.array(value) for name, value in out.items()}

@@ -69,7 +69,7 @@ class OpenVINOModel:
         if request is None:
             request = self._local.request = self._compiled.create_infer_request()
         try:
-            result = request.infer({k: np.ascontiguousarray(v) for k, v in feeds.items()})
+            result = request.infer({k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InferenceInputError(f"OpenVINO rejected the input: {exc}") from exc
         return {spec.name: np.array(result[port]) for spec, port in zip(self.outputs, self._compiled.outputs)}

@@ -1,0 +1,77 @@
+"""The data of one conversion, arranged once the model is read: calibration, validation, golden.
+
+The layout of every input comes from the first data file (or the model alone, for random
+inputs); both files are checked against it and made sample-major, and the source model gets
+the layout and an example taken from the data, in its own layout, for the converters that fix
+shapes from an example (onnx2tf, Core ML).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+from edgesdk.converters.base import SourceModel
+from edgesdk.converters.data import check_against_inputs, subset, synthetic_inputs
+from edgesdk.converters.input_spec import Placement, TensorLayout, resolve_layout
+
+
+def arrange_data(
+    source: SourceModel,
+    raw_calibration: Mapping[str, np.ndarray] | None,
+    cal_where: str,
+    raw_validation: Mapping[str, np.ndarray] | None,
+    val_where: str,
+    batch_axes: Mapping[str, int | str] | None,
+) -> tuple[SourceModel, dict[str, np.ndarray] | None, dict[str, np.ndarray], list[str]]:
+    """(source with its layout, sample-major calibration, sample-major validation, decisions)."""
+    decisions: list[str] = []
+    first, what, where = (
+        (raw_calibration, "calibration", cal_where) if raw_calibration else (raw_validation, "validation", val_where)
+    )
+    layout = resolve_layout(source.inputs, source.outputs, first or None, batch_axes, what=what, where=where)
+    cal = (
+        check_against_inputs(raw_calibration, source.inputs, "calibration", cal_where, layout, batch_axes)
+        if raw_calibration
+        else None
+    )
+    if raw_validation:
+        val = check_against_inputs(raw_validation, source.inputs, "validation", val_where, layout, batch_axes)
+    elif cal:
+        val = cal
+        decisions.append("no --validation data: validating on the calibration data")
+    else:
+        val = synthetic_inputs(source.inputs, 32, layout=layout)
+        decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")
+    if not layout.is_plain:
+        placed = ", ".join(
+            f"{name}: " + (f"axis {t.axis}" if t.placement == Placement.BATCHED else t.placement.value)
+            for name, t in layout.inputs.items()
+        )
+        decisions.append(f"samples per input (the model's own layout): {placed}")
+    example = layout.feed(subset(cal if cal is not None else val, 1))
+    if source.torch_module is not None:
+        example = source.example  # the export fixed its shapes from this one
+    return dataclasses.replace(source, layout=layout, example=example), cal, val, decisions
+
+
+def golden_set(
+    source: SourceModel, data: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], count: int
+) -> dict[str, np.ndarray]:
+    """golden.npz: inputs and ``output:<name>`` as one batch in the model's layout, the way the
+    agent's smoke test feeds them. A model that takes one sample per call gets one sample."""
+    layout = source.layout
+    if not layout.is_plain:
+        count = 1  # the device's fallback splits a batch on axis 0: one sample is right in any layout
+    inputs = layout.feed(subset(data, count))
+    golden = {k: np.asarray(v) for k, v in inputs.items()}
+    for name, value in reference.items():
+        golden[f"output:{name}"] = _to_model_layout(layout.of_output(name), value[:count])
+    return golden
+
+
+def _to_model_layout(layout: TensorLayout, value: np.ndarray) -> np.ndarray:
+    if layout.placement == Placement.BATCHED:
+        return np.ascontiguousarray(np.moveaxis(value, 0, layout.axis))
+    return np.array(value[0])

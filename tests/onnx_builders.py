@@ -1,0 +1,90 @@
+"""Small real ONNX models built with onnx.helper, for the shapes the digits CNN does not have.
+
+- :func:`stateful_vad`: a voice-activity-detector-shaped recurrent cell like Silero VAD's
+  interface: ``audio [batch, 32]``, ``state [2, batch, 8]`` (batch on axis 1), ``sr`` a 0-d
+  int64 sample rate; outputs ``prob [batch, 1]`` and the next state ``stateN [2, batch, 8]``.
+- :func:`gated_by_if`: its layers (MatMul, Add, Relu) sit inside the two branches of an
+  ``If`` on a 0-d bool input, as a scripted PyTorch model exports them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+FRAME, HIDDEN = 32, 8
+
+
+def _weights(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "W_in": (rng.standard_normal((FRAME, HIDDEN)) * 0.3).astype(np.float32),
+        "W_state": (rng.standard_normal((HIDDEN, HIDDEN)) * 0.3).astype(np.float32),
+        "W_out": (rng.standard_normal((HIDDEN, 1)) * 0.5).astype(np.float32),
+    }
+
+
+def stateful_vad(path: Path, seed: int = 0) -> Path:
+    """h = tanh(audio·W_in + state[0]·W_state) · sr/16000; prob = σ(h·W_out); stateN = [h, state[0]]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = _weights(seed)
+    inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
+    inits += [
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array(16000.0, np.float32), "base_rate"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["state", "zero"], ["state0"], axis=0),
+        helper.make_node("MatMul", ["audio", "W_in"], ["a"], name="in_proj"),
+        helper.make_node("MatMul", ["state0", "W_state"], ["s"], name="state_proj"),
+        helper.make_node("Add", ["a", "s"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h0"]),
+        helper.make_node("Cast", ["sr"], ["sr_f"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["sr_f", "base_rate"], ["rate"]),
+        helper.make_node("Mul", ["h0", "rate"], ["h"]),
+        helper.make_node("MatMul", ["h", "W_out"], ["logit"], name="out_proj"),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),
+        helper.make_node("Unsqueeze", ["h", "axis0"], ["h_u"]),
+        helper.make_node("Unsqueeze", ["state0", "axis0"], ["s_u"]),
+        helper.make_node("Concat", ["h_u", "s_u"], ["stateN"], axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stateful_vad",
+        [
+            helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", FRAME]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", HIDDEN]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", HIDDEN]),
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def vad_stream(samples: int, steps: int = 1, seed: int = 1) -> dict[str, np.ndarray]:
+    """Data in the model's own layout: audio [N, 32], state [2, N, 8], sr 0-d (steps > 1: a leading step axis)."""
+    rng = np.random.default_rng(seed)
+    audio = rng.standard_normal((steps, samples, FRAME)).astype(np.float32)
+    state = (rng.standard_normal((2, samples, HIDDEN)) * 0.1).astype(np.float32)
+    return {"audio": audio[0] if steps == 1 else audio, "state": state, "sr": np.array(16000, np.int64)}
+
+
+def vad_numpy(feeds: dict[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """The same cell in numpy, to check runtimes against something that is not a runtime."""
+    w = _weights(seed)
+    state0 = feeds["state"][0]
+    h = np.tanh(feeds["audio"] @ w["W_in"] + state0 @ w["W_state"]) * (float(feeds["sr"]) / 16000.0)
+    prob = 1 / (1 + np.exp(-(h @ w["W_out"])))
+    return {"prob": prob.astype(np.float32), "stateN": np.stack([h, state0]).astype(np.float32)}
