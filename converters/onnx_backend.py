@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.input_spec import InputLayout
+from edgesdk.converters.precision_check import check_fp16_onnx
 from edgesdk.converters.registry import CONVERTERS
 
 from edgesdk.errors import ConversionError
@@ -63,10 +64,19 @@ class OnnxConverter:
                 # keep_io_types: callers feed and read float32 whatever the precision inside.
                 # Casts stay in fp32: the converter retypes their outputs but not their `to`
                 # attribute (int64 mask → float Cast then fails to load); it bridges them instead.
+                # The converter keys nodes by name: unnamed ones collide (an AttributeError deep
+                # inside it), so every node gets one first.
+                for index, node in enumerate(model.graph.node):
+                    node.name = node.name or f"{node.op_type}_{index}"
                 casts = [n.name for n in model.graph.node if n.op_type == "Cast"]
-                converted = float16.convert_float_to_float16(model, keep_io_types=True, node_block_list=casts)
+                # 65504 is float16's largest finite value; the default clamps constants at 1e4
+                # (a 16000 Hz sample rate silently became 10000).
+                converted = float16.convert_float_to_float16(
+                    model, keep_io_types=True, node_block_list=casts, max_finite_val=65504.0
+                )
             except Exception as exc:  # noqa: BLE001
                 raise ConversionError(f"onnx fp16 conversion failed: {exc}") from exc
+            check_fp16_onnx(converted)
             onnx.save_model(converted, str(out))
             return ConvertedArtifact({"model.onnx": out}, Precision.FP16, "fp16-weights-and-activations")
         if request.precision == Precision.INT8:

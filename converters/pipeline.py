@@ -6,6 +6,7 @@ by one rename, so a failed or interrupted conversion leaves nothing half-written
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -115,6 +116,7 @@ class _Run:
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None
         self.unsupported: dict[ModelFormat, str] = {}
+        self.fp32_sizes: dict[ModelFormat, int] = {}
 
     def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
         converter = get_converter(planned.converter)
@@ -131,6 +133,7 @@ class _Run:
         with quiet_native():
             artifact = converter.convert(request)
         convert_s = time.perf_counter() - started
+        artifact = self._checked(planned, artifact)
         if planned.numeric_validation:
             with quiet_native():
                 result = validate_numeric(
@@ -148,6 +151,19 @@ class _Run:
 
             result = validate_spec(artifact, self.source)
         return _Built(planned, artifact, result, convert_s)
+
+    def _checked(self, planned: PlannedVariant, artifact: ConvertedArtifact) -> ConvertedArtifact:
+        """An fp32 artifact sets the size an int8 one must beat; an int8 one must be int8."""
+        from edgesdk.converters.precision_check import check_int8
+
+        if planned.precision == Precision.FP32:
+            self.fp32_sizes[planned.format] = artifact.size
+        elif planned.precision == Precision.INT8:
+            fp32_size = self.fp32_sizes.get(planned.format, self.source.onnx_path.stat().st_size)
+            notes = check_int8(planned.format, artifact.files, fp32_size, self.source.onnx_path)
+            if notes:
+                artifact = dataclasses.replace(artifact, notes=[*artifact.notes, *notes])
+        return artifact
 
     def _reject(self, planned: PlannedVariant, reason: str) -> None:
         self.rejected.append(RejectedVariant(format=planned.format, precision=planned.precision, reason=reason))

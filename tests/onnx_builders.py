@@ -88,3 +88,51 @@ def vad_numpy(feeds: dict[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarr
     h = np.tanh(feeds["audio"] @ w["W_in"] + state0 @ w["W_state"]) * (float(feeds["sr"]) / 16000.0)
     prob = 1 / (1 + np.exp(-(h @ w["W_out"])))
     return {"prob": prob.astype(np.float32), "stateN": np.stack([h, state0]).astype(np.float32)}
+
+
+def gated_by_if(path: Path, seed: int = 0, features: int = 64, hidden: int = 256, classes: int = 10) -> Path:
+    """logits = If(use_relu, relu(x·W1 + b1)·W2, tanh(x·W1 + b1)·W3): every layer inside a branch."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {
+        "W1": (rng.standard_normal((features, hidden)) / np.sqrt(features)).astype(np.float32),
+        "b1": (rng.standard_normal(hidden) * 0.1).astype(np.float32),
+        "W2": (rng.standard_normal((hidden, classes)) / np.sqrt(hidden)).astype(np.float32),
+        "W3": (rng.standard_normal((hidden, classes)) / np.sqrt(hidden)).astype(np.float32),
+    }
+
+    def branch(name: str, act: str, head: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("MatMul", ["x", "W1"], [f"{name}_mm"], name=f"{name}_fc1"),
+            helper.make_node("Add", [f"{name}_mm", "b1"], [f"{name}_pre"]),
+            helper.make_node(act, [f"{name}_pre"], [f"{name}_h"]),
+            helper.make_node("MatMul", [f"{name}_h", head], [f"{name}_out"], name=f"{name}_fc2"),
+        ]
+        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, ["batch", classes])
+        return helper.make_graph(nodes, name, [], [out])
+
+    node = helper.make_node(
+        "If",
+        ["use_relu"],
+        ["logits"],
+        name="gate",
+        then_branch=branch("relu_branch", "Relu", "W2"),
+        else_branch=branch("tanh_branch", "Tanh", "W3"),
+    )
+    graph = helper.make_graph(
+        [node],
+        "gated_by_if",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features]),
+            helper.make_tensor_value_info("use_relu", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path
