@@ -16,6 +16,7 @@ from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, Source
 from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.precision_check import check_fp16_onnx
 from edgesdk.converters.registry import CONVERTERS
+from edgesdk.converters.toolchain_errors import native_cause
 
 from edgesdk.errors import ConversionError
 from edgesdk.schemas.common import Precision
@@ -75,7 +76,9 @@ class OnnxConverter:
                     model, keep_io_types=True, node_block_list=casts, max_finite_val=65504.0
                 )
             except Exception as exc:  # noqa: BLE001
-                raise ConversionError(f"onnx fp16 conversion failed: {exc}") from exc
+                raise ConversionError(
+                    f"onnx fp16 conversion failed: {native_cause(str(exc) or type(exc).__name__, 'onnxconverter-common')}"
+                ) from exc
             check_fp16_onnx(converted)
             onnx.save_model(converted, str(out))
             return ConvertedArtifact({"model.onnx": out}, Precision.FP16, "fp16-weights-and-activations")
@@ -115,7 +118,9 @@ class OnnxConverter:
         except ConversionError:
             raise
         except Exception as exc:  # noqa: BLE001 - onnxruntime.quantization raises many types
-            raise ConversionError(f"onnx int8 ({method}) failed: {exc}") from exc
+            raise ConversionError(
+                f"onnx int8 ({method}) failed: {native_cause(str(exc), 'onnxruntime.quantization')}"
+            ) from exc
         notes = [f"kept in float: {', '.join(keep)}"] if keep else []
         return ConvertedArtifact({"model.onnx": request.workdir / "model.onnx"}, Precision.INT8, method, notes)
 

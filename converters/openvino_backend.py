@@ -11,6 +11,7 @@ from typing import Any
 
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.registry import CONVERTERS
+from edgesdk.converters.toolchain_errors import native_cause
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
 from edgesdk.schemas.common import Precision
@@ -25,14 +26,15 @@ def _read(source: SourceModel) -> object:
     try:
         return ov.convert_model(str(source.onnx_path))
     except (OpConversionFailure, NotImplementedFailure) as exc:
-        # The frontend's types for "no conversion rule for this op". Its message opens with a
-        # C++ assertion; the line naming the ops is the one a user needs.
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        named = [line for line in lines if "conversion rule" in line] or lines[-1:] or [type(exc).__name__]
-        raise UnsupportedOpError(f"openvino cannot express an op of {source.source}: {named[0]}") from exc
+        # The frontend's types for "an op did not convert". Its message opens with a C++
+        # assertion; the op and the cause below it are what a user needs.
+        raise UnsupportedOpError(
+            f"openvino cannot convert an op of {source.source}: {native_cause(str(exc), 'OpenVINO')}"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - OpenVINO's other errors share no base but Exception
-        message = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ConversionError(f"openvino convert_model failed on {source.source}: {message}") from exc
+        raise ConversionError(
+            f"openvino convert_model failed on {source.source}: {native_cause(str(exc) or type(exc).__name__, 'OpenVINO')}"
+        ) from exc
 
 
 def _openvino_names(model: Any, onnx_names: Sequence[str]) -> list[str]:
@@ -96,6 +98,6 @@ class OpenVINOConverter:
                 ignored_scope=nncf.IgnoredScope(names=keep, validate=False) if keep else None,
             )
         except Exception as exc:  # noqa: BLE001
-            raise ConversionError(f"NNCF quantization failed: {exc}") from exc
+            raise ConversionError(f"NNCF quantization failed: {native_cause(str(exc), 'NNCF')}") from exc
         notes = [f"kept in float: {', '.join(request.keep_float)}"] if keep else []
         return quantized, "nncf-ptq", notes

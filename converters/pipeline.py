@@ -27,6 +27,7 @@ from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_p
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS, get_converter
 from edgesdk.converters.source import load_source, reference_outputs
+from edgesdk.converters.toolchain_errors import one_line
 from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
 
 from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
@@ -235,7 +236,8 @@ class _Run:
                 self._reject(planned, str(exc))
                 return None
             except EdgeSDKError as exc:
-                misses.append(f"{method or planned.precision.value} failed: {exc}")
+                # A runtime's refusal at validation can span lines (OpenVINO's C++ frames): one line.
+                misses.append(f"{method or planned.precision.value} failed: {one_line(str(exc))}")
                 continue
             accuracy = built.result.accuracy
             if accuracy is not None and not accuracy.passed:

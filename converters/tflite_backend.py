@@ -17,6 +17,7 @@ from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, Source
 from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS
+from edgesdk.converters.toolchain_errors import native_cause
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
 from edgesdk.schemas.common import Precision
@@ -89,7 +90,7 @@ class TFLiteConverter:
             with quiet_native():
                 converted = litert_torch.convert(_named_module(source), sample_kwargs=sample)
         except Exception as exc:  # noqa: BLE001 - litert-torch raises many types
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = native_cause(str(exc).strip() or type(exc).__name__, "litert-torch")
             # litert-torch defines no exception types (a failed lowering is a plain RuntimeError or
             # an MLIR diagnostic), so its message is the only signal; the matching stays here.
             if "lower" in first.lower() or "not supported" in first.lower() or "unsupported" in first.lower():
@@ -144,6 +145,6 @@ class TFLiteConverter:
                 else:
                     result = q.quantize()
         except Exception as exc:  # noqa: BLE001
-            raise ConversionError(f"ai-edge-quantizer failed: {exc}") from exc
+            raise ConversionError(f"ai-edge-quantizer failed: {native_cause(str(exc), 'ai-edge-quantizer')}") from exc
         content: bytes = result.quantized_model
         return content

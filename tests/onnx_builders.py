@@ -136,3 +136,30 @@ def gated_by_if(path: Path, seed: int = 0, features: int = 64, hidden: int = 256
     onnx.checker.check_model(model)
     onnx.save_model(model, str(path))
     return path
+
+
+def rank_unknown_inside(path: Path) -> Path:
+    """y = LpNormalization(Reshape(x, shape)): ``shape`` has a dynamic length, so the rank of the
+    reshaped tensor is unknown until run time. onnxruntime runs it; OpenVINO's frontend cannot
+    convert LpNormalization without a known rank ("Cannot get length of dynamic dimension")."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["reshaped"], name="reshape"),
+        helper.make_node("LpNormalization", ["reshaped"], ["y"], name="normalize", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rank_unknown_inside",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, ["rank"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path

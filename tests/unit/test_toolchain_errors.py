@@ -1,0 +1,38 @@
+"""The line of a toolchain's message that says why survives into the one-line reason."""
+
+from __future__ import annotations
+
+from edgesdk.converters.toolchain_errors import native_cause, one_line
+
+OPENVINO_RANK = (
+    "Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\n"
+    "FrontEnd API failed with OpConversionFailure:\n"
+    "Model wasn't fully converted. Failed operations detailed log:\n"
+    "-- Reshape-17 with a message:\n"
+    "[ONNX Frontend] Conversion failed for Reshape-17\n"
+    "While validating ONNX node '<Node(Reshape): /model/Reshape>': Exception from src/core/src/op/reshape.cpp:81:\n"
+    "input data tensor's rank has to be known\n"
+    "\n"
+    "Summary:\n"
+    "-- Conversion is failed for: Reshape-17\n"
+)
+
+
+def test_openvinos_cause_is_kept_and_its_framing_dropped() -> None:
+    assert one_line(OPENVINO_RANK) == "Reshape-17 (node /model/Reshape): input data tensor's rank has to be known"
+
+
+def test_no_conversion_rule_lines_and_plain_messages_pass_through() -> None:
+    message = "Check 'false' failed at src/x.cpp:1:\nOpenVINO does not support the following ONNX operations: Foo\n"
+    assert one_line(message) == "OpenVINO does not support the following ONNX operations: Foo"
+    assert one_line("plain reason") == "plain reason"
+    assert one_line("Check 'false' failed at src/x.cpp:1:") == "Check 'false' failed at src/x.cpp:1:"
+
+
+def test_debug_writes_the_whole_message_to_stderr(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("EDGESDK_DEBUG", "1")
+    assert "rank has to be known" in native_cause(OPENVINO_RANK, "OpenVINO")
+    assert "unconverted_ops_report.cpp:151" in capsys.readouterr().err
+    monkeypatch.delenv("EDGESDK_DEBUG")
+    native_cause(OPENVINO_RANK, "OpenVINO")
+    assert capsys.readouterr().err == ""
