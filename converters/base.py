@@ -21,7 +21,12 @@ from edgesdk.schemas.manifest import TensorSpec
 
 @dataclass(frozen=True)
 class SourceModel:
-    """The model to convert, read once: always an fp32 ONNX file, plus the nn.Module when given one."""
+    """The model to convert, read once: an fp32 ONNX file, plus the nn.Module when given one.
+
+    A ``.tflite`` or OpenVINO IR source has no ONNX file: ``onnx_path`` is then that native
+    file (``model.xml`` beside its ``.bin``) and ``source_kind`` says so; only the converters
+    whose ``sources`` list that kind are planned for it.
+    """
 
     name: str
     source: str
@@ -32,10 +37,16 @@ class SourceModel:
     torch_module: Any | None = None
     #: Where each input's and output's samples are (input_spec.py); set once the data is read.
     layout: InputLayout = field(default_factory=InputLayout)
+    #: "tflite" or "openvino" for a prebuilt source; "" for ONNX/PyTorch (told apart by the module).
+    source_kind: str = ""
+    #: The source's own precision when it is already quantized or fp16 (a prebuilt int8 .tflite).
+    native_precision: Precision = Precision.FP32
 
     @property
     def kind(self) -> str:
-        """``"pytorch"`` or ``"onnx"``: decides which routes a converter can take."""
+        """``"pytorch"``, ``"onnx"``, ``"tflite"`` or ``"openvino"``: decides which routes a converter can take."""
+        if self.source_kind:
+            return self.source_kind
         return "pytorch" if self.torch_module is not None else "onnx"
 
 

@@ -24,7 +24,12 @@ def _read(source: SourceModel) -> object:
     from openvino.frontend import NotImplementedFailure, OpConversionFailure
 
     try:
-        return ov.convert_model(str(source.onnx_path))
+        if source.kind == "openvino":
+            return ov.Core().read_model(str(source.onnx_path))  # an IR: read, not converted
+        model = ov.convert_model(str(source.onnx_path))  # ONNX, or .tflite through the TFLite frontend
+        if source.kind == "tflite":
+            _signature_names(model, source)
+        return model
     except (OpConversionFailure, NotImplementedFailure) as exc:
         # The frontend's types for "an op did not convert". Its message opens with a C++
         # assertion; the op and the cause below it are what a user needs.
@@ -35,6 +40,17 @@ def _read(source: SourceModel) -> object:
         raise ConversionError(
             f"openvino convert_model failed on {source.source}: {native_cause(str(exc) or type(exc).__name__, 'OpenVINO')}"
         ) from exc
+
+
+def _signature_names(model: Any, source: SourceModel) -> None:
+    """Name the ports as the .tflite's serving signature does (the frontend uses tensor names)."""
+    from edgesdk.converters.prebuilt import tflite_signature_names
+
+    names = tflite_signature_names(source.onnx_path)
+    for port in [*model.inputs, *model.outputs]:
+        wanted = next((names[n] for n in port.get_names() if n in names), None)
+        if wanted:
+            port.get_tensor().set_names({wanted})
 
 
 def _openvino_names(model: Any, onnx_names: Sequence[str]) -> list[str]:
@@ -58,6 +74,8 @@ class OpenVINOConverter:
         """ONNX node names (the names repair uses everywhere) that have an int8-able OpenVINO op."""
         from edgesdk.converters.onnx_backend import onnx_quantizable_layers
 
+        if source.kind not in ("onnx", "pytorch"):
+            return []  # repair names ONNX nodes; a .tflite or IR source has none
         model = _read(source)
         return [n for n in onnx_quantizable_layers(source) if _openvino_names(model, [n])]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from edgesdk.converters.as_is import AS_IS, as_is_converter, as_is_plan, refuse_quantized_source
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
@@ -120,7 +121,7 @@ class _Run:
         self.fp32_sizes: dict[ModelFormat, int] = {}
 
     def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
-        converter = get_converter(planned.converter)
+        converter = as_is_converter(planned) if planned.converter == AS_IS else get_converter(planned.converter)
         tag = f"{planned.id}-{method or 'default'}-{len(keep_float)}"
         request = ConversionRequest(
             self.source,
@@ -157,11 +158,14 @@ class _Run:
         """An fp32 artifact sets the size an int8 one must beat; an int8 one must be int8."""
         from edgesdk.converters.precision_check import check_int8
 
+        if planned.converter == AS_IS:
+            return artifact  # its precision was read from its ops (prebuilt.native_precision)
         if planned.precision == Precision.FP32:
             self.fp32_sizes[planned.format] = artifact.size
         elif planned.precision == Precision.INT8:
             fp32_size = self.fp32_sizes.get(planned.format, self.source.onnx_path.stat().st_size)
-            notes = check_int8(planned.format, artifact.files, fp32_size, self.source.onnx_path)
+            onnx_source = self.source.onnx_path if self.source.kind in ("onnx", "pytorch") else None
+            notes = check_int8(planned.format, artifact.files, fp32_size, onnx_source)
             if notes:
                 artifact = dataclasses.replace(artifact, notes=[*artifact.notes, *notes])
         return artifact
@@ -191,6 +195,8 @@ class _Run:
         Stops at half of the quantizable layers: past that, int8 no longer buys its size.
         Returns the repaired variant (or None) and what was tried, for the report.
         """
+        if planned.converter not in CONVERTERS:
+            return None, ""  # --as-is: nothing to repair
         caps = CONVERTERS[planned.converter].capabilities
         if not caps.supports_repair or method not in STATIC_INT8:
             return None, ""
@@ -327,6 +333,7 @@ def convert(
     profiles_dirs: Sequence[str] = (),
     progress: Progress | None = None,
     batch_axes: Mapping[str, int | str] | None = None,
+    as_is: bool = False,
 ) -> ConversionReport:
     """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``.
 
@@ -389,14 +396,18 @@ def convert(
 
         from edgesdk.runtimes import available_runtimes
 
-        plan: Plan = make_plan(
-            profile,
-            source.kind,
-            has_calibration=cal is not None,
-            formats=wanted_formats,
-            precisions=wanted_precisions,
-            host_runtimes=available_runtimes(),
-            int8_methods=int8_methods,
+        plan: Plan = (
+            as_is_plan(profile, source, available_runtimes())
+            if as_is
+            else make_plan(
+                profile,
+                refuse_quantized_source(source),
+                has_calibration=cal is not None,
+                formats=wanted_formats,
+                precisions=wanted_precisions,
+                host_runtimes=available_runtimes(),
+                int8_methods=int8_methods,
+            )
         )
         say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
         say("computing reference outputs")

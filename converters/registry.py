@@ -53,8 +53,9 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=("static-int8-full-integer", "dynamic-int8"),
             packages=("litert_torch", "ai_edge_quantizer", "ai_edge_litert"),
             extra="convert-tflite",
-            # ONNX: onnx2tf in its own venv, as a subprocess (converters/onnx2tf_route.py).
-            sources=("pytorch", "onnx"),
+            # ONNX: onnx2tf in its own venv, as a subprocess (converters/onnx2tf_route.py);
+            # .tflite: the file is the fp32 model, ai-edge-quantizer quantizes it.
+            sources=("pytorch", "onnx", "tflite"),
             # Layer names of the .tflite do not map back to the source's: when static int8
             # misses the gate, dynamic int8 (float activations) is the fallback instead.
             supports_repair=False,
@@ -69,7 +70,8 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=("nncf-ptq",),
             packages=("openvino", "nncf"),
             extra="convert-openvino",
-            sources=("pytorch", "onnx"),
+            # .tflite through OpenVINO's TFLite frontend; an IR read as it is.
+            sources=("pytorch", "onnx", "tflite", "openvino"),
             supports_repair=True,
         ),
     ),

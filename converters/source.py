@@ -98,7 +98,9 @@ def import_factory(spec: str) -> Any:
     """``"package.module:factory"`` → the ``nn.Module`` the factory returns."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ModelError(f"model {spec!r}: expected a .onnx file or module:factory")
+        from edgesdk.converters.prebuilt import ACCEPTED
+
+        raise ModelError(f"model {spec!r}: expected {ACCEPTED}")
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # let a factory next to the user's working dir be found, like python -m
     try:
@@ -199,6 +201,10 @@ def load_source(
     ``example`` (input name → one batch) is needed for PyTorch models: it names the inputs and
     fixes their dtypes and the static shapes that formats without dynamic shapes use.
     """
+    from edgesdk.converters.prebuilt import ACCEPTED, is_prebuilt_path, read_prebuilt
+
+    if is_prebuilt_path(model):
+        return read_prebuilt(Path(str(model)), workdir, name)
     if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
         path = Path(model)
         onnx_path, inputs, outputs = read_onnx(path, workdir)
@@ -219,7 +225,7 @@ def load_source(
     if isinstance(model, (str, Path)):
         where = str(model)
         if Path(where).exists() or ":" not in where:
-            raise ModelError(f"model {where!r}: expected a .onnx file or module:factory returning an nn.Module")
+            raise ModelError(f"model {where!r}: expected {ACCEPTED}")
         module = import_factory(where)
         default_name = where.rpartition(":")[2]
     else:
@@ -270,18 +276,28 @@ def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> di
     else:
         from edgesdk.runtimes import load_model
 
-        try:
-            session = load_model("onnxruntime", source.onnx_path.read_bytes())
-        except Exception as exc:  # noqa: BLE001
-            raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
+        if source.kind in ("tflite", "openvino"):
+            from edgesdk.converters.prebuilt import reference_model
+            from edgesdk.converters.validate import _dequantize
+
+            session: Any = reference_model(source)
+            specs = {s.name: s for s in source.outputs}
+            run = lambda feeds: {k: _dequantize(v, specs.get(k)) for k, v in session.run(feeds).items()}  # noqa: E731
+        else:
+            try:
+                session = load_model("onnxruntime", source.onnx_path.read_bytes())
+            except Exception as exc:  # noqa: BLE001
+                raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
+            run = session.run
+        runtime = {"tflite": "LiteRT", "openvino": "OpenVINO"}.get(source.kind, "onnxruntime")
         try:
             for batch in layout.batches(data, size):
-                chunks.append(layout.sample_major(session.run(batch)))
+                chunks.append(layout.sample_major(run(batch)))
         except EdgeSDKError as exc:
             shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise ModelError(
-                f"model {source.source}: onnxruntime cannot run it on the data fed as {shapes}: {first}"
+                f"model {source.source}: {runtime} cannot run it on the data fed as {shapes}: {first}"
             ) from exc
         finally:
             session.close()

@@ -62,6 +62,13 @@ def _named_module(source: SourceModel) -> Any:
     return NamedIO(source.torch_module).eval()
 
 
+def _signature_key(model: bytes) -> str:
+    """The model's serving signature (ours is serving_default; a prebuilt one names its own)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    return next(iter(Interpreter(model_content=model).get_signature_list()), SIGNATURE)
+
+
 class TFLiteConverter:
     name = "tflite"
     capabilities = CONVERTERS["tflite"].capabilities
@@ -80,6 +87,8 @@ class TFLiteConverter:
         return self._float_cache[key]
 
     def _convert_float(self, source: SourceModel) -> bytes:
+        if source.kind == "tflite":
+            return source.onnx_path.read_bytes()  # a float .tflite source is its own fp32 model
         if source.torch_module is None:  # ONNX source: onnx2tf in its own venv (onnx2tf_route)
             return onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
         import litert_torch
@@ -103,10 +112,14 @@ class TFLiteConverter:
         request.workdir.mkdir(parents=True, exist_ok=True)
         out = request.workdir / "model.tflite"
         fp32 = self._float_model(request.source)
-        notes = [
-            "static shapes (batch 1): "
-            + ("onnx2tf -ois" if request.source.torch_module is None else "litert-torch has no dynamic shapes")
-        ]
+        notes = (
+            ["the source .tflite as given"]
+            if request.source.kind == "tflite"
+            else [
+                "static shapes (batch 1): "
+                + ("onnx2tf -ois" if request.source.torch_module is None else "litert-torch has no dynamic shapes")
+            ]
+        )
         method: str | None = None
         if request.precision == Precision.FP32:
             content = fp32
@@ -141,7 +154,7 @@ class TFLiteConverter:
                 q.load_quantization_recipe(recipe)
                 if q.need_calibration:
                     samples = list((layout or InputLayout()).samples(calibration))
-                    result = q.quantize(q.calibrate({SIGNATURE: samples}))  # type: ignore[union-attr]
+                    result = q.quantize(q.calibrate({_signature_key(model): samples}))  # type: ignore[union-attr]
                 else:
                     result = q.quantize()
         except Exception as exc:  # noqa: BLE001

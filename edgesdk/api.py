@@ -133,11 +133,14 @@ def convert(
     profiles_dirs: Iterable[str | Path] = (),
     progress: ProgressCallback | None = None,
     batch_axes: Mapping[str, int | str] | None = None,
+    as_is: bool = False,
 ) -> ConversionReport:
     """Convert ``model`` for a device profile into validated artifacts under ``out``.
 
-    ``model``: an ``.onnx`` path, a ``"module:factory"`` string naming a function that returns
-    a ``torch.nn.Module``, or the module itself. ``profile``: a name, a profile file or a
+    ``model``: an ``.onnx``, ``.tflite`` or OpenVINO IR ``.xml`` path (its ``.bin`` beside it),
+    a ``"module:factory"`` string naming a function that returns a ``torch.nn.Module``, or the
+    module itself. ``as_is=True`` ships a prebuilt file as it is (one variant, at the
+    precision found in it), validated in its runtime. ``profile``: a name, a profile file or a
     DeviceProfile. ``out`` must not exist or be empty; it appears only when the conversion
     succeeds (``report.json``, ``report.html``, ``golden.npz``, ``artifacts/<variant>/``).
 
@@ -174,6 +177,7 @@ def convert(
         int8_methods=_names(int8_methods),
         progress=progress,
         batch_axes=batch_axes,
+        as_is=as_is,
     )
     _remember_dir(report, destination)
     return report

@@ -68,6 +68,13 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     help="Which axis of a tensor holds the samples when the model's dimension names do not say, NAME=AXIS "
     "(e.g. state=1), or NAME=none for an array fed as it is with every sample. Arrays keep the model's layout.",
 )
+@click.option(
+    "--as-is",
+    "as_is",
+    is_flag=True,
+    help="Ship MODEL (.onnx, .tflite or OpenVINO .xml) as it is: one variant at the precision found in it, "
+    "validated in its runtime, then packaged like any other.",
+)
 @json_option
 @click.pass_context
 def convert(
@@ -87,9 +94,10 @@ def convert(
     dynamic_axes: tuple[str, ...],
     int8_methods: tuple[str, ...],
     batch_axes: tuple[str, ...],
+    as_is: bool,
     as_json: bool,
 ) -> None:
-    """Convert MODEL (an .onnx file or module:factory returning an nn.Module) for a device profile.
+    """Convert MODEL (.onnx, .tflite, OpenVINO IR .xml, or module:factory returning an nn.Module) for a device profile.
 
     \b
     Every variant is validated in the runtime the device uses; the ones that miss the
@@ -141,6 +149,7 @@ def convert(
             dynamic_axes=axes or None,
             int8_methods=int8_methods or None,
             batch_axes=declared_axes or None,
+            as_is=as_is,
             progress=lambda message, done, total: progress.update(
                 task, description=message, completed=done, total=total
             ),
