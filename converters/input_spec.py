@@ -38,6 +38,7 @@ class Placement(str, Enum):
 
     BATCHED = "batched"  # samples along the model's batch axis
     UNBATCHED = "unbatched"  # the model takes one sample without a batch axis; the file stacks them
+    STREAMED = "streamed"  # a stateful model's stream: the file has a leading step axis, then the model's layout
     CONSTANT = "constant"  # one array fed with every sample
 
 
@@ -54,6 +55,15 @@ class InputLayout:
 
     inputs: Mapping[str, TensorLayout] = field(default_factory=dict)
     outputs: Mapping[str, TensorLayout] = field(default_factory=dict)
+    #: A stateful model's state input → the output that carries it to the next step (stateful.py).
+    state_pairs: Mapping[str, str] = field(default_factory=dict)
+
+    def steps(self, data: Mapping[str, np.ndarray]) -> int:
+        """Steps per stream in sample-major ``data`` (0: not streamed)."""
+        for name, layout in self.inputs.items():
+            if layout.placement == Placement.STREAMED and name in data:
+                return int(data[name].shape[1])
+        return 0
 
     def of_input(self, name: str) -> TensorLayout:
         return self.inputs.get(name, _AXIS0)
@@ -72,17 +82,20 @@ class InputLayout:
             layout = self.of_input(spec.name)
             if layout.placement == Placement.UNBATCHED:
                 return 1
-            if layout.placement == Placement.BATCHED and layout.axis < len(spec.shape):
+            if layout.placement in (Placement.BATCHED, Placement.STREAMED) and layout.axis < len(spec.shape):
                 if isinstance(spec.shape[layout.axis], int):
                     return 1
         return wanted
 
-    def feed(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Sample-major slice → the arrays in the model's layout, ready for a runtime."""
+    def feed(self, batch: Mapping[str, np.ndarray], step: int = 0) -> dict[str, np.ndarray]:
+        """Sample-major slice → the arrays in the model's layout, ready for a runtime (a streamed
+        input at ``step`` of its stream)."""
         out: dict[str, np.ndarray] = {}
         for name, value in batch.items():
             layout = self.of_input(name)
-            if layout.placement == Placement.BATCHED:
+            if layout.placement == Placement.STREAMED:
+                value = value[:, step]
+            if layout.placement in (Placement.BATCHED, Placement.STREAMED):
                 out[name] = value if layout.axis == 0 else np.ascontiguousarray(np.moveaxis(value, 0, layout.axis))
             else:
                 # A constant is the same in every row; an unbatched input is fed one sample per call.
@@ -102,9 +115,12 @@ class InputLayout:
 
     def samples(self, data: Mapping[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         """One feed per sample, in the model's layout (calibration readers take them one by one)."""
-        count = sample_count(data)
+        count, steps = sample_count(data), self.steps(data)
         for index in range(count):
-            yield self.feed({k: v[index : index + 1] for k, v in data.items()})
+            one = {k: v[index : index + 1] for k, v in data.items()}
+            # A stream gives one feed per step (calibration sees every step, with the initial state).
+            for step in range(max(steps, 1)):
+                yield self.feed(one, step)
 
     def batches(self, data: Mapping[str, np.ndarray], size: int) -> Iterator[dict[str, np.ndarray]]:
         """Feeds of up to ``size`` samples, in the model's layout."""
@@ -156,12 +172,24 @@ def _fits(found: Sequence[int], expected: Sequence[object], skip: int | None) ->
 
 
 def layout_of_input(
-    spec: TensorSpec, array: np.ndarray, declared: int | str | None, what: str, where: str
+    spec: TensorSpec,
+    array: np.ndarray,
+    declared: int | str | None,
+    what: str,
+    where: str,
+    streamed: bool = False,
 ) -> TensorLayout:
-    """Where ``array``'s samples are for ``spec``, or one line naming the input and both shapes."""
+    """Where ``array``'s samples are for ``spec``, or one line naming the input and both shapes.
+
+    ``streamed``: the model is stateful and this is not a state input, so one axis more than
+    the input is a leading step axis (a stream per sample), not stacked samples."""
     found, expected = tuple(array.shape), spec.shape
     rank = len(expected)
     prefix = f"{what} data {where}: input {spec.name!r} has shape {_fmt_shape(found)}; the model expects "
+    if streamed and array.ndim == rank + 1 and rank > 0 and declared != CONSTANT:
+        inner = layout_of_input(spec, array[0], declared, what, where)
+        if inner.placement == Placement.BATCHED:
+            return TensorLayout(Placement.STREAMED, inner.axis)
     if array.ndim == 0:
         if rank == 0:
             return TensorLayout(Placement.CONSTANT)
@@ -212,10 +240,10 @@ def output_layouts(
         spec.shape[layouts[spec.name].axis]
         for spec in inputs
         if spec.name in layouts
-        and layouts[spec.name].placement == Placement.BATCHED
+        and layouts[spec.name].placement in (Placement.BATCHED, Placement.STREAMED)
         and isinstance(spec.shape[layouts[spec.name].axis], str)
     }
-    batched = any(t.placement == Placement.BATCHED for t in layouts.values()) or not layouts
+    batched = any(t.placement in (Placement.BATCHED, Placement.STREAMED) for t in layouts.values()) or not layouts
     result: dict[str, TensorLayout] = {}
     for spec in outputs:
         wanted = declared.get(spec.name)
@@ -241,8 +269,10 @@ def resolve_layout(
     *,
     what: str = "",
     where: str = "",
+    state_pairs: Mapping[str, str] | None = None,
 ) -> InputLayout:
     """The layout of every input (from ``data`` when given, else from the model) and output."""
+    pairs = dict(state_pairs or {})
     declared = dict(declared or {})
     known = {s.name for s in inputs} | {s.name for s in outputs}
     unknown = sorted(set(declared) - known)
@@ -254,14 +284,17 @@ def resolve_layout(
     layouts: dict[str, TensorLayout] = {}
     for spec in inputs:
         if data is not None and spec.name in data:
-            layouts[spec.name] = layout_of_input(spec, data[spec.name], declared.get(spec.name), what, where)
+            streamed = bool(pairs) and spec.name not in pairs
+            layouts[spec.name] = layout_of_input(spec, data[spec.name], declared.get(spec.name), what, where, streamed)
         elif not spec.shape or declared.get(spec.name) == CONSTANT:
             layouts[spec.name] = TensorLayout(Placement.CONSTANT)
         else:
             wanted = declared.get(spec.name)
             axis = wanted if isinstance(wanted, int) else model_batch_axis(spec)
             layouts[spec.name] = TensorLayout(Placement.BATCHED, 0 if axis is None else axis)
-    return InputLayout(inputs=layouts, outputs=output_layouts(outputs, inputs, layouts, declared))
+    if pairs and not any(t.placement == Placement.STREAMED for t in layouts.values()):
+        pairs = {}  # no input has a step axis: single steps, validated as a plain model
+    return InputLayout(inputs=layouts, outputs=output_layouts(outputs, inputs, layouts, declared), state_pairs=pairs)
 
 
 def to_sample_major(
@@ -277,7 +310,8 @@ def to_sample_major(
     counts: dict[str, int] = {}
     for spec in inputs:
         array = data[spec.name]
-        expected = layout_of_input(spec, array, (declared or {}).get(spec.name), what, where)
+        streamed = bool(layout.state_pairs) and spec.name not in layout.state_pairs
+        expected = layout_of_input(spec, array, (declared or {}).get(spec.name), what, where, streamed)
         if expected != layout.of_input(spec.name):
             raise UsageError(
                 f"{what} data {where}: input {spec.name!r} has shape {_fmt_shape(array.shape)}, laid out "
@@ -285,6 +319,8 @@ def to_sample_major(
             )
         if expected.placement == Placement.BATCHED:
             moved[spec.name] = np.moveaxis(array, expected.axis, 0)
+        elif expected.placement == Placement.STREAMED:
+            moved[spec.name] = np.moveaxis(array, expected.axis + 1, 0)  # (T, …) → (N, T, …)
         elif expected.placement == Placement.UNBATCHED:
             moved[spec.name] = array
         else:
@@ -295,6 +331,10 @@ def to_sample_major(
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{k}: {v}" for k, v in counts.items())
         raise UsageError(f"{what} data {where}: inputs have different sample counts ({listed})")
+    steps = {k: moved[k].shape[1] for k in moved if layout.of_input(k).placement == Placement.STREAMED}
+    if len(set(steps.values())) > 1:
+        listed = ", ".join(f"{k}: {v}" for k, v in steps.items())
+        raise UsageError(f"{what} data {where}: streamed inputs have different step counts (axis 0: {listed})")
     count = next(iter(counts.values()), 1)
     for spec in inputs:
         if spec.name not in moved:

@@ -15,6 +15,7 @@ import numpy as np
 from edgesdk.converters.base import SourceModel
 from edgesdk.converters.data import check_against_inputs, subset, synthetic_inputs
 from edgesdk.converters.input_spec import Placement, TensorLayout, resolve_layout
+from edgesdk.converters.stateful import find_state_pairs
 
 
 def arrange_data(
@@ -24,13 +25,17 @@ def arrange_data(
     raw_validation: Mapping[str, np.ndarray] | None,
     val_where: str,
     batch_axes: Mapping[str, int | str] | None,
+    state_pairs: Mapping[str, str] | None = None,
 ) -> tuple[SourceModel, dict[str, np.ndarray] | None, dict[str, np.ndarray], list[str]]:
     """(source with its layout, sample-major calibration, sample-major validation, decisions)."""
     decisions: list[str] = []
+    pairs = find_state_pairs(source.inputs, source.outputs, state_pairs)
     first, what, where = (
         (raw_calibration, "calibration", cal_where) if raw_calibration else (raw_validation, "validation", val_where)
     )
-    layout = resolve_layout(source.inputs, source.outputs, first or None, batch_axes, what=what, where=where)
+    layout = resolve_layout(
+        source.inputs, source.outputs, first or None, batch_axes, what=what, where=where, state_pairs=pairs
+    )
     cal = (
         check_against_inputs(raw_calibration, source.inputs, "calibration", cal_where, layout, batch_axes)
         if raw_calibration
@@ -50,6 +55,19 @@ def arrange_data(
             for name, t in layout.inputs.items()
         )
         decisions.append(f"samples per input (the model's own layout): {placed}")
+    if layout.state_pairs:
+        steps = layout.steps(val)
+        fed = ", ".join(f"{a} → {b}" for a, b in layout.state_pairs.items())
+        decisions.append(
+            f"stateful: {fed} fed back over streams of {steps} steps; the gate scores every step, so it measures "
+            "drift over a stream (calibration sees every step with the initial state)"
+        )
+    elif pairs:
+        fed = ", ".join(f"{a} → {b}" for a, b in pairs.items())
+        decisions.append(
+            f"state pairs {fed} found, but no input has a step axis: validated one step at a time "
+            "(give the other inputs a leading step axis to validate streams)"
+        )
     example = layout.feed(subset(cal if cal is not None else val, 1))
     if source.torch_module is not None:
         example = source.example  # the export fixed its shapes from this one
@@ -67,7 +85,8 @@ def golden_set(
     inputs = layout.feed(subset(data, count))
     golden = {k: np.asarray(v) for k, v in inputs.items()}
     for name, value in reference.items():
-        golden[f"output:{name}"] = _to_model_layout(layout.of_output(name), value[:count])
+        first_step = value[:count, 0] if layout.state_pairs else value[:count]  # streams: (N, T, …)
+        golden[f"output:{name}"] = _to_model_layout(layout.of_output(name), first_step)
     return golden
 
 

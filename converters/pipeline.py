@@ -152,6 +152,12 @@ class _Run:
             from edgesdk.converters.coreml_backend import validate_spec
 
             result = validate_spec(artifact, self.source)
+        if result.stream_drift:
+            d = result.stream_drift
+            self.decisions.append(
+                f"{planned.id}" + (f" ({method})" if method else "") + f": state fed back over {len(d)} steps, "
+                f"max |diff| vs the reference step 1 {d[0]:.3g}, step {len(d)} {d[-1]:.3g}, worst {max(d):.3g}"
+            )
         return _Built(planned, artifact, result, convert_s)
 
     def _checked(self, planned: PlannedVariant, artifact: ConvertedArtifact) -> ConvertedArtifact:
@@ -334,6 +340,7 @@ def convert(
     progress: Progress | None = None,
     batch_axes: Mapping[str, int | str] | None = None,
     as_is: bool = False,
+    state_pairs: Mapping[str, str] | None = None,
 ) -> ConversionReport:
     """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``.
 
@@ -383,7 +390,7 @@ def convert(
                 batch_axes=batch_axes,
             )
         source, cal, val, decisions = _arrange_data(
-            source, raw_calibration, cal_where, raw_validation, val_where, batch_axes
+            source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
         if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
             val = subset(val, MAX_VALIDATION_SAMPLES)

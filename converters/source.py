@@ -261,44 +261,51 @@ def load_source(
 
 def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the source model says for sample-major ``data`` (sample-major too): PyTorch for a
-    module, onnxruntime for ONNX, fed in the model's own layout."""
-    chunks: list[dict[str, np.ndarray]] = []
+    module, onnxruntime for ONNX, the file's own runtime for a prebuilt one, fed in the model's
+    own layout (a stateful model's streams step by step, its state fed back: stateful.py)."""
+    from edgesdk.converters.stateful import run_all
+
     layout = source.layout
     size = layout.batch_size(source.inputs)
     if source.torch_module is not None:
         import torch
 
         wrapped = _NamedOutputs(source.torch_module)
+
+        def run_torch(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            values = wrapped(*(torch.from_numpy(np.asarray(feeds[s.name])) for s in source.inputs))
+            return {s.name: v.detach().numpy() for s, v in zip(source.outputs, values)}
+
         with torch.no_grad():
-            for batch in layout.batches(data, size):
-                values = wrapped(*(torch.from_numpy(np.asarray(batch[s.name])) for s in source.inputs))
-                chunks.append(layout.sample_major({s.name: v.detach().numpy() for s, v in zip(source.outputs, values)}))
+            return run_all(run_torch, layout, data, size)
+    from edgesdk.runtimes import load_model
+
+    if source.kind in ("tflite", "openvino"):
+        from edgesdk.converters.prebuilt import reference_model
+        from edgesdk.converters.validate import _dequantize, _quantize
+
+        session: Any = reference_model(source)
+        out_specs = {s.name: s for s in source.outputs}
+        in_specs = {s.name: s for s in source.inputs}
+
+        def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            raw = session.run({k: _quantize(v, in_specs[k]) for k, v in feeds.items()})
+            return {k: _dequantize(v, out_specs.get(k)) for k, v in raw.items()}
+
     else:
-        from edgesdk.runtimes import load_model
-
-        if source.kind in ("tflite", "openvino"):
-            from edgesdk.converters.prebuilt import reference_model
-            from edgesdk.converters.validate import _dequantize
-
-            session: Any = reference_model(source)
-            specs = {s.name: s for s in source.outputs}
-            run = lambda feeds: {k: _dequantize(v, specs.get(k)) for k, v in session.run(feeds).items()}  # noqa: E731
-        else:
-            try:
-                session = load_model("onnxruntime", source.onnx_path.read_bytes())
-            except Exception as exc:  # noqa: BLE001
-                raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
-            run = session.run
-        runtime = {"tflite": "LiteRT", "openvino": "OpenVINO"}.get(source.kind, "onnxruntime")
         try:
-            for batch in layout.batches(data, size):
-                chunks.append(layout.sample_major(run(batch)))
-        except EdgeSDKError as exc:
-            shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise ModelError(
-                f"model {source.source}: {runtime} cannot run it on the data fed as {shapes}: {first}"
-            ) from exc
-        finally:
-            session.close()
-    return {s.name: np.concatenate([c[s.name] for c in chunks]) for s in source.outputs}
+            session = load_model("onnxruntime", source.onnx_path.read_bytes())
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(f"model {source.source}: onnxruntime cannot run it: {exc}") from exc
+        run = session.run
+    runtime = {"tflite": "LiteRT", "openvino": "OpenVINO"}.get(source.kind, "onnxruntime")
+    try:
+        return run_all(run, layout, data, size)
+    except EdgeSDKError as exc:
+        shapes = ", ".join(f"{s.name} {s.shape}" for s in source.inputs)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelError(
+            f"model {source.source}: {runtime} cannot run it on the data (the model takes {shapes}): {first}"
+        ) from exc
+    finally:
+        session.close()

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 from edgesdk.converters.data import subset
 from edgesdk.converters.input_spec import InputLayout
+from edgesdk.converters.stateful import drift, run_all
 
 from edgesdk.errors import ConversionError
 from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
@@ -118,6 +119,8 @@ class ValidationResult:
     outputs: list[TensorSpec]
     validation: Literal["numeric", "spec-only"] = "numeric"
     latencies_ms: list[float] = field(default_factory=list)
+    #: A stateful model's max |difference| per step of its streams (state fed back), else empty.
+    stream_drift: list[float] = field(default_factory=list)
 
 
 def validate_numeric(
@@ -145,8 +148,12 @@ def validate_numeric(
         model = load_variant(runtime, blobs, options=options)
         load_ms = (time.perf_counter() - started) * 1000
         in_specs = {s.name: s for s in model.inputs}
-        chunks: list[dict[str, np.ndarray]] = []
-        for batch in layout.batches(data, layout.batch_size(model.inputs)):
+        out_specs = {s.name: s for s in model.outputs}
+        names = list(reference)
+        mapping: dict[str, str] = {}
+
+        def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            """Float in, float out, by the reference's names: a fed-back state is re-quantized."""
             feeds = {}
             for name, value in batch.items():
                 if name not in in_specs:
@@ -154,19 +161,16 @@ def validate_numeric(
                         f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
                     )
                 feeds[name] = _quantize(value, in_specs[name])
-            chunks.append(model.run(feeds))
-    out_specs = {s.name: s for s in model.outputs}
-    # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
-    names = list(reference)
-    produced = list(chunks[0])
-    mapping = {n: (n if n in chunks[0] else produced[i]) for i, n in enumerate(names)}
-    outputs = {
-        n: np.concatenate(
-            [layout.sample_major({n: _dequantize(c[mapping[n]], out_specs.get(mapping[n]))})[n] for c in chunks]
-        )
-        for n in names
-    }
+            raw = model.run(feeds)
+            if not mapping:
+                # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
+                produced = list(raw)
+                mapping.update({n: (n if n in raw else produced[i]) for i, n in enumerate(names)})
+            return {n: _dequantize(raw[mapping[n]], out_specs.get(mapping[n])) for n in names}
+
+        outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
     value = score(metric, outputs, reference)
+    stream_drift = drift(outputs, reference) if layout.state_pairs and layout.steps(data) else []
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
     one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
     for _ in range(3):
@@ -197,6 +201,7 @@ def validate_numeric(
         inputs=inputs,
         outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
         latencies_ms=latencies,
+        stream_drift=stream_drift,
     )
 
 

@@ -134,6 +134,7 @@ def convert(
     progress: ProgressCallback | None = None,
     batch_axes: Mapping[str, int | str] | None = None,
     as_is: bool = False,
+    state_pairs: Mapping[str, str] | None = None,
 ) -> ConversionReport:
     """Convert ``model`` for a device profile into validated artifacts under ``out``.
 
@@ -151,6 +152,8 @@ def convert(
     and ``dynamic_axes`` (input name → {axis: label}) describe a PyTorch model's inputs.
     The data keeps the model's own layout: ``batch_axes`` (tensor name → axis, or ``"none"``
     for a constant) says where the samples are when the model's dimension names do not.
+    ``state_pairs`` (state input → next-state output; found by name when not given) make a
+    stateful model's streams validate step by step with the state fed back.
 
     Returns the :class:`~edgesdk.schemas.report.ConversionReport`, which :func:`package`
     accepts directly. Raises :class:`~edgesdk.errors.ConversionError` (or a subclass,
@@ -178,6 +181,7 @@ def convert(
         progress=progress,
         batch_axes=batch_axes,
         as_is=as_is,
+        state_pairs=state_pairs,
     )
     _remember_dir(report, destination)
     return report

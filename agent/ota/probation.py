@@ -118,17 +118,23 @@ class ProbationMonitor:
         if self.golden is None:
             return
         inputs, expected, metric = self.golden
-        rows = len(next(iter(inputs.values())))
-        row = self.probes % max(rows, 1)
         self.probes += 1
-        feeds = {k: v[row : row + 1] for k, v in inputs.items()}
+        rows = {v.shape[0] if v.ndim else 0 for v in inputs.values()}
+        if len(rows) == 1 and min(rows) > 1:
+            row = self.probes % min(rows)
+            feeds = {k: v[row : row + 1] for k, v in inputs.items()}
+            wants = {k: v[row : row + 1] for k, v in expected.items()}
+        else:
+            # One sample in the model's own layout (a 0-d input, a state batched on axis 1):
+            # axis 0 is not a row to slice, so the golden set is probed whole.
+            feeds, wants = inputs, expected
         try:
             outputs = self.server.infer(self.model_name, feeds)
         except EdgeSDKError:
             return  # counted by the tap (count_error) when it is the model's fault
-        for name, want in expected.items():
+        for name, want in wants.items():
             if name in outputs:
-                self.drift_scores.append(score(metric, outputs[name], want[row : row + 1]))
+                self.drift_scores.append(score(metric, outputs[name], want))
 
     def drift(self, metric: str) -> float | None:
         """top1/cosine: 1 - mean agreement; max_abs: the largest difference seen."""

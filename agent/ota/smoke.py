@@ -67,7 +67,8 @@ def run_variant(
     try:
         return run(inputs)
     except EdgeSDKError:
-        rows = len(next(iter(inputs.values())))
+        counts = {v.shape[0] if v.ndim else 0 for v in inputs.values()}
+        rows = min(counts) if len(counts) == 1 else 0  # a 0-d input or unequal axes 0: no rows to split
         if rows <= 1:
             raise
         parts = [run({k: v[i : i + 1] for k, v in inputs.items()}) for i in range(rows)]

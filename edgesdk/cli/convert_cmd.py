@@ -69,6 +69,13 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     "(e.g. state=1), or NAME=none for an array fed as it is with every sample. Arrays keep the model's layout.",
 )
 @click.option(
+    "--state",
+    "state_pairs",
+    multiple=True,
+    help="A stateful model's state input and the output that carries it to the next step, INPUT=OUTPUT "
+    "(found by name when they match, e.g. state=stateN); inputs with a leading step axis then run as streams.",
+)
+@click.option(
     "--as-is",
     "as_is",
     is_flag=True,
@@ -94,6 +101,7 @@ def convert(
     dynamic_axes: tuple[str, ...],
     int8_methods: tuple[str, ...],
     batch_axes: tuple[str, ...],
+    state_pairs: tuple[str, ...],
     as_is: bool,
     as_json: bool,
 ) -> None:
@@ -110,6 +118,7 @@ def convert(
     from edgesdk.api import convert as run_convert
     from edgesdk.api import load_profile
     from edgesdk.converters.input_spec import parse_batch_axes
+    from edgesdk.converters.stateful import parse_state_pairs
 
     profile = load_profile(profile_name, profiles_dirs=profiles_dirs(ctx))  # fail fast, before any heavy import
     declared_axes = parse_batch_axes(batch_axes)
@@ -150,6 +159,7 @@ def convert(
             int8_methods=int8_methods or None,
             batch_axes=declared_axes or None,
             as_is=as_is,
+            state_pairs=parse_state_pairs(state_pairs) or None,
             progress=lambda message, done, total: progress.update(
                 task, description=message, completed=done, total=total
             ),
