@@ -396,6 +396,7 @@ class Agent:
             "agent_version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
             "model": self._status_model(),
+            "variants": self.server.describe_variant_choices(),
             "governor": self.governor.status(),
             "temperatures_c": dict(self.governor.last_reading.temperatures_c),
             "power_source": self.governor.last_reading.power_source,

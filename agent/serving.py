@@ -27,6 +27,7 @@ from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
 from edgesdk.agent.signature import Signature, dequantize, quantize
+from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.runtimes.base import LoadedModel
@@ -145,6 +146,8 @@ class ServedModel:
     loaded_at: float = field(default_factory=time.time)
     #: Set when dynamic batching is on for this model and it has a batch axis (ModelServer.serve).
     batcher: DynamicBatcher | None = None
+    #: Every variant of the bundle: loaded, or why not (agent/variant_choice.py).
+    choices: tuple[VariantChoice, ...] = ()
 
     def run_active(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
         """Run checked feeds on the active variant, taken once; the batcher's ``run_batch``."""
@@ -296,8 +299,20 @@ class ModelServer:
         manifest = verified_bundle.manifest
         loaded: list[tuple[Variant, LoadedModel]] = []
         problems: list[str] = []
-        for group in order_ladder([v for v in manifest.variants if self._eligible(v, problems)], self.profile):
-            for meta in group:
+        choices = VariantChoices(self.profile, list(manifest.variants))
+        eligible = []
+        for v in manifest.variants:
+            if self._eligible(v, problems):
+                eligible.append(v)
+            else:
+                choices.failed_gate(v)
+        groups = order_ladder(eligible, self.profile)
+        grouped = {v.id for group in groups for v in group}
+        for v in eligible:
+            if v.id not in grouped:
+                choices.not_for_profile(v)
+        for group in groups:
+            for rank, meta in enumerate(group):
                 # Only the runtime keeps the plaintext bytes (if it needs them at all).
                 load = functools.partial(load_variant, meta.runtime, options=self._options_for(meta))
                 try:
@@ -311,8 +326,12 @@ class ModelServer:
                 except EdgeSDKError as exc:
                     problems.append(f"{meta.id}: {exc}")
                     log.warning("variant %s not loaded: %s", meta.id, exc)
+                    choices.did_not_load(meta, exc)
                     continue
                 loaded.append((meta, model))
+                choices.loaded(meta, rank)
+                for other in group[rank + 1 :]:
+                    choices.passed_over(other, meta)
                 break  # one variant per precision
         _return_freed_memory()  # decrypted bytes are gone: give the heap they used back to the OS
         if not loaded:
@@ -326,6 +345,7 @@ class ModelServer:
             release=manifest.model.release,
             bundle_sha256=getattr(verified_bundle, "sha256", None),
             variants=loaded,
+            choices=choices.result(),
         )
 
     def _eligible(self, meta: Variant, problems: list[str]) -> bool:
@@ -358,6 +378,7 @@ class ModelServer:
         variants: Sequence[tuple[Variant, LoadedModel]],
         bundle_sha256: str | None = None,
         start_variant: str | None = None,
+        choices: Sequence[VariantChoice] = (),
     ) -> ServedModel:
         """Serve already-loaded variants (best first) — the switch itself; ``swap`` ends here."""
         if not variants:
@@ -372,6 +393,17 @@ class ModelServer:
             if start_variant is not None:
                 active = next((v for v in ladder if v.id == start_variant), active)
             model = ServedModel(name, version, release, bundle_sha256, ladder, signature, active)
+            model.choices = tuple(choices) or tuple(
+                VariantChoice(
+                    v.id,
+                    str(getattr(v.meta.format, "value", v.meta.format)),
+                    str(v.runtime),
+                    v.precision.value,
+                    True,
+                    "loaded",
+                )
+                for v in ladder
+            )
             model.batcher = self._batcher_for(model)
             running = model.running()  # built first: a bad hash fails here with the old model serving
             self._model = model  # the switch: one reference assignment
@@ -566,6 +598,14 @@ class ModelServer:
                 "release": model.release,
                 "active_variant": model.active.id,  # the variant of running_model(), same instant
                 "variants": [v.describe() for v in model.ladder],
+                "bundle_variants": self.describe_variant_choices(),
                 **model.signature.describe(),
             }
         ]
+
+    def describe_variant_choices(self) -> list[dict[str, Any]]:
+        """Every variant of the served bundle: loaded (and active), or why it is not."""
+        model = self._model
+        if model is None:
+            return []
+        return [c.describe(model.active.id) for c in model.choices]

@@ -29,7 +29,7 @@ def converted(tmp_path_factory):
     out = folder / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "edgesdk.cli.main", "convert", str(model), "--profile", "rpi5-8gb", "--out", str(out),
-         "--calibration", str(folder / "streams.npz"), "--formats", "onnx", "--precisions", "fp32,fp16"],
+         "--calibration", str(folder / "streams.npz"), "--formats", "onnx,openvino", "--precisions", "fp32,fp16"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -40,7 +40,7 @@ def test_validation_runs_streams_with_the_state_fed_back_and_reports_the_drift(c
     _, _, report = converted
     assert any(d.startswith("stateful: state → stateN fed back over streams of 8 steps") for d in report.decisions)
     drift = [d for d in report.decisions if "state fed back over 8 steps" in d]
-    assert [d.split(":")[0] for d in drift] == ["onnx-fp32", "onnx-fp16"], report.decisions
+    assert [d.split(":")[0] for d in drift] == ["onnx-fp32", "onnx-fp16", "openvino-fp32", "openvino-fp16"], drift
     assert "step 1 0, step 8 0, worst 0" in drift[0]  # fp32 is the model itself
     shipped = {v.id: v for v in report.variants}
     # Every step of 6 streams is scored: 6 samples, each over its 8 steps.
@@ -64,6 +64,14 @@ def test_a_real_agent_serves_the_stream_with_the_client_passing_the_state(conver
     state = stream["state"]
     want_state = state
     with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=30) as client:
+        # The runtime choice: every variant of the bundle, loaded or why not.
+        (served,) = client.get("/v1/models").json()["models"]
+        choices = {c["id"]: c for c in served["bundle_variants"]}
+        assert set(choices) == {"onnx-fp32", "onnx-fp16", "openvino-fp32", "openvino-fp16"}
+        assert choices["onnx-fp32"]["loaded"] and choices["onnx-fp32"]["active"]
+        assert not choices["openvino-fp32"]["loaded"]
+        assert choices["openvino-fp32"]["reason"].startswith("onnx-fp32 serves fp32 (onnxruntime comes first")
+        assert client.get("/v1/status").json()["variants"] == served["bundle_variants"]
         for step in range(STEPS):
             feeds = {"audio": stream["audio"][step], "state": state, "sr": stream["sr"]}
             body = {"inputs": {k: v.tolist() for k, v in feeds.items()}}
