@@ -54,7 +54,10 @@ def check_against_inputs(
             keys = ", ".join(sorted(data)) or "none"
             raise UsageError(f"{what} data {where}: no array for input {spec.name!r} (keys: {keys})")
         array = data[spec.name]
-        if array.dtype.name != spec.dtype:
+        # A quantized input (a prebuilt int8 .tflite) also takes real values, quantized with its
+        # parameters as the agent does: the public signature of an int8 variant is float.
+        real_for_quantized = spec.quantization is not None and array.dtype.kind == "f"
+        if array.dtype.name != spec.dtype and not real_for_quantized:
             raise UsageError(
                 f"{what} data {where}: input {spec.name!r} is {array.dtype.name}; the model takes {spec.dtype}"
             )

@@ -150,8 +150,14 @@ def export_torch(
     from torch.onnx.errors import OnnxExporterError
 
     args = tuple(torch.from_numpy(np.array(v)) for v in example.values())
-    with torch.no_grad():
-        first = _NamedOutputs(module)(*args)
+    try:
+        with torch.no_grad():
+            first = _NamedOutputs(module)(*args)
+    except Exception as exc:  # noqa: BLE001 - user code
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in example.items())
+        raise ModelError(
+            f"model {where}: it raised {type(exc).__name__} on the example inputs ({shapes}): {_first_line(exc)}"
+        ) from exc
     names = list(output_names or (["output"] if len(first) == 1 else [f"output_{i}" for i in range(len(first))]))
     if len(names) != len(first):
         raise ModelError(f"model {where}: it returns {len(first)} outputs but {len(names)} output names were given")

@@ -100,6 +100,39 @@ def test_embedded_developer_scripts_convert_and_package_in_python(tmp_path: Path
     assert files["model.onnx"] == (out / "convert" / "artifacts" / "onnx-fp32" / "model.onnx").read_bytes()
 
 
+@pytest.mark.needs_agent_extra
+def test_embedded_developer_ships_a_prebuilt_tflite_as_is_and_serves_it(tmp_path: Path) -> None:
+    pytest.importorskip("ai_edge_litert", reason="the .tflite is validated and served in LiteRT (edgesdk[litert])")
+    from tests.prebuilt_models import WAKEWORD, extract
+
+    model = extract(WAKEWORD, "okay_nabu.tflite", tmp_path / "model")  # skips without the wheel
+    out = tmp_path / "out"
+    proc = run_example(
+        EXAMPLES / "embedded_developer" / "tflite_as_is.sh", str(out), env=example_env(MODEL=str(model)), timeout=600
+    )
+    assert "tflite-int8: loaded" in proc.stdout
+    served = proc.stdout.split("SERVED okay_nabu: ")[1].split()
+    assert served[0] == "40" and int(served[2]) > 0, proc.stdout  # chunks, and some answers not zero
+    report = json.loads((out / "convert" / "report.json").read_text())
+    assert [v["id"] for v in report["variants"]] == ["tflite-int8"]
+
+
+@pytest.mark.needs_agent_extra
+def test_embedded_developer_streams_a_stateful_model_through_a_real_agent(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("openvino", reason="the example builds OpenVINO variants too (edgesdk[convert-openvino])")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "embedded_developer" / "streaming_model.py"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=example_env(),
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "STREAM OK" in proc.stdout and "stateful: h0 → hn fed back over streams of 12 steps" in proc.stdout
+    assert proc.stdout.count("chunk ") == 12
+
+
 def test_device_runs_the_agent_and_calls_the_local_api(tmp_path: Path, digits) -> None:
     pytest.importorskip("onnxruntime")
     device = tmp_path / "device"
