@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
 
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
 from edgesdk.errors import UsageError
+
+if TYPE_CHECKING:
+    from edgesdk.schemas.data_spec import DataSpec
 
 _DTYPES = ("float32", "float16", "int64", "int32", "uint8", "int8", "bool")
 
@@ -25,6 +29,23 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     if not name or not shape or dtype not in _DTYPES:
         raise UsageError(f"--input {spec!r}: expected NAME=1x3x224x224[:dtype] with dtype one of {', '.join(_DTYPES)}")
     return name, np.zeros(shape, dtype=dtype)
+
+
+def _read_data_spec(path: Path | None) -> DataSpec:
+    """The --data-spec file (YAML or JSON), or an empty spec; one clear line when it is wrong."""
+    from edgesdk.schemas.data_spec import DataSpec
+
+    if path is None:
+        return DataSpec()
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--data-spec {path}: cannot read it ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--data-spec {path}: not YAML or JSON ({type(exc).__name__})") from exc
+    return DataSpec.parse_obj_clear(raw or {}, source=f"--data-spec {path}")
 
 
 @click.command("convert")
@@ -69,6 +90,12 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     "(e.g. state=1), or NAME=none for an array fed as it is with every sample. Arrays keep the model's layout.",
 )
 @click.option(
+    "--data-spec",
+    "data_spec",
+    type=click.Path(path_type=Path),
+    help="A YAML/JSON file with batch_axes and state (the --batch-axis and --state of the data), schema data-spec; flags win.",
+)
+@click.option(
     "--state",
     "state_pairs",
     multiple=True,
@@ -101,6 +128,7 @@ def convert(
     dynamic_axes: tuple[str, ...],
     int8_methods: tuple[str, ...],
     batch_axes: tuple[str, ...],
+    data_spec: Path | None,
     state_pairs: tuple[str, ...],
     as_is: bool,
     as_json: bool,
@@ -121,7 +149,9 @@ def convert(
     from edgesdk.converters.stateful import parse_state_pairs
 
     profile = load_profile(profile_name, profiles_dirs=profiles_dirs(ctx))  # fail fast, before any heavy import
-    declared_axes = parse_batch_axes(batch_axes)
+    layout_spec = _read_data_spec(data_spec)
+    declared_axes: dict[str, int | str] = {**layout_spec.batch_axes, **parse_batch_axes(batch_axes)}
+    declared_state = {**layout_spec.state, **parse_state_pairs(state_pairs)}
     example = dict(_parse_input(s) for s in inputs) or None
     axes: dict[str, dict[int, str]] = {}
     for spec in dynamic_axes:
@@ -159,7 +189,7 @@ def convert(
             int8_methods=int8_methods or None,
             batch_axes=declared_axes or None,
             as_is=as_is,
-            state_pairs=parse_state_pairs(state_pairs) or None,
+            state_pairs=declared_state or None,
             progress=lambda message, done, total: progress.update(
                 task, description=message, completed=done, total=total
             ),

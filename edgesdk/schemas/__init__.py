@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from edgesdk.schemas.agent_config import AgentConfig
     from edgesdk.schemas.base import SCHEMA_VERSION, Schema
     from edgesdk.schemas.common import PRECISION_LADDER, ModelFormat, Precision, RuntimeName
+    from edgesdk.schemas.data_spec import DataSpec
     from edgesdk.schemas.enrollment import EnrollmentRegistry
     from edgesdk.schemas.image import ImageManifest
     from edgesdk.schemas.manifest import BundleManifest, TensorSpec, Variant
@@ -40,6 +41,7 @@ _LAZY = {
     "ModelFormat": "common",
     "Precision": "common",
     "RuntimeName": "common",
+    "DataSpec": "data_spec",
     "EnrollmentRegistry": "enrollment",
     "ImageManifest": "image",
     "BundleManifest": "manifest",
@@ -73,6 +75,7 @@ _EXPORTED = {
     "enrollment-registry": "EnrollmentRegistry",
     "image-manifest": "ImageManifest",
     "trust-document": "TrustDocument",
+    "data-spec": "DataSpec",
 }
 
 __all__ = [
@@ -82,6 +85,7 @@ __all__ = [
     "AgentConfig",
     "BundleManifest",
     "ConversionReport",
+    "DataSpec",
     "Deployment",
     "DeviceProfile",
     "EnrollRequest",

@@ -78,3 +78,16 @@ def test_the_issues_three_failures_are_each_one_line(edgesdk_cli, vad) -> None:
         "--batch-axis", "state=0",
     )  # fmt: skip
     assert_one_line_error(proc, "input 'state'", "axis 0 is fixed at 2")
+
+
+def test_a_data_spec_file_declares_the_layout_and_a_bad_one_is_one_line(edgesdk_cli, vad) -> None:
+    model, folder = vad
+    spec = folder / "layout.yaml"
+    spec.write_text("schema_version: 1\nbatch_axes: {state: 1, stateN: 1}\nstate: {state: stateN}\n")
+    proc, out = _convert(edgesdk_cli, model, folder, "spec", vad_stream(4, steps=3), "--data-spec", str(spec))
+    assert proc.returncode == 0, proc.stderr
+    report = ConversionReport.model_validate_json((out / "report.json").read_text())
+    assert any(d.startswith("stateful: state → stateN fed back over streams of 3 steps") for d in report.decisions)
+    spec.write_text("batch_axis: {state: 1}\n")
+    proc, _ = _convert(edgesdk_cli, model, folder, "bad-spec", vad_stream(4), "--data-spec", str(spec))
+    assert_one_line_error(proc, "--data-spec", "batch_axis")
