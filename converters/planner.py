@@ -119,7 +119,7 @@ def make_plan(
                 plan.reject(
                     fmt,
                     p,
-                    f"cannot convert an {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead",
+                    f"cannot convert this {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead",
                 )
             continue
         missing = missing_packages(converter, source_kind)
