@@ -51,3 +51,22 @@ def test_q_dq_ops_that_save_nothing_are_refused_and_a_smaller_file_passes(tmp_pa
     with pytest.raises(ConversionError, match=rf"not int8: {size} bytes, not smaller than fp32's {size}"):
         check_int8(ModelFormat.ONNX, {"model.onnx": path}, size, None)
     assert check_int8(ModelFormat.ONNX, {"model.onnx": path}, size + 1, None) == []
+
+
+def test_a_prebuilt_files_precision_is_read_from_its_ops(tmp_path) -> None:
+    from edgesdk.converters.prebuilt import native_precision
+
+    from edgesdk.schemas.common import Precision
+
+    assert native_precision(ModelFormat.ONNX, {"model.onnx": _model(tmp_path / "f.onnx", quantized=False)}) == (
+        Precision.FP32
+    )
+    assert native_precision(ModelFormat.ONNX, {"model.onnx": _model(tmp_path / "q.onnx", quantized=True)}) == (
+        Precision.INT8
+    )
+    layer = '<layer id="{i}" type="{t}"><data element_type="{e}"/></layer>'
+    for consts, want in ((["f32"], Precision.FP32), (["f32", "f16"], Precision.FP16), (["f16", "i8"], Precision.INT8)):
+        layers = "".join(layer.format(i=i, t="Const", e=e) for i, e in enumerate(consts))
+        xml = tmp_path / f"{want.value}.xml"
+        xml.write_text(f'<net name="m" version="11"><layers>{layers}</layers></net>')
+        assert native_precision(ModelFormat.OPENVINO, {"model.xml": xml}) == want
