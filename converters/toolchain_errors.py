@@ -19,7 +19,6 @@ _FRAMING = re.compile(
     r"^("
     r"Check '.*' failed at .*"
     r"|Exception from src/.*"
-    r"|.*Exception from src/[^ ]*:\d+:$"
     r"|FrontEnd API failed with \w+:?"
     r"|Model wasn't fully converted.*"
     r"|Summary:"
@@ -31,6 +30,8 @@ _FRAMING = re.compile(
 )
 #: "-- LpNormalization-17 with a message:": the op the cause below belongs to.
 _FAILED_OP = re.compile(r"^-- (?P<op>\S+) with a message:$")
+#: "OpenVINO rejected the input: Exception from src/…cpp:224:": our words, then the C++ location.
+_TRAILING_LOCATION = re.compile(r"^(?P<head>.*?):?\s*Exception from src/\S+:\d+:$")
 #: "While validating ONNX node '<Node(Reshape): y>': Exception from src/…": the node, then framing.
 _WHILE = re.compile(r"^While validating (?:ONNX )?node '<Node\((?P<op>\w+)\): (?P<name>[^>]*)>'")
 
@@ -62,6 +63,11 @@ def one_line(message: str) -> str:
             continue
         if _FRAMING.match(line):
             continue
+        located = _TRAILING_LOCATION.match(line)
+        if located:
+            line = located.group("head").rstrip(": ")
+            if not line:
+                continue
         parts.append(f"{current_op}: {line}" if current_op else line)
         current_op = ""
     if not parts:

@@ -36,3 +36,14 @@ def test_debug_writes_the_whole_message_to_stderr(monkeypatch, capsys) -> None:
     monkeypatch.delenv("EDGESDK_DEBUG")
     native_cause(OPENVINO_RANK, "OpenVINO")
     assert capsys.readouterr().err == ""
+
+
+def test_our_words_before_a_cpp_location_stay() -> None:
+    message = (
+        "OpenVINO rejected the input: Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+        "Check 'is_dynamic || port.get_shape() == tensor->get_shape()' failed at src/plugins/intel_cpu/src/infer_request.cpp:669:\n"
+        "The input tensor size is not equal to the model input type: got [1] expecting [].\n"
+    )
+    assert one_line(message) == (
+        "OpenVINO rejected the input; The input tensor size is not equal to the model input type: got [1] expecting []."
+    )
