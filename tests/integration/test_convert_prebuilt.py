@@ -41,7 +41,11 @@ def _report(out) -> ConversionReport:
     return ConversionReport.model_validate_json((out / "report.json").read_text())
 
 
-def test_a_float_tflite_converts_to_tflite_and_openvino_and_agrees_with_its_onnx_twin(edgesdk_cli, tmp_path) -> None:
+@pytest.mark.needs_agent_extra
+def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twin_and_is_served(
+    edgesdk_cli, tmp_path
+) -> None:
+    httpx = pytest.importorskip("httpx")
     pytest.importorskip("ai_edge_quantizer", reason="tflite int8 needs edgesdk[convert-tflite]")
     pytest.importorskip("openvino", reason="OpenVINO's TFLite frontend needs edgesdk[convert-openvino]")
     model = extract(BASIC_PITCH, "nmp.tflite", tmp_path)
@@ -74,6 +78,24 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_and_agrees_with_its_onnx
     got = onnx_model.run({"serving_default_input_2:0": golden["input_2"]})
     for tensor, value in got.items():
         np.testing.assert_allclose(value, golden[f"output:{names[tensor]}"], atol=1e-5)
+
+    # Packaged and served by a real agent: rpi5-8gb runs LiteRT first, so the .tflite serves.
+    device = agent_helpers.make_device(tmp_path / "device")
+    bundle = device.bundle(out, version="1.0.0", release=1, name="basic_pitch")
+    installed = agent_helpers.run_agent_cli("install", "--config", str(device.config), str(bundle))
+    assert installed.returncode == 0, installed.stderr
+    with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
+        (served,) = client.get("/v1/models").json()["models"]
+        choices = {c["id"]: c for c in served["bundle_variants"]}
+        assert choices["tflite-fp32"]["active"] and choices["tflite-int8"]["loaded"]
+        assert choices["openvino-fp32"]["reason"].startswith("tflite-fp32 serves fp32 (litert comes first")
+        response = client.post(
+            "/v1/models/basic_pitch/infer", json={"inputs": {"input_2": golden["input_2"][:1].tolist()}}
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-model-variant"] == "tflite-fp32"
+        for name, value in response.json()["outputs"].items():
+            np.testing.assert_allclose(np.asarray(value, np.float32), golden[f"output:{name}"][:1], atol=1e-5)
 
 
 @pytest.mark.needs_agent_extra
