@@ -118,7 +118,8 @@ class InputLayout:
         count, steps = sample_count(data), self.steps(data)
         for index in range(count):
             one = {k: v[index : index + 1] for k, v in data.items()}
-            # A stream gives one feed per step (calibration sees every step, with the initial state).
+            # A stream gives one feed per step, each with the data's state (the pipeline first gives
+            # calibration streams the states the source reached: source.calibration_states).
             for step in range(max(steps, 1)):
                 yield self.feed(one, step)
 

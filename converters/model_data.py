@@ -60,7 +60,7 @@ def arrange_data(
         fed = ", ".join(f"{a} → {b}" for a, b in layout.state_pairs.items())
         decisions.append(
             f"stateful: {fed} fed back over streams of {steps} steps; the gate scores every step, so it measures "
-            "drift over a stream (calibration sees every step with the initial state)"
+            "drift over a stream (calibration sees every step, with the state the source model reached there)"
         )
     elif pairs:
         fed = ", ".join(f"{a} → {b}" for a, b in pairs.items())

@@ -27,7 +27,7 @@ from edgesdk.converters.model_data import golden_set
 from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS, get_converter
-from edgesdk.converters.source import load_source, reference_outputs
+from edgesdk.converters.source import calibration_states, load_source, reference_outputs
 from edgesdk.converters.toolchain_errors import one_line
 from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
 
@@ -114,6 +114,8 @@ class _Run:
         self.progress = progress
         with quiet_native():
             self.reference = reference_outputs(source, data)
+            if calibration is not None and source.layout.state_pairs:
+                self.calibration = calibration_states(source, calibration)
         self.decisions: list[str] = []
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None

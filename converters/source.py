@@ -265,6 +265,16 @@ def load_source(
     )
 
 
+def calibration_states(source: SourceModel, calibration: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A stateful model's calibration streams as single steps with the states the source reached
+    (stateful.calibration_steps); other calibration data as it is."""
+    from edgesdk.converters.stateful import calibration_steps
+
+    if not source.layout.state_pairs or not source.layout.steps(calibration):
+        return dict(calibration)
+    return calibration_steps(source.layout, calibration, reference_outputs(source, calibration))
+
+
 def reference_outputs(source: SourceModel, data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the source model says for sample-major ``data`` (sample-major too): PyTorch for a
     module, onnxruntime for ONNX, the file's own runtime for a prebuilt one, fed in the model's

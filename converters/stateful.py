@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from edgesdk.converters.input_spec import InputLayout, sample_count
+from edgesdk.converters.input_spec import InputLayout, Placement, sample_count
 
 from edgesdk.errors import UsageError
 from edgesdk.schemas.manifest import TensorSpec
@@ -102,3 +102,27 @@ def drift(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
         )
         for t in range(steps)
     ]
+
+
+def calibration_steps(
+    layout: InputLayout, data: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Calibration streams → one sample per step, each with the state the reference model
+    reached there (``outputs``: its run_all outputs on ``data``), not the initial state at every
+    step, on which a quantizer would calibrate the state input (zeros, often). Returned in the
+    same layout with streams of one step: (N·T, 1, …)."""
+    steps = layout.steps(data)
+    if not layout.state_pairs or not steps:
+        return dict(data)
+    count = sample_count(data)
+    flat: dict[str, np.ndarray] = {}
+    for name, value in data.items():
+        if name in layout.state_pairs:
+            reached = outputs[layout.state_pairs[name]][:, :-1]  # the state fed at steps 1..T-1
+            fed = np.concatenate([np.asarray(value)[:, None], reached.astype(value.dtype)], axis=1)
+            flat[name] = fed.reshape(count * steps, *fed.shape[2:])
+        elif layout.of_input(name).placement == Placement.STREAMED:
+            flat[name] = np.asarray(value).reshape(count * steps, 1, *value.shape[2:])
+        else:
+            flat[name] = np.repeat(np.asarray(value), steps, axis=0)
+    return flat

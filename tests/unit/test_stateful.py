@@ -68,3 +68,18 @@ def test_without_a_step_axis_the_pairs_are_dropped_and_steps_run_alone() -> None
     data = {"x": np.ones((3, 3), np.float32), "state": np.zeros((2, 3, 3), np.float32)}
     layout = resolve_layout([X, STATE], [Y, STATE_N], data, state_pairs={"state": "stateN"})
     assert layout.state_pairs == {} and layout.of_input("x").placement == Placement.BATCHED
+
+
+def test_calibration_steps_carry_the_state_the_reference_reached() -> None:
+    from edgesdk.converters.stateful import calibration_steps
+
+    steps, count = 3, 2
+    data = {"x": np.ones((steps, count, 3), np.float32), "state": np.zeros((2, count, 3), np.float32)}
+    layout = resolve_layout([X, STATE], [Y, STATE_N], data, state_pairs={"state": "stateN"})
+    major = check_against_inputs(data, [X, STATE], "calibration", "c.npz", layout)
+    flat = calibration_steps(layout, major, run_all(_cell, layout, major, size=2))
+    assert flat["x"].shape == (count * steps, 1, 3) and flat["state"].shape == (count * steps, 2, 3)
+    # Stream 0 step by step: the state fed is 0, then 1, then 2 (the running sum so far), not 0 every time.
+    np.testing.assert_array_equal(flat["state"][:steps, 0, 0], [0, 1, 2])
+    feeds = list(layout.samples(flat))
+    assert len(feeds) == count * steps and feeds[2]["state"][0, 0, 0] == 2
