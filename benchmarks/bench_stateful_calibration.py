@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     import edgesdk.converters.pipeline as pipeline
+
     import tests.onnx_builders as builders
     from edgesdk.api import convert
 
