@@ -27,6 +27,8 @@ FLEET_COMMANDS: dict[str, str] = {
     "abort": "edgesdk.cli.fleet_rollout_cmd:abort",
     "rollback": "edgesdk.cli.fleet_rollout_cmd:rollback",
     "enroll": "edgesdk.cli.enroll_cmd:enroll",
+    "serve": "edgesdk.cli.fleet_serve_cmd:serve",
+    "submit": "edgesdk.cli.fleet_serve_cmd:submit",
 }
 
 COLUMNS = (

@@ -1,0 +1,318 @@
+"""The fleet service as a real process over a real mosquitto, with three real agent processes:
+a rollout (canary, then a wave) and a failing canary (abort, roll back), each run once without
+interruption and once with the service SIGKILLed at every step and restarted — the killed run
+must end exactly as the uninterrupted one, with no device updated twice and none forgotten.
+The same cases run on SQLite and on a throwaway PostgreSQL cluster (skipped, visibly, when
+the server binaries are missing). The ingest runs on the same processes: presence, telemetry
+and OTA history land in the database; a malformed payload and a device speaking for another
+are counted and ignored."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("paho.mqtt")
+
+from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES  # noqa: E402
+from edgesdk.fleet.rollout import RolloutPlan  # noqa: E402
+from edgesdk.fleet.service import schema  # noqa: E402
+from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
+from edgesdk.fleet.service.ingest import read_counters  # noqa: E402
+from edgesdk.fleet.service.service import submit_deployment  # noqa: E402
+from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
+from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto  # noqa: E402
+from tests.agent_helpers import AgentProcess, run_agent_cli  # noqa: E402
+from tests.ota_helpers import OtaBundles, build_ota_bundles, make_mqtt_device  # noqa: E402
+from tests.pg_helpers import PostgresCluster, find_pg_bin  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+DEVICES = ["dev-0", "dev-1", "dev-2"]
+SERVICE = [sys.executable, "-m", "tests.fleet_service_process"]
+_releases = itertools.count(10)  # every rollout installs a release above the last
+
+
+class Fleet:
+    """mosquitto, three agents on release 1, and the bundles."""
+
+    def __init__(self, root: Path, bundles: OtaBundles) -> None:
+        if find_mosquitto() is None:
+            pytest.skip("mosquitto is not installed (apt-get install mosquitto; scripts/test installs it)")
+        self.root = root
+        self.bundles = bundles
+        self.broker = MosquittoBroker(data_dir=root / "mosquitto")
+        self.broker.start()
+        self.agents: dict[str, AgentProcess] = {}
+        for device_id in DEVICES:
+            mqtt = {"enabled": True, "broker": self.broker.url, "telemetry_interval_s": 2.0, "groups": ["line-1"]}
+            device = make_mqtt_device(root / device_id, bundles, self.broker.url, device_id=device_id, mqtt=mqtt)
+            installed = run_agent_cli("install", "--config", str(device.config), str(bundles.v1))
+            assert installed.returncode == 0, installed.stderr
+            self.agents[device_id] = AgentProcess(device).start()
+
+    def bundle(self, *, bad: bool) -> Path:
+        from edgesdk.bundle import package_bundle
+
+        release = next(_releases)
+        source = self.bundles.v3_bad_golden.parent / ("convert-bad-golden" if bad else "convert")
+        return package_bundle(
+            source,
+            name="digits",
+            version=f"1.{release}.0",
+            release=release,
+            publisher_key=self.bundles.keys.publisher_key,
+            recipients=[self.bundles.keys.device_pub],
+            out=self.root / f"r{release}{'-bad' if bad else ''}.edgepkg",
+        )
+
+    def releases(self) -> dict[str, int]:
+        found = {}
+        for device_id, agent in self.agents.items():
+            with urllib.request.urlopen(agent.url + "/v1/status", timeout=10) as response:
+                found[device_id] = json.loads(response.read())["model"]["release"]
+        return found
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        self.broker.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(digits, tmp_path_factory) -> Any:
+    bundles = build_ota_bundles(digits, tmp_path_factory.mktemp("fleet-service-bundles"))
+    fleet = Fleet(tmp_path_factory.mktemp("fleet-service"), bundles)
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Any:
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; scripts/test installs postgresql")
+    cluster = PostgresCluster(bin_dir).start()
+    yield cluster
+    cluster.stop()
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fleet-service.sqlite3'}"
+    return request.getfixturevalue("postgres").create_database(f"fleet_{next(_databases)}")
+
+
+class Service:
+    """Starts ``tests/fleet_service_process.py`` runs against one database."""
+
+    def __init__(self, fleet: Fleet, db_url: str, log_dir: Path) -> None:
+        self.fleet = fleet
+        self.db_url = db_url
+        self.log_dir = log_dir
+        self.runs = 0
+
+    def _argv(self, kill_at: str | None) -> list[str]:
+        argv = [*SERVICE, "--db", self.db_url, "--broker", self.fleet.broker.url]
+        argv += ["--operator-key", str(self.fleet.bundles.operator_key)]
+        return argv + (["--kill-at", kill_at] if kill_at else [])
+
+    def start(self, kill_at: str | None = None) -> tuple[subprocess.Popen[str], Path]:
+        self.runs += 1
+        log = self.log_dir / f"service-{self.runs}-{kill_at or 'clean'}.log"
+        handle = open(log, "w")  # noqa: SIM115 - the child owns it
+        return subprocess.Popen(self._argv(kill_at), stdout=handle, stderr=subprocess.STDOUT, text=True), log
+
+    def run_until_killed(self, kill_at: str) -> None:
+        proc, log = self.start(kill_at)
+        try:
+            rc = proc.wait(180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError(f"the service never reached step {kill_at}:\n{log.read_text()[-3000:]}") from None
+        text = log.read_text()
+        assert rc == -9 and f"KILLED AT {kill_at}" in text, f"rc {rc}, expected a kill at {kill_at}:\n{text[-3000:]}"
+
+
+def _final(store: SqlRolloutStore, deployment_id: str) -> bool:
+    row = store.get(deployment_id)
+    if row.state not in FINISHED_ROLLOUT_STATES:
+        return False
+    owed = store.pending_follow_ups(deployment_id)
+    # Every device that was sent something has its final word (a rollback confirmation included).
+    busy = [d for d in store.devices(deployment_id) if d.state not in ("PENDING", "COMMITTED", "FAILED", "ROLLED_BACK")]
+    return not owed and not busy
+
+
+def run_rollout(fleet: Fleet, db_url: str, log_dir: Path, *, bad: bool, kill_steps: list[str]) -> dict[str, Any]:
+    """Submit one rollout, kill the service at each of ``kill_steps``, then let it finish; the
+    end state in a form comparable across runs (wave positions, not device names)."""
+    engine = open_engine(db_url)
+    migrate(engine)
+    store = SqlRolloutStore(engine)
+    before = fleet.releases()
+    bundle = fleet.bundle(bad=bad)
+    plan = RolloutPlan(canary=0.33, waves=(1.0,), max_failures=0.0, probation_s=6.0, wave_timeout_s=150, resend_s=5)
+    message = submit_deployment(store, bundle, plan, devices=DEVICES)
+    deployment_id = message.deployment_id
+    log_dir.mkdir(parents=True, exist_ok=True)
+    service = Service(fleet, db_url, log_dir)
+    for step in kill_steps:
+        service.run_until_killed(step)
+    proc, log = service.start()
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not _final(store, deployment_id):
+            time.sleep(0.3)
+        assert _final(store, deployment_id), f"not finished: {store.summary(deployment_id)}\n{log.read_text()[-3000:]}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    after = fleet.releases()
+    rows = store.devices(deployment_id)
+    with engine.connect() as db:
+        history = db.execute(
+            schema.ota_history.select()
+            .where(schema.ota_history.c.deployment_id == deployment_id)
+            .order_by(schema.ota_history.c.ts)
+        ).all()
+    # No device updated twice: its reported states, with repeats collapsed, never go back.
+    for device in rows:
+        states = [h.state for h in history if h.device_id == device.device_id]
+        collapsed = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
+        assert len(collapsed) == len(set(collapsed)), f"{device.device_id} went through {collapsed}"
+        if device.state != "PENDING":
+            assert collapsed, f"{device.device_id}: no status history"
+    summary = store.summary(deployment_id)
+    engine.dispose()
+    return {
+        "state": summary["state"],
+        "waves": {wave: sorted(d.state for d in rows if d.wave == int(wave)) for wave in summary["waves"]},
+        "moved": sorted(
+            "new" if after[d] == message.release else ("old" if after[d] == before[d] else f"?{after[d]}")
+            for d in DEVICES
+        ),
+        "reason_kind": summary["reason"].split(" ")[1:5] if summary["state"] == "ABORTED" else summary["reason"],
+    }
+
+
+SCENARIOS = {
+    # canary (1 device) then a wave of 2; the service killed before and after each wave starts,
+    # during each probation, and between the canary passing and the next wave being stored.
+    "rollout": (
+        False,
+        ["wave_started:0", "wave_sent:0", "probation:0", "wave_done:0", "wave_started:1", "probation:1"],
+    ),
+    # the canary fails its smoke test: killed after the wave is sent and after the failure decision.
+    "failed-canary": (True, ["wave_sent:0", "abort_decided:0"]),
+}
+_baselines: dict[str, dict[str, Any]] = {}
+
+
+def baseline(fleet: Fleet, tmp_path_factory: Any, scenario: str) -> dict[str, Any]:
+    """The uninterrupted run of ``scenario`` (once per module, on SQLite)."""
+    if scenario not in _baselines:
+        root = tmp_path_factory.mktemp(f"baseline-{scenario}")
+        bad, _ = SCENARIOS[scenario]
+        _baselines[scenario] = run_rollout(fleet, f"sqlite:///{root / 'db.sqlite3'}", root, bad=bad, kill_steps=[])
+    return _baselines[scenario]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_service_killed_at_every_step_ends_like_an_uninterrupted_run(
+    fleet: Fleet, db_url: str, tmp_path: Path, tmp_path_factory: Any, scenario: str
+) -> None:
+    expected = baseline(fleet, tmp_path_factory, scenario)
+    bad, steps = SCENARIOS[scenario]
+    if bad:
+        assert expected["state"] == "ABORTED" and expected["moved"] == ["old"] * 3, expected
+    else:
+        assert expected["state"] == "SUCCEEDED" and expected["moved"] == ["new"] * 3, expected
+    killed = run_rollout(fleet, db_url, tmp_path / "logs", bad=bad, kill_steps=steps)
+    assert killed == expected
+
+
+def test_ingest_of_real_devices_and_refused_payloads(fleet: Fleet, db_url: str, tmp_path: Path) -> None:
+    from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+    engine = open_engine(db_url)
+    migrate(engine)
+    service = Service(fleet, db_url, tmp_path)
+    proc, log = service.start()
+    intruder = MqttClient(ClientOptions(client_id="intruder", broker_url=fleet.broker.url, clean_start=True))
+    intruder.start()
+    try:
+        assert intruder.wait_connected(10)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with engine.connect() as db:
+                devices = db.execute(schema.devices.select()).all()
+                telemetry = db.execute(schema.telemetry.select()).all()
+            if len(devices) == 3 and {t.device_id for t in telemetry} == set(DEVICES):
+                break
+            time.sleep(0.3)
+        assert sorted(d.device_id for d in devices) == DEVICES, log.read_text()[-2000:]
+        assert all(d.online and json.loads(d.groups) == ["line-1"] and d.model_sha256 for d in devices)
+        assert {t.device_id for t in telemetry} == set(DEVICES)
+        # dev-0's topic, but a telemetry report for dev-1; then bytes that are not JSON.
+        spoof = telemetry[-1]._mapping
+        fake = {
+            "device_id": "dev-1" if spoof["device_id"] != "dev-1" else "dev-2",
+            "msg_id": "spoofed",
+            "seq": 10**9,
+            "ts": "2026-01-01T00:00:00Z",
+        }
+        intruder.publish("edgesdk/devices/dev-0/telemetry", json.dumps(fake).encode(), qos=1)
+        intruder.publish("edgesdk/devices/dev-0/events", b"\xff not json", qos=1)
+        deadline = time.monotonic() + 30
+        counters: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            counters = read_counters(engine, "db")
+            if counters.get("impersonating", 0) >= 1 and counters.get("malformed", 0) >= 1:
+                break
+            time.sleep(0.3)
+        assert counters.get("impersonating") == 1 and counters.get("malformed") == 1, counters
+        with engine.connect() as db:
+            assert not db.execute(schema.telemetry.select().where(schema.telemetry.c.msg_id == "spoofed")).all()
+        assert proc.poll() is None  # still serving
+    finally:
+        intruder.stop()
+        proc.terminate()
+        proc.wait(30)
+        engine.dispose()
+
+
+def test_submit_cli_and_its_bad_input(tmp_path: Path, edgesdk_cli, digits, tmp_path_factory) -> None:
+    from tests.conftest import assert_one_line_error
+
+    bundles = build_ota_bundles(digits, tmp_path_factory.mktemp("submit-bundles"))
+    db = f"sqlite:///{tmp_path / 'svc.sqlite3'}"
+    ok = edgesdk_cli("fleet", "submit", str(bundles.v2), "--db", db, "--devices", "a,b,c", "--canary", "33%", "--json")
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["state"] == "PENDING" and report["devices"] == 3 and list(report["waves"]) == ["0", "1", "2"]
+    bad_db = edgesdk_cli("fleet", "submit", str(bundles.v2), "--db", "mysql://x/y", "--devices", "a")
+    assert_one_line_error(bad_db, "'mysql://x/y'")
+    no_group = edgesdk_cli("fleet", "submit", str(bundles.v2), "--db", db, "--group", "nobody-here")
+    assert_one_line_error(no_group, "'nobody-here'")
+    both = edgesdk_cli("fleet", "submit", str(bundles.v2), "--db", db, "--group", "g", "--devices", "a")
+    assert_one_line_error(both, "exactly one of --group")
+    bad_retention = edgesdk_cli(
+        "fleet", "serve", "--broker", "mqtt://127.0.0.1:9", "--db", db, "--raw-retention", "forever"
+    )
+    assert_one_line_error(bad_retention, "--raw-retention", "'forever'")
