@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--operator-key", required=True)
     parser.add_argument("--kill-at", default=None)
     parser.add_argument("--poll", type=float, default=0.1)
+    parser.add_argument("--api", default=None, help="HOST:PORT of the REST API (port 0: any)")
+    parser.add_argument("--data-dir", default=".")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -52,11 +54,22 @@ def main() -> None:
     from edgesdk.mqtt.client import ClientOptions
 
     options = ClientOptions(client_id=service_client_id("edgesdk"), broker_url=args.broker, backoff_max_s=1.0)
-    settings = ServiceSettings(db_url=args.db, poll_s=args.poll, maintenance_interval_s=5.0)
+    from pathlib import Path
+
+    settings = ServiceSettings(
+        db_url=args.db,
+        poll_s=args.poll,
+        maintenance_interval_s=5.0,
+        api_bind=args.api,
+        data_dir=Path(args.data_dir),
+        registry_path=Path(args.data_dir) / "enrollment.json",
+    )
     service = FleetService(
         settings, options, load_publisher_private_key(args.operator_key), on_progress=killer(args.kill_at)
     ).start()
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    if service.api is not None:
+        (Path(args.data_dir) / "api.port").write_text(str(service.api.port))
     print("SERVICE READY", file=sys.stderr, flush=True)
     service.serve_forever()
 

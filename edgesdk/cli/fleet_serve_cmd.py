@@ -1,7 +1,9 @@
-"""``edgesdk fleet serve``: run the fleet service; ``fleet submit``: hand it a rollout.
+"""``edgesdk fleet serve``: run the fleet service; ``fleet serve token``: its operator tokens;
+``fleet submit``: hand it a rollout through its database.
 
 ``serve`` runs until SIGTERM/SIGINT (a clean stop: running deployments stay IN_PROGRESS and
-resume at the next start) and logs each rollout event as one line. ``submit`` writes a PENDING
+resume at the next start) and logs each rollout event as one line; with ``--api HOST:PORT`` it
+also serves the REST API. ``submit`` writes a PENDING
 deployment into the service's database, which the running service picks up; it needs no
 broker connection and returns at once (``fleet status --server`` follows it later).
 """
@@ -45,8 +47,8 @@ def _db_url(db_url: str | None, data_dir: Path) -> str:
     return db_url or default_db_url(data_dir)
 
 
-@click.command("serve")
-@broker_options
+@click.group("serve", invoke_without_command=True)
+@broker_options(required=False)
 @_db_option
 @_data_dir_option
 @click.option(
@@ -59,16 +61,33 @@ def _db_url(db_url: str | None, data_dir: Path) -> str:
 @click.option("--raw-retention", default="7d", show_default=True, help="Keep raw telemetry this long.")
 @click.option("--minutely-retention", default="180d", show_default=True, help="Keep per-minute aggregates this long.")
 @click.option("--maintenance-interval", default="60s", show_default=True, help="Downsample and prune this often.")
+@click.option("--api", "api_bind", default=None, help="Serve the REST API on HOST:PORT (e.g. 127.0.0.1:8080).")
+@click.option(
+    "--registry",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Enrollment registry that API approvals are written to (default DATA_DIR/enrollment.json).",
+)
+@click.pass_context
 def serve(
+    ctx: click.Context,
     db_url: str | None,
     data_dir: Path,
     key_path: Path | None,
     raw_retention: str,
     minutely_retention: str,
     maintenance_interval: str,
+    api_bind: str | None,
+    registry: Path | None,
     **params: Any,
 ) -> None:
     """Run the fleet service: ingest device messages into a database and drive rollouts."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not params.get("broker"):
+        raise UsageError("edgesdk fleet serve needs --broker mqtt://HOST:PORT (or EDGESDK_BROKER)")
+    from dataclasses import replace
+
     from edgesdk.cli.fleet_cmd import client_options_from
     from edgesdk.fleet.service.retention import Retention
     from edgesdk.fleet.service.service import FleetService, ServiceSettings, service_client_id
@@ -83,17 +102,95 @@ def serve(
         retention=retention,
         maintenance_interval_s=_duration(maintenance_interval, "--maintenance-interval"),
         connect_timeout_s=float(params.get("connect_timeout") or 10.0),
+        data_dir=data_dir,
+        api_bind=api_bind,
+        registry_path=registry or data_dir / "enrollment.json",
     )
+    if api_bind is not None:
+        from edgesdk.fleet.service.api_server import parse_bind
+
+        parse_bind(api_bind)  # a bad value fails before the broker is touched
     options = client_options_from(params, service_client_id(params["namespace"]))
     # A persistent session: statuses devices publish while the service restarts wait for it.
-    options = type(options)(**{**options.__dict__, "clean_start": False, "session_expiry_s": 7 * 24 * 3600})
+    options = replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
     service = FleetService(settings, options, _operator_key(key_path)).start()
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
-    console().print(f"fleet service on {params['broker']} (namespace {settings.namespace}), database ready")
+    where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
+    console().print(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}")
     service.serve_forever()
+
+
+@serve.group("token")
+def token() -> None:
+    """Operator tokens of the service's REST API (shown once when created)."""
+
+
+@token.command("create")
+@_db_option
+@_data_dir_option
+@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), required=True, help="What it may do.")
+@click.option("--name", required=True, help="Who holds it (written to the audit log).")
+@json_option
+def token_create(db_url: str | None, data_dir: Path, role: str, name: str, as_json: bool) -> None:
+    """Make a token; prints it once (the database keeps only its hash)."""
+    import getpass
+
+    from edgesdk.fleet.service.tokens import create_token
+
+    engine = _migrated(db_url, data_dir)
+    token_id, secret = create_token(engine, name=name, role=role, created_by=f"cli:{getpass.getuser()}")
+    engine.dispose()
+    if as_json:
+        print_json({"id": token_id, "name": name, "role": role, "token": secret})
+    else:
+        click.echo(secret)
+
+
+@token.command("list")
+@_db_option
+@_data_dir_option
+@json_option
+def token_list(db_url: str | None, data_dir: Path, as_json: bool) -> None:
+    """Every token (id, holder, role, created, revoked); never the tokens themselves."""
+    from edgesdk.cli.output import print_table
+    from edgesdk.fleet.service.tokens import list_tokens
+
+    engine = _migrated(db_url, data_dir)
+    rows = list_tokens(engine)
+    engine.dispose()
+    if as_json:
+        print_json(rows)
+    else:
+        print_table(
+            "tokens",
+            ["id", "name", "role", "revoked"],
+            [(r["id"], r["name"], r["role"], bool(r["revoked"])) for r in rows],
+        )
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@_db_option
+@_data_dir_option
+def token_revoke(token_id: str, db_url: str | None, data_dir: Path) -> None:
+    """Refuse token TOKEN_ID from now on."""
+    from edgesdk.fleet.service.tokens import revoke_token
+
+    engine = _migrated(db_url, data_dir)
+    revoke_token(engine, token_id)
+    engine.dispose()
+    console().print(f"token {token_id} revoked")
+
+
+def _migrated(db_url: str | None, data_dir: Path) -> Any:
+    from edgesdk.fleet.service.database import migrate, open_engine
+
+    engine = open_engine(_db_url(db_url, data_dir))
+    migrate(engine)
+    return engine
 
 
 def _duration(text: str, option: str) -> float:
@@ -142,9 +239,8 @@ def submit(
 ) -> None:
     """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
     from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves
-    from edgesdk.fleet.service.database import migrate, open_engine
-    from edgesdk.fleet.service.service import submit_deployment
     from edgesdk.fleet.service.store import SqlRolloutStore
+    from edgesdk.fleet.service.submit import submit_deployment
     from edgesdk.schemas.messages import HealthCriteria
 
     plan = RolloutPlan(
@@ -157,8 +253,7 @@ def submit(
     )
     if not bundle.is_file():
         raise UsageError(f"bundle file {str(bundle)!r} not found")
-    engine = open_engine(_db_url(db_url, data_dir))
-    migrate(engine)
+    engine = _migrated(db_url, data_dir)
     store = SqlRolloutStore(engine)
     message = submit_deployment(
         store,

@@ -29,8 +29,8 @@ from edgesdk.fleet.rollout import RolloutPlan  # noqa: E402
 from edgesdk.fleet.service import schema  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import read_counters  # noqa: E402
-from edgesdk.fleet.service.service import submit_deployment  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
+from edgesdk.fleet.service.submit import submit_deployment  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto  # noqa: E402
 from tests.agent_helpers import AgentProcess, run_agent_cli  # noqa: E402
 from tests.ota_helpers import OtaBundles, build_ota_bundles, make_mqtt_device  # noqa: E402
@@ -128,12 +128,23 @@ class Service:
 
     def _argv(self, kill_at: str | None) -> list[str]:
         argv = [*SERVICE, "--db", self.db_url, "--broker", self.fleet.broker.url]
-        argv += ["--operator-key", str(self.fleet.bundles.operator_key)]
+        argv += ["--operator-key", str(self.fleet.bundles.operator_key), "--data-dir", str(self.log_dir)]
+        argv += ["--api", "127.0.0.1:0"] if self.api else []
         return argv + (["--kill-at", kill_at] if kill_at else [])
+
+    api = False
+
+    def api_url(self, timeout: float = 60) -> str:
+        port_file = self.log_dir / "api.port"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not port_file.exists():
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port_file.read_text()}"
 
     def start(self, kill_at: str | None = None) -> tuple[subprocess.Popen[str], Path]:
         self.runs += 1
         log = self.log_dir / f"service-{self.runs}-{kill_at or 'clean'}.log"
+        (self.log_dir / "api.port").unlink(missing_ok=True)
         handle = open(log, "w")  # noqa: SIM115 - the child owns it
         return subprocess.Popen(self._argv(kill_at), stdout=handle, stderr=subprocess.STDOUT, text=True), log
 
@@ -316,3 +327,135 @@ def test_submit_cli_and_its_bad_input(tmp_path: Path, edgesdk_cli, digits, tmp_p
         "fleet", "serve", "--broker", "mqtt://127.0.0.1:9", "--db", db, "--raw-retention", "forever"
     )
     assert_one_line_error(bad_retention, "--raw-retention", "'forever'")
+
+
+def _call(url: str, token: str, method: str = "GET", body: Any = None, raw: bytes | None = None) -> Any:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    headers = {"Authorization": f"Bearer {token}"}
+    if raw is not None:
+        headers["Content-Type"] = "application/octet-stream"
+    elif body is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_api_upload_push_watch_rollback_and_refusals(fleet: Fleet, db_url: str, tmp_path: Path, edgesdk_cli) -> None:
+    import urllib.error
+
+    tokens = {}
+    for role in ("viewer", "operator"):
+        made = edgesdk_cli(
+            "fleet", "serve", "token", "create", "--role", role, "--name", f"{role}-1", "--db", db_url, "--json"
+        )
+        assert made.returncode == 0, made.stderr
+        tokens[role] = json.loads(made.stdout)["token"]
+    service = Service(fleet, db_url, tmp_path)
+    service.api = True
+    proc, log = service.start()
+    try:
+        base = service.api_url() + "/api/v1"
+        before = fleet.releases()
+        deadline = time.monotonic() + 60  # the ingest learns the devices and their group
+        while time.monotonic() < deadline:
+            known = _call(f"{base}/devices?group=line-1&state=online", tokens["viewer"])
+            if known["total"] == 3:
+                break
+            time.sleep(0.3)
+        assert known["total"] == 3, log.read_text()[-2000:]
+        bundle = fleet.bundle(bad=False)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _call(f"{base}/bundles?filename={bundle.name}", tokens["viewer"], "POST", raw=bundle.read_bytes())
+        assert refused.value.code == 403
+        uploaded = _call(f"{base}/bundles?filename={bundle.name}", tokens["operator"], "POST", raw=bundle.read_bytes())
+        plan = {"bundle_id": uploaded["id"], "group": "line-1", "canary": 0.33, "waves": [1.0], "max_failures": 0.0}
+        created = _call(f"{base}/deployments", tokens["operator"], "POST", {**plan, "probation_s": 2.0})
+        deployment_id = created["deployment_id"]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            report = _call(f"{base}/deployments/{deployment_id}", tokens["viewer"])
+            if report["state"] in FINISHED_ROLLOUT_STATES:
+                break
+            time.sleep(0.5)
+        assert report["state"] == "SUCCEEDED", report
+        assert set(fleet.releases().values()) == {uploaded["model_release"]}
+        assert {e["state"] for e in report["timeline"]} >= {"COMMITTED"}
+        committed = _call(f"{base}/devices?version={uploaded['model_version']}", tokens["viewer"])
+        deadline = time.monotonic() + 30  # presence/telemetry report the new model
+        while committed["total"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            committed = _call(f"{base}/devices?version={uploaded['model_version']}", tokens["viewer"])
+        assert committed["total"] == 3
+
+        rolled = _call(f"{base}/deployments/{deployment_id}/rollback", tokens["operator"], "POST", {"reason": "test"})
+        assert rolled["asked"] == 3 and rolled["state"] == "ROLLED_BACK"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and fleet.releases() != before:
+            time.sleep(0.5)
+        assert fleet.releases() == before
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            urllib.request.urlopen(
+                urllib.request.Request(f"{base}/deployments/{deployment_id}/abort", data=b"", method="POST")
+            )
+        assert anonymous.value.code == 401
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_cli_through_the_service(fleet: Fleet, tmp_path: Path, edgesdk_cli) -> None:
+    from tests.conftest import assert_one_line_error
+
+    db_url = f"sqlite:///{tmp_path / 'cli.sqlite3'}"
+    token_files = {}
+    for role in ("viewer", "operator"):
+        made = edgesdk_cli("fleet", "serve", "token", "create", "--role", role, "--name", f"cli-{role}", "--db", db_url)
+        assert made.returncode == 0, made.stderr
+        token_files[role] = tmp_path / f"{role}.token"
+        token_files[role].write_text(made.stdout.strip() + "\n")
+    service = Service(fleet, db_url, tmp_path)
+    service.api = True
+    proc, log = service.start()
+    try:
+        server = service.api_url()
+        as_operator = ["--server", server, "--token-file", str(token_files["operator"])]
+        as_viewer = ["--server", server, "--token-file", str(token_files["viewer"])]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listing = edgesdk_cli("fleet", "devices", "--group", "line-1", "--json", *as_viewer)
+            assert listing.returncode == 0, listing.stderr
+            if json.loads(listing.stdout)["total"] == 3:
+                break
+            time.sleep(0.5)
+        table = edgesdk_cli("fleet", "devices", *as_viewer)
+        assert "3 device(s), 3 online" in table.stdout, table.stdout + table.stderr
+        before = fleet.releases()
+        bundle = fleet.bundle(bad=False)
+        push = edgesdk_cli(
+            "fleet", "push", str(bundle), "--devices", ",".join(DEVICES), "--canary", "0%", "--waves", "100%",
+            "--probation", "1s", "--max-failures", "0%", "--deployment-id", "cli-svc-1", *as_operator,
+        )  # fmt: skip
+        assert push.returncode == 0, push.stderr + push.stdout + log.read_text()[-2000:]
+        assert "SUCCEEDED" in push.stdout
+        status = edgesdk_cli("fleet", "status", "cli-svc-1", "--json", *as_viewer)
+        assert json.loads(status.stdout)["by_state"] == {"COMMITTED": 3}
+        assert "cli-svc-1" in edgesdk_cli("fleet", "status", *as_viewer).stdout
+        refused = edgesdk_cli("fleet", "rollback", "cli-svc-1", *as_viewer)
+        assert_one_line_error(refused, "403", "operator role")
+        assert_one_line_error(edgesdk_cli("fleet", "abort", "nope", *as_operator), "404", "'nope'")
+        rollback = edgesdk_cli("fleet", "rollback", "cli-svc-1", "--wait", "90s", "--json", *as_operator)
+        assert rollback.returncode == 0, rollback.stderr
+        assert fleet.releases() == before
+        enrolled = edgesdk_cli("fleet", "enroll", "list", "--json", *as_viewer)
+        assert sorted(r["device_id"] for r in json.loads(enrolled.stdout)) == DEVICES
+        approved = edgesdk_cli("fleet", "enroll", "approve", "dev-0", "--json", *as_operator)
+        assert approved.returncode == 0 and json.loads(approved.stdout)["status"] == "approved", approved.stderr
+        assert_one_line_error(edgesdk_cli("fleet", "enroll", "revoke", "dev-0", *as_operator), "admin role")
+        unreachable = edgesdk_cli(
+            "fleet", "status", "--server", "http://127.0.0.1:9", "--token-file", str(token_files["viewer"])
+        )
+        assert_one_line_error(unreachable, "127.0.0.1:9")
+    finally:
+        proc.terminate()
+        proc.wait(30)

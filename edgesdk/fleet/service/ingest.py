@@ -174,6 +174,18 @@ class Ingest:
                     }
                 ],
             )
+            devices = schema.devices
+            values = {"ota_state": status.state, "ota_deployment_id": status.deployment_id}
+            known = db.execute(sa.select(devices.c.device_id).where(devices.c.device_id == status.device_id)).first()
+            ts = status.ts.timestamp()
+            if known is None:
+                db.execute(
+                    devices.insert().values(
+                        device_id=status.device_id, groups="[]", first_seen=time.time(), last_seen=ts, **values
+                    )
+                )
+            else:
+                db.execute(devices.update().where(devices.c.device_id == status.device_id).values(**values))
         self.store.record_status(status)
         self._count("ota_status")
 

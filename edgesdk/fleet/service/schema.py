@@ -102,6 +102,8 @@ devices = Table(
     Column("telemetry_seq", BigInteger),
     Column("first_seen", Float, nullable=False),
     Column("last_seen", Float, nullable=False),
+    Column("ota_state", String(16)),  # the last OTA status the device reported (revision 0002)
+    Column("ota_deployment_id", String(64)),
 )
 
 telemetry = Table(
@@ -201,4 +203,52 @@ service_counters = Table(
     metadata,
     Column("name", String(64), primary_key=True),
     Column("value", BigInteger, nullable=False),
+)
+
+
+# -- the REST API (revision 0002) ---------------------------------------------------------------
+
+#: Operator tokens: only the SHA-256 of each token is stored (tokens are 256-bit random, so a
+#: fast hash is enough); ``revoked`` set means refused.
+operator_tokens = Table(
+    "operator_tokens",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("role", String(16), nullable=False),  # viewer | operator | admin
+    Column("token_sha256", String(64), nullable=False, unique=True),
+    Column("created", Float, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("revoked", Float),
+)
+
+#: Every write through the API, allowed or refused: who, what, when, the outcome.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("actor", String(128), nullable=False),  # token name and id, or "anonymous"
+    Column("role", String(16)),
+    Column("action", String(64), nullable=False),  # e.g. deployment.create
+    Column("target", String(128), nullable=False, default=""),
+    Column("outcome", String(16), nullable=False),  # ok | refused | failed
+    Column("detail", Text, nullable=False, default="{}"),
+    Index("ix_audit_log_ts", "ts"),
+)
+
+#: Bundles uploaded to the service (the file lives in DATA_DIR/bundles, named by its hash).
+bundles = Table(
+    "bundles",
+    metadata,
+    Column("id", String(16), primary_key=True),  # the first 16 hex digits of the SHA-256
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("filename", String(255), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("model_name", String(128), nullable=False),
+    Column("model_version", String(64), nullable=False),
+    Column("model_release", Integer, nullable=False),
+    Column("uploaded", Float, nullable=False),
+    Column("uploaded_by", String(128), nullable=False),
 )

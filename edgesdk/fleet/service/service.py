@@ -19,17 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from edgesdk.errors import EdgeSDKError, LinkError, UsageError
+from edgesdk.errors import EdgeSDKError, LinkError
 from edgesdk.fleet.deployments import IN_PROGRESS, PENDING
-from edgesdk.fleet.rollout import RolloutController, RolloutPlan, create_deployment
-from edgesdk.fleet.service import schema
-from edgesdk.fleet.service.database import Transaction, migrate, open_engine, safe_url
+from edgesdk.fleet.rollout import RolloutController
+from edgesdk.fleet.service.database import migrate, open_engine, safe_url
 from edgesdk.fleet.service.ingest import Ingest
 from edgesdk.fleet.service.retention import Retention, downsample, prune
 from edgesdk.fleet.service.store import SqlRolloutStore
-from edgesdk.schemas.messages import Deployment, HealthCriteria
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +43,9 @@ class ServiceSettings:
     poll_s: float = 0.2
     retry_s: float = 5.0  # wait before driving a deployment again after its run raised
     connect_timeout_s: float = 10.0
+    data_dir: Path = Path(".")  # uploaded bundles live in DATA_DIR/bundles
+    api_bind: str | None = None  # HOST:PORT of the REST API and dashboard; None: no HTTP
+    registry_path: Path | None = None  # the enrollment registry approvals are written to
 
 
 def service_client_id(namespace: str) -> str:
@@ -76,6 +75,7 @@ class FleetService:
         self.ingest: Ingest | None = None
         self.controller: RolloutController | None = None
         self.client: Any = None
+        self.api: Any = None
         self._runners: dict[str, threading.Thread] = {}
         self._retry_after: dict[str, float] = {}
         self._stop = threading.Event()
@@ -112,6 +112,18 @@ class FleetService:
         owed = self.controller.deliver_follow_ups()
         if owed:
             log.info("delivered %d command(s) owed by decisions of the previous run", owed)
+        if self.settings.api_bind is not None:
+            from edgesdk.fleet.service.api import ApiContext, create_app
+            from edgesdk.fleet.service.api_server import ApiServer
+
+            context = ApiContext(
+                engine=self.engine,
+                store=self.store,
+                commands=self.controller,
+                data_dir=self.settings.data_dir,
+                registry_path=self.settings.registry_path,
+            )
+            self.api = ApiServer(create_app(context), self.settings.api_bind).start()
         return self
 
     def serve_forever(self) -> None:
@@ -130,6 +142,8 @@ class FleetService:
         self._stop.set()
 
     def _shutdown(self) -> None:
+        if self.api is not None:
+            self.api.stop()
         if self.controller is not None:
             self.controller.stop()
         for runner in self._runners.values():
@@ -195,39 +209,3 @@ class FleetService:
                 log.debug("telemetry: %d minute aggregates written, deleted %s", minutes, deleted)
         except EdgeSDKError as exc:
             log.error("telemetry maintenance failed (retried next interval): %s", exc)
-
-
-# -- submitting work (the CLI, the tests, later the REST API) -----------------------------------
-
-
-def submit_deployment(
-    store: SqlRolloutStore,
-    bundle: Path,
-    plan: RolloutPlan,
-    *,
-    devices: list[str] | None = None,
-    group: str | None = None,
-    deployment_id: str | None = None,
-    health: HealthCriteria | None = None,
-    chunk_size: int | None = None,
-    url: str | None = None,
-) -> Deployment:
-    """Store a PENDING deployment of ``bundle`` to ``devices`` or the known members of ``group``;
-    the running service starts it at its next poll."""
-    if (devices is None) == (group is None):
-        raise UsageError("give exactly one of --group G or --devices A,B")
-    targets = devices if devices is not None else devices_in_group(store.engine, group or "")
-    return create_deployment(
-        store, bundle, targets, plan, deployment_id=deployment_id, health=health, chunk_size=chunk_size, url=url
-    )
-
-
-def devices_in_group(engine: Any, group: str) -> list[str]:
-    """Devices whose last presence listed ``group`` (online or not)."""
-    table = schema.devices
-    with Transaction(engine) as db:
-        rows = db.execute(sa.select(table.c.device_id, table.c.groups)).all()
-    found = sorted(r.device_id for r in rows if group in json.loads(r.groups or "[]"))
-    if not found:
-        raise UsageError(f"no device of group {group!r} is known to the fleet service")
-    return found

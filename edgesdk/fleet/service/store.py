@@ -71,13 +71,18 @@ class SqlRolloutStore:
         except IntegrityError as exc:
             raise UsageError(f"deployment {message.deployment_id!r} already exists; pick another id") from exc
 
-    def get(self, deployment_id: str) -> DeploymentRow:
+    def find(self, deployment_id: str) -> DeploymentRow | None:
+        """The deployment, or None when there is none with this id."""
         with self._begin() as db:
             row = db.execute(sa.select(schema.deployments).where(schema.deployments.c.id == deployment_id)).first()
+        return None if row is None else _deployment(row)
+
+    def get(self, deployment_id: str) -> DeploymentRow:
+        row = self.find(deployment_id)
         if row is None:
             known = [r.id for r in self.all()][-10:]
             raise UsageError(f"deployment {deployment_id!r} not found; recent: {', '.join(known) or 'none'}")
-        return _deployment(row)
+        return row
 
     def all(self) -> list[DeploymentRow]:
         with self._begin() as db:
