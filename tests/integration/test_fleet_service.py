@@ -387,6 +387,11 @@ def test_api_upload_push_watch_rollback_and_refusals(fleet: Fleet, db_url: str, 
             time.sleep(0.5)
             committed = _call(f"{base}/devices?version={uploaded['model_version']}", tokens["viewer"])
         assert committed["total"] == 3
+        with urllib.request.urlopen(service.api_url() + "/metrics", timeout=30) as response:  # no token: a scraper
+            page = response.read().decode()
+        assert f'edgesdk_fleet_rollout_info{{deployment="{deployment_id}",state="SUCCEEDED"}} 1.0' in page
+        assert 'edgesdk_fleet_devices{state="online"} 3.0' in page
+        assert f'edgesdk_fleet_rollout_devices{{deployment="{deployment_id}",state="COMMITTED"}} 3.0' in page
 
         rolled = _call(f"{base}/deployments/{deployment_id}/rollback", tokens["operator"], "POST", {"reason": "test"})
         assert rolled["asked"] == 3 and rolled["state"] == "ROLLED_BACK"

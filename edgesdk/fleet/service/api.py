@@ -435,6 +435,17 @@ def create_app(context: ApiContext) -> FastAPI:
     ) -> list[dict[str, Any]]:
         return audit.entries(engine, limit=limit)
 
+    from fastapi.responses import PlainTextResponse
+
+    from edgesdk.fleet.service.metrics import FleetMetrics
+
+    metrics = FleetMetrics(engine)
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"])
+    def prometheus_metrics() -> PlainTextResponse:
+        """The fleet for Prometheus (no token: bind the service where only the scraper reaches it)."""
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @app.get("/api/v1/stats", tags=["operators"])
     def stats(_op: tokens.Operator = Depends(who("viewer", "stats.read"))) -> dict[str, Any]:
         return {"ingest": read_counters(engine, context.store.where)}
