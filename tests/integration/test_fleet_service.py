@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -464,3 +465,103 @@ def test_cli_through_the_service(fleet: Fleet, tmp_path: Path, edgesdk_cli) -> N
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) -> None:
+    """Debian's chromium driven by Playwright (never ``playwright install``): sign in, see the
+    devices, upload a bundle and start a rollout, watch it finish, roll it back with the button,
+    then see a canary that fails its probation roll back. Screenshots of each page go to the
+    test's directory, or to docs/images/ with EDGESDK_UPDATE_SCREENSHOTS=1 (how the docs' were made)."""
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).is_file():
+        pytest.skip("Debian's chromium is not installed (scripts/test installs it)")
+    import os
+
+    docs_images = Path(__file__).resolve().parents[2] / "docs" / "images"
+    images = docs_images if os.environ.get("EDGESDK_UPDATE_SCREENSHOTS") == "1" else tmp_path / "screenshots"
+    images.mkdir(parents=True, exist_ok=True)
+    db_url = f"sqlite:///{tmp_path / 'ui.sqlite3'}"
+    made = edgesdk_cli("fleet", "serve", "token", "create", "--role", "operator", "--name", "ana", "--db", db_url)
+    assert made.returncode == 0, made.stderr
+    service = Service(fleet, db_url, tmp_path)
+    service.api = True
+    proc, log = service.start()
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
+    try:
+        base = service.api_url()
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(base + "/")
+            assert page.url.endswith("/login")
+            page.fill("#token", made.stdout.strip())
+            page.click("#sign-in")
+            for device_id in DEVICES:  # the page reloads itself until the ingest has them
+                page.wait_for_selector(f"#device-{device_id}", timeout=90_000)
+            page.wait_for_function("document.querySelectorAll('#devices .ok').length >= 3", timeout=90_000)
+            page.screenshot(path=str(images / "fleet-overview.png"), full_page=True)
+
+            def start_rollout(bundle: Path, **fields: str) -> None:
+                page.goto(base + "/")
+                page.set_input_files("#bundle-file", str(bundle))
+                with page.expect_navigation():
+                    page.click("#upload")
+                page.select_option("#bundle", label=page.locator("#bundle option", has_text=bundle.name).inner_text())
+                page.fill("#target", "line-1")
+                for name, value in {"canary": "33%", "waves": "100%", "max_failures": "0%", **fields}.items():
+                    page.fill(f"input[name={name}]", value)
+                with page.expect_navigation():
+                    page.click("#start-rollout")
+                assert "/ui/deployments/" in page.url, page.inner_text("main")
+
+            def wait_state(state: str) -> None:
+                page.wait_for_function(
+                    f"document.getElementById('rollout-state') && "
+                    f"document.getElementById('rollout-state').textContent.trim() === '{state}'",
+                    timeout=180_000,
+                )
+
+            before = fleet.releases()
+            good = fleet.bundle(bad=False)
+            start_rollout(good, probation_s="2")
+            wait_state("SUCCEEDED")
+            assert set(fleet.releases().values()) == {int(good.stem[1:])}
+            page.screenshot(path=str(images / "fleet-rollout.png"), full_page=True)
+            with page.expect_navigation():
+                page.click("#rollback")
+            wait_state("ROLLED_BACK")
+            page.wait_for_function("document.querySelectorAll('.wave .state .bad').length === 3", timeout=120_000)
+            assert fleet.releases() == before
+
+            page.goto(f"{base}/ui/devices/dev-0")
+            page.wait_for_selector("svg")
+            page.screenshot(path=str(images / "fleet-device.png"), full_page=True)
+
+            slow = fleet.bundle(bad=False)
+            start_rollout(slow, probation_s="20", p95_ms="0.0001")  # no model is this fast: probation fails
+            wait_state("ABORTED")
+            page.wait_for_function(
+                "Array.from(document.querySelectorAll('.wave .state')).some(c => c.textContent === 'ROLLED_BACK')",
+                timeout=120_000,
+            )
+            reasons = " ".join(page.locator(".wave .reason").all_inner_texts())
+            assert "p95 latency" in reasons, reasons
+            assert "failed in waves 0..0" in page.inner_text("#rollout-reason")
+            page.screenshot(path=str(images / "fleet-rollout-failed.png"), full_page=True)
+            assert fleet.releases() == before  # the canary rolled back, the others were never sent
+            browser.close()
+        assert all((images / f"fleet-{name}.png").stat().st_size > 10_000 for name in ("overview", "rollout", "device"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.returncode not in (0, -15):
+            print(log.read_text()[-3000:])

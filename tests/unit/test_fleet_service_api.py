@@ -154,3 +154,55 @@ def test_lookups_filters_validation_and_the_openapi_document(api) -> None:
     )
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert client.get("/docs").status_code == 404  # the docs page would load scripts from a CDN
+
+
+def test_dashboard_pages_sign_in_and_refuse_viewer_and_forged_writes(api, tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from edgesdk.fleet.service.dashboard import COOKIE, csrf_for
+    from edgesdk.fleet.service.ingest import Ingest
+
+    client, keys, engine, store, commands = api
+    bundle = tmp_path / "b.edgepkg"
+    bundle.write_bytes(b"x")
+    store.create(_template("dep-ui"), bundle, {"canary": 0.3, "waves": [1.0]}, [["dev-1"], ["dev-2"]])
+    ingest = Ingest(engine, "edgesdk", store).start()
+    ingest.handle("edgesdk/devices/dev-1/telemetry", _telemetry("dev-1", 1, datetime.now(timezone.utc), 2.0))
+    assert ingest.drain(10)
+    ingest.stop()
+
+    assert client.get("/", follow_redirects=False).headers["location"] == "/login"
+    wrong = client.post("/login", data={"token": "esf_x_y"}, follow_redirects=False)
+    assert "error=" in wrong.headers["location"]
+    viewer = client.post("/login", data={"token": keys["viewer"]}, follow_redirects=False)
+    assert viewer.status_code == 303 and COOKIE in viewer.cookies
+    page = client.get("/").text
+    assert 'id="device-dev-1"' in page and "dep-ui" in page and "start-rollout" not in page
+    device = client.get("/ui/devices/dev-1").text
+    assert "<svg" in device and "latency" in device and "a" * 64 in device  # the model hash
+    rollout = client.get("/ui/deployments/dep-ui").text
+    assert "canary" in rollout and 'id="abort"' not in rollout  # a viewer gets no buttons
+    refused = client.post(
+        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(keys["viewer"])}, follow_redirects=False
+    )
+    assert "operator%20role" in refused.headers["location"] and commands.calls == []
+
+    client.cookies.clear()
+    assert client.post("/login", data={"token": keys["operator"]}).status_code == 200
+    rollout = client.get("/ui/deployments/dep-ui").text
+    assert 'id="abort"' in rollout and 'id="rollback"' in rollout
+    forged = client.post("/ui/deployments/dep-ui/abort", data={"csrf": "0" * 32}, follow_redirects=False)
+    assert "stale" in forged.headers["location"] and commands.calls == []
+    done = client.post(
+        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(keys["operator"])}, follow_redirects=False
+    )
+    assert done.status_code == 303 and commands.calls == [("abort", "dep-ui", "abort by operator-person (dashboard)")]
+    actions = [(e["actor"].split(" ")[0], e["action"], e["outcome"]) for e in audit.entries(engine)][:5]
+    assert actions == [
+        ("operator-person", "deployment.abort", "ok"),
+        ("operator-person", "deployment.abort", "refused"),  # the forged form
+        ("operator-person", "dashboard.login", "ok"),
+        ("viewer-person", "deployment.abort", "refused"),
+        ("viewer-person", "dashboard.login", "ok"),
+    ]
+    assert "no-model" not in client.get("/").text and "cdn" not in client.get("/").text.lower()

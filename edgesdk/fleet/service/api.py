@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError
@@ -35,6 +35,7 @@ from edgesdk.fleet.service.api_schemas import (
 )
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
+from edgesdk.fleet.service.metrics import FleetMetrics
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
@@ -102,21 +103,7 @@ def create_app(context: ApiContext) -> FastAPI:
         return dependency
 
     def audited(operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
-        try:
-            result = work()
-        except EdgeSDKError as exc:
-            audit.record(
-                engine,
-                actor=operator.actor,
-                role=operator.role,
-                action=action,
-                target=target,
-                outcome="failed",
-                detail={**detail, "error": str(exc)},
-            )
-            raise
-        audit.record(engine, actor=operator.actor, role=operator.role, action=action, target=target, detail=detail)
-        return result
+        return audit.audited(engine, operator, action, target, work, detail)
 
     @app.exception_handler(EdgeSDKError)
     def _edgesdk_error(_request: Request, exc: EdgeSDKError) -> JSONResponse:
@@ -435,16 +422,16 @@ def create_app(context: ApiContext) -> FastAPI:
     ) -> list[dict[str, Any]]:
         return audit.entries(engine, limit=limit)
 
-    from fastapi.responses import PlainTextResponse
-
-    from edgesdk.fleet.service.metrics import FleetMetrics
-
     metrics = FleetMetrics(engine)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"])
     def prometheus_metrics() -> PlainTextResponse:
         """The fleet for Prometheus (no token: bind the service where only the scraper reaches it)."""
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    from edgesdk.fleet.service.dashboard import add_dashboard
+
+    add_dashboard(app, context)
 
     @app.get("/api/v1/stats", tags=["operators"])
     def stats(_op: tokens.Operator = Depends(who("viewer", "stats.read"))) -> dict[str, Any]:

@@ -53,3 +53,27 @@ def entries(engine: Any, *, limit: int = 200) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def audited(
+    engine: Any, operator: Any, action: str, target: str, work: Any, detail: dict[str, Any] | None = None
+) -> Any:
+    """Run ``work()`` and record it as done by ``operator`` (``ok``, or ``failed`` with the
+    error, which is raised again)."""
+    from edgesdk.errors import EdgeSDKError
+
+    try:
+        result = work()
+    except EdgeSDKError as exc:
+        record(
+            engine,
+            actor=operator.actor,
+            role=operator.role,
+            action=action,
+            target=target,
+            outcome="failed",
+            detail={**(detail or {}), "error": str(exc)},
+        )
+        raise
+    record(engine, actor=operator.actor, role=operator.role, action=action, target=target, detail=detail)
+    return result
