@@ -30,7 +30,7 @@ from edgesdk.fleet.service import audit, bundles, schema, tokens
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
-from edgesdk.fleet.service.metrics import THERMAL_STATES
+from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
 
@@ -201,9 +201,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         now = time.time()
         with Transaction(engine) as db:
             devices = db.execute(sa.select(schema.devices).order_by(schema.devices.c.device_id)).all()
-            t = schema.telemetry
-            newest = sa.select(sa.func.max(t.c.id)).group_by(t.c.device_id).scalar_subquery()
-            latest = {r.device_id: r for r in db.execute(sa.select(t).where(t.c.id.in_(newest))).all()}
+            latest = {r.device_id: r for r in db.execute(latest_telemetry()).all()}
         deployments = [store.summary(row.id) for row in reversed(store.all()[-20:])]
         counters = read_counters(engine, "dashboard")
         online = sum(1 for d in devices if d.online)
