@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,9 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
     where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
-    console().print(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}")
+    # One unwrapped line (scripts and tests read the address from it).
+    click.echo(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}", nl=True)
+    sys.stdout.flush()
     service.serve_forever()
 
 

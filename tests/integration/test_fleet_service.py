@@ -565,3 +565,34 @@ def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) 
         proc.wait(30)
         if proc.returncode not in (0, -15):
             print(log.read_text()[-3000:])
+
+
+def test_the_real_serve_command_starts_answers_and_stops_cleanly(fleet: Fleet, tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    from tests.conftest import assert_one_line_error
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "edgesdk.cli.main", "fleet", "serve", "--broker", fleet.broker.url]
+    argv += ["--db", f"sqlite:///{tmp_path / 's.sqlite3'}", "--operator-key", str(fleet.bundles.operator_key)]
+    argv += ["--data-dir", str(tmp_path), "--namespace", "edgesdk-cli-test"]
+    bad = subprocess.run([*argv, "--api", "localhost:http"], capture_output=True, text=True, timeout=60)
+    assert_one_line_error(bad, "--api", "'localhost:http'")
+    proc = subprocess.Popen(
+        [*argv, "--api", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        assert f"API on http://127.0.0.1:{port}" in banner, banner + (proc.stderr.read() if proc.poll() else "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=10) as response:
+            assert response.status == 200 and b"Operator token" in response.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0  # a clean stop: rollouts stay IN_PROGRESS for the next start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
