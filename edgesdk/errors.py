@@ -50,6 +50,7 @@
     │   └── CommandRefused         (agent/ota/freshness.py) a signed command is replayed, expired, not yet valid or not for this device
     ├── ImageError                 a provisioning image cannot be built (recipe, wheelhouse)
     ├── EnrollmentError            a device cannot be enrolled, approved or revoked
+    ├── FleetServiceError          the fleet service's database cannot be opened, migrated or written
     └── DemoError                  (edgesdk/demo/story.py) a demo step could not finish
 
 Classes drawn with a module live next to the one part that raises them; the rest live here.
@@ -197,6 +198,10 @@ class ImageError(EdgeSDKError):
 
 class EnrollmentError(EdgeSDKError):
     """A device cannot be enrolled, approved or revoked (unknown device, bad key, registry)."""
+
+
+class FleetServiceError(EdgeSDKError):
+    """The fleet service's database cannot be opened, migrated or written (``edgesdk fleet serve``)."""
 
 
 class AgentRequestError(AgentError):

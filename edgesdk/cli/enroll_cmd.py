@@ -10,6 +10,7 @@ from typing import Any
 import click
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
+from edgesdk.cli.fleet_cmd import server_options
 from edgesdk.cli.output import json_option, print_json, print_table
 from edgesdk.errors import EnrollmentError
 from edgesdk.fleet.broker_credentials import (
@@ -85,13 +86,40 @@ def enroll() -> None:
     """Approve the devices whose keys bundles are encrypted to; revoke them."""
 
 
+def _server(broker: dict[str, Any]) -> Any:
+    from edgesdk.cli.fleet_cmd import service_client
+
+    return service_client(broker)
+
+
+def _print_service_row(row: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(row)
+    else:
+        click.echo(f"{row['device_id']}: {row['status']} (key id {row['key_id']})")
+
+
 @enroll.command("list")
 @registry_option
 @optional_broker_options
+@server_options
 @wait_option
 @json_option
 def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: Any) -> None:
-    """Approved and revoked devices, and (with --broker) devices waiting for approval."""
+    """Approved and revoked devices, and (with --broker) devices waiting for approval; with
+    --server, the fleet service's enrollment requests."""
+    client = _server(broker)
+    if client is not None:
+        requests = client.enrollment()
+        if as_json:
+            print_json(requests)
+            return
+        print_table(
+            f"{len(requests)} devices ({client.server})",
+            ["device", "status", "key id", "profile", "hostname"],
+            [(r["device_id"], r["status"], r["key_id"], r["profile"] or "-", r["hostname"] or "-") for r in requests],
+        )
+        return
     path = registry_path(registry)
     candidates = _candidates(broker, wait) if broker["broker"] else {}
     rows = enrollment_table(RegistryFile(path).load(), candidates)
@@ -119,6 +147,7 @@ def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: An
 @click.argument("device_id")
 @registry_option
 @optional_broker_options
+@server_options
 @wait_option
 @click.option(
     "--public-key", help="The device's public key (base64 or a PEM file) instead of reading it from --broker."
@@ -145,6 +174,10 @@ def approve(
     **broker: Any,
 ) -> None:
     """Approve DEVICE_ID: bundles packaged from now on are encrypted to its key too."""
+    client = _server(broker)
+    if client is not None:
+        _print_service_row(client.decide(device_id, "approve", replace=replace), as_json)
+        return
     profile = None
     if public_key is not None:
         key = decode_public_key(public_key)
@@ -203,9 +236,22 @@ def _issue_credentials(
 @registry_option
 @click.option("--reason", default="", help="Why (kept in the registry for the audit trail).")
 @device_passwords_option
+@server_options
 @json_option
-def revoke(device_id: str, registry: Path | None, reason: str, device_passwords: Path | None, as_json: bool) -> None:
+def revoke(
+    device_id: str,
+    registry: Path | None,
+    reason: str,
+    device_passwords: Path | None,
+    as_json: bool,
+    server: str | None,
+    token_file: Path | None,
+) -> None:
     """Revoke DEVICE_ID: bundles packaged from now on have no key slot for it."""
+    client = _server({"server": server, "token_file": token_file})
+    if client is not None:
+        _print_service_row(client.decide(device_id, "revoke", reason=reason), as_json)
+        return
     entry = RegistryFile(registry_path(registry)).revoke(device_id, reason=reason)
     removed = DevicePasswordFile(device_passwords).remove(device_id) if device_passwords is not None else False
     if as_json:

@@ -27,6 +27,8 @@ FLEET_COMMANDS: dict[str, str] = {
     "abort": "edgesdk.cli.fleet_rollout_cmd:abort",
     "rollback": "edgesdk.cli.fleet_rollout_cmd:rollback",
     "enroll": "edgesdk.cli.enroll_cmd:enroll",
+    "serve": "edgesdk.cli.fleet_serve_cmd:serve",
+    "submit": "edgesdk.cli.fleet_serve_cmd:submit",
 }
 
 COLUMNS = (
@@ -49,13 +51,16 @@ def fleet() -> None:
     """See and update a fleet of devices over MQTT."""
 
 
-def broker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the connection flags (broker URL, namespace, credentials, TLS) to a command."""
+def broker_options(fn: Callable[..., Any] | None = None, *, required: bool = True) -> Any:
+    """Add the connection flags (broker URL, namespace, credentials, TLS) to a command;
+    ``required=False`` for commands that can work without a broker (``--server``)."""
+    if fn is None:
+        return functools.partial(broker_options, required=required)
     options = [
         click.option(
             "--broker",
             envvar="EDGESDK_BROKER",
-            required=True,
+            required=required,
             help="mqtt://HOST:PORT or mqtts://HOST:PORT (also EDGESDK_BROKER).",
         ),
         click.option("--namespace", default="edgesdk", show_default=True, help="Topic prefix of the fleet."),
@@ -73,6 +78,36 @@ def broker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--server URL`` and ``--token-file FILE``: run the command through the fleet service's
+    REST API (``edgesdk fleet serve --api``) instead of standalone."""
+    fn = click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="File holding the operator token for --server (or $EDGESDK_FLEET_TOKEN).",
+    )(fn)
+    return click.option(
+        "--server",
+        default=None,
+        help="Use the fleet service at this URL (http(s)://HOST:PORT; or $EDGESDK_FLEET_SERVER).",
+    )(fn)
+
+
+def service_client(params: dict[str, Any]) -> Any:
+    """The fleet service client ``--server``/``$EDGESDK_FLEET_SERVER`` names, else None; pops
+    the two flags from ``params``."""
+    from edgesdk.fleet.service_client import client_from
+
+    return client_from(params.pop("server", None), params.pop("token_file", None))
+
+
+def require_broker(params: dict[str, Any]) -> None:
+    """One clear line when a standalone command has neither a broker nor a server."""
+    if not params.get("broker"):
+        raise UsageError("give --broker mqtt://HOST:PORT (or EDGESDK_BROKER), or --server URL of a fleet service")
 
 
 def client_options_from(params: dict[str, Any], client_id: str) -> Any:
@@ -162,12 +197,22 @@ def _with_broker(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @fleet.command()
-@broker_options
+@broker_options(required=False)
+@server_options
 @click.option("--wait", "wait_s", default=2.0, show_default=True, type=float, help="Seconds to collect messages.")
+@click.option("--group", default=None, help="With --server: only devices of this group.")
+@click.option("--model-version", default=None, help="With --server: only devices running this model version.")
+@click.option("--state", default=None, help="With --server: online, offline or an OTA state (COMMITTED, FAILED, …).")
 @json_option
 @_with_broker
 def devices(params: dict[str, Any]) -> None:
-    """List every device the broker knows (retained presence and latest telemetry)."""
+    """List every device the broker knows (retained presence and latest telemetry), or that
+    the fleet service knows (``--server``)."""
+    client = service_client(params)
+    if client is not None:
+        _service_devices(client, params)
+        return
+    require_broker(params)
     if params["wait_s"] < 0:
         raise UsageError(f"--wait must not be negative (got {params['wait_s']})")
     monitor = _open_monitor(params)
@@ -184,6 +229,32 @@ def devices(params: dict[str, Any]) -> None:
         return
     online = sum(1 for v in views if v.online)
     print_table(f"{len(views)} device(s), {online} online", COLUMNS, _rows(views))
+
+
+def _service_devices(client: Any, params: dict[str, Any]) -> None:
+    listing = client.devices(group=params["group"], version=params["model_version"], state=params["state"])
+    if params["as_json"]:
+        print_json(listing)
+        return
+    now = time.time()
+    rows = [
+        [
+            d["device_id"],
+            _fmt(d["online"]),
+            _fmt(d["profile"]),
+            _fmt(d["model_name"]),
+            _fmt(d["model_version"]),
+            _fmt(d["variant"]),
+            _fmt((d.get("latest") or {}).get("temperature_c")),
+            _fmt((d.get("latest") or {}).get("p95_ms"), 2),
+            _fmt((d.get("latest") or {}).get("errors")),
+            _fmt((d.get("latest") or {}).get("outbox_depth")),
+            f"{max(0.0, now - d['last_seen']):.0f}s ago",
+        ]
+        for d in listing["devices"]
+    ]
+    online = sum(1 for d in listing["devices"] if d["online"])
+    print_table(f"{listing['total']} device(s), {online} online ({client.server})", COLUMNS, rows)
 
 
 @fleet.command()

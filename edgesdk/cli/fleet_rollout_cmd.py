@@ -8,6 +8,11 @@ a progress bar per wave; Ctrl-C leaves the deployment IN_PROGRESS in the databas
 Every message devices get is issued when it is sent: addressed to those devices, with the next
 sequence number of the operator key and valid for ``--expires`` (devices refuse it after that;
 see docs/ota.md). Each wave of a push gets its own.
+
+With ``--server URL`` (or ``$EDGESDK_FLEET_SERVER``) the same commands go to the fleet
+service's REST API instead: ``push`` uploads the bundle and creates the deployment there, then
+follows it (Ctrl-C stops following, the service keeps driving it); ``status``, ``abort`` and
+``rollback`` read and act on the service's deployments. See docs/fleet-service.md.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import click
 
-from edgesdk.cli.fleet_cmd import broker_options
+from edgesdk.cli.fleet_cmd import broker_options, require_broker, server_options, service_client
 from edgesdk.cli.output import console, json_option, print_json, print_table
 from edgesdk.errors import UpdateError, UsageError
 
@@ -110,7 +115,8 @@ class _WaveBars:
 
 @click.command("push")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
-@broker_options
+@broker_options(required=False)
+@server_options
 @click.option("--group", default=None, help="Deploy to every device that announces this group.")
 @click.option("--devices", default=None, help="Comma-separated device ids.")
 @click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
@@ -152,6 +158,31 @@ def push(
     from edgesdk.fleet.rollout import STOPPED, RolloutPlan, parse_duration, parse_percent, parse_waves
     from edgesdk.schemas.messages import HealthCriteria
 
+    client = service_client(params)
+    if client is not None:
+        if url is not None:
+            raise UsageError("--url is not supported with --server: the service serves the bundle's chunks")
+        if (group is None) == (devices is None):
+            raise UsageError("give exactly one of --group G or --devices A,B")
+        body = {
+            "group": group,
+            "devices": [d.strip() for d in devices.split(",") if d.strip()] if devices is not None else None,
+            "deployment_id": deployment_id,
+            "canary": parse_percent(canary, option="--canary"),
+            "waves": list(parse_waves(waves)),
+            "max_failures": parse_percent(max_failures, option="--max-failures"),
+            "probation_s": parse_duration(probation, option="--probation"),
+            "p95_ms": p95_ms,
+            "max_error_rate": parse_percent(max_error_rate, option="--max-error-rate"),
+            "wave_timeout_s": parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
+            "expires_s": _positive_duration(expires),
+            "chunk_size": chunk_size,
+        }
+        uploaded = client.upload(bundle)
+        created = client.create({**{k: v for k, v in body.items() if v is not None}, "bundle_id": uploaded["id"]})
+        _follow(client, created["deployment_id"], as_json)
+        return
+    require_broker(params)
     store = _store(db_path)
     resuming = False
     if deployment_id is not None:
@@ -222,6 +253,37 @@ def push(
         raise UpdateError(f"deployment {deployment_id} {state}: {summary['reason']}")
 
 
+def _follow(client: Any, deployment_id: str, as_json: bool, poll_s: float = 1.0) -> None:
+    """Print a service-owned deployment's progress until it ends; its end decides the exit."""
+    from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
+
+    if not as_json:
+        console().print(f"deployment {deployment_id} on {client.server}")
+    last: Any = None
+    try:
+        while True:
+            summary = client.deployment(deployment_id)
+            if not as_json and (summary["state"], summary["by_state"]) != last:
+                states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary["by_state"].items()))
+                console().print(f"{summary['state'].lower()}: wave {summary['wave']}: {states}")
+                last = (summary["state"], summary["by_state"])
+            if summary["state"] in FINISHED_ROLLOUT_STATES:
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        raise UpdateError(
+            f"stopped following {deployment_id}; the service keeps driving it (fleet status {deployment_id} --server …)"
+        ) from None
+    summary.pop("device_states", None)
+    summary.pop("timeline", None)
+    if as_json:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+    if summary["state"] != SUCCEEDED:
+        raise UpdateError(f"deployment {deployment_id} {summary['state']}: {summary['reason']}")
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     rows = [
         (wave, ", ".join(f"{k} {v}" for k, v in sorted(states.items()))) for wave, states in summary["waves"].items()
@@ -247,9 +309,16 @@ def _positive_duration(text: str) -> float:
 @click.command("status")
 @click.argument("deployment", required=False)
 @_db_option
+@server_options
 @json_option
-def status(deployment: str | None, db_path: Path | None, as_json: bool) -> None:
+def status(
+    deployment: str | None, db_path: Path | None, as_json: bool, server: str | None, token_file: Path | None
+) -> None:
     """Show all deployments, or one deployment's devices."""
+    client = service_client({"server": server, "token_file": token_file})
+    if client is not None:
+        _service_status(client, deployment, as_json)
+        return
     store = _store(db_path)
     if deployment is None:
         rows = [store.summary(row.id) for row in store.all()]
@@ -296,14 +365,59 @@ def status(deployment: str | None, db_path: Path | None, as_json: bool) -> None:
     )
 
 
+def _service_status(client: Any, deployment: str | None, as_json: bool) -> None:
+    if deployment is None:
+        rows = client.deployments()
+        if as_json:
+            print_json(rows)
+            return
+        _print_listing(rows)
+        return
+    summary = client.deployment(deployment)
+    if as_json:
+        print_json(summary)
+        return
+    _print_summary(summary)
+    print_table(
+        None,
+        ["device", "wave", "state", "release", "reason"],
+        [(d["device_id"], d["wave"], d["state"], d["model_release"], d["reason"]) for d in summary["device_states"]],
+    )
+
+
+def _print_listing(rows: list[dict[str, Any]]) -> None:
+    print_table(
+        "deployments",
+        ["id", "state", "model", "devices", "by state", "updated"],
+        [
+            (
+                r["deployment_id"],
+                r["state"],
+                r["model"],
+                r["devices"],
+                ", ".join(f"{k} {v}" for k, v in sorted(r["by_state"].items())),
+                r["updated"],
+            )
+            for r in rows
+        ],
+    )
+
+
 @click.command("abort")
 @click.argument("deployment")
-@broker_options
+@broker_options(required=False)
+@server_options
 @_key_option
 @_db_option
 @click.option("--expires", default=None, help=_expires_help.split(";")[0] + " (default: the push's --expires).")
 def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires: str | None, **params: Any) -> None:
     """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
+    client = service_client(params)
+    if client is not None:
+        client.command(deployment, "abort", expires_s=_positive_duration(expires) if expires else None)
+        console().print(f"deployment {deployment} aborted (on {client.server})")
+        return
+    require_broker(params)
     store = _store(db_path)
     store.get(deployment)  # unknown id → one clear error before touching the broker
     ctl, client = _controller(store, params, _operator_key(key_path))
@@ -317,7 +431,8 @@ def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires:
 
 @click.command("rollback")
 @click.argument("deployment")
-@broker_options
+@broker_options(required=False)
+@server_options
 @_key_option
 @_db_option
 @click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
@@ -335,9 +450,14 @@ def rollback(
     """Roll every device the deployment reached back to the model it ran before."""
     from edgesdk.fleet.rollout import parse_duration
 
+    timeout = parse_duration(wait_s, option="--wait")
+    client = service_client(params)
+    if client is not None:
+        _service_rollback(client, deployment, timeout, _positive_duration(expires) if expires else None, as_json)
+        return
+    require_broker(params)
     store = _store(db_path)
     store.get(deployment)
-    timeout = parse_duration(wait_s, option="--wait")
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
         asked = ctl.rollback(deployment, ttl_s=_positive_duration(expires) if expires else None)
@@ -351,3 +471,22 @@ def rollback(
         _print_summary(summary)
     if not confirmed:
         raise UpdateError(f"asked {asked} devices to roll back; not all confirmed within {wait_s} (see fleet status)")
+
+
+def _service_rollback(client: Any, deployment: str, timeout: float, expires_s: float | None, as_json: bool) -> None:
+    """Ask the service to roll the deployment back, then wait for the devices to confirm."""
+    asked = client.command(deployment, "rollback", expires_s=expires_s).get("asked", 0)
+    deadline = time.monotonic() + timeout
+    while True:
+        summary = client.deployment(deployment)
+        reached = [d for d in summary["device_states"] if d["state"] != "PENDING"]
+        confirmed = all(d["state"] in ("ROLLED_BACK", "FAILED", "TIMED_OUT") for d in reached)
+        if confirmed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if as_json:
+        print_json(summary)
+    else:
+        _print_summary(summary)
+    if not confirmed:
+        raise UpdateError(f"asked {asked} devices to roll back; not all confirmed in time (see fleet status --server)")

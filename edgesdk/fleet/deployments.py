@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edgesdk.errors import UpdateError, UsageError
 from edgesdk.protocol.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
@@ -57,6 +57,16 @@ CREATE TABLE IF NOT EXISTS deployments (
 CREATE TABLE IF NOT EXISTS issuers (
     key_id TEXT PRIMARY KEY,        -- the operator key that signs commands
     sequence INTEGER NOT NULL       -- the last sequence it issued (devices refuse anything not above)
+);
+CREATE TABLE IF NOT EXISTS follow_ups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    deployment_id TEXT NOT NULL REFERENCES deployments(id),
+    action TEXT NOT NULL,           -- cancel | rollback: owed to devices by a decision
+    wave INTEGER,
+    devices TEXT NOT NULL,          -- JSON list of device ids
+    ttl_s REAL NOT NULL,
+    created REAL NOT NULL,
+    delivered REAL                  -- NULL until published
 );
 CREATE TABLE IF NOT EXISTS devices (
     deployment_id TEXT NOT NULL REFERENCES deployments(id),
@@ -130,7 +140,7 @@ def build_deployment(
 def issue_command(
     template: Deployment,
     *,
-    store: DeploymentStore,
+    store: SequenceSource,
     operator_key: Any,
     targets: list[str],
     action: str = "install",
@@ -163,6 +173,31 @@ def issue_command(
     return sign_deployment(Deployment.model_validate(command.model_dump()), operator_key)
 
 
+class SequenceSource(Protocol):
+    """Where command sequence numbers come from (persisted before they are used)."""
+
+    def next_sequence(self, issuer: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """Commands a rollout decision owes to devices (cancel or roll back), stored in the same
+    transaction as the decision and marked delivered once published."""
+
+    deployment_id: str
+    action: str
+    devices: tuple[str, ...]
+    wave: int | None
+    ttl_s: float
+    follow_up_id: int = 0  # set by the store
+
+    @classmethod
+    def owed(
+        cls, deployment_id: str, action: str, devices: list[str], *, wave: int | None = None, ttl_s: float
+    ) -> FollowUp:
+        return cls(deployment_id, action, tuple(sorted(devices)), wave, ttl_s)
+
+
 @dataclass(frozen=True)
 class DeviceRow:
     deployment_id: str
@@ -186,6 +221,64 @@ class DeploymentRow:
     state: str
     wave: int
     reason: str
+
+
+class RolloutStore(SequenceSource, Protocol):
+    """The port the rollout controller persists through: :class:`DeploymentStore` (the
+    operator's SQLite file) and the fleet service's SQLAlchemy store implement it."""
+
+    def create(self, message: Deployment, bundle_path: Path, plan: dict[str, Any], waves: list[list[str]]) -> None: ...
+    def get(self, deployment_id: str) -> DeploymentRow: ...
+    def all(self) -> list[DeploymentRow]: ...
+    def set_state(
+        self,
+        deployment_id: str,
+        state: str,
+        *,
+        reason: str | None = None,
+        wave: int | None = None,
+        follow_up: FollowUp | None = None,
+    ) -> None: ...
+    def pending_follow_ups(self, deployment_id: str | None = None) -> list[FollowUp]: ...
+    def follow_up_delivered(self, follow_up_id: int) -> None: ...
+    def devices(self, deployment_id: str, wave: int | None = None) -> list[DeviceRow]: ...
+    def wave_count(self, deployment_id: str) -> int: ...
+    def mark_sent(self, deployment_id: str, device_ids: list[str]) -> None: ...
+    def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None: ...
+    def record_status(self, status: OtaStatus) -> bool: ...
+    def summary(self, deployment_id: str) -> dict[str, Any]: ...
+
+
+def status_applies(current_state: str, current_status_ts: str | None, status: OtaStatus) -> bool:
+    """Whether ``status`` replaces what is stored for its device: not older than the stored one
+    (QoS 1 may redeliver and reorder), and a late progress tick never hides a later state."""
+    if current_status_ts is not None and current_status_ts > status.ts.isoformat():
+        return False
+    return not (status.progress is not None and current_state not in ("PENDING", "SENT", "DOWNLOADING"))
+
+
+def summarize(row: DeploymentRow, devices: list[DeviceRow]) -> dict[str, Any]:
+    """Counts by device state, per wave and overall (for ``fleet status`` and the service API)."""
+    by_state: dict[str, int] = {}
+    waves: dict[int, dict[str, int]] = {}
+    for device in devices:
+        by_state[device.state] = by_state.get(device.state, 0) + 1
+        wave = waves.setdefault(device.wave, {})
+        wave[device.state] = wave.get(device.state, 0) + 1
+    return {
+        "deployment_id": row.id,
+        "state": row.state,
+        "reason": row.reason,
+        "wave": row.wave,
+        "model": f"{row.message.model_name} {row.message.model_version} (release {row.message.release})",
+        "bundle": row.bundle_path,
+        "devices": len(devices),
+        "by_state": by_state,
+        "waves": {str(k): v for k, v in sorted(waves.items())},
+        "plan": row.plan,
+        "created": datetime.fromtimestamp(row.created, timezone.utc).isoformat(),
+        "updated": datetime.fromtimestamp(row.updated, timezone.utc).isoformat(),
+    }
 
 
 class DeploymentStore:
@@ -255,13 +348,50 @@ class DeploymentStore:
         rows = self._db().execute("SELECT * FROM deployments ORDER BY created").fetchall()
         return [_deployment(r) for r in rows]
 
-    def set_state(self, deployment_id: str, state: str, *, reason: str | None = None, wave: int | None = None) -> None:
+    def set_state(
+        self,
+        deployment_id: str,
+        state: str,
+        *,
+        reason: str | None = None,
+        wave: int | None = None,
+        follow_up: FollowUp | None = None,
+    ) -> None:
+        """The new state, and the commands it owes (``follow_up``), in one transaction."""
         with self._tx() as db:
             db.execute(
                 "UPDATE deployments SET state = ?, updated = ?, reason = COALESCE(?, reason), wave = COALESCE(?, wave) "
                 "WHERE id = ?",
                 (state, time.time(), reason, wave, deployment_id),
             )
+            if follow_up is not None:
+                db.execute(
+                    "INSERT INTO follow_ups (deployment_id, action, wave, devices, ttl_s, created) VALUES (?,?,?,?,?,?)",
+                    (
+                        follow_up.deployment_id,
+                        follow_up.action,
+                        follow_up.wave,
+                        json.dumps(list(follow_up.devices)),
+                        follow_up.ttl_s,
+                        time.time(),
+                    ),
+                )
+
+    def pending_follow_ups(self, deployment_id: str | None = None) -> list[FollowUp]:
+        query = "SELECT * FROM follow_ups WHERE delivered IS NULL"
+        args: tuple[Any, ...] = ()
+        if deployment_id is not None:
+            query += " AND deployment_id = ?"
+            args = (deployment_id,)
+        rows = self._db().execute(query + " ORDER BY id", args).fetchall()
+        return [
+            FollowUp(r["deployment_id"], r["action"], tuple(json.loads(r["devices"])), r["wave"], r["ttl_s"], r["id"])
+            for r in rows
+        ]
+
+    def follow_up_delivered(self, follow_up_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE follow_ups SET delivered = ? WHERE id = ?", (time.time(), follow_up_id))
 
     # -- command sequence numbers -----------------------------------------------------------
 
@@ -334,10 +464,8 @@ class DeploymentStore:
                 "SELECT status_ts, state FROM devices WHERE deployment_id = ? AND device_id = ?",
                 (status.deployment_id, status.device_id),
             ).fetchone()
-            if row is None or (row["status_ts"] is not None and row["status_ts"] > ts):
+            if row is None or not status_applies(row["state"], row["status_ts"], status):
                 return False
-            if status.progress is not None and row["state"] not in ("PENDING", "SENT", "DOWNLOADING"):
-                return False  # a late progress tick must not hide a later state
             db.execute(
                 "UPDATE devices SET state = ?, reason = ?, progress = ?, model_release = ?, updated = ?, status_ts = ? "
                 "WHERE deployment_id = ? AND device_id = ?",
@@ -356,28 +484,7 @@ class DeploymentStore:
 
     def summary(self, deployment_id: str) -> dict[str, Any]:
         """Counts by device state, per wave and overall (for ``fleet status``)."""
-        row = self.get(deployment_id)
-        devices = self.devices(deployment_id)
-        by_state: dict[str, int] = {}
-        waves: dict[int, dict[str, int]] = {}
-        for device in devices:
-            by_state[device.state] = by_state.get(device.state, 0) + 1
-            wave = waves.setdefault(device.wave, {})
-            wave[device.state] = wave.get(device.state, 0) + 1
-        return {
-            "deployment_id": row.id,
-            "state": row.state,
-            "reason": row.reason,
-            "wave": row.wave,
-            "model": f"{row.message.model_name} {row.message.model_version} (release {row.message.release})",
-            "bundle": row.bundle_path,
-            "devices": len(devices),
-            "by_state": by_state,
-            "waves": {str(k): v for k, v in sorted(waves.items())},
-            "plan": row.plan,
-            "created": datetime.fromtimestamp(row.created, timezone.utc).isoformat(),
-            "updated": datetime.fromtimestamp(row.updated, timezone.utc).isoformat(),
-        }
+        return summarize(self.get(deployment_id), self.devices(deployment_id))
 
 
 def _deployment(row: sqlite3.Row) -> DeploymentRow:

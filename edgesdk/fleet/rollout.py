@@ -11,6 +11,12 @@ current wave is told to roll back; earlier waves keep the new model (they passed
 Everything is persisted before it is acted on, so ``run()`` on a deployment that is still
 IN_PROGRESS (a restarted controller) picks up at its current wave, and ``fleet abort`` or
 ``fleet rollback`` from another shell is seen by a running controller at its next poll.
+A decision that sends commands (abort → roll the wave back, operator abort or rollback) is
+stored *with* the commands it owes, as a :class:`~edgesdk.fleet.deployments.FollowUp`, in the
+same transaction as the new state; the follow-up is marked delivered only after it was
+published, so a controller killed between the decision and the publish sends it on restart
+(:meth:`RolloutController.deliver_follow_ups`). The store is a port (``RolloutStore``): the
+operator's SQLite file here, the fleet service's SQLAlchemy database there.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from edgesdk.fleet.deployments import (
     IN_PROGRESS,
     ROLLED_BACK,
     SUCCEEDED,
-    DeploymentStore,
+    FollowUp,
+    RolloutStore,
     build_deployment,
     issue_command,
 )
@@ -128,12 +135,44 @@ def plan_waves(devices: list[str], plan: RolloutPlan, *, seed: str) -> list[list
     return waves
 
 
+def create_deployment(
+    store: RolloutStore,
+    bundle: Path,
+    devices: list[str],
+    plan: RolloutPlan,
+    *,
+    deployment_id: str | None = None,
+    url: str | None = None,
+    chunk_size: int | None = None,
+    health: HealthCriteria | None = None,
+) -> Deployment:
+    """Make the deployment's template, plan its waves, persist both (state PENDING); the
+    commands devices act on are issued per wave by ``RolloutController.run``."""
+    if not devices:
+        raise UsageError("no target devices: give --devices A,B or a --group with members")
+    deployment_id = deployment_id or f"dep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    health = health or HealthCriteria(probation_s=plan.probation_s)
+    kwargs: dict[str, Any] = {"chunk_size": chunk_size} if chunk_size else {}
+    message = build_deployment(
+        bundle,
+        deployment_id=deployment_id,
+        targets=devices,
+        health=health,
+        url=url,
+        command_ttl_s=plan.command_ttl_s,
+        **kwargs,
+    )
+    waves = plan_waves(devices, plan, seed=deployment_id)
+    store.create(message, bundle, plan.to_json(), waves)
+    return message
+
+
 class RolloutController:
     """Runs deployments over one MQTT client (from edgesdk.mqtt.client)."""
 
     def __init__(
         self,
-        store: DeploymentStore,
+        store: RolloutStore,
         client: Any,
         namespace: str,
         operator_key: Any,
@@ -162,13 +201,15 @@ class RolloutController:
 
     def start(self) -> RolloutController:
         """Subscribe to statuses, chunk requests and presence; call before ``run``."""
-        self.client.on_message = self._on_message
+        self.client.on_message = self.handle_message
         self.client.subscribe(self._status_filter, qos=1)
         self.client.subscribe(self.chunks.request_filter, qos=0)
         self.client.subscribe(self._presence_filter, qos=0)
         return self
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    def handle_message(self, topic: str, payload: bytes) -> None:
+        """One MQTT message (statuses are queued for the controller thread, chunk requests
+        served, presence kept); a service that owns the client dispatches to this."""
         parsed = parse_topic(self.namespace, topic)
         if parsed is None or parsed.scope != "devices":
             return
@@ -211,30 +252,23 @@ class RolloutController:
         chunk_size: int | None = None,
         health: HealthCriteria | None = None,
     ) -> Deployment:
-        """Make the deployment's template, plan its waves, persist both (state PENDING); the
-        commands devices act on are issued per wave by ``run``."""
-        if not devices:
-            raise UsageError("no target devices: give --devices A,B or a --group with members")
-        deployment_id = deployment_id or f"dep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        health = health or HealthCriteria(probation_s=plan.probation_s)
-        kwargs: dict[str, Any] = {"chunk_size": chunk_size} if chunk_size else {}
-        message = build_deployment(
+        """See :func:`create_deployment` (in this controller's store)."""
+        return create_deployment(
+            self.store,
             bundle,
+            devices,
+            plan,
             deployment_id=deployment_id,
-            targets=devices,
-            health=health,
             url=url,
-            command_ttl_s=plan.command_ttl_s,
-            **kwargs,
+            chunk_size=chunk_size,
+            health=health,
         )
-        waves = plan_waves(devices, plan, seed=deployment_id)
-        self.store.create(message, bundle, plan.to_json(), waves)
-        return message
 
     # -- running ------------------------------------------------------------------------------
 
     def run(self, deployment_id: str) -> str:
         """Run (or resume) a deployment until it succeeds, aborts or is rolled back."""
+        self.deliver_follow_ups(deployment_id)  # commands a killed controller decided but did not send
         row = self.store.get(deployment_id)
         if row.state in FINISHED_ROLLOUT_STATES:
             return row.state
@@ -253,7 +287,7 @@ class RolloutController:
                 if wave + 1 < waves:
                     self.store.set_state(deployment_id, IN_PROGRESS, wave=wave + 1)
             self.store.set_state(deployment_id, SUCCEEDED, reason="every wave committed")
-            self.on_progress("finished", {"state": SUCCEEDED})
+            self.on_progress("finished", {"deployment_id": deployment_id, "state": SUCCEEDED})
             return SUCCEEDED
         finally:
             self._drain_statuses()
@@ -263,20 +297,30 @@ class RolloutController:
         self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, waves: int, total: int
     ) -> str:
         devices = [d.device_id for d in self.store.devices(deployment_id, wave)]
-        self.on_progress("wave_started", {"wave": wave, "waves": waves, "devices": len(devices)})
-        pending = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state in ("PENDING", "SENT")]
+        self.on_progress(
+            "wave_started", {"deployment_id": deployment_id, "wave": wave, "waves": waves, "devices": len(devices)}
+        )
+        # Every device of the wave without a final word: on a fresh wave that is all of them;
+        # on a resumed one it includes devices mid-update, which treat the command as a repeat
+        # of their deployment and re-report their state (one lost while we were down included).
+        pending = [
+            d.device_id
+            for d in self.store.devices(deployment_id, wave)
+            if d.state not in DEVICE_SUCCESS and d.state not in DEVICE_FAILURE
+        ]
         # Issued now, for this wave only: a wave that starts after the canary's probation gets a
         # command dated now, and the canary's message is not valid for anyone else.
         command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
         self._send(command, pending)
         self.store.mark_sent(deployment_id, pending)
+        self.on_progress("wave_sent", {"deployment_id": deployment_id, "wave": wave, "devices": len(pending)})
         deadline = time.monotonic() + plan.timeout()
         last_sent = time.monotonic()
         while True:
             self._drain_statuses()
             row = self.store.get(deployment_id)
             if row.state in FINISHED_ROLLOUT_STATES:  # aborted/rolled back from another shell
-                self.on_progress("finished", {"state": row.state, "reason": row.reason})
+                self.on_progress("finished", {"deployment_id": deployment_id, "state": row.state, "reason": row.reason})
                 return row.state
             if self._stopping.is_set():
                 return STOPPED
@@ -288,6 +332,7 @@ class RolloutController:
             self.on_progress(
                 "wave_progress",
                 {
+                    "deployment_id": deployment_id,
                     "wave": wave,
                     "done": len(done),
                     "devices": len(in_wave),
@@ -304,7 +349,12 @@ class RolloutController:
                 return ABORTED
             if len(done) == len(in_wave):
                 self.on_progress(
-                    "wave_done", {"wave": wave, "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE])}
+                    "wave_done",
+                    {
+                        "deployment_id": deployment_id,
+                        "wave": wave,
+                        "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
+                    },
                 )
                 return "passed"
             now = time.monotonic()
@@ -329,11 +379,13 @@ class RolloutController:
 
     def _abort_wave(self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, reason: str) -> None:
         """Stop the rollout and roll the failing wave back (earlier waves passed and stay)."""
-        self.store.set_state(deployment_id, ABORTED, reason=reason)
         in_wave = [d.device_id for d in self.store.devices(deployment_id, wave) if d.state not in ("PENDING",)]
-        self._command(message, "rollback", in_wave, plan, wave=wave)
+        follow_up = FollowUp.owed(deployment_id, "rollback", in_wave, wave=wave, ttl_s=plan.command_ttl_s)
+        self.store.set_state(deployment_id, ABORTED, reason=reason, follow_up=follow_up)
         log.warning("deployment %s aborted: %s", deployment_id, reason)
-        self.on_progress("aborted", {"wave": wave, "reason": reason})
+        self.on_progress("abort_decided", {"deployment_id": deployment_id, "wave": wave, "reason": reason})
+        self.deliver_follow_ups(deployment_id)
+        self.on_progress("aborted", {"deployment_id": deployment_id, "wave": wave, "reason": reason})
 
     def abort(self, deployment_id: str, reason: str = "aborted by operator", *, ttl_s: float | None = None) -> None:
         """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
@@ -343,8 +395,10 @@ class RolloutController:
             for d in self.store.devices(deployment_id)
             if d.state not in ("PENDING",) and d.state not in DEVICE_SUCCESS
         ]
-        self.store.set_state(deployment_id, ABORTED, reason=reason)
-        self._command(row.message, "cancel", active, _with_ttl(RolloutPlan.from_json(row.plan), ttl_s))
+        plan = _with_ttl(RolloutPlan.from_json(row.plan), ttl_s)
+        follow_up = FollowUp.owed(deployment_id, "cancel", active, ttl_s=plan.command_ttl_s)
+        self.store.set_state(deployment_id, ABORTED, reason=reason, follow_up=follow_up)
+        self.deliver_follow_ups(deployment_id)
 
     def rollback(
         self, deployment_id: str, reason: str = "rolled back by operator", *, ttl_s: float | None = None
@@ -352,9 +406,39 @@ class RolloutController:
         """Roll every device the deployment reached back to its previous model; returns how many were asked."""
         row = self.store.get(deployment_id)
         reached = [d.device_id for d in self.store.devices(deployment_id) if d.state != "PENDING"]
-        self.store.set_state(deployment_id, ROLLED_BACK, reason=reason)
-        self._command(row.message, "rollback", reached, _with_ttl(RolloutPlan.from_json(row.plan), ttl_s))
+        plan = _with_ttl(RolloutPlan.from_json(row.plan), ttl_s)
+        follow_up = FollowUp.owed(deployment_id, "rollback", reached, ttl_s=plan.command_ttl_s)
+        self.store.set_state(deployment_id, ROLLED_BACK, reason=reason, follow_up=follow_up)
+        self.deliver_follow_ups(deployment_id)
         return len(reached)
+
+    def deliver_follow_ups(self, deployment_id: str | None = None) -> int:
+        """Publish the commands decided but not yet marked delivered (all deployments, or one),
+        each freshly issued; returns how many were sent. Devices that already acted on an
+        earlier copy treat it as a repeat of their deployment."""
+        sent = 0
+        for follow_up in self.store.pending_follow_ups(deployment_id):
+            template = self.store.get(follow_up.deployment_id).message
+            if follow_up.devices:
+                command = self.issue(
+                    template,
+                    list(follow_up.devices),
+                    action=follow_up.action,
+                    wave=follow_up.wave,
+                    ttl_s=follow_up.ttl_s,
+                )
+                self._send(command, list(follow_up.devices))
+            self.store.follow_up_delivered(follow_up.follow_up_id)
+            self.on_progress(
+                "follow_up_sent",
+                {
+                    "deployment_id": follow_up.deployment_id,
+                    "action": follow_up.action,
+                    "devices": len(follow_up.devices),
+                },
+            )
+            sent += 1
+        return sent
 
     def wait_for_states(self, deployment_id: str, states: set[str], timeout: float) -> bool:
         """Record statuses until every reached device is in one of ``states`` (tests, CLI)."""
@@ -388,12 +472,6 @@ class RolloutController:
             wave=wave,
             ttl_s=ttl_s,
         )
-
-    def _command(
-        self, template: Deployment, action: str, devices: list[str], plan: RolloutPlan, *, wave: int | None = None
-    ) -> None:
-        if devices:
-            self._send(self.issue(template, devices, action=action, wave=wave, ttl_s=plan.command_ttl_s), devices)
 
     def _send(self, message: Deployment, devices: list[str]) -> None:
         payload = message.model_dump_json().encode()

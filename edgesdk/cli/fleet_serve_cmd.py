@@ -1,0 +1,276 @@
+"""``edgesdk fleet serve``: run the fleet service; ``fleet serve token``: its operator tokens;
+``fleet submit``: hand it a rollout through its database.
+
+``serve`` runs until SIGTERM/SIGINT (a clean stop: running deployments stay IN_PROGRESS and
+resume at the next start) and logs each rollout event as one line; with ``--api HOST:PORT`` it
+also serves the REST API. ``submit`` writes a PENDING
+deployment into the service's database, which the running service picks up; it needs no
+broker connection and returns at once (``fleet status --server`` follows it later).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgesdk.cli.fleet_cmd import broker_options
+from edgesdk.cli.fleet_rollout_cmd import OPERATOR_KEY_ENV, _operator_key, _positive_duration
+from edgesdk.cli.output import console, json_option, print_json
+from edgesdk.errors import UsageError
+
+DB_ENV = "EDGESDK_FLEET_SERVICE_DB"
+
+_db_option = click.option(
+    "--db",
+    "db_url",
+    envvar=DB_ENV,
+    default=None,
+    help=f"Database URL: sqlite:///PATH (default DATA_DIR/fleet-service.sqlite3) or "
+    f"postgresql+psycopg://USER@HOST/DB (also ${DB_ENV}).",
+)
+_data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path.home() / ".local" / "share" / "edgesdk" / "fleet-service",
+    show_default=True,
+    help="Where the default SQLite database lives.",
+)
+
+
+def _db_url(db_url: str | None, data_dir: Path) -> str:
+    from edgesdk.fleet.service.database import default_db_url
+
+    return db_url or default_db_url(data_dir)
+
+
+@click.group("serve", invoke_without_command=True)
+@broker_options(required=False)
+@_db_option
+@_data_dir_option
+@click.option(
+    "--operator-key",
+    "key_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Operator's Ed25519 private key that signs commands (or ${OPERATOR_KEY_ENV}).",
+)
+@click.option("--raw-retention", default="7d", show_default=True, help="Keep raw telemetry this long.")
+@click.option("--minutely-retention", default="180d", show_default=True, help="Keep per-minute aggregates this long.")
+@click.option("--maintenance-interval", default="60s", show_default=True, help="Downsample and prune this often.")
+@click.option("--api", "api_bind", default=None, help="Serve the REST API on HOST:PORT (e.g. 127.0.0.1:8080).")
+@click.option(
+    "--registry",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Enrollment registry that API approvals are written to (default DATA_DIR/enrollment.json).",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    db_url: str | None,
+    data_dir: Path,
+    key_path: Path | None,
+    raw_retention: str,
+    minutely_retention: str,
+    maintenance_interval: str,
+    api_bind: str | None,
+    registry: Path | None,
+    **params: Any,
+) -> None:
+    """Run the fleet service: ingest device messages into a database and drive rollouts."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not params.get("broker"):
+        raise UsageError("edgesdk fleet serve needs --broker mqtt://HOST:PORT (or EDGESDK_BROKER)")
+    from dataclasses import replace
+
+    from edgesdk.cli.fleet_cmd import client_options_from
+    from edgesdk.fleet.service.retention import Retention
+    from edgesdk.fleet.service.service import FleetService, ServiceSettings, service_client_id
+
+    retention = Retention(
+        raw_retention_s=_duration(raw_retention, "--raw-retention"),
+        minutely_retention_s=_duration(minutely_retention, "--minutely-retention"),
+    )
+    settings = ServiceSettings(
+        db_url=_db_url(db_url, data_dir),
+        namespace=params["namespace"],
+        retention=retention,
+        maintenance_interval_s=_duration(maintenance_interval, "--maintenance-interval"),
+        connect_timeout_s=float(params.get("connect_timeout") or 10.0),
+        data_dir=data_dir,
+        api_bind=api_bind,
+        registry_path=registry or data_dir / "enrollment.json",
+    )
+    if api_bind is not None:
+        from edgesdk.fleet.service.api_server import parse_bind
+
+        parse_bind(api_bind)  # a bad value fails before the broker is touched
+    options = client_options_from(params, service_client_id(params["namespace"]))
+    # A persistent session: statuses devices publish while the service restarts wait for it.
+    options = replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
+    service = FleetService(settings, options, _operator_key(key_path)).start()
+    signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    signal.signal(signal.SIGINT, lambda *_: service.stop())
+    where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
+    # One unwrapped line (scripts and tests read the address from it).
+    click.echo(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}", nl=True)
+    sys.stdout.flush()
+    service.serve_forever()
+
+
+@serve.group("token")
+def token() -> None:
+    """Operator tokens of the service's REST API (shown once when created)."""
+
+
+@token.command("create")
+@_db_option
+@_data_dir_option
+@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), required=True, help="What it may do.")
+@click.option("--name", required=True, help="Who holds it (written to the audit log).")
+@json_option
+def token_create(db_url: str | None, data_dir: Path, role: str, name: str, as_json: bool) -> None:
+    """Make a token; prints it once (the database keeps only its hash)."""
+    import getpass
+
+    from edgesdk.fleet.service.tokens import create_token
+
+    engine = _migrated(db_url, data_dir)
+    token_id, secret = create_token(engine, name=name, role=role, created_by=f"cli:{getpass.getuser()}")
+    engine.dispose()
+    if as_json:
+        print_json({"id": token_id, "name": name, "role": role, "token": secret})
+    else:
+        click.echo(secret)
+
+
+@token.command("list")
+@_db_option
+@_data_dir_option
+@json_option
+def token_list(db_url: str | None, data_dir: Path, as_json: bool) -> None:
+    """Every token (id, holder, role, created, revoked); never the tokens themselves."""
+    from edgesdk.cli.output import print_table
+    from edgesdk.fleet.service.tokens import list_tokens
+
+    engine = _migrated(db_url, data_dir)
+    rows = list_tokens(engine)
+    engine.dispose()
+    if as_json:
+        print_json(rows)
+    else:
+        print_table(
+            "tokens",
+            ["id", "name", "role", "revoked"],
+            [(r["id"], r["name"], r["role"], bool(r["revoked"])) for r in rows],
+        )
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@_db_option
+@_data_dir_option
+def token_revoke(token_id: str, db_url: str | None, data_dir: Path) -> None:
+    """Refuse token TOKEN_ID from now on."""
+    from edgesdk.fleet.service.tokens import revoke_token
+
+    engine = _migrated(db_url, data_dir)
+    revoke_token(engine, token_id)
+    engine.dispose()
+    console().print(f"token {token_id} revoked")
+
+
+def _migrated(db_url: str | None, data_dir: Path) -> Any:
+    from edgesdk.fleet.service.database import migrate, open_engine
+
+    engine = open_engine(_db_url(db_url, data_dir))
+    migrate(engine)
+    return engine
+
+
+def _duration(text: str, option: str) -> float:
+    from edgesdk.fleet.rollout import parse_duration
+
+    if text.strip().endswith("d"):
+        return parse_duration(text.strip()[:-1] + "h", option=option) * 24
+    seconds = parse_duration(text, option=option)
+    if seconds <= 0:
+        raise UsageError(f"bad {option} {text!r}: must be positive, e.g. 60s, 7d")
+    return seconds
+
+
+@click.command("submit")
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
+@_db_option
+@_data_dir_option
+@click.option("--group", default=None, help="Deploy to every device of this group the service knows.")
+@click.option("--devices", default=None, help="Comma-separated device ids.")
+@click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
+@click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave.")
+@click.option("--max-failures", default="5%", show_default=True, help="Abort when more of the reached devices fail.")
+@click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model.")
+@click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms).")
+@click.option("--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m).")
+@click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
+@click.option("--deployment-id", default=None, help="Id for the deployment.")
+@click.option("--expires", default="6h", show_default=True, help="Lifetime of each command sent to devices.")
+@json_option
+def submit(
+    bundle: Path,
+    db_url: str | None,
+    data_dir: Path,
+    group: str | None,
+    devices: str | None,
+    canary: str,
+    waves: str,
+    max_failures: str,
+    probation: str,
+    p95_ms: float | None,
+    wave_timeout: str | None,
+    chunk_size: int | None,
+    deployment_id: str | None,
+    expires: str,
+    as_json: bool,
+) -> None:
+    """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
+    from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves
+    from edgesdk.fleet.service.store import SqlRolloutStore
+    from edgesdk.fleet.service.submit import submit_deployment
+    from edgesdk.schemas.messages import HealthCriteria
+
+    plan = RolloutPlan(
+        canary=parse_percent(canary, option="--canary"),
+        waves=parse_waves(waves),
+        max_failures=parse_percent(max_failures, option="--max-failures"),
+        probation_s=parse_duration(probation, option="--probation"),
+        wave_timeout_s=parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
+        command_ttl_s=_positive_duration(expires),
+    )
+    if not bundle.is_file():
+        raise UsageError(f"bundle file {str(bundle)!r} not found")
+    engine = _migrated(db_url, data_dir)
+    store = SqlRolloutStore(engine)
+    message = submit_deployment(
+        store,
+        bundle,
+        plan,
+        devices=[d.strip() for d in devices.split(",") if d.strip()] if devices is not None else None,
+        group=group,
+        deployment_id=deployment_id,
+        health=HealthCriteria(probation_s=plan.probation_s, p95_latency_ms=p95_ms),
+        chunk_size=chunk_size,
+    )
+    summary = store.summary(message.deployment_id)
+    engine.dispose()
+    if as_json:
+        print_json(summary)
+    else:
+        console().print(f"deployment {message.deployment_id} submitted ({summary['devices']} devices, PENDING)")

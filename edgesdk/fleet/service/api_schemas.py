@@ -1,0 +1,80 @@
+"""Request and response bodies of the REST API (pydantic, frozen, unknown fields refused);
+FastAPI turns them into the OpenAPI document at ``/openapi.json``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DeploymentCreate(_Body):
+    """A staged rollout of an uploaded bundle (``POST /api/v1/deployments``)."""
+
+    bundle_id: str = Field(description="id from POST /api/v1/bundles")
+    devices: list[str] | None = Field(None, description="target device ids (or give group)")
+    group: str | None = Field(None, description="every device the service saw announce this group")
+    deployment_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    canary: float = Field(0.10, ge=0, le=1, description="share of devices in the first wave")
+    waves: list[float] = Field([0.10, 0.50, 1.00], min_length=1, description="cumulative shares, rising, ending at 1")
+    max_failures: float = Field(0.05, ge=0, le=1)
+    probation_s: float = Field(600.0, ge=0)
+    p95_ms: float | None = Field(None, gt=0, description="p95 latency SLO during probation")
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    wave_timeout_s: float | None = Field(None, gt=0)
+    expires_s: float = Field(6 * 3600.0, gt=0, description="lifetime of each command sent")
+    chunk_size: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> DeploymentCreate:
+        if (self.devices is None) == (self.group is None):
+            raise ValueError("give exactly one of devices or group")
+        if self.waves != sorted(self.waves) or self.waves[-1] != 1.0 or any(not 0 < w <= 1 for w in self.waves):
+            raise ValueError(f"waves {self.waves} must rise and end at 1.0")
+        return self
+
+
+class CommandOptions(_Body):
+    """Options of abort and rollback."""
+
+    reason: str = Field("", max_length=500)
+    expires_s: float | None = Field(None, gt=0)
+
+
+class TokenCreate(_Body):
+    name: str = Field(min_length=1, max_length=128)
+    role: Literal["viewer", "operator", "admin"]
+
+
+class EnrollmentDecision(_Body):
+    reason: str = Field("", max_length=500)
+    replace: bool = Field(False, description="approve a device that now offers a different key")
+
+
+class Device(_Body):
+    device_id: str
+    online: bool | None
+    profile: str | None
+    agent_version: str | None
+    groups: list[str]
+    model_name: str | None
+    model_version: str | None
+    model_release: int | None
+    variant: str | None
+    model_sha256: str | None
+    precision: str | None
+    runtime: str | None
+    ota_state: str | None
+    ota_deployment_id: str | None
+    first_seen: float
+    last_seen: float
+    latest: dict[str, Any] | None = Field(None, description="the newest telemetry row")
+
+
+class DeviceList(_Body):
+    devices: list[Device]
+    total: int

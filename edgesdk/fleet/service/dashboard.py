@@ -1,0 +1,559 @@
+"""The web dashboard, served by the service next to its API: server-rendered HTML, inline SVG
+charts (``charts``), a few lines of JavaScript (auto-refresh, the bundle upload), nothing from
+a CDN.
+
+Pages: the fleet at a glance (``/``), a device (``/ui/devices/{id}``: latency p50/p95/p99,
+temperature, precision and power over time, events, OTA history, the model and its hash), a
+rollout (``/ui/deployments/{id}``: waves, per-device state and reason, timeline, abort and
+rollback for operators). Signing in stores the operator token in an HttpOnly, SameSite=Strict
+cookie; every form that writes carries a CSRF value derived from the token, and every write
+is audited like the API's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import time
+import urllib.parse
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
+from edgesdk.fleet.rollout import RolloutPlan
+from edgesdk.fleet.service import audit, bundles, schema, tokens
+from edgesdk.fleet.service.charts import line_chart, state_band
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.ingest import read_counters
+from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
+from edgesdk.fleet.service.submit import submit_deployment
+from edgesdk.schemas.messages import HealthCriteria
+
+COOKIE = "edgesdk_fleet_session"
+_STATE_CLASS = {
+    "COMMITTED": "ok",
+    "SUCCEEDED": "ok",
+    "FAILED": "bad",
+    "ROLLED_BACK": "bad",
+    "TIMED_OUT": "bad",
+    "ABORTED": "bad",
+    "PENDING": "idle",
+}
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111;background:#f5f5f4}
+header{background:#1f2937;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
+header a{color:#fff;text-decoration:none}header .who{margin-left:auto;opacity:.8}
+main{padding:16px;max-width:1200px}section{background:#fff;border:1px solid #e5e5e5;border-radius:6px;
+padding:12px 16px;margin-bottom:16px}h1{font-size:20px;margin:0 0 12px}h2{font-size:16px;margin:0 0 8px}
+table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #eee;padding:4px 8px;text-align:left;
+vertical-align:top}th{font-weight:600;background:#fafafa}.ok{color:#15803d;font-weight:600}
+.bad{color:#b91c1c;font-weight:600}.idle{color:#6b7280}.warn{color:#b45309;font-weight:600}
+.cards{display:flex;gap:12px;flex-wrap:wrap}.card{background:#fff;border:1px solid #e5e5e5;border-radius:6px;
+padding:10px 14px;min-width:140px}.card b{font-size:22px;display:block}.chart{margin:8px 0}
+.chart figcaption{font-weight:600}.axis{font-size:10px;fill:#555}.band{font-size:11px;fill:#111}
+.empty{color:#6b7280}code{font-size:12px}form.inline{display:inline}button{padding:4px 10px}
+.danger{background:#b91c1c;color:#fff;border:0;border-radius:4px}label{margin-right:12px}
+input[type=text],input[type=number]{width:110px}.alerts li{margin:2px 0}
+"""
+
+_REFRESH = """
+<script>
+// Refresh the page every 5 s unless the operator is typing in a form.
+setInterval(function(){var a=document.activeElement;if(!a||!/INPUT|SELECT|TEXTAREA/.test(a.tagName))location.reload();},5000);
+</script>
+"""
+
+_UPLOAD = """
+<script>
+function uploadBundle(csrf){
+  var file=document.getElementById('bundle-file').files[0];if(!file)return false;
+  var status=document.getElementById('upload-status');status.textContent='uploading…';
+  fetch('/ui/bundles?filename='+encodeURIComponent(file.name),{method:'POST',body:file,
+    headers:{'X-CSRF':csrf,'Content-Type':'application/octet-stream'}})
+   .then(function(r){return r.json().then(function(j){if(!r.ok)throw new Error(j.detail);return j;});})
+   .then(function(j){status.textContent='uploaded '+j.model_name+' '+j.model_version;location.reload();})
+   .catch(function(e){status.textContent='refused: '+e.message;});
+  return false;
+}
+</script>
+"""
+
+
+def csrf_for(token: str) -> str:
+    """The CSRF value of a session: derived from its token, so it needs no server state."""
+    return hashlib.sha256(f"edgesdk-fleet-csrf:{token}".encode()).hexdigest()[:32]
+
+
+def _e(value: Any) -> str:
+    return html.escape("-" if value is None else str(value))
+
+
+def _state(value: Any) -> str:
+    return f'<span class="{_STATE_CLASS.get(str(value), "")}">{_e(value)}</span>'
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0.0, now - ts)
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+def _page(title: str, body: str, operator: tokens.Operator | None, *, refresh: bool = True) -> HTMLResponse:
+    who = (
+        f'<span class="who">{_e(operator.name)} ({_e(operator.role)}) · <a href="/logout">sign out</a></span>'
+        if operator is not None
+        else ""
+    )
+    return HTMLResponse(
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)} — edgesdk fleet</title>"
+        f'<meta name="viewport" content="width=device-width"><style>{_STYLE}</style></head><body>'
+        f'<header><a href="/"><b>edgesdk fleet</b></a><a href="/">overview</a>{who}</header>'
+        f"<main>{body}</main>{_REFRESH if refresh and operator is not None else ''}</body></html>"
+    )
+
+
+def add_dashboard(app: FastAPI, context: Any) -> None:
+    """Mount the dashboard's pages on ``app`` (the API's app, same database and controller)."""
+    engine = context.engine
+    store = context.store
+
+    def session(request: Request) -> tuple[tokens.Operator | None, str]:
+        token = request.cookies.get(COOKIE, "")
+        return (tokens.authenticate(engine, token) if token else None), token
+
+    def login_redirect() -> RedirectResponse:
+        return RedirectResponse("/login", status_code=303)
+
+    async def form(request: Request) -> dict[str, str]:
+        body = (await request.body()).decode("utf-8", "replace")
+        return {k: v[-1] for k, v in urllib.parse.parse_qs(body, keep_blank_values=True).items()}
+
+    def write_allowed(
+        request_csrf: str, token: str, operator: tokens.Operator | None, action: str, target: str
+    ) -> str | None:
+        """None when the write may go ahead; else why not (and the refusal is audited)."""
+        if operator is None:
+            audit.record(engine, actor="anonymous", role=None, action=action, target=target, outcome="refused")
+            return "sign in first"
+        if request_csrf != csrf_for(token):
+            audit.record(
+                engine,
+                actor=operator.actor,
+                role=operator.role,
+                action=action,
+                target=target,
+                outcome="refused",
+                detail={"why": "csrf"},
+            )
+            return "the form is stale or was not sent by this dashboard; reload the page"
+        if not tokens.allows(operator.role, "operator"):
+            audit.record(
+                engine, actor=operator.actor, role=operator.role, action=action, target=target, outcome="refused"
+            )
+            return f"{action} needs the operator role; you are {operator.role}"
+        return None
+
+    # -- signing in -------------------------------------------------------------------------
+
+    @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    def login_page(error: str = "") -> HTMLResponse:
+        message = f'<p class="bad">{_e(error)}</p>' if error else ""
+        body = (
+            f"<section><h1>Sign in</h1>{message}<form method=post action=/login>"
+            "<label>Operator token <input type=password name=token id=token size=60 autofocus></label>"
+            "<button type=submit id=sign-in>Sign in</button></form>"
+            "<p class=idle>Tokens come from <code>edgesdk fleet serve token create --role …</code>.</p></section>"
+        )
+        return _page("sign in", body, None, refresh=False)
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        token = (await form(request)).get("token", "").strip()
+        operator = tokens.authenticate(engine, token) if token else None
+        if operator is None:
+            audit.record(engine, actor="anonymous", role=None, action="dashboard.login", outcome="refused")
+            return RedirectResponse("/login?error=" + urllib.parse.quote("unknown or revoked token"), status_code=303)
+        audit.record(engine, actor=operator.actor, role=operator.role, action="dashboard.login")
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=12 * 3600)
+        return response
+
+    @app.get("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    # -- the fleet at a glance --------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def overview(request: Request) -> Response:
+        operator, token = session(request)
+        if operator is None:
+            return login_redirect()
+        now = time.time()
+        with Transaction(engine) as db:
+            devices = db.execute(sa.select(schema.devices).order_by(schema.devices.c.device_id)).all()
+            latest = {r.device_id: r for r in db.execute(latest_telemetry()).all()}
+        deployments = [store.summary(row.id) for row in reversed(store.all()[-20:])]
+        counters = read_counters(engine, "dashboard")
+        online = sum(1 for d in devices if d.online)
+        versions: dict[str, int] = {}
+        for d in devices:
+            key = f"{d.model_name or 'no model'} {d.model_version or ''}".strip()
+            versions[key] = versions.get(key, 0) + 1
+        alerts = [
+            f'<li class="bad">{_e(d.device_id)} is offline (last seen {_ago(d.last_seen, now)})</li>'
+            for d in devices
+            if d.online is False
+        ]
+        alerts += [
+            f'<li class="warn">{_e(k)} stepped down for heat ({_e(v.governor_state)}, {v.temperature_c or 0:.0f} °C)</li>'
+            for k, v in latest.items()
+            if v.governor_state in THERMAL_STATES
+        ]
+        alerts += [
+            f'<li class="bad">rollout <a href="/ui/deployments/{_e(d["deployment_id"])}">{_e(d["deployment_id"])}</a> aborted: {_e(d["reason"])}</li>'
+            for d in deployments
+            if d["state"] == "ABORTED"
+        ]
+        refused = counters.get("malformed", 0) + counters.get("impersonating", 0)
+        if refused:
+            alerts.append(f'<li class="warn">{refused} device messages refused (malformed or impersonating)</li>')
+        cards = (
+            f'<div class="cards"><div class="card" id="online">online<b>{online}</b></div>'
+            f'<div class="card">offline<b>{len(devices) - online}</b></div>'
+            + "".join(f'<div class="card">{_e(k)}<b>{v}</b></div>' for k, v in sorted(versions.items()))
+            + "</div>"
+        )
+        rows = "".join(
+            f'<tr id="device-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
+            f"<td>{'<span class=ok>online</span>' if d.online else '<span class=bad>offline</span>'}</td>"
+            f"<td>{_e(d.model_name)} {_e(d.model_version)}</td><td>{_e(d.precision)}</td><td>{_state(d.ota_state)}</td>"
+            f"<td>{_e(_fmt(latest.get(d.device_id), 'p95_ms'))}</td><td>{_e(_fmt(latest.get(d.device_id), 'temperature_c'))}</td>"
+            f"<td>{_e(', '.join(json.loads(d.groups)))}</td><td>{_ago(d.last_seen, now)}</td></tr>"
+            for d in devices
+        )
+        rollouts = "".join(
+            f'<tr><td><a href="/ui/deployments/{_e(d["deployment_id"])}">{_e(d["deployment_id"])}</a></td>'
+            f"<td>{_state(d['state'])}</td><td>{_e(d['model'])}</td><td>{d['devices']}</td>"
+            f"<td>{_e(', '.join(f'{k} {v}' for k, v in sorted(d['by_state'].items())))}</td></tr>"
+            for d in deployments
+        )
+        body = (
+            f"<h1>Fleet</h1>{cards}"
+            f"<section><h2>Alerts</h2><ul class=alerts id=alerts>{''.join(alerts) or '<li class=ok>none</li>'}</ul></section>"
+            "<section><h2>Devices</h2><table id=devices><tr><th>device</th><th>presence</th><th>model</th><th>precision</th>"
+            f"<th>OTA</th><th>p95 ms</th><th>°C</th><th>groups</th><th>seen</th></tr>{rows}</table></section>"
+            "<section><h2>Rollouts</h2><table id=rollouts><tr><th>deployment</th><th>state</th><th>model</th><th>devices</th>"
+            f"<th>by state</th></tr>{rollouts}</table></section>"
+        )
+        if tokens.allows(operator.role, "operator"):
+            body += _new_rollout_form(bundles.list_bundles(engine), csrf_for(token))
+        return _page("overview", body, operator)
+
+    # -- a device ---------------------------------------------------------------------------
+
+    @app.get("/ui/devices/{device_id}", response_class=HTMLResponse, include_in_schema=False)
+    def device_page(request: Request, device_id: str, hours: float = 6.0) -> Response:
+        operator, _token = session(request)
+        if operator is None:
+            return login_redirect()
+        now = time.time()
+        since = now - min(max(hours, 0.1), 24 * 31) * 3600
+        with Transaction(engine) as db:
+            row = db.execute(sa.select(schema.devices).where(schema.devices.c.device_id == device_id)).first()
+            if row is None:
+                return _page(
+                    "not found", f"<section><h1>No device {_e(device_id)}</h1></section>", operator, refresh=False
+                )
+            t = schema.telemetry
+            raw = db.execute(
+                sa.select(t).where((t.c.device_id == device_id) & (t.c.ts >= since)).order_by(t.c.ts)
+            ).all()
+            e = schema.events
+            events = db.execute(sa.select(e).where(e.c.device_id == device_id).order_by(e.c.ts.desc()).limit(50)).all()
+            h = schema.ota_history
+            ota = db.execute(
+                sa.select(h)
+                .where((h.c.device_id == device_id) & h.c.progress.is_(None))
+                .order_by(h.c.ts.desc())
+                .limit(50)
+            ).all()
+        latency = line_chart(
+            {
+                "p50": [(r.ts, r.p50_ms) for r in raw if r.p50_ms is not None],
+                "p95": [(r.ts, r.p95_ms) for r in raw if r.p95_ms is not None],
+                "p99": [(r.ts, r.p99_ms) for r in raw if r.p99_ms is not None],
+            },
+            unit="ms",
+            title="latency",
+        )
+        temperature = line_chart(
+            {"hottest sensor": [(r.ts, r.temperature_c) for r in raw if r.temperature_c is not None]},
+            unit="°C",
+            title="temperature",
+        )
+        precision = state_band([(r.ts, r.precision) for r in raw], title="precision")
+        power = state_band([(r.ts, r.power_source) for r in raw], title="power source")
+        governor = state_band([(r.ts, r.governor_state) for r in raw], title="governor")
+        facts = [
+            ("presence", "online" if row.online else "offline"),
+            ("model", f"{row.model_name or '-'} {row.model_version or ''} (release {row.model_release or '-'})"),
+            ("variant", row.variant),
+            ("precision / runtime", f"{row.precision or '-'} / {row.runtime or '-'}"),
+            ("model sha256", row.model_sha256),
+            ("profile / agent", f"{row.profile or '-'} / {row.agent_version or '-'}"),
+            ("groups", ", ".join(json.loads(row.groups))),
+            ("last OTA", f"{row.ota_state or '-'} ({row.ota_deployment_id or '-'})"),
+            ("last seen", _ago(row.last_seen, now)),
+        ]
+        fact_rows = "".join(
+            f"<tr><th>{_e(k)}</th><td id='fact-{i}'><code>{_e(v)}</code></td></tr>" for i, (k, v) in enumerate(facts)
+        )
+        event_rows = "".join(
+            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(ev.ts))}</td><td>{_e(ev.event)}</td><td><code>{_e(ev.detail)}</code></td></tr>"
+            for ev in events
+        )
+        ota_rows = "".join(
+            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(o.ts))}</td><td><a href='/ui/deployments/{_e(o.deployment_id)}'>{_e(o.deployment_id)}</a></td>"
+            f"<td>{_state(o.state)}</td><td>{_e(o.reason)}</td></tr>"
+            for o in ota
+        )
+        body = (
+            f"<h1>Device {_e(device_id)}</h1><section><table id=facts>{fact_rows}</table></section>"
+            f"<section><h2>Last {hours:g} h</h2>{latency}{temperature}{precision}{power}{governor}</section>"
+            f"<section><h2>OTA history</h2><table id=ota><tr><th>time</th><th>deployment</th><th>state</th><th>reason</th></tr>{ota_rows}</table></section>"
+            f"<section><h2>Events</h2><table id=events><tr><th>time</th><th>event</th><th>detail</th></tr>{event_rows}</table></section>"
+        )
+        return _page(device_id, body, operator)
+
+    # -- a rollout --------------------------------------------------------------------------
+
+    @app.get("/ui/deployments/{deployment_id}", response_class=HTMLResponse, include_in_schema=False)
+    def deployment_page(request: Request, deployment_id: str, error: str = "") -> Response:
+        operator, token = session(request)
+        if operator is None:
+            return login_redirect()
+        row = store.find(deployment_id)
+        if row is None:
+            return _page(
+                "not found", f"<section><h1>No deployment {_e(deployment_id)}</h1></section>", operator, refresh=False
+            )
+        summary = store.summary(deployment_id)
+        devices = store.devices(deployment_id)
+        with Transaction(engine) as db:
+            h = schema.ota_history
+            timeline = db.execute(
+                sa.select(h).where((h.c.deployment_id == deployment_id) & h.c.progress.is_(None)).order_by(h.c.ts)
+            ).all()
+        waves = sorted({d.wave for d in devices})
+        wave_sections = ""
+        for wave in waves:
+            members = [d for d in devices if d.wave == wave]
+            name = "canary" if wave == 0 and len(waves) > 1 and row.plan.get("canary", 0) > 0 else f"wave {wave}"
+            current = " (current)" if wave == row.wave and row.state not in FINISHED_ROLLOUT_STATES else ""
+            cells = "".join(
+                f'<tr id="dd-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
+                f"<td class=state>{_state(d.state)}</td><td>{'' if d.progress is None else f'{d.progress:.0%}'}</td>"
+                f"<td>{_e(d.model_release)}</td><td class=reason>{_e(d.reason)}</td></tr>"
+                for d in members
+            )
+            wave_sections += (
+                f"<h2>{_e(name)}{current}</h2><table class=wave><tr><th>device</th><th>state</th><th>progress</th>"
+                f"<th>release</th><th>reason</th></tr>{cells}</table>"
+            )
+        events = "".join(
+            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(t.ts))}</td><td>{_e(t.device_id)}</td><td>{_state(t.state)}</td><td>{_e(t.reason)}</td></tr>"
+            for t in timeline
+        )
+        buttons = ""
+        if tokens.allows(operator.role, "operator"):
+            csrf = csrf_for(token)
+            if row.state not in FINISHED_ROLLOUT_STATES:
+                buttons += (
+                    f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/abort">'
+                    f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="abort">Abort</button></form> '
+                )
+            if row.state != "ROLLED_BACK":
+                buttons += (
+                    f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/rollback">'
+                    f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="rollback">Roll back</button></form>'
+                )
+        message = f'<p class="bad">{_e(error)}</p>' if error else ""
+        plan = row.plan
+        body = (
+            f"<h1>Rollout {_e(deployment_id)}</h1>{message}<section>"
+            f"<p>State: <b id=rollout-state>{_state(row.state)}</b> · {_e(summary['model'])} · "
+            f"{summary['devices']} devices · canary {plan.get('canary', 0):.0%} · waves "
+            f"{_e(', '.join(f'{w:.0%}' for w in plan.get('waves', [])))} · max failures {plan.get('max_failures', 0):.0%} · "
+            f"probation {plan.get('probation_s', 0):g} s</p>"
+            f"<p id=rollout-reason>{_e(row.reason) if row.reason else ''}</p>{buttons}</section>"
+            f"<section>{wave_sections}</section>"
+            f"<section><h2>Timeline</h2><table id=timeline><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
+        )
+        return _page(deployment_id, body, operator)
+
+    @app.post("/ui/deployments/{deployment_id}/{action}", include_in_schema=False)
+    async def deployment_action(request: Request, deployment_id: str, action: str) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        operator, token = session(request)
+        fields = await form(request)
+        if action not in ("abort", "rollback"):
+            return _page("not found", "<section><h1>No such action</h1></section>", operator, refresh=False)
+        verb = f"deployment.{action}"
+        refusal = write_allowed(fields.get("csrf", ""), token, operator, verb, deployment_id)
+        target = f"/ui/deployments/{urllib.parse.quote(deployment_id)}"
+        if refusal is not None or operator is None:
+            return RedirectResponse(f"{target}?error={urllib.parse.quote(refusal or 'sign in first')}", status_code=303)
+        reason = f"{action} by {operator.name} (dashboard)"
+
+        def work() -> Any:
+            if action == "abort":
+                return context.commands.abort(deployment_id, reason)
+            return context.commands.rollback(deployment_id, reason)
+
+        try:
+            await run_in_threadpool(audit.audited, engine, operator, verb, deployment_id, work, {"reason": reason})
+        except EdgeSDKError as exc:
+            return RedirectResponse(f"{target}?error={urllib.parse.quote(str(exc))}", status_code=303)
+        return RedirectResponse(target, status_code=303)
+
+    @app.post("/ui/deployments", include_in_schema=False)
+    async def new_deployment(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        operator, token = session(request)
+        fields = await form(request)
+        refusal = write_allowed(fields.get("csrf", ""), token, operator, "deployment.create", "")
+        if refusal is not None or operator is None:
+            return _page("refused", f'<section><p class="bad">{_e(refusal)}</p></section>', operator, refresh=False)
+        try:
+            bundle = bundles.get_bundle(engine, fields.get("bundle_id", ""))
+            plan, health, devices, group = _plan_from(fields)
+            message = await run_in_threadpool(
+                audit.audited,
+                engine,
+                operator,
+                "deployment.create",
+                "",
+                lambda: submit_deployment(store, _path(bundle), plan, devices=devices, group=group, health=health),
+                {k: v for k, v in fields.items() if k != "csrf"},
+            )
+        except (EdgeSDKError, ValueError) as exc:
+            return _page(
+                "refused",
+                f'<section><p class="bad">{_e(exc)}</p><a href="/">back</a></section>',
+                operator,
+                refresh=False,
+            )
+        return RedirectResponse(f"/ui/deployments/{urllib.parse.quote(message.deployment_id)}", status_code=303)
+
+    @app.post("/ui/bundles", include_in_schema=False)
+    async def upload(request: Request, filename: str = "bundle.edgepkg") -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        operator, token = session(request)
+        refusal = write_allowed(request.headers.get("x-csrf", ""), token, operator, "bundle.upload", filename)
+        if refusal is not None or operator is None:
+            return JSONResponse({"detail": refusal}, status_code=403)
+        directory = context.data_dir / "bundles"
+        handle, path = bundles.new_upload(directory)
+        size = 0
+        with handle:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > context.max_bundle_bytes:
+                    handle.close()
+                    path.unlink(missing_ok=True)
+                    return JSONResponse({"detail": "bundle over the size limit"}, status_code=413)
+                handle.write(chunk)
+        try:
+            stored = await run_in_threadpool(
+                audit.audited,
+                engine,
+                operator,
+                "bundle.upload",
+                filename,
+                lambda: bundles.store_bundle(engine, directory, filename, path, uploaded_by=operator.actor),
+                {"size": size},
+            )
+        except EdgeSDKError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse(stored, status_code=201)
+
+
+def _fmt(row: Any, column: str) -> str | None:
+    if row is None or getattr(row, column) is None:
+        return None
+    return f"{getattr(row, column):.2f}" if column == "p95_ms" else f"{getattr(row, column):.0f}"
+
+
+def _path(bundle: dict[str, Any]) -> Any:
+    from pathlib import Path
+
+    return Path(bundle["path"])
+
+
+def _percent(text: str, name: str) -> float:
+    value = float(text.strip().rstrip("%")) / 100.0
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} {text!r} must be between 0% and 100%")
+    return value
+
+
+def _plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list[str] | None, str | None]:
+    """The new-rollout form's fields as a plan (ValueError naming the bad field)."""
+    waves = tuple(_percent(w, "waves") for w in fields.get("waves", "100%").split(",") if w.strip())
+    if not waves or list(waves) != sorted(waves) or waves[-1] != 1.0:
+        raise ValueError(f"waves {fields.get('waves')!r} must rise and end at 100%")
+    probation = float(fields.get("probation_s") or 600)
+    p95 = float(fields["p95_ms"]) if fields.get("p95_ms") else None
+    plan = RolloutPlan(
+        canary=_percent(fields.get("canary") or "10", "canary"),
+        waves=waves,
+        max_failures=_percent(fields.get("max_failures") or "0", "max failures"),
+        probation_s=probation,
+    )
+    target = fields.get("target", "").strip()
+    if not target:
+        raise ValueError("give a group or a comma-separated list of devices")
+    if fields.get("target_kind") == "devices":
+        return (
+            plan,
+            HealthCriteria(probation_s=probation, p95_latency_ms=p95),
+            [d.strip() for d in target.split(",")],
+            None,
+        )
+    return plan, HealthCriteria(probation_s=probation, p95_latency_ms=p95), None, target
+
+
+def _new_rollout_form(uploaded: list[dict[str, Any]], csrf: str) -> str:
+    options = "".join(
+        f'<option value="{_e(b["id"])}">{_e(b["model_name"])} {_e(b["model_version"])} (release {b["model_release"]}, {_e(b["filename"])})</option>'
+        for b in uploaded
+    )
+    return (
+        "<section><h2>Upload a bundle</h2>"
+        f'<form onsubmit="return uploadBundle(\'{csrf}\')"><input type=file id=bundle-file accept=".edgepkg">'
+        "<button type=submit id=upload>Upload</button> <span id=upload-status></span></form></section>"
+        "<section><h2>Start a rollout</h2><form method=post action=/ui/deployments id=new-rollout>"
+        f'<input type=hidden name=csrf value="{csrf}">'
+        f"<label>bundle <select name=bundle_id id=bundle>{options}</select></label>"
+        "<label><select name=target_kind><option value=group>group</option><option value=devices>devices</option></select>"
+        ' <input type=text name=target id=target placeholder="line-1"></label>'
+        '<label>canary <input type=text name=canary value="10%"></label>'
+        '<label>waves <input type=text name=waves value="10%,50%,100%"></label>'
+        '<label>max failures <input type=text name=max_failures value="0%"></label>'
+        '<label>probation s <input type=number name=probation_s value="600" min=0></label>'
+        '<label>p95 SLO ms <input type=text name=p95_ms value=""></label>'
+        "<button type=submit id=start-rollout>Start</button></form></section>" + _UPLOAD
+    )

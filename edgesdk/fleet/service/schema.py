@@ -1,0 +1,254 @@
+"""The fleet service's tables, as SQLAlchemy Core metadata (the one description of the schema).
+
+Alembic migrations (``migrations/versions``) create and change these tables; the metadata is
+what queries are written against, and a test checks that the migrated database matches it.
+Times are Unix seconds as floats (one type on SQLite and PostgreSQL, easy to bucket by
+minute); JSON documents are stored as text written by pydantic or ``json``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# -- rollouts (the RolloutStore port of edgesdk.fleet.deployments) --------------------------
+
+deployments = Table(
+    "deployments",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+    Column("bundle_path", Text, nullable=False),
+    Column("message", Text, nullable=False),  # the signed-template Deployment JSON
+    Column("plan", Text, nullable=False),  # RolloutPlan JSON
+    Column("state", String(16), nullable=False),
+    Column("wave", Integer, nullable=False, default=-1),
+    Column("reason", Text, nullable=False, default=""),
+    Index("ix_deployments_state", "state"),
+)
+
+deployment_devices = Table(
+    "deployment_devices",
+    metadata,
+    Column("deployment_id", String(64), ForeignKey("deployments.id"), primary_key=True),
+    Column("device_id", String(64), primary_key=True),
+    Column("wave", Integer, nullable=False),
+    Column("state", String(16), nullable=False, default="PENDING"),
+    Column("reason", Text, nullable=False, default=""),
+    Column("progress", Float),
+    Column("model_release", Integer),
+    Column("sent", Float),
+    Column("updated", Float),
+    Column("status_ts", String(40)),
+)
+
+#: The last command sequence each operator key issued (devices refuse anything not above it).
+issuers = Table(
+    "issuers",
+    metadata,
+    Column("key_id", String(64), primary_key=True),
+    Column("sequence", BigInteger, nullable=False),
+)
+
+#: Commands a decision owes to devices, delivered after the decision is stored.
+follow_ups = Table(
+    "follow_ups",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("deployment_id", String(64), ForeignKey("deployments.id"), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("wave", Integer),
+    Column("devices", Text, nullable=False),  # JSON list
+    Column("ttl_s", Float, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("delivered", Float),
+    Index("ix_follow_ups_pending", "delivered"),
+)
+
+# -- what devices told us (ingested from the broker) ------------------------------------------
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("online", Boolean),
+    Column("profile", String(64)),
+    Column("agent_version", String(64)),
+    Column("groups", Text, nullable=False, default="[]"),  # JSON list
+    Column("model_name", String(128)),
+    Column("model_version", String(64)),
+    Column("model_release", Integer),
+    Column("variant", String(128)),
+    Column("model_sha256", String(64)),
+    Column("precision", String(16)),
+    Column("runtime", String(32)),
+    Column("public_key", String(64)),
+    Column("presence_ts", Float),  # ts of the newest presence applied (older ones are ignored)
+    Column("telemetry_seq", BigInteger),
+    Column("first_seen", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+    Column("ota_state", String(16)),  # the last OTA status the device reported (revision 0002)
+    Column("ota_deployment_id", String(64)),
+)
+
+telemetry = Table(
+    "telemetry",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", String(64), nullable=False),
+    Column("msg_id", String(64), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("ts", Float, nullable=False),
+    Column("model_version", String(64)),
+    Column("precision", String(16)),
+    Column("requests", Integer, nullable=False, default=0),
+    Column("p50_ms", Float),
+    Column("p95_ms", Float),
+    Column("p99_ms", Float),
+    Column("throughput_rps", Float),
+    Column("errors", Integer, nullable=False, default=0),
+    Column("temperature_c", Float),
+    Column("cpu_percent", Float),
+    Column("rss_mb", Float),
+    Column("queue_depth", Integer),
+    Column("outbox_depth", Integer),
+    Column("dropped_messages", Integer),
+    Column("governor_state", String(32)),
+    Column("power_source", String(16)),
+    UniqueConstraint("device_id", "msg_id", name="uq_telemetry_msg"),
+    Index("ix_telemetry_device_ts", "device_id", "ts"),
+    Index("ix_telemetry_ts", "ts"),
+)
+
+#: Per-minute aggregates of ``telemetry``, kept much longer than the raw rows.
+telemetry_minutely = Table(
+    "telemetry_minutely",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("minute", Float, primary_key=True),  # Unix time of the minute's start
+    Column("samples", Integer, nullable=False),
+    Column("requests", Integer, nullable=False),
+    Column("p50_ms", Float),  # mean of the samples' p50
+    Column("p95_ms", Float),  # max of the samples' p95 (a bound, not a merged percentile)
+    Column("p99_ms", Float),  # max of the samples' p99
+    Column("throughput_rps", Float),
+    Column("errors", Integer),
+    Column("temperature_c", Float),  # max
+    Column("dropped_messages", Integer),  # max
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", String(64), nullable=False),
+    Column("msg_id", String(64), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("ts", Float, nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("detail", Text, nullable=False, default="{}"),
+    UniqueConstraint("device_id", "msg_id", name="uq_events_msg"),
+    Index("ix_events_device_ts", "device_id", "ts"),
+)
+
+#: Every OTA status a device published (the device's update history).
+ota_history = Table(
+    "ota_history",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", String(64), nullable=False),
+    Column("deployment_id", String(64), nullable=False),
+    Column("msg_id", String(64), nullable=False),
+    Column("ts", Float, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("progress", Float),
+    Column("model_release", Integer),
+    UniqueConstraint("device_id", "msg_id", name="uq_ota_history_msg"),
+    Index("ix_ota_history_deployment", "deployment_id", "device_id"),
+)
+
+enrollment_requests = Table(
+    "enrollment_requests",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("public_key", String(64), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("profile", String(64)),
+    Column("agent_version", String(64)),
+    Column("hostname", String(255)),
+    Column("requested", Float, nullable=False),
+    Column("status", String(16), nullable=False, default="pending"),  # pending | approved | revoked
+)
+
+#: Counters that must survive restarts (messages ingested, malformed, impersonating, duplicates)
+#: and small service state (the downsampling watermark).
+service_counters = Table(
+    "service_counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
+
+# -- the REST API (revision 0002) ---------------------------------------------------------------
+
+#: Operator tokens: only the SHA-256 of each token is stored (tokens are 256-bit random, so a
+#: fast hash is enough); ``revoked`` set means refused.
+operator_tokens = Table(
+    "operator_tokens",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("role", String(16), nullable=False),  # viewer | operator | admin
+    Column("token_sha256", String(64), nullable=False, unique=True),
+    Column("created", Float, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("revoked", Float),
+)
+
+#: Every write through the API, allowed or refused: who, what, when, the outcome.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("actor", String(128), nullable=False),  # token name and id, or "anonymous"
+    Column("role", String(16)),
+    Column("action", String(64), nullable=False),  # e.g. deployment.create
+    Column("target", String(128), nullable=False, default=""),
+    Column("outcome", String(16), nullable=False),  # ok | refused | failed
+    Column("detail", Text, nullable=False, default="{}"),
+    Index("ix_audit_log_ts", "ts"),
+)
+
+#: Bundles uploaded to the service (the file lives in DATA_DIR/bundles, named by its hash).
+bundles = Table(
+    "bundles",
+    metadata,
+    Column("id", String(16), primary_key=True),  # the first 16 hex digits of the SHA-256
+    Column("sha256", String(64), nullable=False, unique=True),
+    Column("filename", String(255), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("model_name", String(128), nullable=False),
+    Column("model_version", String(64), nullable=False),
+    Column("model_release", Integer, nullable=False),
+    Column("uploaded", Float, nullable=False),
+    Column("uploaded_by", String(128), nullable=False),
+)

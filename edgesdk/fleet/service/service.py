@@ -1,0 +1,211 @@
+"""The fleet service process: one MQTT client, the ingest, the rollout controller, maintenance.
+
+Start-up order matters for resuming: migrate the database, then connect with the service's
+*fixed* client id and a persistent session (QoS 1 statuses published while the service was
+down are waiting at the broker), deliver any commands a decision owed when the previous
+process died (``deliver_follow_ups``), then drive every deployment that is PENDING or
+IN_PROGRESS in its own thread (``RolloutController.run`` resumes at the stored wave). New
+deployments are rows in the database (``submit``); the service picks them up at its next poll.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError, LinkError
+from edgesdk.fleet.deployments import IN_PROGRESS, PENDING
+from edgesdk.fleet.rollout import RolloutController
+from edgesdk.fleet.service.database import migrate, open_engine, safe_url
+from edgesdk.fleet.service.ingest import Ingest
+from edgesdk.fleet.service.retention import Retention, downsample, prune
+from edgesdk.fleet.service.store import SqlRolloutStore
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What ``edgesdk fleet serve`` is started with."""
+
+    db_url: str
+    namespace: str = "edgesdk"
+    retention: Retention = field(default_factory=Retention)
+    maintenance_interval_s: float = 60.0
+    poll_s: float = 0.2
+    retry_s: float = 5.0  # wait before driving a deployment again after its run raised
+    connect_timeout_s: float = 10.0
+    data_dir: Path = Path(".")  # uploaded bundles live in DATA_DIR/bundles
+    api_bind: str | None = None  # HOST:PORT of the REST API and dashboard; None: no HTTP
+    registry_path: Path | None = None  # the enrollment registry approvals are written to
+
+
+def service_client_id(namespace: str) -> str:
+    """The service's MQTT client id: fixed per namespace, so its persistent session (and the
+    statuses queued in it while the service was down) survives a restart."""
+    return f"edgesdk-fleet-service-{namespace.replace('/', '-')}"
+
+
+class FleetService:
+    """``edgesdk fleet serve``; ``on_progress`` sees every rollout event (the CLI logs them; a
+    test passes a hook that kills the process at a chosen step)."""
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        client_options: Any,
+        operator_key: Any,
+        *,
+        on_progress: ProgressFn | None = None,
+    ) -> None:
+        self.settings = settings
+        self.client_options = client_options
+        self.operator_key = operator_key
+        self.on_progress = on_progress or (lambda _event, _info: None)
+        self.engine: Any = None
+        self.store: SqlRolloutStore | None = None
+        self.ingest: Ingest | None = None
+        self.controller: RolloutController | None = None
+        self.client: Any = None
+        self.api: Any = None
+        self._runners: dict[str, threading.Thread] = {}
+        self._retry_after: dict[str, float] = {}
+        self._stop = threading.Event()
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> FleetService:
+        from edgesdk.mqtt.client import MqttClient
+
+        self.engine = open_engine(self.settings.db_url)
+        revision = migrate(self.engine)
+        log.info("fleet database %s at schema revision %s", safe_url(self.engine), revision)
+        self.store = SqlRolloutStore(self.engine)
+        self.ingest = Ingest(self.engine, self.settings.namespace, self.store).start()
+        self.client = MqttClient(self.client_options)
+        self.controller = RolloutController(
+            self.store,
+            self.client,
+            self.settings.namespace,
+            self.operator_key,
+            on_progress=self._progress,
+            poll_s=self.settings.poll_s,
+        )
+        self.client.on_message = self._on_message  # the service owns the client: ingest first
+        for topic_filter in self.ingest.filters():
+            self.client.subscribe(topic_filter, qos=1)
+        self.client.subscribe(self.controller.chunks.request_filter, qos=0)
+        self.client.start()
+        if not self.client.wait_connected(self.settings.connect_timeout_s):
+            reason = self.client.stats.last_error or f"no answer in {self.settings.connect_timeout_s:g} s"
+            self.client.stop(graceful=False)
+            self.ingest.stop()
+            raise LinkError(f"cannot connect to broker {self.client_options.broker_url}: {reason}")
+        owed = self.controller.deliver_follow_ups()
+        if owed:
+            log.info("delivered %d command(s) owed by decisions of the previous run", owed)
+        if self.settings.api_bind is not None:
+            from edgesdk.fleet.service.api import ApiContext, create_app
+            from edgesdk.fleet.service.api_server import ApiServer
+
+            context = ApiContext(
+                engine=self.engine,
+                store=self.store,
+                commands=self.controller,
+                data_dir=self.settings.data_dir,
+                registry_path=self.settings.registry_path,
+            )
+            self.api = ApiServer(create_app(context), self.settings.api_bind).start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Drive deployments and run maintenance until :meth:`stop` (or a signal handler) asks."""
+        next_maintenance = time.monotonic()
+        while not self._stop.is_set():
+            self._drive_deployments()
+            if time.monotonic() >= next_maintenance:
+                self.maintenance()
+                next_maintenance = time.monotonic() + self.settings.maintenance_interval_s
+            self._stop.wait(self.settings.poll_s)
+        self._shutdown()
+
+    def stop(self) -> None:
+        """Ask ``serve_forever`` to return; running deployments stay IN_PROGRESS (resumable)."""
+        self._stop.set()
+
+    def _shutdown(self) -> None:
+        if self.api is not None:
+            self.api.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        for runner in self._runners.values():
+            runner.join(30)
+        if self.ingest is not None:
+            self.ingest.stop()
+        if self.client is not None:
+            self.client.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+
+    # -- work -------------------------------------------------------------------------------
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        if self.ingest is not None and self.ingest.handle(topic, payload):
+            return
+        if self.controller is not None:
+            self.controller.handle_message(topic, payload)  # chunk requests
+
+    def _progress(self, event: str, info: dict[str, Any]) -> None:
+        log.info("rollout %s %s", event, json.dumps(info, default=str))
+        self.on_progress(event, info)
+
+    def _drive_deployments(self) -> None:
+        if self.store is None:
+            return
+        try:
+            active = self.store.in_states({PENDING, IN_PROGRESS})
+        except EdgeSDKError as exc:
+            log.error("cannot list deployments: %s", exc)
+            return
+        now = time.monotonic()
+        for deployment_id in active:
+            runner = self._runners.get(deployment_id)
+            if runner is not None and runner.is_alive():
+                continue
+            if self._retry_after.get(deployment_id, 0.0) > now:
+                continue
+            runner = threading.Thread(
+                target=self._run, args=(deployment_id,), name=f"rollout-{deployment_id}", daemon=True
+            )
+            self._runners[deployment_id] = runner
+            runner.start()
+
+    def _run(self, deployment_id: str) -> None:
+        if self.controller is None:
+            return
+        try:
+            state = self.controller.run(deployment_id)
+            log.info("deployment %s: %s", deployment_id, state)
+        except EdgeSDKError as exc:
+            log.error("deployment %s not driven now (retry in %g s): %s", deployment_id, self.settings.retry_s, exc)
+            self._retry_after[deployment_id] = time.monotonic() + self.settings.retry_s
+
+    def maintenance(self) -> None:
+        """Downsample telemetry and apply retention (also run at start-up)."""
+        if self.engine is None:
+            return
+        try:
+            minutes = downsample(self.engine)
+            deleted = prune(self.engine, self.settings.retention, time.time())
+            if minutes or any(deleted.values()):
+                log.debug("telemetry: %d minute aggregates written, deleted %s", minutes, deleted)
+        except EdgeSDKError as exc:
+            log.error("telemetry maintenance failed (retried next interval): %s", exc)

@@ -1,0 +1,241 @@
+"""The rollout controller's port (``RolloutStore``) on SQLAlchemy Core: the service's deployments.
+
+Same behaviour as the operator's :class:`edgesdk.fleet.deployments.DeploymentStore` (a test
+runs both through the same cases), on any database the service supports. Every method is one
+short transaction; ``next_sequence`` locks the issuer's row (``SELECT … FOR UPDATE`` on
+PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already holds the write lock) so two rollouts signing
+at once never get the same number.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from edgesdk.errors import UpdateError, UsageError
+from edgesdk.fleet.deployments import (
+    PENDING,
+    DeploymentRow,
+    DeviceRow,
+    FollowUp,
+    status_applies,
+    summarize,
+)
+from edgesdk.fleet.service import schema
+from edgesdk.fleet.service.database import Transaction, safe_url
+from edgesdk.schemas.messages import Deployment, OtaStatus
+
+
+class SqlRolloutStore:
+    """Deployments, per-device results, issued sequences and owed commands in the service DB."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.where = safe_url(engine)
+
+    def _begin(self) -> Any:
+        return Transaction(self.engine, self.where)
+
+    # -- deployments ------------------------------------------------------------------------
+
+    def create(self, message: Deployment, bundle_path: Path, plan: dict[str, Any], waves: list[list[str]]) -> None:
+        now = time.time()
+        try:
+            with self._begin() as db:
+                db.execute(
+                    schema.deployments.insert().values(
+                        id=message.deployment_id,
+                        created=now,
+                        updated=now,
+                        bundle_path=str(Path(bundle_path).resolve()),
+                        message=message.model_dump_json(),
+                        plan=json.dumps(plan),
+                        state=PENDING,
+                        wave=-1,
+                        reason="",
+                    )
+                )
+                db.execute(
+                    schema.deployment_devices.insert(),
+                    [
+                        {"deployment_id": message.deployment_id, "device_id": device, "wave": index, "state": "PENDING"}
+                        for index, wave in enumerate(waves)
+                        for device in wave
+                    ],
+                )
+        except IntegrityError as exc:
+            raise UsageError(f"deployment {message.deployment_id!r} already exists; pick another id") from exc
+
+    def find(self, deployment_id: str) -> DeploymentRow | None:
+        """The deployment, or None when there is none with this id."""
+        with self._begin() as db:
+            row = db.execute(sa.select(schema.deployments).where(schema.deployments.c.id == deployment_id)).first()
+        return None if row is None else _deployment(row)
+
+    def get(self, deployment_id: str) -> DeploymentRow:
+        row = self.find(deployment_id)
+        if row is None:
+            known = [r.id for r in self.all()][-10:]
+            raise UsageError(f"deployment {deployment_id!r} not found; recent: {', '.join(known) or 'none'}")
+        return row
+
+    def all(self) -> list[DeploymentRow]:
+        with self._begin() as db:
+            rows = db.execute(sa.select(schema.deployments).order_by(schema.deployments.c.created)).all()
+        return [_deployment(r) for r in rows]
+
+    def in_states(self, states: set[str]) -> list[str]:
+        """Ids of the deployments in ``states``, oldest first (what the service must drive)."""
+        table = schema.deployments
+        with self._begin() as db:
+            rows = db.execute(sa.select(table.c.id).where(table.c.state.in_(states)).order_by(table.c.created)).all()
+        return [r.id for r in rows]
+
+    def set_state(
+        self,
+        deployment_id: str,
+        state: str,
+        *,
+        reason: str | None = None,
+        wave: int | None = None,
+        follow_up: FollowUp | None = None,
+    ) -> None:
+        values: dict[str, Any] = {"state": state, "updated": time.time()}
+        if reason is not None:
+            values["reason"] = reason
+        if wave is not None:
+            values["wave"] = wave
+        with self._begin() as db:
+            db.execute(schema.deployments.update().where(schema.deployments.c.id == deployment_id).values(**values))
+            if follow_up is not None:
+                db.execute(
+                    schema.follow_ups.insert().values(
+                        deployment_id=follow_up.deployment_id,
+                        action=follow_up.action,
+                        wave=follow_up.wave,
+                        devices=json.dumps(list(follow_up.devices)),
+                        ttl_s=follow_up.ttl_s,
+                        created=time.time(),
+                    )
+                )
+
+    def pending_follow_ups(self, deployment_id: str | None = None) -> list[FollowUp]:
+        table = schema.follow_ups
+        query = sa.select(table).where(table.c.delivered.is_(None))
+        if deployment_id is not None:
+            query = query.where(table.c.deployment_id == deployment_id)
+        with self._begin() as db:
+            rows = db.execute(query.order_by(table.c.id)).all()
+        return [FollowUp(r.deployment_id, r.action, tuple(json.loads(r.devices)), r.wave, r.ttl_s, r.id) for r in rows]
+
+    def follow_up_delivered(self, follow_up_id: int) -> None:
+        with self._begin() as db:
+            db.execute(
+                schema.follow_ups.update().where(schema.follow_ups.c.id == follow_up_id).values(delivered=time.time())
+            )
+
+    # -- command sequence numbers -----------------------------------------------------------
+
+    def next_sequence(self, issuer: str) -> int:
+        """As :meth:`DeploymentStore.next_sequence`: persisted before it is used, strictly above
+        every number issued from this database, at least the Unix time in milliseconds."""
+        table = schema.issuers
+        floor = int(time.time() * 1000)
+        with self._begin() as db:
+            row = db.execute(sa.select(table.c.sequence).where(table.c.key_id == issuer).with_for_update()).first()
+            sequence = max(floor, (row.sequence + 1) if row else 0)
+            if row is None:
+                db.execute(table.insert().values(key_id=issuer, sequence=sequence))
+            else:
+                db.execute(table.update().where(table.c.key_id == issuer).values(sequence=sequence))
+        return sequence
+
+    # -- devices ----------------------------------------------------------------------------
+
+    def devices(self, deployment_id: str, wave: int | None = None) -> list[DeviceRow]:
+        table = schema.deployment_devices
+        query = sa.select(table).where(table.c.deployment_id == deployment_id)
+        if wave is not None:
+            query = query.where(table.c.wave == wave)
+        with self._begin() as db:
+            rows = db.execute(query.order_by(table.c.wave, table.c.device_id)).all()
+        return [
+            DeviceRow(r.deployment_id, r.device_id, r.wave, r.state, r.reason, r.progress, r.model_release, r.updated)
+            for r in rows
+        ]
+
+    def wave_count(self, deployment_id: str) -> int:
+        table = schema.deployment_devices
+        with self._begin() as db:
+            top = db.execute(
+                sa.select(sa.func.max(table.c.wave)).where(table.c.deployment_id == deployment_id)
+            ).scalar()
+        return -1 if top is None else int(top) + 1
+
+    def mark_sent(self, deployment_id: str, device_ids: list[str]) -> None:
+        if not device_ids:
+            return
+        table = schema.deployment_devices
+        now = time.time()
+        with self._begin() as db:
+            match = (table.c.deployment_id == deployment_id) & table.c.device_id.in_(device_ids)
+            db.execute(table.update().where(match).values(sent=now))
+            db.execute(table.update().where(match & (table.c.state == "PENDING")).values(state="SENT"))
+
+    def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None:
+        table = schema.deployment_devices
+        with self._begin() as db:
+            db.execute(
+                table.update()
+                .where((table.c.deployment_id == deployment_id) & (table.c.device_id == device_id))
+                .values(state=state, reason=reason, updated=time.time())
+            )
+
+    def record_status(self, status: OtaStatus) -> bool:
+        """Store a device's status if it belongs to a known (deployment, device) and is not older
+        than what is stored (see ``status_applies``). Returns True when stored."""
+        table = schema.deployment_devices
+        match = (table.c.deployment_id == status.deployment_id) & (table.c.device_id == status.device_id)
+        with self._begin() as db:
+            row = db.execute(sa.select(table.c.state, table.c.status_ts).where(match).with_for_update()).first()
+            if row is None or not status_applies(row.state, row.status_ts, status):
+                return False
+            db.execute(
+                table.update()
+                .where(match)
+                .values(
+                    state=status.state,
+                    reason=status.reason,
+                    progress=status.progress,
+                    model_release=status.model.release if status.model else None,
+                    updated=time.time(),
+                    status_ts=status.ts.isoformat(),
+                )
+            )
+        return True
+
+    def summary(self, deployment_id: str) -> dict[str, Any]:
+        return summarize(self.get(deployment_id), self.devices(deployment_id))
+
+
+def _deployment(row: Any) -> DeploymentRow:
+    try:
+        message = Deployment.model_validate_json(row.message)
+    except ValueError as exc:  # pragma: no cover - only a hand-edited database gets here
+        raise UpdateError(f"deployment {row.id!r}: stored message unreadable: {exc}") from exc
+    return DeploymentRow(
+        id=row.id,
+        created=row.created,
+        updated=row.updated,
+        bundle_path=row.bundle_path,
+        message=message,
+        plan=json.loads(row.plan),
+        state=row.state,
+        wave=row.wave,
+        reason=row.reason,
+    )
