@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 from edgesdk.agent.api import open_inference
@@ -217,6 +218,39 @@ class ApiApp:
             loop.call_soon_threadsafe(self._finish, fut, respond, timer)
 
         future.add_done_callback(done)
+
+    def infer_from_thread(self, request: Request, answer: InferAnswer, target: Any) -> Response:
+        """``answer`` under the same admission control, from a thread other than the event
+        loop's (the gRPC server's): hops onto the loop, blocks until the response (or the 504
+        after ``request_timeout_s``). The request's allowance is released once it is answered."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return json_response(503, {"error": "the agent is stopping"})
+        answered: Future[Response] = Future()
+
+        def respond(response: Response) -> None:
+            # On the loop thread; a 504 may come first, the worker's answer then finds it done.
+            if answered.done():
+                return
+            if request.allowance is not None:
+                request.allowance.release()
+            answered.set_result(response)
+
+        def submit() -> None:
+            try:
+                self._infer(request, respond, answer, target)
+            except RuntimeError:  # the pool was shut down: the agent is stopping
+                respond(json_response(503, {"error": "the agent is stopping"}, [("Retry-After", "1")]))
+
+        try:
+            loop.call_soon_threadsafe(submit)
+        except RuntimeError:  # the loop closed meanwhile
+            return json_response(503, {"error": "the agent is stopping"})
+        try:
+            # The loop answers within request_timeout_s (its 504); the margin covers a stopping loop.
+            return answered.result(timeout=self.config.request_timeout_s + 5)
+        except FutureTimeoutError:
+            return json_response(503, {"error": "the agent is stopping"})
 
     def _too_late(self, respond: Respond) -> None:
         self.metrics.count_error("timeout")
