@@ -51,6 +51,8 @@ log = logging.getLogger("edgesdk.agent.api")
 
 _INFER_PREFIX = "/v1/models/"
 _INFER_SUFFIX = "/infer"
+_INFER_PREFIX_LEN = len(_INFER_PREFIX)
+_INFER_SUFFIX_AT = -len(_INFER_SUFFIX)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
 _INLINE_MAX_BODY = 64 * 1024
@@ -64,8 +66,8 @@ InferAnswer = Callable[[ModelServer, Request, Any], Response]
 def answer_v1(server: ModelServer, request: Request, model_name: str) -> Response:
     """``POST /v1/models/{name}/infer`` in any of the codec's encodings."""
     model = server.get_model(model_name)
-    content_type = media_type(request.headers.get("content-type"))
-    encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
+    headers = request.headers
+    content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
     feeds = decode_request(
         content_type, request.body, request.headers, request.query, model.signature, request.allowance
     )
@@ -75,6 +77,24 @@ def answer_v1(server: ModelServer, request: Request, model_name: str) -> Respons
     )
     headers.append(("X-Model-Variant", variant))
     return Response(200, body, content_type=encoding, headers=headers)
+
+
+_ENCODINGS_SEEN: dict[tuple[str | None, str | None], tuple[str, str]] = {}
+
+
+def encodings(content_type_header: str | None, accept_header: str | None) -> tuple[str, str]:
+    """(request media type, response encoding) of a Content-Type and an Accept header; raises
+    UnsupportedEncodingError (406) for an Accept the API cannot answer. Remembered per header
+    pair: a client sends the same two with every request, and parsing them costs as much as
+    the rest of a tiny model's routing."""
+    key = (content_type_header, accept_header)
+    known = _ENCODINGS_SEEN.get(key)
+    if known is None:
+        content_type = media_type(content_type_header)
+        known = (content_type, response_encoding(accept_header, content_type or "application/json"))
+        if len(_ENCODINGS_SEEN) < 256:  # bounded: header values are the client's to choose
+            _ENCODINGS_SEEN[key] = known
+    return known
 
 
 class ApiApp:
@@ -102,6 +122,7 @@ class ApiApp:
         # Smoothed duration of recent requests (s); starts high so the first ones go to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
+        self._took_cap_s = 2 * self.inline_max_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 
@@ -113,8 +134,8 @@ class ApiApp:
     def handle(self, request: Request, respond: Respond) -> None:
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
-            if self._method_allowed(request, "POST", respond):
-                self._infer(request, respond, answer_v1, path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)])
+            if request.method == "POST" or self._method_allowed(request, "POST", respond):
+                self._infer(request, respond, answer_v1, path[_INFER_PREFIX_LEN:_INFER_SUFFIX_AT])
             return
         if path.startswith(open_inference.MODELS_PREFIX):
             self._v2_model_route(request, respond)
@@ -194,22 +215,24 @@ class ApiApp:
             self.metrics.count_error("overload")
             respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
             return
-        enqueued = time.monotonic()
-        if self.requests.count == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
+        requests = self.requests
+        if requests.count == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
             # Nothing else runs and this model answers in well under a millisecond: the two
             # thread hops would cost more than the inference, and blocking the loop this
-            # briefly delays nobody.
-            self.requests.count += 1
+            # briefly delays nobody. (No queue, so no expiry check: it starts now.)
+            requests.count += 1
+            started = time.perf_counter()
             try:
-                response = self._work(request, answer, target, enqueued)
+                response = self._answer(request, answer, target)
             finally:
-                self.requests.count -= 1
+                requests.count -= 1
+            self._took(time.perf_counter() - started)
             respond(response)
-            if self.requests.count == 0 and self._drained is not None:
+            if self._drained is not None and requests.count == 0:
                 self._drained.set()
             return
-        self.requests.count += 1
-        future = self.pool.submit(self._work, request, answer, target, enqueued)
+        requests.count += 1
+        future = self.pool.submit(self._work, request, answer, target, time.monotonic())
         loop = self.loop or asyncio.get_running_loop()
         timer = loop.call_later(self.config.request_timeout_s, self._too_late, respond)
 
@@ -274,10 +297,20 @@ class ApiApp:
         if started - enqueued > self.config.request_timeout_s:
             return json_response(504, {"error": "request expired in the queue"})
         response = self._answer(request, answer, target)
-        # A race between pool threads only blurs this average; it decides a fast path, nothing more.
-        took = time.monotonic() - started
-        self.recent_s = took if self.recent_s == float("inf") else 0.8 * self.recent_s + 0.2 * took
+        self._took(time.monotonic() - started)
         return response
+
+    def _took(self, took: float) -> None:
+        """Fold one answer's duration into ``recent_s`` (a race between pool threads only blurs
+        this average; it decides a fast path, nothing more)."""
+        if self.recent_s == float("inf"):
+            self.recent_s = took
+        else:
+            # Each run counts at most twice the threshold: on a loaded machine one request in a
+            # few hundred is preempted for milliseconds, and an uncapped average would then send
+            # the next dozens of a tiny model's requests through the pool (two thread hops
+            # each). Three slow runs in a row still cross the threshold (a larger model).
+            self.recent_s = 0.8 * self.recent_s + 0.2 * min(took, self._took_cap_s)
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""

@@ -72,8 +72,12 @@ class Allowance:
 
     def take_body(self, size: int) -> bool:
         """Hold ``size`` body bytes; False when the budget is full (the caller answers 503)."""
-        if not self.budget.try_take(size):
-            return False
+        budget = self.budget
+        with budget.lock:  # MemoryBudget.try_take, written out: once per request with a body
+            if budget.used + size > budget.capacity:
+                budget.refused += 1
+                return False
+            budget.used += size
         self.held += size
         return True
 

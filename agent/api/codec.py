@@ -122,6 +122,9 @@ def check_declared(signature: Signature, name: str, shape: tuple[int, ...], dtyp
     input is the model's, ``dtype`` (when the encoding carries one) is its dtype, the rank and
     every fixed dimension match, and it is not empty. Returns the array's size in bytes (in the
     input's dtype); InferenceInputError (422) names the problem, as ``Signature.check`` would."""
+    known = signature.declared_nbytes.get((name, shape))
+    if known is not None and (dtype is None or dtype == signature.by_name[name].dtype):
+        return known  # this shape of this input passed before: the same answer
     slot = signature.by_name.get(name)
     if slot is None:
         raise DeclaredInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
@@ -141,7 +144,14 @@ def check_declared(signature: Signature, name: str, shape: tuple[int, ...], dtyp
     count = math.prod(shape)
     if count == 0:
         raise DeclaredInputError(f"input {name!r}: shape {list(shape)} is empty")
-    return count * slot.dtype.itemsize
+    nbytes = count * slot.dtype.itemsize
+    if len(signature.declared_nbytes) < _DECLARED_SHAPES_MAX:
+        signature.declared_nbytes[(name, shape)] = nbytes
+    return nbytes
+
+
+#: Declared shapes remembered per model (see ``Signature.declared_nbytes``).
+_DECLARED_SHAPES_MAX = 256
 
 
 def json_shape(value: Any, name: str) -> tuple[int, ...]:
