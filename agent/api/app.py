@@ -119,10 +119,12 @@ class ApiApp:
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).
         self.requests = metrics.requests
-        # Smoothed duration of recent requests (s); starts high so the first ones go to the pool.
+        # The shortest duration of the last four answers (s, see _took); starts high so the first goes to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
-        self._took_cap_s = 2 * self.inline_max_s
+        self._recent = [float("inf")] * 4  # the last answers' durations (see _took)
+        self._recent_next = 0
+        self._slow_s = 10 * self.inline_max_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 
@@ -301,16 +303,23 @@ class ApiApp:
         return response
 
     def _took(self, took: float) -> None:
-        """Fold one answer's duration into ``recent_s`` (a race between pool threads only blurs
-        this average; it decides a fast path, nothing more)."""
-        if self.recent_s == float("inf"):
-            self.recent_s = took
+        """Fold one answer's duration into ``recent_s``: the shortest of the last four.
+
+        Why the shortest: these are wall-clock times, and on a loaded machine a tiny model's
+        run is now and then preempted for milliseconds; an average (as before) then sent the
+        following requests through the pool, two thread hops each, which measured 2-3x the
+        CPU per answer at load 9. A model that is really slow (another one swapped in) is
+        slow every time: a run over ten times the threshold alone sends the next ones to the
+        pool, until four fast runs there say otherwise. (A race between pool threads only
+        blurs this; it decides a fast path, nothing more.)"""
+        window = self._recent
+        if took > self._slow_s:
+            window[:] = [took] * len(window)
         else:
-            # Each run counts at most twice the threshold: on a loaded machine one request in a
-            # few hundred is preempted for milliseconds, and an uncapped average would then send
-            # the next dozens of a tiny model's requests through the pool (two thread hops
-            # each). Three slow runs in a row still cross the threshold (a larger model).
-            self.recent_s = 0.8 * self.recent_s + 0.2 * min(took, self._took_cap_s)
+            index = self._recent_next
+            window[index] = took
+            self._recent_next = (index + 1) % len(window)
+        self.recent_s = min(window)
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""

@@ -22,7 +22,6 @@ import functools
 import io
 import json
 import math
-import re
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -36,18 +35,12 @@ from edgesdk.agent.api.http import dumps
 from edgesdk.agent.signature import Signature
 
 from edgesdk.errors import AgentError, InferenceInputError
+from edgesdk.protocol.tensor_header import MAX_DIM, RAW, TensorEntry, describe, parse_header
 
 JSON = "application/json"
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
-RAW = "application/x-edgesdk-tensors"
 ENCODINGS = (JSON, NPY, NPZ, RAW)
-
-_RAW_ITEM = re.compile(r"^\s*([^=;\s]+)\s*=\s*([a-z0-9]+)\s*\[\s*([0-9,\s]*)\]\s*$")
-_RAW_DTYPES = {"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"}
-#: A dimension longer than this is refused as written (numpy's own limit is 2**63 - 1; a
-#: larger one would fail deep inside numpy instead of as the client's error).
-MAX_DIM = (1 << 62) - 1
 #: Bytes of an .npy header read before its shape is known (numpy itself allows 10000).
 _NPY_HEADER_MAX = 64 * 1024
 
@@ -338,32 +331,18 @@ def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict
 
 def parse_tensor_header(header: str) -> list[tuple[str, np.dtype[Any], tuple[int, ...]]]:
     """``"a=float32[1,8]; b=int64[1]"`` → [(name, dtype, shape)]."""
-    return [(name, dtype, shape) for name, dtype, shape, _ in _parse_tensor_header(header)]
+    return [(e.name, e.dtype, e.shape) for e in _parse_tensor_header(header)]
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_tensor_header(header: str) -> tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]:
-    # Cached: a client sends the same X-Tensors line with every request, and parsing it
-    # (regex, dtype objects) costs as much as a tiny model's whole inference.
+def _parse_tensor_header(header: str) -> tuple[TensorEntry, ...]:
+    # Cached here too (parse_header is): one call per request on the hot path, as before.
     if not header.strip():
         raise DecodeError("raw tensors need an X-Tensors header, e.g. 'X-Tensors: image=float32[1,1,8,8]'")
-    items = []
-    for part in header.split(";"):
-        match = _RAW_ITEM.match(part)
-        if not match:
-            raise DecodeError(f"X-Tensors entry {part.strip()!r} is not NAME=DTYPE[D1,D2,...]")
-        name, dtype, dims = match.groups()
-        if dtype not in _RAW_DTYPES:
-            raise DecodeError(
-                f"X-Tensors entry {name!r}: unknown dtype {dtype!r}; known: {', '.join(sorted(_RAW_DTYPES))}"
-            )
-        digits = [d.strip() for d in dims.split(",") if d.strip()]
-        # Checked as text first: int() of thousands of digits is itself refused (or slow).
-        if any(len(d) > 19 or int(d) > MAX_DIM for d in digits):
-            raise DecodeError(f"X-Tensors entry {name!r}: a dimension of [{dims}] is over {MAX_DIM}")
-        shape = tuple(int(d) for d in digits)
-        items.append((name, np.dtype(dtype).newbyteorder("<"), shape, math.prod(shape)))
-    return tuple(items)
+    try:
+        return parse_header(header)  # cached there: clients repeat the same header
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from None
 
 
 def _decode_raw(body: bytes, header: str) -> dict[str, np.ndarray]:
@@ -421,14 +400,8 @@ def encode_response(
         if not (little and array.flags.c_contiguous):
             array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         parts.append(array.tobytes())
-        descriptions.append(_describe(name, array.dtype, array.shape))
+        descriptions.append(describe(name, array.dtype, array.shape))
     return parts[0] if len(parts) == 1 else b"".join(parts), [("X-Tensors", "; ".join(descriptions))]
 
 
 _NATIVE_LITTLE = sys.byteorder == "little"
-
-
-@functools.lru_cache(maxsize=256)
-def _describe(name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
-    # Cached: the same few outputs every request, and numpy builds dtype.name anew each time.
-    return f"{name}={dtype.name}[{','.join(map(str, shape))}]"
