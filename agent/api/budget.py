@@ -103,6 +103,17 @@ class Allowance:
             self.held += size
             self.decoded += size
 
+    def give_back(self, size: int) -> None:
+        """Return ``size`` bytes taken with ``take_decoded`` that are garbage now (a parsed
+        document once its arrays are built). The per-request cap still counts them: it bounds
+        what one request allocates in all."""
+        budget = self.budget
+        with budget.lock:
+            if not self.released:
+                size = min(size, self.held)
+                budget.used -= size
+                self.held -= size
+
     def release(self) -> None:
         """Give everything back (idempotent)."""
         budget = self.budget

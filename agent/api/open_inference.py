@@ -32,7 +32,6 @@ shared-memory regions, the model repository and statistics extensions (404).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
-from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape
-from edgesdk.agent.api.http import Request, Response, json_response
+from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape, parse_json
+from edgesdk.agent.api.http import Request, Response, dumps, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.signature import Signature, TensorSlot
 
@@ -202,16 +201,9 @@ def decode_infer_request(
     if allowance is None:
         allowance = unlimited_allowance()
     header, binary = _split_body(body, headers)
-    allowance.take_decoded(
-        json_parse_cost(header), "the JSON of the request (use the binary tensor extension for large inputs)"
-    )
-    try:
-        document = json.loads(header)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DecodeError(f"malformed JSON: {exc}") from exc
-    except RecursionError:
-        raise DecodeError("malformed JSON: nested too deep") from None
-    document = _object(document, "the request")
+    parse_cost = json_parse_cost(header)
+    allowance.take_decoded(parse_cost, "the JSON of the request (use the binary tensor extension for large inputs)")
+    document = _object(parse_json(header), "the request")
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise DecodeError('the request needs "inputs": [{"name", "shape", "datatype", "data"}, ...]')
@@ -254,6 +246,7 @@ def decode_infer_request(
         raise DecodeError(
             f"the binary section has {len(binary)} bytes; the inputs' binary_data_size add up to {offset}"
         )
+    allowance.give_back(parse_cost)  # the parsed document is garbage once the arrays exist (as /v1)
     return InferRequest(
         feeds=feeds,
         outputs=_requested_outputs(document.get("outputs"), signature),
@@ -395,14 +388,14 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = np.ascontiguousarray(array).ravel()  # orjson writes float32 as float32
         described.append(entry)
     document: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id is not None:
         document["id"] = request.id
     document["parameters"] = {"variant": variant}
     document["outputs"] = described
-    header = json.dumps(document).encode()
+    header = dumps(document)
     extra = [("X-Model-Variant", variant)]
     if not chunks:
         return Response(200, header, headers=extra)
