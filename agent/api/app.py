@@ -4,9 +4,10 @@ At most ``max_concurrency`` inferences run at once (the size of the thread pool)
 most ``max_queue`` more wait; beyond that a request is answered 503 with ``Retry-After``
 at once, so a flood costs a few microseconds per refused request and never unbounded
 memory. Decoding, inference and encoding run in the pool, so a large JSON body cannot stall
-other connections. One exception: when nothing else is running and recent requests took less
-than ``inline_max_ms`` (a tiny model), a small request is answered on the event loop itself,
-because the two thread hops would cost more than the inference.
+other connections. One exception: when recent requests took less than ``inline_max_ms`` (a
+tiny model; the shortest of the last four, so one preempted run does not count), a small
+request is answered on the event loop itself, because the two thread hops would cost more
+than the inference (with dynamic batching on, only when nothing else is in flight).
 
 The Open Inference Protocol (KServe v2) routes live beside ``/v1`` (``/v2/...``, translated in
 ``open_inference``); their inferences take the same admission control and the same server path.
@@ -125,6 +126,10 @@ class ApiApp:
         self._recent = [float("inf")] * 4  # the last answers' durations (see _took)
         self._recent_next = 0
         self._slow_s = 10 * self.inline_max_s
+        # With dynamic batching a request waits for others in the batcher: never on the loop
+        # beside requests in the pool (the loop would wait for a batch it keeps from filling).
+        batching = config.batching
+        self._inline_beside_others = not (batching.enabled or any(m.enabled for m in batching.models.values()))
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 
@@ -218,10 +223,16 @@ class ApiApp:
             respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
             return
         requests = self.requests
-        if requests.count == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
-            # Nothing else runs and this model answers in well under a millisecond: the two
-            # thread hops would cost more than the inference, and blocking the loop this
-            # briefly delays nobody. (No queue, so no expiry check: it starts now.)
+        if (
+            self.recent_s < self.inline_max_s
+            and len(request.body) <= _INLINE_MAX_BODY
+            and (requests.count == 0 or self._inline_beside_others)
+        ):
+            # This model answers in well under a millisecond: the two thread hops would cost
+            # more than the inference, and blocking the loop this briefly delays nobody. Also
+            # while others are in the pool: else, once a preempted run had sent some there,
+            # sixteen busy clients kept every request in the pool (count never back to 0),
+            # at ~2x the CPU per answer. (No queue, so no expiry check: it starts now.)
             requests.count += 1
             started = time.perf_counter()
             try:

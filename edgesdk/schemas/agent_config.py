@@ -106,8 +106,9 @@ class ApiConfig(Schema):
     inline_max_ms: float = Field(
         0.5,
         ge=0,
-        description="when no other request runs and recent requests took less than this, answer on the event "
-        "loop without the thread-pool hop (tiny models); 0 disables",
+        description="when recent requests took less than this (the shortest of the last four), answer on the "
+        "event loop without the thread-pool hop (tiny models; with dynamic batching only when no other request "
+        "is in flight); 0 disables",
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)  # type: ignore[arg-type]
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)  # type: ignore[arg-type]
