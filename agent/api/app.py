@@ -5,7 +5,7 @@ most ``max_queue`` more wait; beyond that a request is answered 503 with ``Retry
 at once, so a flood costs a few microseconds per refused request and never unbounded
 memory. Decoding, inference and encoding run in the pool, so a large JSON body cannot stall
 other connections. One exception: when recent requests took less than ``inline_max_ms`` (a
-tiny model; the shortest of the last four, so one preempted run does not count), a small
+tiny model; the shortest of the last eight, so preempted runs do not count), a small
 request is answered on the event loop itself, because the two thread hops would cost more
 than the inference (with dynamic batching on, only when nothing else is in flight).
 
@@ -120,10 +120,10 @@ class ApiApp:
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).
         self.requests = metrics.requests
-        # The shortest duration of the last four answers (s, see _took); starts high so the first goes to the pool.
+        # The shortest of the last eight answers (s, see _took); starts high so the first goes to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
-        self._recent = [float("inf")] * 4  # the last answers' durations (see _took)
+        self._recent = [float("inf")] * 8  # the last answers' durations (see _took)
         self._recent_next = 0
         self._slow_s = 10 * self.inline_max_s
         # With dynamic batching a request waits for others in the batcher: never on the loop
@@ -306,23 +306,23 @@ class ApiApp:
             self._drained.set()
 
     def _work(self, request: Request, answer: InferAnswer, target: Any, enqueued: float) -> Response:
-        started = time.monotonic()
-        if started - enqueued > self.config.request_timeout_s:
+        if time.monotonic() - enqueued > self.config.request_timeout_s:
             return json_response(504, {"error": "request expired in the queue"})
+        started = time.perf_counter()
         response = self._answer(request, answer, target)
-        self._took(time.monotonic() - started)
+        self._took(time.perf_counter() - started)
         return response
 
     def _took(self, took: float) -> None:
-        """Fold one answer's duration into ``recent_s``: the shortest of the last four.
+        """Fold one answer's duration into ``recent_s``: the shortest of the last eight.
 
-        Why the shortest: these are wall-clock times, and on a loaded machine a tiny model's
-        run is now and then preempted for milliseconds; an average (as before) then sent the
-        following requests through the pool, two thread hops each, which measured 2-3x the
-        CPU per answer at load 9. A model that is really slow (another one swapped in) is
-        slow every time: a run over ten times the threshold alone sends the next ones to the
-        pool, until four fast runs there say otherwise. (A race between pool threads only
-        blurs this; it decides a fast path, nothing more.)"""
+        Why the shortest: these are wall-clock times (what blocks the loop, a wait on an
+        accelerator included), and on a loaded machine a tiny model's run is often preempted
+        for milliseconds; an average (as before) then sent its requests through the pool, two
+        thread hops each, at 1.5-2x the CPU per answer at load 9-10. A model that is really
+        slow (another one swapped in, a device to wait for) is slow every time: a run over ten
+        times the threshold alone sends the next ones to the pool, until eight fast runs there
+        say otherwise. (A race between pool threads only blurs this; it decides a fast path.)"""
         window = self._recent
         if took > self._slow_s:
             window[:] = [took] * len(window)

@@ -106,7 +106,7 @@ class ApiConfig(Schema):
     inline_max_ms: float = Field(
         0.5,
         ge=0,
-        description="when recent requests took less than this (the shortest of the last four), answer on the "
+        description="when recent requests took less than this (the shortest of the last eight), answer on the "
         "event loop without the thread-pool hop (tiny models; with dynamic batching only when no other request "
         "is in flight); 0 disables",
     )
