@@ -37,9 +37,10 @@ from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
 
-if TYPE_CHECKING:  # the link, the updater and the key types load when used, not at start
+if TYPE_CHECKING:  # the link, the updater, gRPC and the key types load when used, not at start
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.api.grpc_server import GrpcServer
     from edgesdk.agent.link import AgentLink
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # the link, the updater and the key types load when used, not
 log = logging.getLogger("edgesdk.agent")
 
 PORT_FILE = "api.port"
+GRPC_PORT_FILE = "grpc.port"
 PID_FILE = "agent.pid"
 
 
@@ -105,6 +107,7 @@ class Agent:
         self.metrics = Metrics(self.server, stats=stats, governor=self.governor)
         self.api: ApiApp | None = None
         self.http: HttpServer | None = None
+        self.grpc: GrpcServer | None = None  # only when api.grpc.enabled
         self.port: int | None = None
         self.link: AgentLink | None = None
         self.updates: UpdateManager | None = None
@@ -547,6 +550,29 @@ class Agent:
             return asyncio.run(self.serve())
         return uvloop.run(self.serve())
 
+    def _start_grpc(self, api: ApiApp, http: HttpServer) -> GrpcServer | None:
+        """The gRPC endpoint when ``api.grpc.enabled`` (grpc imported only then); its port is
+        written to ``data_dir/grpc.port`` before ``api.port`` says the agent is ready."""
+        api_config = self.config.api
+        if not api_config.grpc.enabled:
+            return None
+        try:
+            from edgesdk.agent.api.grpc_server import GrpcServer
+        except ImportError as exc:
+            raise AgentError(
+                f"api.grpc.enabled is set but the grpc extra is missing ({exc}); pip install 'edgesdk[grpc]'"
+            ) from exc
+        server = GrpcServer(
+            api,
+            http.budget,
+            max_message_bytes=api_config.max_body_bytes,
+            max_decoded_bytes=http.limits.decoded_bytes,
+        )
+        port = server.start(api_config.grpc.host, api_config.grpc.port)
+        atomic_write_bytes(self.data_dir / GRPC_PORT_FILE, f"{port}\n".encode(), mode=0o644)
+        log.info("Open Inference Protocol over gRPC on %s:%d", api_config.grpc.host, port)
+        return server
+
     def request_stop(self) -> None:
         """Ask a running agent to stop (thread-safe)."""
         if self._loop is not None and self._stop is not None:
@@ -590,6 +616,7 @@ class Agent:
                 await self.http.listen_unix(str(api_config.unix_socket))
         except OSError as exc:
             raise AgentError(f"cannot listen on {api_config.host}:{api_config.port}: {exc.strerror or exc}") from exc
+        self.grpc = self._start_grpc(self.api, self.http)
         if api_config.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
                 "the inference API listens on %s, not on loopback only: anyone who can reach it can use it",
@@ -626,7 +653,10 @@ class Agent:
         log.info("stopping: draining requests in flight")
         notify_stopping()
         await self.http.stop_listening()
+        grpc_stopped = self.grpc.stop(api_config.request_timeout_s) if self.grpc is not None else None
         drained = await self.api.drain(api_config.request_timeout_s)
+        if grpc_stopped is not None:
+            await self._loop.run_in_executor(None, grpc_stopped.wait, api_config.request_timeout_s)
         if not drained:
             log.warning("stopped with requests still running after %.0f s", api_config.request_timeout_s)
         self.http.close_idle()
@@ -634,6 +664,7 @@ class Agent:
         self.governor.stop()
         self.api.close()
         (self.data_dir / PORT_FILE).unlink(missing_ok=True)
+        (self.data_dir / GRPC_PORT_FILE).unlink(missing_ok=True)
         (self.data_dir / PID_FILE).unlink(missing_ok=True)
         if api_config.unix_socket is not None:
             Path(api_config.unix_socket).unlink(missing_ok=True)

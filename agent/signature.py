@@ -11,6 +11,7 @@ the one check the server may run concurrently with the model (``edgesdk.agent.no
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from edgesdk.schemas.manifest import TensorSpec
 # ~1 µs). A cold read runs at ~10-20 GB/s here, so the two break even near 130-260 KB: at
 # 256 KiB and up deferring clearly wins, and everything smaller keeps the simpler in-line path.
 DEFERRED_SCAN_MIN_BYTES = 256 * 1024
+#: Shapes remembered per input as having passed the shape check (batch sizes, lengths).
+_PASSED_SHAPES_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,9 @@ class TensorSlot:
     dtype: np.dtype[Any]
     shape: tuple[int | str | None, ...]
 
-    @property
+    @functools.cached_property
     def fixed_axes(self) -> tuple[tuple[int, int], ...]:
+        # Cached: the request path checks every declared shape against it.
         return tuple((axis, dim) for axis, dim in enumerate(self.shape) if isinstance(dim, int))
 
     def describe(self) -> dict[str, Any]:
@@ -78,9 +82,12 @@ class Signature:
         self.outputs = list(outputs)
         self.allow_nonfinite = allow_nonfinite
         self.by_name = {slot.name: slot for slot in self.inputs}
-        # (name, dtype, rank, fixed axes, is_float, exact shape or None): precomputed for the hot
-        # path. A fully fixed, non-empty shape is checked with one tuple comparison.
-        self._checks = [
+        # (name, dtype, rank, fixed axes, is_float, exact shape or None, shapes that passed):
+        # precomputed for the hot path. A fully fixed, non-empty shape is checked with one tuple
+        # comparison; a shape with a dynamic axis (the batch) with one set lookup once it passed.
+        self._checks: list[
+            tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...], bool, Any, set[tuple[int, ...]]]
+        ] = [
             (
                 s.name,
                 s.dtype,
@@ -88,9 +95,13 @@ class Signature:
                 s.fixed_axes,
                 s.dtype.kind == "f",
                 s.shape if len(s.fixed_axes) == len(s.shape) and all(s.shape) else None,
+                set(),
             )
             for s in self.inputs
         ]
+        #: (input name, declared shape) → its size in bytes, for shapes an encoding declared that
+        #: passed ``codec.check_declared`` (bounded: shapes are the clients' to choose).
+        self.declared_nbytes: dict[tuple[str, tuple[int, ...]], int] = {}
 
     @classmethod
     def from_specs(
@@ -144,15 +155,19 @@ class Signature:
         if len(feeds) != len(self._checks):
             raise self._names_error(feeds)
         deferred: list[tuple[str, np.ndarray]] | None = None  # no list to build in the usual case
-        for name, dtype, rank, fixed, is_float, exact in self._checks:
+        for name, dtype, rank, fixed, is_float, exact, passed in self._checks:
             array = feeds.get(name)
             if array is None:
                 raise self._names_error(feeds)
             # Builtin dtypes are singletons: the identity test settles the usual case cheaply.
             if array.dtype is not dtype and array.dtype != dtype:
                 raise InferenceInputError(f"input {name!r}: dtype {_label(array.dtype)}, expected {dtype.name}")
-            if array.shape != exact:  # a fully fixed, non-empty shape needs nothing else compared
+            shape = array.shape
+            # A fully fixed, non-empty shape needs nothing else compared; nor one that passed.
+            if shape != exact and shape not in passed:
                 self._check_shape(name, array, rank, fixed)
+                if len(passed) < _PASSED_SHAPES_MAX:
+                    passed.add(shape)
             if is_float and not self.allow_nonfinite:
                 if array.nbytes >= min_bytes:
                     if deferred is None:
@@ -180,7 +195,7 @@ class Signature:
             raise InferenceInputError(f"input {name!r}: shape {list(shape)} is empty")
 
     def _names_error(self, feeds: Mapping[str, np.ndarray]) -> InferenceInputError:
-        expected = [name for name, *_ in self._checks]
+        expected = [check[0] for check in self._checks]
         missing = [n for n in expected if n not in feeds]
         unknown = [n for n in feeds if n not in self.by_name]
         parts = []

@@ -20,7 +20,10 @@ Load: ``wrk`` (C, one thread) with a Lua script that posts the body, at 1 and 16
 per cell a 1 s warm-up, then the measured run. Rounds interleave every cell and rotate the
 server order, so load from other processes hits every server alike. Reported per cell: median
 requests/s and p99 over the rounds, and the ratios agent ÷ peer as the median of the per-round
-ratios (each pair measured seconds apart).
+ratios (each pair measured seconds apart); and the CPU each server process spent per answer
+(user + system, all its threads, from /proc), which other processes' load moves far less than
+throughput: it does not count the time a server waited for a core. ``--models``, ``--bodies``
+and ``--concurrency`` pick a subset of the cells.
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def mobilenet_convert_dir(out: Path) -> Path:
     return out
 
 
-def prepare(workdir: Path) -> dict[str, dict[str, Any]]:
+def prepare(workdir: Path, only: tuple[str, ...] = ("digits", "mobilenet")) -> dict[str, dict[str, Any]]:
     """Per model: the ONNX file, an installed agent device, one sample input, how peers run it."""
     from edgesdk.workloads import mobilenet
     from edgesdk.workloads.digits import prepare_digits
@@ -148,13 +151,14 @@ def prepare(workdir: Path) -> dict[str, dict[str, Any]]:
     cache = ROOT / ".pytest_cache" / "d"
     digits = prepare_digits(cache / "edgesdk-digits-v1")
     # fp32 only: the agent then serves exactly the file the peers load.
-    converts = {
-        "digits": make_digits_convert_dir(digits, cache / "bench-api-digits-fp32", int8=False),
-        "mobilenet": mobilenet_convert_dir(cache / "bench-api-mobilenet-fp32"),
-    }
+    converts = {}
+    if "digits" in only:
+        converts["digits"] = make_digits_convert_dir(digits, cache / "bench-api-digits-fp32", int8=False)
+    if "mobilenet" in only:
+        converts["mobilenet"] = mobilenet_convert_dir(cache / "bench-api-mobilenet-fp32")
     inputs = {
-        "digits": np.load(digits.validation)["image"][:1].astype(np.float32),
-        "mobilenet": np.ascontiguousarray(mobilenet.preprocess(mobilenet.sample_images()[0][1]), np.float32),
+        "digits": lambda: np.load(digits.validation)["image"][:1].astype(np.float32),
+        "mobilenet": lambda: np.ascontiguousarray(mobilenet.preprocess(mobilenet.sample_images()[0][1]), np.float32),
     }
     models: dict[str, dict[str, Any]] = {}
     for name, convert in converts.items():
@@ -169,7 +173,7 @@ def prepare(workdir: Path) -> dict[str, dict[str, Any]]:
         models[name] = {
             "onnx": convert / "artifacts" / "onnx-fp32" / "model.onnx",
             "device": device,
-            "x": inputs[name],
+            "x": inputs[name](),
             "peer_mode": ["--inline"] if name == "digits" else ["--pool", str(agent_max_concurrency())],
         }
     return models
@@ -251,10 +255,20 @@ def run_wrk(port: int, path: str, lua: Path, concurrency: int, seconds: float) -
     ok = raw["requests"] - raw["non2xx"]
     return {
         "rps": ok / (raw["duration_us"] / 1e6),
+        "answers": raw["requests"],
         "p50_ms": raw["p50_us"] / 1000,
         "p99_ms": raw["p99_us"] / 1000,
         "failed": raw["non2xx"] + raw["socket_errors"],
     }
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def lua_script(workdir: Path, name: str, body: bytes, headers: dict[str, str]) -> Path:
@@ -271,13 +285,21 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def bench(models: dict[str, dict[str, Any]], workdir: Path, seconds: float, rounds: int) -> dict[str, Any]:
+def bench(
+    models: dict[str, dict[str, Any]],
+    workdir: Path,
+    seconds: float,
+    rounds: int,
+    body_names: tuple[str, ...] = BODIES,
+    concurrencies: tuple[int, ...] = CONCURRENCY,
+) -> dict[str, Any]:
     from tests.agent_helpers import AgentProcess
 
     peers: list[subprocess.Popen[bytes]] = []
     agents: list[Any] = []
     samples: dict[tuple[str, str, int, str], list[dict[str, float]]] = {}
     checks: dict[str, float] = {}
+    pids: dict[str, dict[str, int]] = {}
     loads = [load_average()]
     try:
         cells = []
@@ -285,11 +307,15 @@ def bench(models: dict[str, dict[str, Any]], workdir: Path, seconds: float, roun
             agent = AgentProcess(model["device"]).start()
             agents.append(agent)
             ports = {"agent": (agent.port, f"/v1/models/{model_name}/infer")}
+            pids[model_name] = {"agent": agent.proc.pid}
             for kind in ("fastapi", "raw"):
                 proc, port = start_peer(kind, model)
                 peers.append(proc)
                 ports[kind] = (port, "/infer")
+                pids[model_name][kind] = proc.pid
             for body_name, (body, headers) in bodies(model["x"]).items():
+                if body_name not in body_names:
+                    continue
                 answers = {server: post(port, path, body, headers) for server, (port, path) in ports.items()}
                 worst = max(float(np.max(np.abs(a - answers["raw"]))) for a in answers.values())
                 checks[f"{model_name} {body_name}"] = worst
@@ -299,14 +325,19 @@ def bench(models: dict[str, dict[str, Any]], workdir: Path, seconds: float, roun
                     script = lua_script(workdir, f"{model_name}-{body_name}-{server}", body, headers)
                     cells.append((model_name, body_name, server, port, path, script))
         for round_index in range(rounds):
-            for concurrency in CONCURRENCY:
+            for concurrency in concurrencies:
                 for model_name in models:
-                    for body_name in BODIES:
+                    for body_name in body_names:
                         group = [c for c in cells if c[0] == model_name and c[1] == body_name]
                         shift = round_index % len(group)
                         for _, _, server, port, path, script in group[shift:] + group[:shift]:
                             run_wrk(port, path, script, concurrency, 1)  # warm-up (wrk counts whole seconds)
+                            cpu_before = process_cpu_s(pids[model_name][server])
                             row = run_wrk(port, path, script, concurrency, seconds)
+                            # CPU the server spent per answer: what other processes' load moves
+                            # least (it does not count time the server waited for a core).
+                            cpu = process_cpu_s(pids[model_name][server]) - cpu_before
+                            row["cpu_us"] = cpu / max(1, row["answers"]) * 1e6
                             samples.setdefault((model_name, body_name, concurrency, server), []).append(row)
             loads.append(load_average())
             print(f"round {round_index + 1}/{rounds} done (load average {loads[-1]})", flush=True)
@@ -318,17 +349,21 @@ def bench(models: dict[str, dict[str, Any]], workdir: Path, seconds: float, roun
             proc.wait(10)
     table = []
     for model_name in models:
-        for body_name in BODIES:
-            for concurrency in CONCURRENCY:
+        for body_name in body_names:
+            for concurrency in concurrencies:
                 rows = {s: samples[(model_name, body_name, concurrency, s)] for s in SERVERS}
                 cell: dict[str, Any] = {"model": model_name, "body": body_name, "c": concurrency}
                 for server, runs in rows.items():
                     cell[f"{server}_rps"] = round(float(np.median([r["rps"] for r in runs])), 1)
                     cell[f"{server}_p99_ms"] = round(float(np.median([r["p99_ms"] for r in runs])), 2)
                     cell[f"{server}_failed"] = int(sum(r["failed"] for r in runs))
+                    cell[f"{server}_cpu_us"] = round(float(np.median([r["cpu_us"] for r in runs])), 1)
                 for peer in ("fastapi", "raw"):
                     ratios = [a["rps"] / p["rps"] for a, p in zip(rows["agent"], rows[peer]) if p["rps"]]
                     cell[f"agent/{peer}"] = round(float(np.median(ratios)), 2) if ratios else None
+                    # > 1: the agent spends less CPU per answer than the peer.
+                    cpu = [p["cpu_us"] / a["cpu_us"] for a, p in zip(rows["agent"], rows[peer]) if a["cpu_us"]]
+                    cell[f"cpu {peer}/agent"] = round(float(np.median(cpu)), 2) if cpu else None
                 table.append(cell)
     return {
         "seconds_per_cell": seconds,
@@ -337,6 +372,7 @@ def bench(models: dict[str, dict[str, Any]], workdir: Path, seconds: float, roun
             "digits": "inline on the event loop",
             "mobilenet": f"thread pool of {agent_max_concurrency()} workers (the agent's max_concurrency)",
         },
+        "subset": {"models": list(models), "bodies": list(body_names), "concurrency": list(concurrencies)},
         "answers_max_abs_difference": checks,
         "load_average": loads,
         "cells": table,
@@ -351,7 +387,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"load average before/after each round: {' | '.join(result['load_average'])}")
     header = (
         "| model | body | c | agent req/s | FastAPI req/s | raw req/s | agent p99 ms | FastAPI p99 ms | raw p99 ms "
-        "| agent ÷ FastAPI | agent ÷ raw |"
+        "| agent ÷ FastAPI | agent ÷ raw | CPU µs/answer agent / FastAPI / raw | CPU raw ÷ agent |"
     )
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
@@ -360,7 +396,8 @@ def print_table(result: dict[str, Any]) -> None:
         print(
             f"| {c['model']} | {c['body']} | {c['c']} | {c['agent_rps']} | {c['fastapi_rps']} | {c['raw_rps']} "
             f"| {c['agent_p99_ms']} | {c['fastapi_p99_ms']} | {c['raw_p99_ms']} "
-            f"| {_mark(c['agent/fastapi'], 1.0)} | {_mark(c['agent/raw'], 1.0)} |"
+            f"| {_mark(c['agent/fastapi'], 1.0)} | {_mark(c['agent/raw'], 1.0)} "
+            f"| {c['agent_cpu_us']} / {c['fastapi_cpu_us']} / {c['raw_cpu_us']} | {c['cpu raw/agent']} |"
             + (f" failed: {failed}" if failed else "")
         )
 
@@ -377,7 +414,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="3 s per cell")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--models", default="digits,mobilenet", help="comma-separated subset of digits,mobilenet")
+    parser.add_argument("--bodies", default=",".join(BODIES), help=f"comma-separated subset of {','.join(BODIES)}")
+    parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated, e.g. 1,16")
     args = parser.parse_args()
+    only = tuple(m for m in args.models.split(",") if m)
+    body_names = tuple(b for b in args.bodies.split(",") if b)
+    if not only or set(only) - {"digits", "mobilenet"}:
+        parser.error(f"--models {args.models!r}: pick from digits, mobilenet")
+    if not body_names or set(body_names) - set(BODIES):
+        parser.error(f"--bodies {args.bodies!r}: pick from {', '.join(BODIES)}")
+    try:
+        concurrencies = tuple(int(c) for c in args.concurrency.split(",") if c)
+    except ValueError:
+        parser.error(f"--concurrency {args.concurrency!r}: comma-separated connection counts, e.g. 1,16")
+    if not concurrencies or min(concurrencies) < 1:
+        parser.error(f"--concurrency {args.concurrency!r}: at least one connection count, each >= 1")
     if args.seconds <= 0 or args.rounds < 1:
         parser.error(
             f"--seconds {args.seconds:g} / --rounds {args.rounds}: need a positive time and at least one round"
@@ -387,9 +439,9 @@ def main() -> None:
     seconds = 3.0 if args.quick else args.seconds
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
         workdir = Path(tmp)
-        models = prepare(workdir)
+        models = prepare(workdir, only)
         started = time.monotonic()
-        result = bench(models, workdir, seconds, args.rounds)
+        result = bench(models, workdir, seconds, args.rounds, body_names, concurrencies)
         result["wall_s"] = round(time.monotonic() - started, 1)
     print_table(result)
     if args.json:

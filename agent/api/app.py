@@ -4,9 +4,10 @@ At most ``max_concurrency`` inferences run at once (the size of the thread pool)
 most ``max_queue`` more wait; beyond that a request is answered 503 with ``Retry-After``
 at once, so a flood costs a few microseconds per refused request and never unbounded
 memory. Decoding, inference and encoding run in the pool, so a large JSON body cannot stall
-other connections. One exception: when nothing else is running and recent requests took less
-than ``inline_max_ms`` (a tiny model), a small request is answered on the event loop itself,
-because the two thread hops would cost more than the inference.
+other connections. One exception: when recent requests took less than ``inline_max_ms`` (a
+tiny model; the shortest of the last eight, so preempted runs do not count), a small
+request is answered on the event loop itself, because the two thread hops would cost more
+than the inference (with dynamic batching on, only when nothing else is in flight).
 
 The Open Inference Protocol (KServe v2) routes live beside ``/v1`` (``/v2/...``, translated in
 ``open_inference``); their inferences take the same admission control and the same server path.
@@ -26,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 from edgesdk.agent.api import open_inference
@@ -50,6 +52,8 @@ log = logging.getLogger("edgesdk.agent.api")
 
 _INFER_PREFIX = "/v1/models/"
 _INFER_SUFFIX = "/infer"
+_INFER_PREFIX_LEN = len(_INFER_PREFIX)
+_INFER_SUFFIX_AT = -len(_INFER_SUFFIX)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
 _INLINE_MAX_BODY = 64 * 1024
@@ -63,8 +67,8 @@ InferAnswer = Callable[[ModelServer, Request, Any], Response]
 def answer_v1(server: ModelServer, request: Request, model_name: str) -> Response:
     """``POST /v1/models/{name}/infer`` in any of the codec's encodings."""
     model = server.get_model(model_name)
-    content_type = media_type(request.headers.get("content-type"))
-    encoding = response_encoding(request.headers.get("accept"), content_type or "application/json")
+    headers = request.headers
+    content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
     feeds = decode_request(
         content_type, request.body, request.headers, request.query, model.signature, request.allowance
     )
@@ -74,6 +78,24 @@ def answer_v1(server: ModelServer, request: Request, model_name: str) -> Respons
     )
     headers.append(("X-Model-Variant", variant))
     return Response(200, body, content_type=encoding, headers=headers)
+
+
+_ENCODINGS_SEEN: dict[tuple[str | None, str | None], tuple[str, str]] = {}
+
+
+def encodings(content_type_header: str | None, accept_header: str | None) -> tuple[str, str]:
+    """(request media type, response encoding) of a Content-Type and an Accept header; raises
+    UnsupportedEncodingError (406) for an Accept the API cannot answer. Remembered per header
+    pair: a client sends the same two with every request, and parsing them costs as much as
+    the rest of a tiny model's routing."""
+    key = (content_type_header, accept_header)
+    known = _ENCODINGS_SEEN.get(key)
+    if known is None:
+        content_type = media_type(content_type_header)
+        known = (content_type, response_encoding(accept_header, content_type or "application/json"))
+        if len(_ENCODINGS_SEEN) < 256:  # bounded: header values are the client's to choose
+            _ENCODINGS_SEEN[key] = known
+    return known
 
 
 class ApiApp:
@@ -98,9 +120,16 @@ class ApiApp:
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).
         self.requests = metrics.requests
-        # Smoothed duration of recent requests (s); starts high so the first ones go to the pool.
+        # The shortest of the last eight answers (s, see _took); starts high so the first goes to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
+        self._recent = [float("inf")] * 8  # the last answers' durations (see _took)
+        self._recent_next = 0
+        self._slow_s = 10 * self.inline_max_s
+        # With dynamic batching a request waits for others in the batcher: never on the loop
+        # beside requests in the pool (the loop would wait for a batch it keeps from filling).
+        batching = config.batching
+        self._inline_beside_others = not (batching.enabled or any(m.enabled for m in batching.models.values()))
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 
@@ -112,8 +141,8 @@ class ApiApp:
     def handle(self, request: Request, respond: Respond) -> None:
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
-            if self._method_allowed(request, "POST", respond):
-                self._infer(request, respond, answer_v1, path[len(_INFER_PREFIX) : -len(_INFER_SUFFIX)])
+            if request.method == "POST" or self._method_allowed(request, "POST", respond):
+                self._infer(request, respond, answer_v1, path[_INFER_PREFIX_LEN:_INFER_SUFFIX_AT])
             return
         if path.startswith(open_inference.MODELS_PREFIX):
             self._v2_model_route(request, respond)
@@ -193,22 +222,30 @@ class ApiApp:
             self.metrics.count_error("overload")
             respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
             return
-        enqueued = time.monotonic()
-        if self.requests.count == 0 and self.recent_s < self.inline_max_s and len(request.body) <= _INLINE_MAX_BODY:
-            # Nothing else runs and this model answers in well under a millisecond: the two
-            # thread hops would cost more than the inference, and blocking the loop this
-            # briefly delays nobody.
-            self.requests.count += 1
+        requests = self.requests
+        if (
+            self.recent_s < self.inline_max_s
+            and len(request.body) <= _INLINE_MAX_BODY
+            and (requests.count == 0 or self._inline_beside_others)
+        ):
+            # This model answers in well under a millisecond: the two thread hops would cost
+            # more than the inference, and blocking the loop this briefly delays nobody. Also
+            # while others are in the pool: else, once a preempted run had sent some there,
+            # sixteen busy clients kept every request in the pool (count never back to 0),
+            # at ~2x the CPU per answer. (No queue, so no expiry check: it starts now.)
+            requests.count += 1
+            started = time.perf_counter()
             try:
-                response = self._work(request, answer, target, enqueued)
+                response = self._answer(request, answer, target)
             finally:
-                self.requests.count -= 1
+                requests.count -= 1
+            self._took(time.perf_counter() - started)
             respond(response)
-            if self.requests.count == 0 and self._drained is not None:
+            if self._drained is not None and requests.count == 0:
                 self._drained.set()
             return
-        self.requests.count += 1
-        future = self.pool.submit(self._work, request, answer, target, enqueued)
+        requests.count += 1
+        future = self.pool.submit(self._work, request, answer, target, time.monotonic())
         loop = self.loop or asyncio.get_running_loop()
         timer = loop.call_later(self.config.request_timeout_s, self._too_late, respond)
 
@@ -217,6 +254,39 @@ class ApiApp:
             loop.call_soon_threadsafe(self._finish, fut, respond, timer)
 
         future.add_done_callback(done)
+
+    def infer_from_thread(self, request: Request, answer: InferAnswer, target: Any) -> Response:
+        """``answer`` under the same admission control, from a thread other than the event
+        loop's (the gRPC server's): hops onto the loop, blocks until the response (or the 504
+        after ``request_timeout_s``). The request's allowance is released once it is answered."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return json_response(503, {"error": "the agent is stopping"})
+        answered: Future[Response] = Future()
+
+        def respond(response: Response) -> None:
+            # On the loop thread; a 504 may come first, the worker's answer then finds it done.
+            if answered.done():
+                return
+            if request.allowance is not None:
+                request.allowance.release()
+            answered.set_result(response)
+
+        def submit() -> None:
+            try:
+                self._infer(request, respond, answer, target)
+            except RuntimeError:  # the pool was shut down: the agent is stopping
+                respond(json_response(503, {"error": "the agent is stopping"}, [("Retry-After", "1")]))
+
+        try:
+            loop.call_soon_threadsafe(submit)
+        except RuntimeError:  # the loop closed meanwhile
+            return json_response(503, {"error": "the agent is stopping"})
+        try:
+            # The loop answers within request_timeout_s (its 504); the margin covers a stopping loop.
+            return answered.result(timeout=self.config.request_timeout_s + 5)
+        except FutureTimeoutError:
+            return json_response(503, {"error": "the agent is stopping"})
 
     def _too_late(self, respond: Respond) -> None:
         self.metrics.count_error("timeout")
@@ -236,14 +306,31 @@ class ApiApp:
             self._drained.set()
 
     def _work(self, request: Request, answer: InferAnswer, target: Any, enqueued: float) -> Response:
-        started = time.monotonic()
-        if started - enqueued > self.config.request_timeout_s:
+        if time.monotonic() - enqueued > self.config.request_timeout_s:
             return json_response(504, {"error": "request expired in the queue"})
+        started = time.perf_counter()
         response = self._answer(request, answer, target)
-        # A race between pool threads only blurs this average; it decides a fast path, nothing more.
-        took = time.monotonic() - started
-        self.recent_s = took if self.recent_s == float("inf") else 0.8 * self.recent_s + 0.2 * took
+        self._took(time.perf_counter() - started)
         return response
+
+    def _took(self, took: float) -> None:
+        """Fold one answer's duration into ``recent_s``: the shortest of the last eight.
+
+        Why the shortest: these are wall-clock times (what blocks the loop, a wait on an
+        accelerator included), and on a loaded machine a tiny model's run is often preempted
+        for milliseconds; an average (as before) then sent its requests through the pool, two
+        thread hops each, at 1.5-2x the CPU per answer at load 9-10. A model that is really
+        slow (another one swapped in, a device to wait for) is slow every time: a run over ten
+        times the threshold alone sends the next ones to the pool, until eight fast runs there
+        say otherwise. (A race between pool threads only blurs this; it decides a fast path.)"""
+        window = self._recent
+        if took > self._slow_s:
+            window[:] = [took] * len(window)
+        else:
+            index = self._recent_next
+            window[index] = took
+            self._recent_next = (index + 1) % len(window)
+        self.recent_s = min(window)
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""

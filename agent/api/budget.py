@@ -72,8 +72,12 @@ class Allowance:
 
     def take_body(self, size: int) -> bool:
         """Hold ``size`` body bytes; False when the budget is full (the caller answers 503)."""
-        if not self.budget.try_take(size):
-            return False
+        budget = self.budget
+        with budget.lock:  # MemoryBudget.try_take, written out: once per request with a body
+            if budget.used + size > budget.capacity:
+                budget.refused += 1
+                return False
+            budget.used += size
         self.held += size
         return True
 
@@ -98,6 +102,17 @@ class Allowance:
             budget.used += size
             self.held += size
             self.decoded += size
+
+    def give_back(self, size: int) -> None:
+        """Return ``size`` bytes taken with ``take_decoded`` that are garbage now (a parsed
+        document once its arrays are built). The per-request cap still counts them: it bounds
+        what one request allocates in all."""
+        budget = self.budget
+        with budget.lock:
+            if not self.released:
+                size = min(size, self.held)
+                budget.used -= size
+                self.held -= size
 
     def release(self) -> None:
         """Give everything back (idempotent)."""

@@ -49,6 +49,11 @@ _COALESCE_BYTES = 64 * 1024
 
 _CLOSE = "Connection: close\r\n"
 
+#: Header names as sent → lower-case str. Clients send the same few names with every request;
+#: bounded, since names are the client's to choose.
+_HEADER_NAMES: dict[bytes, str] = {}
+_HEADER_NAMES_MAX = 512
+
 # Where the parser is within the current message.
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
@@ -100,12 +105,23 @@ Handler = Callable[[Request, Respond], None]
 
 
 def _encode_head(response: Response, keep_alive: bool) -> bytes:
-    extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers) if response.headers else ""
-    return (
-        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}\r\n"
-        f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
-        f"{extra}{'' if keep_alive else _CLOSE}\r\n"
-    ).encode("latin-1")
+    headers = response.headers
+    extra = "".join([f"{name}: {value}\r\n" for name, value in headers]) if headers else ""
+    start = _HEAD_STARTS.get((response.status, response.content_type))
+    if start is None:
+        start = _head_start(response.status, response.content_type)
+    return f"{start}{len(response.body)}\r\n{extra}{'' if keep_alive else _CLOSE}\r\n".encode("latin-1")
+
+
+#: (status, content type) → the head up to the Content-Length value; a handful of pairs.
+_HEAD_STARTS: dict[tuple[int, str], str] = {}
+
+
+def _head_start(status: int, content_type: str) -> str:
+    start = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nContent-Type: {content_type}\r\nContent-Length: "
+    if len(_HEAD_STARTS) < 256:  # content types come from our own code, but stay bounded anyway
+        _HEAD_STARTS[(status, content_type)] = start
+    return start
 
 
 def _error(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
@@ -155,6 +171,7 @@ class HttpProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_kind = ""
         self._deadline = 0.0
+        self._header_timeout_s = limits.header_timeout_s
 
     # -- connection events --------------------------------------------------------------------
 
@@ -244,7 +261,12 @@ class HttpProtocol(asyncio.Protocol):
         self._headers = {}
         self._header_count = 0
         self._body_parts = []
-        self._arm("header", self.limits.header_timeout_s)
+        # _arm("header", ...) written out: this runs for every request.
+        self._timer_kind = "header"
+        now = self.loop.time()
+        self._deadline = now + self._header_timeout_s
+        if self._timer is None:
+            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -253,7 +275,12 @@ class HttpProtocol(asyncio.Protocol):
         self._header_count += 1
         if self._header_count > _MAX_HEADERS:
             self._reject(431, f"more than {_MAX_HEADERS} header fields")
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = _HEADER_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_HEADER_NAMES) < _HEADER_NAMES_MAX:
+                _HEADER_NAMES[name] = key
+        self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
@@ -267,7 +294,7 @@ class HttpProtocol(asyncio.Protocol):
             self.server.on_oversized()
             self._reject(413, f"body of {length} bytes is over the limit of {self.limits.max_body_bytes} bytes")
         if length:
-            allowance = Allowance(self.server.budget, self.limits.decoded_bytes)
+            allowance = Allowance(self.server.budget, self.server.decoded_bytes)
             if not allowance.take_body(length):
                 # Refused before it is read, like an oversized body; unlike one, it fits later.
                 self.server.on_over_budget()
@@ -312,18 +339,18 @@ class HttpProtocol(asyncio.Protocol):
     # -- timers -------------------------------------------------------------------------------
 
     # One timer per connection, moved lazily: a request sets a deadline (a float), and the
-    # timer, when it fires early, re-arms itself for it. Three call_later + cancel pairs per
-    # request cost more than a tiny model's whole HTTP handling.
+    # timer, when it fires before it, re-arms itself for it. Three call_later + cancel pairs per
+    # request cost more than a tiny model's whole HTTP handling. The timer is always set to fire
+    # within ``timer_period_s`` (the shortest timeout) of when it was set, and every deadline is
+    # at least that far ahead, so a new deadline is never earlier than the pending timer: arming
+    # is two assignments, with no timer to cancel or compare.
 
     def _arm(self, kind: str, seconds: float) -> None:
         self._timer_kind = kind
-        deadline = self.loop.time() + seconds
-        self._deadline = deadline
-        timer = self._timer
-        if timer is None or timer.when() > deadline:
-            if timer is not None:
-                timer.cancel()
-            self._timer = self.loop.call_at(deadline, self._timed_out)
+        now = self.loop.time()
+        self._deadline = now + seconds
+        if self._timer is None:
+            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
 
     def _disarm(self) -> None:
         self._timer_kind = ""  # a pending timer finds nothing due and lapses
@@ -338,8 +365,9 @@ class HttpProtocol(asyncio.Protocol):
         self._timer = None
         if self._closing or self.transport is None or not self._timer_kind:
             return
-        if self.loop.time() < self._deadline:
-            self._timer = self.loop.call_at(self._deadline, self._timed_out)
+        now = self.loop.time()
+        if now < self._deadline:
+            self._timer = self.loop.call_at(min(self._deadline, now + self.server.timer_period_s), self._timed_out)
             return
         if self._timer_kind == "idle" and self._phase == _IDLE:
             self.transport.close()
@@ -454,6 +482,9 @@ class HttpServer:
         self.refused = 0
         self.over_budget = 0
         self.budget = MemoryBudget(limits.inflight_bytes)
+        self.decoded_bytes = limits.decoded_bytes
+        #: The connection timer fires at least this often (see ``HttpProtocol._arm``).
+        self.timer_period_s = min(limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
 
     def on_slow_client(self) -> None:
         self.slow_clients += 1

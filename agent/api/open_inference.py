@@ -32,7 +32,6 @@ shared-memory regions, the model repository and statistics extensions (404).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +39,8 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
-from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape
-from edgesdk.agent.api.http import Request, Response, json_response
+from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape, parse_json
+from edgesdk.agent.api.http import Request, Response, dumps, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.signature import Signature, TensorSlot
 
@@ -202,16 +201,9 @@ def decode_infer_request(
     if allowance is None:
         allowance = unlimited_allowance()
     header, binary = _split_body(body, headers)
-    allowance.take_decoded(
-        json_parse_cost(header), "the JSON of the request (use the binary tensor extension for large inputs)"
-    )
-    try:
-        document = json.loads(header)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DecodeError(f"malformed JSON: {exc}") from exc
-    except RecursionError:
-        raise DecodeError("malformed JSON: nested too deep") from None
-    document = _object(document, "the request")
+    parse_cost = json_parse_cost(header)
+    allowance.take_decoded(parse_cost, "the JSON of the request (use the binary tensor extension for large inputs)")
+    document = _object(parse_json(header), "the request")
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise DecodeError('the request needs "inputs": [{"name", "shape", "datatype", "data"}, ...]')
@@ -223,32 +215,38 @@ def decode_infer_request(
     feeds: dict[str, np.ndarray] = {}
     offset = 0
     for index, item in enumerate(inputs):
-        name, dtype, shape = _input_header(_object(item, f"inputs[{index}]"), index, signature)
+        item = _object(item, f"inputs[{index}]")
+        name, dtype, shape = input_header(item.get("name"), item.get("datatype"), item.get("shape"), index, signature)
         if name in feeds:
             raise DecodeError(f"input {name!r} is given twice")
-        nbytes = check_declared(signature, name, tuple(shape))
         size = _parameters(item, f"input {name!r}").get("binary_data_size")
         if size is None:
             if "data" not in item:
                 raise DecodeError(f"input {name!r} has neither data nor parameters.binary_data_size")
             data = item["data"]
-            given = math.prod(json_shape(data, name))
-            if given != nbytes // dtype.itemsize:
-                raise DecodeError(
-                    f"input {name!r}: {given} values for shape {list(shape)}, which holds {nbytes // dtype.itemsize}"
-                )
-            # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
-            allowance.take_decoded(nbytes + given * 8, f"input {name!r}")
-            feeds[name] = _json_tensor(name, data, dtype, shape)
+            feeds[name] = tensor_from_values(name, data, math.prod(json_shape(data, name)), dtype, shape, allowance)
             continue
         if "data" in item:
             raise DecodeError(f"input {name!r} has both data and parameters.binary_data_size; send one")
-        feeds[name] = _binary_tensor(name, binary, offset, size, dtype, shape)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise DecodeError(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
+        needed = math.prod(shape) * dtype.itemsize
+        if size != needed:
+            raise DecodeError(
+                f"input {name!r}: binary_data_size {size} does not match shape {list(shape)} of "
+                f"{datatype_name(dtype)} ({needed} bytes)"
+            )
+        if offset + size > len(binary):
+            raise DecodeError(
+                f"input {name!r}: the binary section has {len(binary)} bytes; this input needs bytes {offset}..{offset + size}"
+            )
+        feeds[name] = tensor_from_bytes(name, binary[offset : offset + size], dtype, shape)
         offset += size
     if offset != len(binary):
         raise DecodeError(
             f"the binary section has {len(binary)} bytes; the inputs' binary_data_size add up to {offset}"
         )
+    allowance.give_back(parse_cost)  # the parsed document is garbage once the arrays exist (as /v1)
     return InferRequest(
         feeds=feeds,
         outputs=_requested_outputs(document.get("outputs"), signature),
@@ -257,16 +255,19 @@ def decode_infer_request(
     )
 
 
-def _input_header(item: Mapping[str, Any], index: int, signature: Signature) -> tuple[str, np.dtype[Any], list[int]]:
-    """(name, dtype, shape) of one ``$request_input``, its datatype checked against the model's."""
-    name = item.get("name")
-    if not isinstance(name, str):
+def input_header(
+    name: Any, datatype: Any, shape: Any, index: int, signature: Signature
+) -> tuple[str, np.dtype[Any], tuple[int, ...]]:
+    """(name, dtype, shape) of one request input, whichever transport carried it (JSON, gRPC):
+    its datatype checked against the model's, its shape against the input's (rank, fixed
+    dimensions) before anything is built from it."""
+    if not isinstance(name, str) or not name:
         raise DecodeError(f"inputs[{index}] needs a string name")
-    datatype = item.get("datatype")
     if datatype not in DATATYPES:
         raise DecodeError(f"input {name!r}: unknown datatype {datatype!r}; known: {', '.join(DATATYPES)}")
-    shape = item.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, Sequence) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise DecodeError(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
     slot = signature.by_name.get(name)
     if slot is None:
@@ -274,7 +275,39 @@ def _input_header(item: Mapping[str, Any], index: int, signature: Signature) -> 
     expected = datatype_name(slot.dtype)
     if datatype != expected:
         raise InferenceInputError(f"input {name!r}: datatype {datatype}, the model takes {expected}")
-    return name, slot.dtype, shape
+    declared = tuple(shape)
+    check_declared(signature, name, declared)
+    return name, slot.dtype, declared
+
+
+def tensor_from_values(
+    name: str, values: Any, given: int, dtype: np.dtype[Any], shape: tuple[int, ...], allowance: Allowance
+) -> np.ndarray:
+    """An input from numbers (JSON ``data``, nested or flat; gRPC typed ``contents``): ``given``
+    is how many values were sent, checked against ``shape`` and charged before numpy builds it."""
+    count = math.prod(shape)
+    if given != count:
+        raise DecodeError(f"input {name!r}: {given} values for shape {list(shape)}, which holds {count}")
+    # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
+    allowance.take_decoded(count * dtype.itemsize + count * 8, f"input {name!r}")
+    return _json_tensor(name, values, dtype, shape)
+
+
+def tensor_from_bytes(name: str, data: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """An input from its little-endian, row-major bytes (the binary extension, gRPC raw
+    contents): a view of them, copied only when misaligned."""
+    count = math.prod(shape)
+    needed = count * dtype.itemsize
+    if len(data) != needed:
+        raise DecodeError(
+            f"input {name!r}: {len(data)} bytes of data for shape {list(shape)} of "
+            f"{datatype_name(dtype)}, which needs {needed}"
+        )
+    array = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=count).reshape(shape)
+    array = array.astype(dtype, copy=False)  # native byte order (a no-op here)
+    # After a JSON header of any length the bytes may sit at an odd address: runtimes and the
+    # NaN/Inf scan want aligned arrays, so those are copied (a memcpy, only then).
+    return array if array.flags.aligned else array.copy()
 
 
 def _json_tensor(name: str, data: Any, dtype: np.dtype[Any], shape: Sequence[int]) -> np.ndarray:
@@ -301,28 +334,6 @@ def _json_tensor(name: str, data: Any, dtype: np.dtype[Any], shape: Sequence[int
     return raw.reshape(shape).astype(dtype, copy=False)
 
 
-def _binary_tensor(
-    name: str, binary: memoryview, offset: int, size: Any, dtype: np.dtype[Any], shape: Sequence[int]
-) -> np.ndarray:
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise DecodeError(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
-    needed = math.prod(shape) * dtype.itemsize
-    if size != needed:
-        raise DecodeError(
-            f"input {name!r}: binary_data_size {size} does not match shape {list(shape)} of "
-            f"{datatype_name(dtype)} ({needed} bytes)"
-        )
-    if offset + size > len(binary):
-        raise DecodeError(
-            f"input {name!r}: the binary section has {len(binary)} bytes; this input needs bytes {offset}..{offset + size}"
-        )
-    array = np.frombuffer(binary, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=offset)
-    array = array.reshape(shape).astype(dtype, copy=False)  # native byte order (a no-op here)
-    # After a JSON header of any length the bytes may sit at an odd address: runtimes and the
-    # NaN/Inf scan want aligned arrays, so those are copied (a memcpy, only then).
-    return array if array.flags.aligned else array.copy()
-
-
 def _flag(parameters: Mapping[str, Any], key: str, what: str) -> bool:
     value = parameters.get(key, False)
     if not isinstance(value, bool):
@@ -335,20 +346,24 @@ def _requested_outputs(value: Any, signature: Signature) -> tuple[RequestedOutpu
         return None
     if not isinstance(value, list):
         raise DecodeError('"outputs" must be a list of {"name", "parameters"}')
-    known = [slot.name for slot in signature.outputs]
     requested = []
     for index, item in enumerate(value):
         item = _object(item, f"outputs[{index}]")
         name = item.get("name")
-        if not isinstance(name, str):
-            raise DecodeError(f"outputs[{index}] needs a string name")
-        if name not in known:
-            raise InferenceInputError(f"unknown output {name!r}; the model has {known}")
-        parameters = _parameters(item, f"output {name!r}")
-        if parameters.get("classification"):
-            raise DecodeError(f"output {name!r}: the classification extension is not supported; ask for the tensor")
-        requested.append(RequestedOutput(name, _flag(parameters, "binary_data", f"output {name!r}")))
+        requested.append(requested_output(name, _parameters(item, f"output {name!r}"), index, signature))
     return tuple(requested)
+
+
+def requested_output(name: Any, parameters: Mapping[str, Any], index: int, signature: Signature) -> RequestedOutput:
+    """One ``outputs[]`` entry (JSON or gRPC): a known output, in binary or not."""
+    if not isinstance(name, str) or not name:
+        raise DecodeError(f"outputs[{index}] needs a string name")
+    known = [slot.name for slot in signature.outputs]
+    if name not in known:
+        raise InferenceInputError(f"unknown output {name!r}; the model has {known}")
+    if parameters.get("classification"):
+        raise DecodeError(f"output {name!r}: the classification extension is not supported; ask for the tensor")
+    return RequestedOutput(name, _flag(parameters, "binary_data", f"output {name!r}"))
 
 
 # -- inference responses ----------------------------------------------------------------------
@@ -373,14 +388,14 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = np.ascontiguousarray(array).ravel()  # orjson writes float32 as float32
         described.append(entry)
     document: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id is not None:
         document["id"] = request.id
     document["parameters"] = {"variant": variant}
     document["outputs"] = described
-    header = json.dumps(document).encode()
+    header = dumps(document)
     extra = [("X-Model-Variant", variant)]
     if not chunks:
         return Response(200, header, headers=extra)

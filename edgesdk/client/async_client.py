@@ -13,18 +13,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from edgesdk.client.wire import (
-    ArrayInputs,
-    Call,
-    Endpoint,
-    InferenceOutputs,
-    decode_outputs,
-    endpoint,
-    get_call,
-    infer_call,
-    json_body,
-    raise_for_status,
-)
+from edgesdk.client import wire
+from edgesdk.client.wire import Answer, ArrayInputs, Call, Endpoint, InferenceOutputs
 from edgesdk.errors import AgentConnectionError, AgentRequestError, AgentTimeoutError, AgentUnavailableError
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -44,7 +34,7 @@ class AsyncAgentClient:
     bounds each request from connecting to the last byte of the answer."""
 
     def __init__(self, url: str | None = None, *, unix_socket: str | Path | None = None, timeout: float = 30.0) -> None:
-        self.endpoint: Endpoint = endpoint(url, unix_socket)
+        self.endpoint: Endpoint = wire.endpoint(url, unix_socket)
         self.timeout = timeout
         self._idle: list[_Stream] = []
 
@@ -71,16 +61,13 @@ class AsyncAgentClient:
 
     async def metrics(self) -> str:
         """``GET /metrics``: the Prometheus text exposition."""
-        status, headers, body = await self._send(get_call("/metrics"))
-        raise_for_status("GET", self.endpoint.url("/metrics"), status, headers, body)
-        return body.decode("utf-8")
+        call = wire.get_call("/metrics")
+        return wire.read_text(self.endpoint, call, await self._send(call))
 
     async def infer(self, model: str, inputs: ArrayInputs) -> InferenceOutputs:
         """Run ``model`` on ``inputs`` (one array, or arrays by input name); outputs by name."""
-        call = infer_call(model, inputs)
-        status, headers, body = await self._send(call)
-        raise_for_status(call.method, self.endpoint.url(call.path), status, headers, body)
-        return decode_outputs(headers, body)
+        call = wire.infer_call(model, inputs)
+        return wire.read_outputs(self.endpoint, call, await self._send(call))
 
     async def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
         """Poll ``/readyz`` until a model is loaded (the agent may still be starting)."""
@@ -96,27 +83,21 @@ class AsyncAgentClient:
             except (AgentConnectionError, AgentUnavailableError) as exc:
                 last = str(exc)
             if loop.time() >= deadline:
-                raise AgentTimeoutError(
-                    f"{self.endpoint.url('/readyz')}: not ready within {timeout:g} s ({last})",
-                    url=self.endpoint.url("/readyz"),
-                )
+                raise wire.not_ready(self.endpoint, timeout, last)
             await asyncio.sleep(interval)
 
     # -- transport ------------------------------------------------------------------------------
 
     async def _get_json(self, path: str, also_ok: tuple[int, ...] = ()) -> Any:
-        status, headers, body = await self._send(get_call(path))
-        url = self.endpoint.url(path)
-        if status not in also_ok:
-            raise_for_status("GET", url, status, headers, body)
-        return json_body(body, url)
+        call = wire.get_call(path)
+        return wire.read_json(self.endpoint, call, await self._send(call), also_ok)
 
     async def _open(self) -> _Stream:
         if self.endpoint.unix_socket:
             return await asyncio.open_unix_connection(self.endpoint.unix_socket)
         return await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
 
-    async def _send(self, call: Call) -> tuple[int, dict[str, str], bytearray]:
+    async def _send(self, call: Call) -> Answer:
         url = self.endpoint.url(call.path)
         try:
             return await asyncio.wait_for(self._send_once_or_twice(call), self.timeout)
@@ -125,7 +106,7 @@ class AsyncAgentClient:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             raise AgentConnectionError(f"{call.method} {url}: cannot reach the agent ({exc})", url=url) from exc
 
-    async def _send_once_or_twice(self, call: Call) -> tuple[int, dict[str, str], bytearray]:
+    async def _send_once_or_twice(self, call: Call) -> Answer:
         if self._idle:
             try:
                 return await self._exchange(self._idle.pop(), call, reused=True)
@@ -133,7 +114,7 @@ class AsyncAgentClient:
                 pass  # the agent closed the idle connection first: one retry on a fresh one, below
         return await self._exchange(await self._open(), call, reused=False)
 
-    async def _exchange(self, stream: _Stream, call: Call, *, reused: bool) -> tuple[int, dict[str, str], bytearray]:
+    async def _exchange(self, stream: _Stream, call: Call, *, reused: bool) -> Answer:
         reader, writer = stream
         try:
             lines = [f"{call.method} {self.endpoint.prefix}{call.path} HTTP/1.1", "Host: localhost"]

@@ -15,18 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgesdk.client.wire import (
-    ArrayInputs,
-    Call,
-    Endpoint,
-    InferenceOutputs,
-    decode_outputs,
-    endpoint,
-    get_call,
-    infer_call,
-    json_body,
-    raise_for_status,
-)
+from edgesdk.client import wire
+from edgesdk.client.wire import Answer, ArrayInputs, Call, Endpoint, InferenceOutputs
 from edgesdk.errors import AgentConnectionError, AgentTimeoutError, AgentUnavailableError
 
 # A kept-alive connection the agent has closed meanwhile (idle timeout, restart) fails at
@@ -66,7 +56,7 @@ class AgentClient:
     """
 
     def __init__(self, url: str | None = None, *, unix_socket: str | Path | None = None, timeout: float = 30.0) -> None:
-        self.endpoint: Endpoint = endpoint(url, unix_socket)
+        self.endpoint: Endpoint = wire.endpoint(url, unix_socket)
         self.timeout = timeout
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -94,9 +84,8 @@ class AgentClient:
 
     def metrics(self) -> str:
         """``GET /metrics``: the Prometheus text exposition."""
-        status, headers, body = self._send(get_call("/metrics"))
-        raise_for_status("GET", self.endpoint.url("/metrics"), status, headers, body)
-        return body.decode("utf-8")
+        call = wire.get_call("/metrics")
+        return wire.read_text(self.endpoint, call, self._send(call))
 
     def infer(self, model: str, inputs: ArrayInputs) -> InferenceOutputs:
         """Run ``model`` on ``inputs`` and return its outputs by name (numpy arrays).
@@ -104,10 +93,8 @@ class AgentClient:
         ``inputs``: one array for a one-input model, or a mapping of input name to array, with
         the dtypes and shapes of the model's signature (``models()`` shows it). The result is
         a dict whose ``variant`` attribute names the variant that answered."""
-        call = infer_call(model, inputs)
-        status, headers, body = self._send(call)
-        raise_for_status(call.method, self.endpoint.url(call.path), status, headers, body)
-        return decode_outputs(headers, body)
+        call = wire.infer_call(model, inputs)
+        return wire.read_outputs(self.endpoint, call, self._send(call))
 
     def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
         """Poll ``/readyz`` until a model is loaded (the agent may still be starting)."""
@@ -122,27 +109,21 @@ class AgentClient:
             except (AgentConnectionError, AgentUnavailableError) as exc:
                 last = str(exc)
             if time.monotonic() >= deadline:
-                raise AgentTimeoutError(
-                    f"{self.endpoint.url('/readyz')}: not ready within {timeout:g} s ({last})",
-                    url=self.endpoint.url("/readyz"),
-                )
+                raise wire.not_ready(self.endpoint, timeout, last)
             time.sleep(interval)
 
     # -- transport ------------------------------------------------------------------------------
 
     def _get_json(self, path: str, also_ok: tuple[int, ...] = ()) -> Any:
-        status, headers, body = self._send(get_call(path))
-        url = self.endpoint.url(path)
-        if status not in also_ok:
-            raise_for_status("GET", url, status, headers, body)
-        return json_body(body, url)
+        call = wire.get_call(path)
+        return wire.read_json(self.endpoint, call, self._send(call), also_ok)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self.endpoint.unix_socket:
             return _UnixConnection(self.endpoint.unix_socket, self.timeout)
         return http.client.HTTPConnection(self.endpoint.host, self.endpoint.port, timeout=self.timeout)
 
-    def _send(self, call: Call) -> tuple[int, dict[str, str], bytearray]:
+    def _send(self, call: Call) -> Answer:
         with self._lock:
             reused = self._idle.pop() if self._idle else None
         url = self.endpoint.url(call.path)
@@ -158,7 +139,7 @@ class AgentClient:
         except (OSError, http.client.HTTPException) as exc:
             raise AgentConnectionError(f"{call.method} {url}: cannot reach the agent ({exc})", url=url) from exc
 
-    def _exchange(self, conn: http.client.HTTPConnection, call: Call) -> tuple[int, dict[str, str], bytearray]:
+    def _exchange(self, conn: http.client.HTTPConnection, call: Call) -> Answer:
         try:
             conn.putrequest(call.method, self.endpoint.prefix + call.path, skip_accept_encoding=True)
             for name, value in call.headers.items():

@@ -6,16 +6,15 @@ no JSON numbers, no zip, and the request body is the arrays' own memory (no copy
 array without a name goes as ``.npy`` so the agent names it after the model's only input.
 The answer is asked for in the raw encoding and decoded into writable numpy arrays.
 
-The format is the one ``docs/agent.md`` documents; this module does not import the agent
-(host code never does). ``tests/unit/test_client.py`` round-trips it through the
-agent's own codec so the two cannot drift apart.
+The ``X-Tensors`` header is ``edgesdk.protocol.tensor_header``'s, which the agent reads and
+writes too; this module does not import the agent (host code never does).
+``tests/unit/test_client.py`` round-trips requests and answers through the agent's own codec.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -33,16 +32,15 @@ from edgesdk.errors import (
     AgentUnavailableError,
     UsageError,
 )
+from edgesdk.protocol import tensor_header
+from edgesdk.protocol.tensor_header import RAW
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 JSON = "application/json"
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
-RAW = "application/x-edgesdk-tensors"
 #: The dtypes the raw encoding names; anything else goes as .npz (and the agent says what it wants).
-RAW_DTYPES = frozenset({"float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"})
-_RAW_NAME = re.compile(r"^[^=;\s\[\]]+$")
-_RAW_ITEM = re.compile(r"^\s*([^=;\s]+)\s*=\s*([a-z0-9]+)\s*\[\s*([0-9,\s]*)\]\s*$")
+RAW_DTYPES = tensor_header.DTYPES
 
 #: The request body: parts sent one after the other (bytes, or views of the arrays' memory).
 Body = list[bytes | memoryview]
@@ -130,11 +128,9 @@ def infer_call(model: str, inputs: ArrayInputs) -> Call:
             f"inputs must be a numpy array or a mapping of input name to array, got {type(inputs).__name__}"
         )
     arrays = {str(name): _little_endian(value, str(name)) for name, value in inputs.items()}
-    if all(_RAW_NAME.match(n) and a.dtype.name in RAW_DTYPES for n, a in arrays.items()):
+    if all(tensor_header.NAME.match(n) and a.dtype.name in RAW_DTYPES for n, a in arrays.items()):
         headers["Content-Type"] = RAW
-        headers["X-Tensors"] = "; ".join(
-            f"{n}={a.dtype.name}[{','.join(str(d) for d in a.shape)}]" for n, a in arrays.items()
-        )
+        headers[tensor_header.HEADER] = tensor_header.format_header((n, a.dtype, a.shape) for n, a in arrays.items())
         body = [_bytes_of(a) for a in arrays.values()]
     else:
         # A name or dtype the raw header cannot carry: .npz carries anything, and the agent
@@ -157,16 +153,13 @@ class InferenceOutputs(dict[str, np.ndarray]):
 
 
 def _parse_tensors(header: str, body: bytearray) -> dict[str, np.ndarray]:
+    try:
+        entries = tensor_header.parse_header(header)
+    except ValueError as exc:
+        raise AgentRequestError(f"the agent's answer: {exc}") from None
     outputs: dict[str, np.ndarray] = {}
     offset = 0
-    for part in header.split(";"):
-        match = _RAW_ITEM.match(part)
-        if not match or match.group(2) not in RAW_DTYPES:
-            raise AgentRequestError(f"the agent's X-Tensors entry {part.strip()!r} is not NAME=DTYPE[D1,...]")
-        name, dtype_name, dims = match.groups()
-        dtype = np.dtype(dtype_name).newbyteorder("<")
-        shape = tuple(int(d) for d in dims.split(",") if d.strip())
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    for name, dtype, shape, count in entries:
         size = count * dtype.itemsize
         if offset + size > len(body):
             raise AgentRequestError(f"the agent's answer has {len(body)} bytes; its X-Tensors needs {offset + size}")
@@ -231,3 +224,35 @@ def raise_for_status(method: str, url: str, status: int, headers: Mapping[str, s
     if status in (408, 504):
         raise AgentTimeoutError(message, status=status, detail=detail, url=url)
     raise AgentRequestError(message, status=status, detail=detail, url=url)
+
+
+#: What a transport returns for one call: status, lower-case headers, body.
+Answer = tuple[int, dict[str, str], bytearray]
+
+
+def read_json(where: Endpoint, call: Call, answer: Answer, also_ok: tuple[int, ...] = ()) -> Any:
+    """A JSON answer's document; a 4xx/5xx (other than ``also_ok``) is its typed error."""
+    status, headers, body = answer
+    url = where.url(call.path)
+    if status not in also_ok:
+        raise_for_status(call.method, url, status, headers, body)
+    return json_body(body, url)
+
+
+def read_text(where: Endpoint, call: Call, answer: Answer) -> str:
+    status, headers, body = answer
+    raise_for_status(call.method, where.url(call.path), status, headers, body)
+    return body.decode("utf-8")
+
+
+def read_outputs(where: Endpoint, call: Call, answer: Answer) -> InferenceOutputs:
+    """An ``/infer`` answer's outputs (writable arrays over the body)."""
+    status, headers, body = answer
+    raise_for_status(call.method, where.url(call.path), status, headers, body)
+    return decode_outputs(headers, body)
+
+
+def not_ready(where: Endpoint, timeout: float, last: str) -> AgentTimeoutError:
+    """``wait_ready``'s error: no model loaded within ``timeout`` (``last``: what it said)."""
+    url = where.url("/readyz")
+    return AgentTimeoutError(f"{url}: not ready within {timeout:g} s ({last})", url=url)

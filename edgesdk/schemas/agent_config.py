@@ -67,6 +67,15 @@ class BatchingConfig(BatchingSettings):
         return max([max_concurrency, *wanted])
 
 
+class GrpcConfig(Schema):
+    """``[api.grpc]``: the Open Inference Protocol over gRPC (KServe v2, what ``tritonclient.grpc``
+    speaks) beside the HTTP API, with its limits (docs/agent.md). Needs the ``grpc`` extra."""
+
+    enabled: bool = Field(False, description="serve inference.GRPCInferenceService (pip install 'edgesdk[grpc]')")
+    host: str = Field("127.0.0.1", description="bind address (plaintext, as the HTTP API); loopback unless you mean it")
+    port: int = Field(8471, ge=0, le=65535, description="0 picks a free port (written to the data dir as grpc.port)")
+
+
 class ApiConfig(Schema):
     host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
     port: int = Field(8470, ge=0, le=65535, description="0 picks a free port (written to the data dir)")
@@ -97,10 +106,12 @@ class ApiConfig(Schema):
     inline_max_ms: float = Field(
         0.5,
         ge=0,
-        description="when no other request runs and recent requests took less than this, answer on the event "
-        "loop without the thread-pool hop (tiny models); 0 disables",
+        description="when recent requests took less than this (the shortest of the last eight), answer on the "
+        "event loop without the thread-pool hop (tiny models; with dynamic batching only when no other request "
+        "is in flight); 0 disables",
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)  # type: ignore[arg-type]
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig)  # type: ignore[arg-type]
 
 
 class TlsConfig(Schema):

@@ -81,4 +81,6 @@ def test_bad_input_is_an_input_error(runtime, fp32_files) -> None:
         model.run({"nope": np.zeros((1, 1, 8, 8), np.float32)})
     with pytest.raises(InferenceInputError):
         model.run({"image": np.zeros((1, 1, 8, 8), np.int64)})
+    with pytest.raises(InferenceInputError):
+        model.run({})  # a required input missing
     model.close()

@@ -87,13 +87,13 @@ def _threads_of_second_request(inline_max_ms: float) -> list[str]:
     answers = run_requests(app, [infer_request()])
     assert answers[0].status == 200 and app.recent_s < float("inf")
     seen: list[str] = []
-    original = app._work
+    original = app._answer  # both paths call it: inline on the loop, or in a pool worker
 
     def spy(*args):  # type: ignore[no-untyped-def]
         seen.append(threading.current_thread().name)
         return original(*args)
 
-    app._work = spy  # type: ignore[method-assign]
+    app._answer = spy  # type: ignore[method-assign]
     assert run_requests(app, [infer_request()])[0].status == 200
     app.close()
     return seen

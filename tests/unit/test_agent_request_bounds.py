@@ -11,7 +11,16 @@ import zipfile
 import numpy as np
 import pytest
 from edgesdk.agent.api.budget import Allowance, BudgetRefused, MemoryBudget
-from edgesdk.agent.api.codec import NPY, NPZ, RAW, DeclaredInputError, DecodeError, decode_request
+from edgesdk.agent.api.codec import (
+    JSON_VALUE_BYTES,
+    NPY,
+    NPZ,
+    RAW,
+    DeclaredInputError,
+    DecodeError,
+    decode_request,
+    json_parse_cost,
+)
 from edgesdk.agent.api.open_inference import decode_infer_request
 from edgesdk.agent.signature import Signature, TensorSlot
 
@@ -198,3 +207,22 @@ def test_json_nested_too_deep_is_a_400_not_a_recursion_error() -> None:
         decode("application/json", deep)
     with pytest.raises(DecodeError, match="nested too deep"):
         decode_infer_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, SIGNATURE, allowance())
+
+
+@pytest.mark.parametrize("values", [3, 5_000, 200_000], ids=["short", "just-over-16k", "3-MB-like"])
+def test_json_parse_cost_counts_every_comma_whichever_way_it_counts(values: int) -> None:
+    text = json.dumps({"inputs": {"x": [0.5] * values}}).encode()
+    assert json_parse_cost(text) == values * JSON_VALUE_BYTES  # values - 1 commas, plus the last value
+
+
+def test_decoded_json_requests_hold_their_arrays_not_the_parse_cost() -> None:
+    images = np.full((4, 1, 8, 8), 0.25, np.float32)
+    body = json.dumps({"inputs": {"image": images.tolist()}}).encode()
+    grant = allowance()
+    feeds = decode_request("application/json", body, {}, "", SIGNATURE, grant)
+    np.testing.assert_array_equal(feeds["image"], images)
+    # Charged while parsing (checked: a cap below it refuses), held afterwards: the float32 arrays.
+    assert grant.held == grant.budget.used == images.nbytes
+    assert grant.decoded >= json_parse_cost(body) + images.nbytes
+    with pytest.raises(BudgetRefused):
+        decode_request("application/json", body, {}, "", SIGNATURE, allowance(cap=json_parse_cost(body) - 1))

@@ -1,0 +1,203 @@
+"""The Open Inference Protocol (KServe v2) over gRPC: ``inference.GRPCInferenceService``.
+
+Off unless ``api.grpc.enabled``; needs the ``grpc`` extra (grpcio, protobuf), imported only
+then, so a device without it never loads grpc. RPCs: ServerLive, ServerReady, ServerMetadata,
+ModelReady, ModelMetadata, ModelInfer (others: UNIMPLEMENTED, from grpc itself).
+
+It is a second front door to the same house: every ModelInfer goes through ``ApiApp``'s
+admission control (``max_concurrency`` + ``max_queue``, the inline fast path, the pool, the
+``request_timeout_s`` deadline) and the same ``ModelServer`` path as ``/v1`` and ``/v2`` over
+HTTP; tensors are decoded by the same functions as ``/v2`` (``grpc_codec``). The limits are
+the HTTP API's:
+
+=====================================================  ======================================
+a message over ``api.max_body_bytes``                  RESOURCE_EXHAUSTED (grpc refuses it
+                                                       before the handler runs)
+a message that does not fit the memory budget for      UNAVAILABLE (retry shortly; HTTP: 503)
+requests in flight (``max_inflight_bytes``, shared
+with HTTP; a message is charged twice: its bytes and
+its parsed form are both held)
+arrays over ``max_decoded_bytes``                      RESOURCE_EXHAUSTED (HTTP: 413)
+at capacity (running + queued), no model loaded        UNAVAILABLE (HTTP: 503)
+more RPCs at once than capacity + 8                    RESOURCE_EXHAUSTED (grpc itself)
+malformed message, wrong datatype/shape, NaN/Inf,      INVALID_ARGUMENT with the message
+unknown input or output                                HTTP gives (HTTP: 400/422)
+unknown model or version                               NOT_FOUND (ModelReady: ready=false)
+no answer within ``request_timeout_s``                 DEADLINE_EXCEEDED (HTTP: 504)
+the runtime failed, a bug                              INTERNAL (HTTP: 500)
+=====================================================  ======================================
+
+Handlers run in grpc's thread pool and block on the event loop's answer; the pool has one
+thread per request admission control can hold, created as they are needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import orjson
+from edgesdk.agent.api import grpc_codec
+from edgesdk.agent.api import open_inference_v2_pb2 as pb
+from edgesdk.agent.api.app import ApiApp
+from edgesdk.agent.api.budget import Allowance, MemoryBudget
+from edgesdk.agent.api.http import Request, Response
+from edgesdk.agent.api.open_inference import ModelRoute, served_model
+from edgesdk.agent.serving import ModelNotFoundError, NoModelError
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+
+from edgesdk.errors import AgentError
+
+log = logging.getLogger("edgesdk.agent.api")
+
+#: The service name clients call (``/inference.GRPCInferenceService/ModelInfer``).
+SERVICE = "inference.GRPCInferenceService"
+#: RPCs beyond what admission control can hold (health and metadata calls while it is full).
+_EXTRA_RPCS = 8
+
+#: The HTTP status an ``ApiApp`` answer carries → the gRPC status code (table above).
+STATUS_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    406: grpc.StatusCode.INVALID_ARGUMENT,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def _error_message(response: Response) -> str:
+    try:
+        return str(orjson.loads(response.body)["error"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return f"HTTP-equivalent status {response.status}"
+
+
+class GrpcInferenceService:
+    """The RPC handlers (plain methods: ``handlers`` wires them to grpc)."""
+
+    def __init__(self, app: ApiApp, budget: MemoryBudget, max_decoded_bytes: int) -> None:
+        self.app = app
+        self.server = app.server
+        self.metrics = app.metrics
+        self.budget = budget
+        self.max_decoded_bytes = max_decoded_bytes
+
+    def server_live(self, request: pb.ServerLiveRequest, context: grpc.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    def server_ready(self, request: pb.ServerReadyRequest, context: grpc.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.server.running_model() is not None)
+
+    def server_metadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return grpc_codec.server_metadata_message()
+
+    def model_ready(self, request: pb.ModelReadyRequest, context: grpc.ServicerContext) -> pb.ModelReadyResponse:
+        # A boolean question: an unknown model or version is "not ready" (clients' is_model_ready).
+        try:
+            served_model(self.server, ModelRoute("ready", request.name, request.version or None))
+        except (ModelNotFoundError, NoModelError):
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    def model_metadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        try:
+            model = served_model(self.server, ModelRoute("metadata", request.name, request.version or None))
+        except ModelNotFoundError as exc:
+            self.metrics.count_error("not_found")
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except NoModelError as exc:
+            self.metrics.count_error("no_model")
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return grpc_codec.model_metadata_message(model)
+
+    def model_infer(self, message_bytes: bytes, context: grpc.ServicerContext) -> bytes:
+        allowance = Allowance(self.budget, self.max_decoded_bytes)
+        # The serialized message and the parsed one are both held until the answer.
+        if not allowance.take_body(2 * len(message_bytes)):
+            self.metrics.count_error("overload")
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"a message of {len(message_bytes)} bytes does not fit the agent's memory budget for requests "
+                f"in flight ({self.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly",
+            )
+        try:
+            try:
+                message = pb.ModelInferRequest.FromString(message_bytes)
+            except ProtobufDecodeError as exc:
+                self.metrics.count_error("bad_request")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a ModelInferRequest message: {exc}")
+            request = Request("POST", f"grpc ModelInfer {message.model_name}", "", {}, message_bytes, True, allowance)
+            response = self.app.infer_from_thread(request, grpc_codec.answer_grpc_infer, message)
+        finally:
+            allowance.release()
+        if response.status != 200:
+            code = STATUS_CODES.get(response.status, grpc.StatusCode.UNKNOWN)
+            context.abort(code, _error_message(response))
+        return response.body
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        def unary(method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                method,
+                request_deserializer=request_type.FromString if request_type is not None else None,
+                response_serializer=response_type.SerializeToString if response_type is not None else None,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+                "ServerReady": unary(self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+                "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+                "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+                "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+                # Bytes in and out: the size is charged before parsing; the answer is serialized
+                # in the inference pool, as the HTTP routes encode there.
+                "ModelInfer": unary(self.model_infer, None, None),
+            },
+        )
+
+
+class GrpcServer:
+    """The listening gRPC server around :class:`GrpcInferenceService`."""
+
+    def __init__(self, app: ApiApp, budget: MemoryBudget, *, max_message_bytes: int, max_decoded_bytes: int) -> None:
+        self.service = GrpcInferenceService(app, budget, max_decoded_bytes)
+        capacity = app.capacity + _EXTRA_RPCS
+        self._server = grpc.server(
+            ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="grpc"),
+            handlers=[self.service.handlers()],
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                # Two agents must never share a port silently.
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=capacity,
+        )
+
+    def start(self, host: str, port: int) -> int:
+        """Listen (plaintext, like the HTTP API: loopback unless configured otherwise); the bound port."""
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise AgentError(f"cannot listen for gRPC on {address}: {exc}") from exc
+        if not bound:  # older grpcio returns 0 instead of raising
+            raise AgentError(f"cannot listen for gRPC on {address}")
+        self._server.start()
+        return int(bound)
+
+    def stop(self, grace_s: float) -> threading.Event:
+        """Refuse new RPCs, let running ones finish for ``grace_s``; set when all are done."""
+        return self._server.stop(grace_s)
