@@ -21,15 +21,19 @@ from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, Source
 from edgesdk.converters.data import LABEL_KEY, check_against_inputs, load_npz, subset, synthetic_inputs
 from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
 from edgesdk.converters.quiet import quiet_native
+from edgesdk.converters.recipes import detect_family
 from edgesdk.converters.registry import CONVERTERS, get_converter
 from edgesdk.converters.source import load_source, reference_outputs
+from edgesdk.converters.speed_gate import assign_roles, device_arch, host_arch
+from edgesdk.converters.statistics import check_disjoint, minimum_samples_sentence
 from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
 
 from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.common import ModelFormat, Precision
+from edgesdk.schemas.manifest import LadderRole
 from edgesdk.schemas.profile import DeviceProfile
-from edgesdk.schemas.report import ConversionReport, RejectedVariant, ShippedVariant
+from edgesdk.schemas.report import ConversionReport, RecipeTrial, RejectedVariant, ShippedVariant
 
 #: ``progress(message, completed, total)``: called as each step starts; ``total`` grows when
 #: the plan is known and when repair adds rounds.
@@ -64,6 +68,26 @@ class _Built:
     artifact: ConvertedArtifact
     result: ValidationResult
     convert_s: float
+    kept_float: int = 0
+    ladder_role: LadderRole = "speed"
+    latency_basis: str = ""
+
+    # What converters/speed_gate.py reads.
+    @property
+    def format(self) -> ModelFormat:
+        return self.planned.format
+
+    @property
+    def precision(self) -> Precision:
+        return self.planned.precision
+
+    @property
+    def latency_ms(self) -> float | None:
+        return self.result.measurements.latency_p50_ms
+
+    @property
+    def validated(self) -> bool:
+        return self.result.accuracy is not None
 
 
 def _mb(size: int) -> float:
@@ -112,6 +136,13 @@ class _Run:
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None
         self.unsupported: dict[ModelFormat, str] = {}
+        self.trials: list[RecipeTrial] = []
+
+    def trial(
+        self, planned: PlannedVariant, method: str | None, built: _Built | None, outcome: str, reason: str
+    ) -> None:
+        """One line of the report's recipe table: every build that was validated, kept or not."""
+        self.trials.append(recipe_trial(planned.format, planned.precision, method, built, outcome, reason))
 
     def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
         converter = get_converter(planned.converter)
@@ -143,7 +174,7 @@ class _Run:
             from edgesdk.converters.coreml_backend import validate_spec
 
             result = validate_spec(artifact, self.source)
-        return _Built(planned, artifact, result, convert_s)
+        return _Built(planned, artifact, result, convert_s, kept_float=len(keep_float))
 
     def _reject(self, planned: PlannedVariant, reason: str) -> None:
         self.rejected.append(RejectedVariant(format=planned.format, precision=planned.precision, reason=reason))
@@ -184,6 +215,7 @@ class _Run:
             self.progress(f"{planned.id}: repair, {count} layer(s) in float")
             built = self.build(planned, method, keep)
             accuracy = built.result.accuracy
+            self.trial(planned, method, built, "dropped", "repair round")
             if accuracy is not None and accuracy.passed:
                 self.decisions.append(
                     f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping the "
@@ -216,10 +248,14 @@ class _Run:
                 return None
             except EdgeSDKError as exc:
                 misses.append(f"{method or planned.precision.value} failed: {exc}")
+                self.trial(
+                    planned, method, None, "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                )
                 continue
             accuracy = built.result.accuracy
             if accuracy is not None and not accuracy.passed:
                 failed.append((method, built))
+                self.trial(planned, method, built, "dropped", f"missed the gate: {_fmt_metric(built)}")
                 continue
             candidates.append((method, built))
         # Repair only when no method holds the gate as is, best-scoring miss first, and stop
@@ -238,6 +274,7 @@ class _Run:
         if not candidates:
             self._reject(planned, "; ".join(misses) or "no method produced a variant")
             return None
+        self._record_choice(planned, candidates)
         for miss in misses:
             self.decisions.append(f"{planned.id}: {miss}")
         if len(candidates) > 1:
@@ -252,6 +289,38 @@ class _Run:
                 )
             return best
         return candidates[0][1]
+
+    def _record_choice(self, planned: PlannedVariant, candidates: list[tuple[str | None, _Built]]) -> None:
+        """Mark the candidates in the recipe table: the fastest that holds the gate is kept."""
+        ordered = sorted(candidates, key=lambda c: c[1].result.measurements.latency_p50_ms or float("inf"))
+        best = ordered[0][1].result.measurements.latency_p50_ms or 0.0
+        for index, (method, built) in enumerate(ordered):
+            if index == 0:
+                reason = "holds the gate" + (", fastest of those that do" if len(ordered) > 1 else "")
+                self.trial(planned, method, built, "kept", reason)
+            else:
+                mine = built.result.measurements.latency_p50_ms or 0.0
+                self.trial(planned, method, built, "dropped",
+                           f"holds the gate but {mine / best if best else float('nan'):.2f}x the kept one's latency")  # fmt: skip
+
+
+def recipe_trial(
+    fmt: ModelFormat, precision: Precision, method: str | None, built: _Built | None, outcome: str, reason: str
+) -> RecipeTrial:
+    accuracy = built.result.accuracy if built else None
+    return RecipeTrial(
+        format=fmt,
+        precision=precision,
+        method=method,
+        kept_float=built.kept_float if built else 0,
+        accuracy=None if accuracy is None else round(accuracy.value, 6),
+        lower_bound=None if accuracy is None else accuracy.lower_bound,
+        verdict=None if accuracy is None else accuracy.verdict,
+        size=built.artifact.size if built else None,
+        latency_p50_ms=built.result.measurements.latency_p50_ms if built else None,
+        outcome=outcome,  # type: ignore[arg-type]
+        reason=reason,
+    )
 
 
 def _score(built: _Built) -> float:
@@ -353,9 +422,18 @@ def convert(
         decisions: list[str] = []
         if raw_validation:
             val = check_against_inputs(raw_validation, source.inputs, "validation", val_where)
+            if cal:
+                repeated = check_disjoint(cal, val)  # UsageError on overlap
+                decisions.append(
+                    "calibration and validation data are disjoint (SHA-256 per sample)"
+                    + (f"; validation repeats {repeated} of its own samples" if repeated else "")
+                )
         elif cal:
             val = cal
-            decisions.append("no --validation data: validating on the calibration data")
+            decisions.append(
+                "WARNING: no --validation data: validating on the calibration data, which flatters int8 "
+                "(its ranges were fitted on these samples); give a disjoint --validation set"
+            )
         else:
             val = synthetic_inputs(source.inputs, 32)
             decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")
@@ -367,6 +445,9 @@ def convert(
         decisions.append(
             f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
         )
+        decisions.append(minimum_samples_sentence(chosen, threshold))
+        family, family_reason = detect_family(source.onnx_path)
+        decisions.append(f"model family {family.value}: {family_reason}")
 
         from edgesdk.runtimes import available_runtimes
 
@@ -378,6 +459,7 @@ def convert(
             precisions=wanted_precisions,
             host_runtimes=available_runtimes(),
             int8_methods=int8_methods,
+            family=family,
         )
         say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
         say("computing reference outputs")
@@ -387,6 +469,7 @@ def convert(
         built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
+        run.decisions += assign_roles(shipped, profile)
         if not shipped:
             grouped: dict[tuple[str, str], list[str]] = {}
             for r in run.rejected:
@@ -403,7 +486,7 @@ def convert(
                 error = ConversionError
             raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
         say("writing the report")
-        report = _write(staging, run, shipped, profile)
+        report = _write(staging, run, shipped, profile, family.value)
         _finish_out(staging, out)
         return report
     except BaseException:
@@ -478,7 +561,7 @@ def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
             run.decisions.append(line)
 
 
-def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile) -> ConversionReport:
+def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile, family: str) -> ConversionReport:
     variants = []
     for b in shipped:
         folder = staging / "artifacts" / b.planned.id
@@ -505,6 +588,8 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 quantization_method=b.artifact.method,
                 measurements=measurements,
                 validation=b.result.validation,
+                ladder_role=b.ladder_role,
+                latency_basis=b.latency_basis,
             )
         )
     golden = subset(run.data, GOLDEN_SAMPLES)
@@ -521,6 +606,10 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
         rejected=run.rejected,
         decisions=run.decisions,
         golden="golden.npz",
+        family=family,
+        recipes=run.trials,
+        host_arch=host_arch(),
+        device_arch=device_arch(profile),
     )
     (staging / "report.json").write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     from edgesdk.converters.html_report import render_html

@@ -154,7 +154,9 @@ def test_onnx_file_to_rpi5_says_which_formats_it_cannot_reach(edgesdk_cli_module
     assert "rejected tflite fp32" in proc.stdout and "onnx2tf" in proc.stdout
 
 
-def test_apple_profile_gets_coreml_with_spec_only_validation(edgesdk_cli_module, digits, factory_env, tmp_path) -> None:
+def test_apple_profile_gets_unvalidated_coreml_packaged_only_when_allowed(
+    edgesdk_cli_module, digits, factory_env, tmp_path
+) -> None:
     pytest.importorskip("coremltools")
     out = tmp_path / "apple"
     proc = edgesdk_cli_module(
@@ -165,12 +167,33 @@ def test_apple_profile_gets_coreml_with_spec_only_validation(edgesdk_cli_module,
     report = ConversionReport.model_validate_json((out / "report.json").read_text())
     assert {v.id for v in report.variants} == {"coreml-fp32", "coreml-fp16", "coreml-int8"}
     for variant in report.variants:
-        assert variant.validation == "spec-only" and variant.accuracy is None
+        assert variant.validation == "unvalidated" and variant.accuracy is None
         assert "macOS" in variant.measurements.note
         assert variant.inputs[0].name == "image" and variant.outputs[0].dtype == "float32"
         assert all(f.startswith(f"artifacts/{variant.id}/model.mlpackage/") for f in variant.files)
     sizes = {v.precision.value: v.size for v in report.variants}
     assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
+    assert all(v.ladder_role == "off" for v in report.variants)
+    # Core ML honesty: never run, so packaged only when asked, and then off the governor's ladder.
+    from edgesdk.keys import generate_device_key, generate_publisher_key
+
+    publisher, _ = generate_publisher_key(tmp_path / "publisher")
+    _, device_pub = generate_device_key(tmp_path / "device")
+    refused = edgesdk_cli_module(
+        "package", str(out), "--name", "digits", "--version", "1.0.0", "--publisher-key", str(publisher),
+        "--recipient", str(device_pub), "--out", str(tmp_path / "digits.edgepkg"),
+    )  # fmt: skip
+    assert_one_line_error(refused, "coreml-fp32", "--allow-unvalidated")
+    assert not (tmp_path / "digits.edgepkg").exists()
+    allowed = edgesdk_cli_module(
+        "package", str(out), "--name", "digits", "--version", "1.0.0", "--publisher-key", str(publisher),
+        "--recipient", str(device_pub), "--out", str(tmp_path / "digits.edgepkg"), "--allow-unvalidated",
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    from edgesdk.bundle import inspect_bundle
+
+    manifest = inspect_bundle(tmp_path / "digits.edgepkg").manifest
+    assert {v.ladder_role for v in manifest.variants} == {"off"}
 
 
 # --- bad input: one clear line, non-zero exit, nothing in --out ------------------------------------
@@ -360,6 +383,6 @@ def test_onnx_file_reaches_every_format_the_device_runs(profile, formats, edgesd
     assert {r.format.value for r in report.rejected} <= {"tflite"}
     for variant in report.variants:
         if variant.format.value == "coreml":  # through onnx2coreml; Linux cannot predict with Core ML
-            assert variant.validation == "spec-only" and variant.inputs[0].shape == [1, 1, 8, 8]
+            assert variant.validation == "unvalidated" and variant.inputs[0].shape == [1, 1, 8, 8]
         else:
             assert variant.accuracy.value == 1.0
