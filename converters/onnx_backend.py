@@ -184,13 +184,19 @@ def _dynamic_per_channel(request: ConversionRequest, out: Path, keep: list[str])
 
 
 def _weight_only(request: ConversionRequest, out: Path, keep: list[str]) -> None:
-    """MatMulNBits: 8-bit weights in blocks of 128 along K, activations stay float."""
+    """MatMulNBits: 8-bit weights in blocks of 128 along K; the rest of the graph stays float.
+
+    accuracy_level 4 lets the kernel quantize each activation block to int8 at run time and use
+    integer dot products: on this x86 host (MiniLM) 0.46x the fp32 latency at cosine 0.9992,
+    where the default (fp32 compute, weights dequantized per call) was 4x *slower* than fp32.
+    """
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    config = DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=True, bits=8)
+    config = DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=True, bits=8, accuracy_level=4)
     quantizer = MatMulNBitsQuantizer(onnx.load(str(request.source.onnx_path)), bits=8, block_size=128,
-                                     is_symmetric=True, nodes_to_exclude=keep, algo_config=config)  # fmt: skip
+                                     is_symmetric=True, accuracy_level=4, nodes_to_exclude=keep,
+                                     algo_config=config)  # fmt: skip
     quantizer.process()
     if not any(n.op_type == "MatMulNBits" for n in quantizer.model.model.graph.node):
         raise ConversionError("weight-only-int8: no MatMul could take 8-bit block weights (K < 128?)")

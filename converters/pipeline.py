@@ -196,37 +196,49 @@ class _Run:
         return self._ranking
 
     def repair(self, planned: PlannedVariant, method: str, failed: _Built) -> tuple[_Built | None, str]:
-        """Keep the most sensitive layers in float, doubling their number, until the gate holds.
+        """Keep the most sensitive layers in float, doubling their number, then whole blocks
+        around them, until the gate holds.
 
         Stops at half of the quantizable layers: past that, int8 no longer buys its size.
         Returns the repaired variant (or None) and what was tried, for the report.
         """
+        from edgesdk.converters.sensitivity import block_rounds
+
         caps = CONVERTERS[planned.converter].capabilities
         if not caps.supports_repair or method not in STATIC_INT8:
             return None, ""
         converter = get_converter(planned.converter)
-        allowed = set(converter.quantizable_layers(self.source))
+        quantizable = converter.quantizable_layers(self.source)
+        allowed = set(quantizable)
         ranking = [n for n in self.ranking() if n in allowed]
-        tried: list[str] = []
+        limit = len(ranking) // 2
+        rounds: list[tuple[str, list[str]]] = []
         count = 1
-        while ranking and count <= len(ranking) // 2:
-            keep = ranking[:count]
+        while ranking and count <= limit:
+            rounds.append((f"the {count} most sensitive layer(s)", ranking[:count]))
+            count *= 2
+        seen = {tuple(keep) for _, keep in rounds}
+        for blocks, keep in block_rounds(ranking, quantizable, limit):
+            if tuple(keep) not in seen:
+                seen.add(tuple(keep))
+                rounds.append((f"block(s) {blocks} ({len(keep)} layers)", keep))
+        tried: list[str] = []
+        for what, keep in rounds:
             self.progress.add(1)
-            self.progress(f"{planned.id}: repair, {count} layer(s) in float")
+            self.progress(f"{planned.id}: repair, {what} in float")
             built = self.build(planned, method, keep)
             accuracy = built.result.accuracy
-            self.trial(planned, method, built, "dropped", "repair round")
             if accuracy is not None and accuracy.passed:
                 self.decisions.append(
-                    f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping the "
-                    f"{count} most sensitive layer(s) in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
+                    f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping "
+                    f"{what} in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
                 )
                 return built, ""
-            tried.append(f"{count}: {accuracy.value:.4g}" if accuracy else f"{count}: n/a")
-            count *= 2
+            self.trial(planned, method, built, "dropped", f"repair with {what} in float missed the gate")
+            tried.append(f"{what}: {accuracy.value:.4g}" if accuracy else f"{what}: n/a")
         if not tried:
             return None, ""
-        return None, f"repair kept the most sensitive layers in float ({'; '.join(tried)}) without reaching the gate"
+        return None, f"repair kept layers in float ({'; '.join(tried)}) without reaching the gate"
 
     def build_variant(self, planned: PlannedVariant) -> _Built | None:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""

@@ -131,7 +131,7 @@ RECIPE_NOTES: dict[str, str] = {
     "nncf-qdq": "NNCF post-training QDQ on the ONNX graph",
     "dynamic-int8": "ORT dynamic int8, per-tensor weights",
     "dynamic-int8-per-channel": "ORT dynamic int8, per-channel weights",
-    "weight-only-int8": "ORT MatMulNBits 8-bit weights, block 128, float activations",
+    "weight-only-int8": "ORT MatMulNBits 8-bit weights, block 128, int8 compute (accuracy_level 4)",
     "nncf-ptq": "NNCF post-training quantization, fast bias correction",
     "nncf-ptq-bias-correction": "NNCF post-training quantization, full bias correction, mixed preset",
     "nncf-ptq-transformer": "NNCF post-training quantization, ModelType.TRANSFORMER (SmoothQuant)",

@@ -105,9 +105,23 @@ def test_pytorch_model_to_rpi5_ships_a_validated_ladder_per_runtime(rpi5_from_py
     # Full-integer TFLite takes int8: the report carries what the packager needs to quantize.
     tflite_int8 = shipped["tflite-int8"]
     assert tflite_int8.inputs[0].dtype == "int8" and tflite_int8.inputs[0].quantization is not None
-    # int8 methods were measured against each other, and the ratio to fp32 is reported.
-    assert any(d.startswith("onnx-int8: measured") and "dynamic-int8" in d for d in report.decisions)
+    # A convnet gets the convnet recipes, each measured against the others and listed in the report.
+    assert report.family == "convnet"
+    assert any(d.startswith("onnx-int8: measured") and "static-qdq-percentile" in d for d in report.decisions)
     assert any(d.startswith("onnx: int8/fp32 median latency") for d in report.decisions)
+    onnx_int8 = {t.method: t for t in report.recipes if t.format.value == "onnx" and t.precision.value == "int8"}
+    assert {"static-qdq-per-channel", "static-qdq-percentile", "nncf-qdq"} <= set(onnx_int8)
+    assert "dynamic-int8" not in onnx_int8  # ConvInteger: slower than fp32 on convnets, not a convnet recipe
+    kept = [t for t in onnx_int8.values() if t.outcome == "kept"]
+    assert len(kept) == 1 and kept[0].method == shipped["onnx-int8"].quantization_method
+    assert all(
+        t.accuracy is not None and t.size and t.latency_p50_ms for t in onnx_int8.values() if t.outcome != "failed"
+    )
+    # Validation is disjoint from calibration (digits: train vs test split), and 449 samples make a bound.
+    assert any("disjoint" in d for d in report.decisions)
+    assert shipped["onnx-fp32"].accuracy.verdict == "pass" and shipped["onnx-fp32"].accuracy.lower_bound > 0.99
+    assert shipped["onnx-fp32"].ladder_role == "reference"
+    assert all("unverified until measured on the device" in v.latency_basis for v in report.variants)
 
 
 def test_output_dir_has_golden_data_and_an_html_report_with_plots(rpi5_from_pytorch, digits) -> None:

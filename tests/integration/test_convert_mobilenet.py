@@ -26,7 +26,7 @@ def mobilenet_data(request):
         weights_bytes()
     except ModelError as exc:
         pytest.skip(str(exc))
-    return prepare_mobilenet(Path(request.config.cache.mkdir("edgesdk-mobilenet-v1")))
+    return prepare_mobilenet(Path(request.config.cache.mkdir("edgesdk-mobilenet-v2")))
 
 
 def test_mobilenet_v2_to_openvino_ships_a_gated_ladder(edgesdk_cli, mobilenet_data, tmp_path) -> None:
