@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,12 @@ def _sentences(module_names: tuple[str, ...]) -> list[str]:
     for name in module_names:
         module = importlib.import_module(name)
         texts = [module.__doc__ or ""]
-        for value in vars(module).values():
-            if getattr(value, "__module__", None) == module.__name__:
-                doc = getattr(value, "__doc__", None)
-                texts.append(doc if isinstance(doc, str) else "")
+        with warnings.catch_warnings():  # touching typing.io and the like warns; only docstrings are read
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for value in list(vars(module).values()):
+                if getattr(value, "__module__", None) == module.__name__:
+                    doc = getattr(value, "__doc__", None)
+                    texts.append(doc if isinstance(doc, str) else "")
         for text in texts:
             prose = re.sub(r"\s+", " ", text)
             for sentence in re.split(r"(?<=[.!?])\s+", prose):
