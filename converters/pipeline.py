@@ -273,9 +273,16 @@ class _Run:
         # Repair only when no method holds the gate as is, best-scoring miss first, and stop
         # at the first repair that holds it: every round is a quantization plus a validation.
         failed.sort(key=lambda item: _score(item[1]), reverse=True)
+        repairable = [
+            m for m, _ in failed if m in STATIC_INT8 and CONVERTERS[planned.converter].capabilities.supports_repair
+        ]
         for method, built in failed:
             repaired, tried = (None, "not repaired: another method holds the gate") if candidates else (None, "")
-            if not candidates:
+            if not candidates and repairable and method != repairable[0]:
+                # Each round is a quantization plus a validation (minutes on a real convnet):
+                # only the recipe closest to the gate is repaired.
+                tried = f"not repaired: {repairable[0]} was closer to the gate and was repaired instead"
+            elif not candidates:
                 repaired, tried = self.repair(planned, method or "", built)
             if repaired is not None:
                 candidates.append((method, repaired))
