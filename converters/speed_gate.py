@@ -8,7 +8,8 @@ side in its runtime:
 
 * ``reference`` — the fp32 of its runtime (the top of the ladder),
 * ``speed`` — faster than the reference (median < 0.95×),
-* ``size-only`` — not faster: shipped for its size, the agent does not put it on the ladder,
+* ``size-only`` — not faster: shipped for its size, the agent does not put it on the ladder
+  (fp16 measured on a host of another CPU architecture stays a step: the host emulates fp16),
 * ``off`` — not validated (Core ML on Linux): never on the ladder.
 
 The latencies are this host's. When the profile's CPU architecture is not the host's
@@ -94,6 +95,11 @@ def assign_roles(variants: Sequence[_Measured], profile: DeviceProfile, host: st
             ratio = v.latency_ms / reference.latency_ms
             if ratio < SPEED_STEP_RATIO:
                 v.ladder_role = "speed"
+            elif precision == Precision.FP16 and not same_arch:
+                # An x86 host has no fp16 arithmetic; an Arm device with FP16 (the profile lists
+                # fp16) runs it natively: the host's fp16 timing says nothing about the device.
+                v.ladder_role = "speed"
+                v.latency_basis = basis + f"; fp16 was {ratio:.2f}x fp32 here, where fp16 is emulated"
             else:
                 v.ladder_role = "size-only"
                 lines.append(

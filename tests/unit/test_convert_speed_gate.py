@@ -48,3 +48,12 @@ def test_an_unvalidated_variant_is_off_the_ladder() -> None:
     lines = assign_roles(variants, get_profile("apple-m2-mac"), host="x86_64")
     assert variants[0].ladder_role == "off"
     assert any("never on the governor's ladder" in line for line in lines)
+
+
+def test_fp16_timed_on_a_host_of_another_architecture_stays_a_step() -> None:
+    # x86 emulates fp16; a Cortex-A76 runs it natively: the host timing cannot demote it.
+    variants = [Measured(ModelFormat.ONNX, Precision.FP32, 10.0), Measured(ModelFormat.ONNX, Precision.FP16, 13.0),
+                Measured(ModelFormat.ONNX, Precision.INT8, 20.0)]  # fmt: skip
+    assign_roles(variants, get_profile("rpi5-8gb"), host="x86_64")
+    assert [v.ladder_role for v in variants] == ["reference", "speed", "size-only"]
+    assert "emulated" in variants[1].latency_basis and "unverified" in variants[1].latency_basis
