@@ -58,8 +58,10 @@ def _parse_input(spec: str) -> tuple[str, np.ndarray]:
     "--int8-method",
     "int8_methods",
     multiple=True,
-    help="Only these int8 methods (repeatable), e.g. static-qdq-per-channel, nncf-qdq, dynamic-int8, "
-    "static-int8-full-integer, nncf-ptq, linear-weights-int8. Default: every method, the fastest that holds the gate wins.",
+    help="Only these int8 recipes (repeatable), e.g. static-qdq-percentile, nncf-qdq, dynamic-int8-per-channel, "
+    "weight-only-int8, nncf-ptq-transformer, nncf-weights-int8, static-int8-full-integer, linear-weights-int8. "
+    "Default: the recipes of the model's family (transformer/convnet, docs/converters.md); the fastest that "
+    "holds the gate wins.",
 )
 @json_option
 @click.pass_context
