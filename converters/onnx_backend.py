@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -155,16 +156,33 @@ def _static_weight_matmuls(request: ConversionRequest, out: Path, keep: list[str
                            "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1}})  # fmt: skip
 
 
+_CLE_SCRIPT = """
+import sys
+import onnx
+from aimet_onnx.cross_layer_equalization import equalize_model
+model = onnx.load(sys.argv[1])
+equalize_model(model)
+onnx.save_model(model, sys.argv[2])
+"""
+
+
 def _cle_static(request: ConversionRequest, out: Path, keep: list[str]) -> None:
     """Cross-layer equalization (aimet-onnx: BatchNorm folding, then per-channel rescaling of
-    consecutive convs so their weight ranges match), then ORT static QDQ per-channel."""
-    import onnx
-    from aimet_onnx.cross_layer_equalization import equalize_model
+    consecutive convs so their weight ranges match), then ORT static QDQ per-channel.
 
-    model = onnx.load(str(request.source.onnx_path))
-    equalize_model(model)  # in place
+    aimet-onnx runs in a child process: importing it rebinds logging and the standard streams
+    of the process (a later flush hit a closed file under pytest), and pulls a torchvision that
+    does not import here; a child keeps all of that out of the converter."""
+    import subprocess
+
     equalized = out.with_name("equalized.onnx")
-    onnx.save_model(model, str(equalized))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLE_SCRIPT, str(request.source.onnx_path), str(equalized)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if proc.returncode != 0 or not equalized.exists():
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConversionError(f"cross-layer equalization (aimet-onnx) failed: {tail}")
     # Node names survive equalization, so repair's keep_float still applies.
     _static(dataclasses.replace(request, source=dataclasses.replace(request.source, onnx_path=equalized)), out, keep)
     equalized.unlink()
