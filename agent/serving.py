@@ -232,6 +232,17 @@ def gate_passed(variant: Variant) -> bool:
     return variant.accuracy is None or variant.accuracy.passed
 
 
+def speed_steps(variants: Sequence[Variant]) -> list[Variant]:
+    """The variants the governor may step to: not ``off`` (never run where it was converted), and
+    not ``size-only`` (slower than its fp32 on a CPU like the device's) unless nothing else is left."""
+    usable = [v for v in variants if v.ladder_role != "off"]
+    steps = [v for v in usable if v.ladder_role != "size-only"]
+    for v in usable:
+        if v.ladder_role == "size-only" and steps:
+            log.info("variant %s not on the ladder: it is a size step only (not faster than fp32)", v.id)
+    return steps or usable
+
+
 def order_ladder(variants: Sequence[Variant], profile: DeviceProfile | None) -> list[list[Variant]]:
     """Group by precision, highest first; inside a group the profile's preferred runtime first."""
     preference = [str(getattr(r.runtime, "value", r.runtime)) for r in profile.runtimes] if profile else []
@@ -304,11 +315,17 @@ class ModelServer:
         for v in manifest.variants:
             if self._eligible(v, problems):
                 eligible.append(v)
+            elif v.ladder_role == "off":
+                choices.unvalidated(v)
             else:
                 choices.failed_gate(v)
-        groups = order_ladder(eligible, self.profile)
-        grouped = {v.id for group in groups for v in group}
+        steps = speed_steps(eligible)
         for v in eligible:
+            if v not in steps:
+                choices.size_step_only(v)
+        groups = order_ladder(steps, self.profile)
+        grouped = {v.id for group in groups for v in group}
+        for v in steps:
             if v.id not in grouped:
                 choices.not_for_profile(v)
         for group in groups:
@@ -352,6 +369,10 @@ class ModelServer:
         if not gate_passed(meta):
             problems.append(f"{meta.id}: failed its accuracy gate")
             log.info("variant %s skipped: it failed its accuracy gate", meta.id)
+            return False
+        if meta.ladder_role == "off":
+            problems.append(f"{meta.id}: unvalidated (never run where it was converted), never on the ladder")
+            log.info("variant %s skipped: unvalidated, never on the governor's ladder", meta.id)
             return False
         if meta.accuracy is None:
             log.warning("variant %s has no accuracy result (unvalidated on the packaging host)", meta.id)

@@ -65,6 +65,12 @@ class VariantChoices:
     def failed_gate(self, meta: Variant) -> None:
         self._set(meta, False, "failed its accuracy gate when it was packaged")
 
+    def unvalidated(self, meta: Variant) -> None:
+        self._set(meta, False, "unvalidated: never run where it was converted, so never on the ladder")
+
+    def size_step_only(self, meta: Variant) -> None:
+        self._set(meta, False, "a size step only: not faster than its fp32 where it was timed")
+
     def not_for_profile(self, meta: Variant) -> None:
         formats = ", ".join(_text(f) for f in self.profile.formats) if self.profile else "?"
         name = self.profile.name if self.profile else "this device"

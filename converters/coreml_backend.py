@@ -1,9 +1,10 @@
 """Core ML ``.mlpackage``: coremltools from ``torch.jit.trace``; fp16 compute; int8 weights.
 
-Core ML predicts only on macOS. On other hosts variants get *spec-only* validation: the
+Core ML predicts only on macOS. On other hosts variants are *unvalidated*: the
 package is read back without compiling it (``skip_model_load``) and its input/output names,
 shapes and dtypes are checked against the source model, with an op histogram and the size.
-The report says plainly that no numerical parity was measured.
+The report says plainly that no numerical parity was measured; such a variant is never on
+the governor's ladder and is packaged only with ``edgesdk package --allow-unvalidated``.
 """
 
 from __future__ import annotations
@@ -174,11 +175,11 @@ def validate_spec(artifact: ConvertedArtifact, source: SourceModel) -> Validatio
             raise ConversionError(f"coreml input {got.name!r} has shape {got.shape}; expected {list(example.shape)}")
     histogram = op_histogram(spec)
     ops = ", ".join(f"{k}×{v}" for k, v in list(histogram.items())[:8])
-    note = f"spec-only: Core ML predicts only on macOS, no numerical parity measured here; I/O checked; ops: {ops}"
+    note = f"unvalidated (spec checked): Core ML predicts only on macOS, no numerical parity measured here; I/O checked; ops: {ops}"
     return ValidationResult(
         accuracy=None,
         measurements=VariantMeasurements(note=note),
         inputs=inputs,
         outputs=outputs,
-        validation="spec-only",
+        validation="unvalidated",
     )

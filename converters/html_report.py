@@ -6,6 +6,7 @@ import base64
 import html
 import io
 
+from edgesdk.schemas.manifest import AccuracyResult
 from edgesdk.schemas.report import ConversionReport
 
 _COLORS = {"onnx": "tab:blue", "tflite": "tab:orange", "openvino": "tab:purple", "coreml": "tab:gray"}
@@ -64,6 +65,12 @@ def _row(cells: list[object]) -> str:
     return "<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in cells) + "</tr>"
 
 
+def _bound(acc: AccuracyResult | None) -> str:
+    if acc is None or acc.lower_bound is None:
+        return ""
+    return f"{acc.lower_bound:.4f} ({acc.verdict})"
+
+
 def render_html(report: ConversionReport) -> str:
     """A self-contained HTML page: plots, shipped variants, rejections and the planner's reasoning."""
     shipped = []
@@ -76,7 +83,9 @@ def render_html(report: ConversionReport) -> str:
                     v.runtime.value,
                     v.quantization_method or "",
                     f"{v.size / 1024:.1f} KiB",
-                    f"{acc.value:.4f}" if acc else "spec-only",
+                    f"{acc.value:.4f}" if acc else "unvalidated",
+                    _bound(acc),
+                    v.ladder_role,
                     ", ".join(f"{k}: {d:.3g}" for k, d in acc.max_abs_diff.items()) if acc else "",
                     v.measurements.load_ms,
                     v.measurements.latency_p50_ms,
@@ -88,6 +97,31 @@ def render_html(report: ConversionReport) -> str:
             )
         )
     rejected = [_row([r.format.value, r.precision.value, r.reason]) for r in report.rejected]
+    recipes = [
+        _row(
+            [
+                f"{t.format.value}-{t.precision.value}",
+                t.method or "",
+                t.kept_float or "",
+                "" if t.accuracy is None else f"{t.accuracy:.4f}",
+                "" if t.lower_bound is None else f"{t.lower_bound:.4f} ({t.verdict})",
+                "" if t.size is None else f"{t.size / 1024:.1f} KiB",
+                t.latency_p50_ms,
+                t.outcome,
+                t.reason,
+            ]
+        )  # fmt: skip
+        for t in report.recipes
+    ]
+    arch = ""
+    if report.host_arch and report.device_arch:
+        same = report.host_arch == report.device_arch
+        arch = (
+            f"<p>Latencies are <b>host timings</b> ({html.escape(report.host_arch)})"
+            + ("." if same else f"; the device is {html.escape(report.device_arch)}: the latency ordering is "
+               "<b>unverified until measured on the device</b>.")
+            + "</p>"
+        )  # fmt: skip
     decisions = "".join(f"<li>{html.escape(d)}</li>" for d in report.decisions)
     plots = "".join(
         f'<img alt="accuracy, size and latency per variant" src="data:image/png;base64,{p}">' for p in _plots(report)
@@ -103,8 +137,12 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}th{{background:#f3
 <p>source <code>{html.escape(report.source)}</code>, created {report.created.isoformat()}, metric <b>{report.metric}</b>, gate <b>{report.gate:g}</b></p>
 {plots}
 <h2>Shipped variants</h2>
-<table><tr><th>variant</th><th>runtime</th><th>method</th><th>size</th><th>{report.metric}</th><th>max abs diff</th>
+<table><tr><th>variant</th><th>runtime</th><th>method</th><th>size</th><th>{report.metric}</th><th>95% lower bound</th><th>ladder</th><th>max abs diff</th>
 <th>load ms</th><th>p50 ms</th><th>p95 ms</th><th>peak RSS MB</th><th>convert s</th><th>notes</th></tr>{"".join(shipped)}</table>
+{arch}
+<h2>Every recipe tried (family: {html.escape(report.family or "?")})</h2>
+<table><tr><th>variant</th><th>method</th><th>layers in float</th><th>{report.metric}</th><th>95% lower bound</th>
+<th>size</th><th>p50 ms</th><th>outcome</th><th>reason</th></tr>{"".join(recipes) or "<tr><td colspan=9>none</td></tr>"}</table>
 <h2>Rejected</h2><table><tr><th>format</th><th>precision</th><th>reason</th></tr>{"".join(rejected) or "<tr><td colspan=3>none</td></tr>"}</table>
 <h2>Planner decisions</h2><ol>{decisions}</ol>
 </body></html>

@@ -45,7 +45,10 @@ def arrange_data(
         val = check_against_inputs(raw_validation, source.inputs, "validation", val_where, layout, batch_axes)
     elif cal:
         val = cal
-        decisions.append("no --validation data: validating on the calibration data")
+        decisions.append(
+            "WARNING: no --validation data: validating on the calibration data, which flatters int8 "
+            "(its ranges were fitted on these samples); give a disjoint --validation set"
+        )
     else:
         val = synthetic_inputs(source.inputs, 32, layout=layout)
         decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")

@@ -1,12 +1,15 @@
 """OpenVINO IR: ``convert_model`` from the ONNX export, fp16 by weight compression, int8 by NNCF.
 
-NNCF post-training quantization uses the calibration data; ``keep_float`` becomes NNCF's
+int8 recipes (converters/recipes.py picks them by model family): NNCF post-training
+quantization with the calibration data (default, full bias correction for convnets,
+``ModelType.TRANSFORMER`` with SmoothQuant for transformers) or data-free int8 weight
+compression (``compress_weights``). ``keep_float`` becomes NNCF's
 ``ignored_scope`` (the ONNX node names survive conversion as OpenVINO friendly names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
@@ -102,20 +105,43 @@ class OpenVINOConverter:
     def _quantize(self, model: object, request: ConversionRequest) -> tuple[object, str, list[str]]:
         import nncf
 
-        if not request.calibration:
-            raise ConversionError("openvino int8 (NNCF) needs calibration data (--calibration)")
-        data = request.calibration
-        count = int(next(iter(data.values())).shape[0])
-        items = list(request.source.layout.samples(data))
+        method = request.method or "nncf-ptq"
         keep = _openvino_names(model, request.keep_float)
+        ignored = nncf.IgnoredScope(names=keep, validate=False) if keep else None
         try:
-            quantized = nncf.quantize(
-                model,
-                nncf.Dataset(items),
-                subset_size=min(300, count),
-                ignored_scope=nncf.IgnoredScope(names=keep, validate=False) if keep else None,
-            )
+            if method == "nncf-weights-int8":
+                # Data-free: int8 weights, float activations (no calibration needed).
+                quantized = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=ignored)
+            elif method in _PTQ_OPTIONS:
+                if not request.calibration:
+                    raise ConversionError(f"openvino int8 ({method}) needs calibration data (--calibration)")
+                data = request.calibration
+                count = int(next(iter(data.values())).shape[0])
+                items = list(request.source.layout.samples(data))
+                quantized = nncf.quantize(
+                    model, nncf.Dataset(items), subset_size=min(300, count), ignored_scope=ignored,
+                    **_PTQ_OPTIONS[method](nncf),
+                )  # fmt: skip
+            else:
+                known = ", ".join([*_PTQ_OPTIONS, "nncf-weights-int8"])
+                raise ConversionError(f"unknown openvino int8 method {method!r}; known: {known}")
+        except ConversionError:
+            raise
         except Exception as exc:  # noqa: BLE001
-            raise ConversionError(f"NNCF quantization failed: {native_cause(str(exc), 'NNCF')}") from exc
+            raise ConversionError(f"NNCF quantization ({method}) failed: {native_cause(str(exc), 'NNCF')}") from exc
         notes = [f"kept in float: {', '.join(request.keep_float)}"] if keep else []
-        return quantized, "nncf-ptq", notes
+        return quantized, method, notes
+
+
+#: NNCF post-training recipes: method → nncf.quantize keyword arguments.
+_PTQ_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "nncf-ptq": lambda nncf: {},
+    # Full bias correction and asymmetric activations (mixed preset): the convnet recipe that
+    # recovers MobileNetV2's depthwise blocks best among NNCF's options.
+    "nncf-ptq-bias-correction": lambda nncf: {
+        "fast_bias_correction": False,
+        "preset": nncf.QuantizationPreset.MIXED,
+    },
+    # SmoothQuant and transformer-aware scopes (no quantizers on LayerNorm, Softmax inputs...).
+    "nncf-ptq-transformer": lambda nncf: {"model_type": nncf.ModelType.TRANSFORMER},
+}

@@ -26,16 +26,20 @@ from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
 from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
 from edgesdk.converters.quiet import quiet_native
+from edgesdk.converters.recipes import Family, detect_family
 from edgesdk.converters.registry import CONVERTERS, get_converter
 from edgesdk.converters.source import calibration_states, load_source, reference_outputs
+from edgesdk.converters.speed_gate import assign_roles, device_arch, host_arch
+from edgesdk.converters.statistics import check_disjoint, minimum_samples_sentence
 from edgesdk.converters.toolchain_errors import one_line
 from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
 
 from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.common import ModelFormat, Precision
+from edgesdk.schemas.manifest import LadderRole
 from edgesdk.schemas.profile import DeviceProfile
-from edgesdk.schemas.report import ConversionReport, RejectedVariant, ShippedVariant
+from edgesdk.schemas.report import ConversionReport, RecipeTrial, RejectedVariant, ShippedVariant
 
 #: ``progress(message, completed, total)``: called as each step starts; ``total`` grows when
 #: the plan is known and when repair adds rounds.
@@ -70,6 +74,26 @@ class _Built:
     artifact: ConvertedArtifact
     result: ValidationResult
     convert_s: float
+    kept_float: int = 0
+    ladder_role: LadderRole = "speed"
+    latency_basis: str = ""
+
+    # What converters/speed_gate.py reads.
+    @property
+    def format(self) -> ModelFormat:
+        return self.planned.format
+
+    @property
+    def precision(self) -> Precision:
+        return self.planned.precision
+
+    @property
+    def latency_ms(self) -> float | None:
+        return self.result.measurements.latency_p50_ms
+
+    @property
+    def validated(self) -> bool:
+        return self.result.accuracy is not None
 
 
 def _mb(size: int) -> float:
@@ -121,6 +145,13 @@ class _Run:
         self._ranking: list[str] | None = None
         self.unsupported: dict[ModelFormat, str] = {}
         self.fp32_sizes: dict[ModelFormat, int] = {}
+        self.trials: list[RecipeTrial] = []
+
+    def trial(
+        self, planned: PlannedVariant, method: str | None, built: _Built | None, outcome: str, reason: str
+    ) -> None:
+        """One line of the report's recipe table: every build that was validated, kept or not."""
+        self.trials.append(recipe_trial(planned.format, planned.precision, method, built, outcome, reason))
 
     def build(self, planned: PlannedVariant, method: str | None, keep_float: Sequence[str] = ()) -> _Built:
         converter = as_is_converter(planned) if planned.converter == AS_IS else get_converter(planned.converter)
@@ -160,7 +191,7 @@ class _Run:
                 f"{planned.id}" + (f" ({method})" if method else "") + f": state fed back over {len(d)} steps, "
                 f"max |diff| vs the reference step 1 {d[0]:.3g}, step {len(d)} {d[-1]:.3g}, worst {max(d):.3g}"
             )
-        return _Built(planned, artifact, result, convert_s)
+        return _Built(planned, artifact, result, convert_s, kept_float=len(keep_float))
 
     def _checked(self, planned: PlannedVariant, artifact: ConvertedArtifact) -> ConvertedArtifact:
         """An fp32 artifact sets the size an int8 one must beat; an int8 one must be int8."""
@@ -198,38 +229,51 @@ class _Run:
         return self._ranking
 
     def repair(self, planned: PlannedVariant, method: str, failed: _Built) -> tuple[_Built | None, str]:
-        """Keep the most sensitive layers in float, doubling their number, until the gate holds.
+        """Keep the most sensitive layers in float, doubling their number, then whole blocks
+        around them, until the gate holds.
 
         Stops at half of the quantizable layers: past that, int8 no longer buys its size.
         Returns the repaired variant (or None) and what was tried, for the report.
         """
         if planned.converter not in CONVERTERS:
             return None, ""  # --as-is: nothing to repair
+        from edgesdk.converters.sensitivity import block_rounds
+
         caps = CONVERTERS[planned.converter].capabilities
         if not caps.supports_repair or method not in STATIC_INT8:
             return None, ""
         converter = get_converter(planned.converter)
-        allowed = set(converter.quantizable_layers(self.source))
+        quantizable = converter.quantizable_layers(self.source)
+        allowed = set(quantizable)
         ranking = [n for n in self.ranking() if n in allowed]
-        tried: list[str] = []
+        limit = len(ranking) // 2
+        rounds: list[tuple[str, list[str]]] = []
         count = 1
-        while ranking and count <= len(ranking) // 2:
-            keep = ranking[:count]
+        while ranking and count <= limit:
+            rounds.append((f"the {count} most sensitive layer(s)", ranking[:count]))
+            count *= 2
+        seen = {tuple(keep) for _, keep in rounds}
+        for blocks, keep in block_rounds(ranking, quantizable, limit):
+            if tuple(keep) not in seen:
+                seen.add(tuple(keep))
+                rounds.append((f"block(s) {blocks} ({len(keep)} layers)", keep))
+        tried: list[str] = []
+        for what, keep in rounds:
             self.progress.add(1)
-            self.progress(f"{planned.id}: repair, {count} layer(s) in float")
+            self.progress(f"{planned.id}: repair, {what} in float")
             built = self.build(planned, method, keep)
             accuracy = built.result.accuracy
             if accuracy is not None and accuracy.passed:
                 self.decisions.append(
-                    f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping the "
-                    f"{count} most sensitive layer(s) in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
+                    f"{planned.id} ({method}) repaired: {_fmt_metric(failed)} missed the gate; keeping "
+                    f"{what} in float ({', '.join(keep)}) gives {_fmt_metric(built)}"
                 )
                 return built, ""
-            tried.append(f"{count}: {accuracy.value:.4g}" if accuracy else f"{count}: n/a")
-            count *= 2
+            self.trial(planned, method, built, "dropped", f"repair with {what} in float missed the gate")
+            tried.append(f"{what}: {accuracy.value:.4g}" if accuracy else f"{what}: n/a")
         if not tried:
             return None, ""
-        return None, f"repair kept the most sensitive layers in float ({'; '.join(tried)}) without reaching the gate"
+        return None, f"repair kept layers in float ({'; '.join(tried)}) without reaching the gate"
 
     def build_variant(self, planned: PlannedVariant) -> _Built | None:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
@@ -252,18 +296,27 @@ class _Run:
             except EdgeSDKError as exc:
                 # A runtime's refusal at validation can span lines (OpenVINO's C++ frames): one line.
                 misses.append(f"{method or planned.precision.value} failed: {one_line(str(exc))}")
+                self.trial(planned, method, None, "failed", one_line(str(exc)) if str(exc) else type(exc).__name__)
                 continue
             accuracy = built.result.accuracy
             if accuracy is not None and not accuracy.passed:
                 failed.append((method, built))
+                self.trial(planned, method, built, "dropped", f"missed the gate: {_fmt_metric(built)}")
                 continue
             candidates.append((method, built))
         # Repair only when no method holds the gate as is, best-scoring miss first, and stop
         # at the first repair that holds it: every round is a quantization plus a validation.
         failed.sort(key=lambda item: _score(item[1]), reverse=True)
+        repairable = [
+            m for m, _ in failed if m in STATIC_INT8 and CONVERTERS[planned.converter].capabilities.supports_repair
+        ]
         for method, built in failed:
             repaired, tried = (None, "not repaired: another method holds the gate") if candidates else (None, "")
-            if not candidates:
+            if not candidates and repairable and method != repairable[0]:
+                # Each round is a quantization plus a validation (minutes on a real convnet):
+                # only the recipe closest to the gate is repaired.
+                tried = f"not repaired: {repairable[0]} was closer to the gate and was repaired instead"
+            elif not candidates:
                 repaired, tried = self.repair(planned, method or "", built)
             if repaired is not None:
                 candidates.append((method, repaired))
@@ -274,6 +327,7 @@ class _Run:
         if not candidates:
             self._reject(planned, "; ".join(misses) or "no method produced a variant")
             return None
+        self._record_choice(planned, candidates)
         for miss in misses:
             self.decisions.append(f"{planned.id}: {miss}")
         if len(candidates) > 1:
@@ -288,6 +342,38 @@ class _Run:
                 )
             return best
         return candidates[0][1]
+
+    def _record_choice(self, planned: PlannedVariant, candidates: list[tuple[str | None, _Built]]) -> None:
+        """Mark the candidates in the recipe table: the fastest that holds the gate is kept."""
+        ordered = sorted(candidates, key=lambda c: c[1].result.measurements.latency_p50_ms or float("inf"))
+        best = ordered[0][1].result.measurements.latency_p50_ms or 0.0
+        for index, (method, built) in enumerate(ordered):
+            if index == 0:
+                reason = "holds the gate" + (", fastest of those that do" if len(ordered) > 1 else "")
+                self.trial(planned, method, built, "kept", reason)
+            else:
+                mine = built.result.measurements.latency_p50_ms or 0.0
+                self.trial(planned, method, built, "dropped",
+                           f"holds the gate but {mine / best if best else float('nan'):.2f}x the kept one's latency")  # fmt: skip
+
+
+def recipe_trial(
+    fmt: ModelFormat, precision: Precision, method: str | None, built: _Built | None, outcome: str, reason: str
+) -> RecipeTrial:
+    accuracy = built.result.accuracy if built else None
+    return RecipeTrial(
+        format=fmt,
+        precision=precision,
+        method=method,
+        kept_float=built.kept_float if built else 0,
+        accuracy=None if accuracy is None else round(accuracy.value, 6),
+        lower_bound=None if accuracy is None else accuracy.lower_bound,
+        verdict=None if accuracy is None else accuracy.verdict,
+        size=built.artifact.size if built else None,
+        latency_p50_ms=built.result.measurements.latency_p50_ms if built else None,
+        outcome=outcome,  # type: ignore[arg-type]
+        reason=reason,
+    )
 
 
 def _score(built: _Built) -> float:
@@ -394,6 +480,12 @@ def convert(
         source, cal, val, decisions = _arrange_data(
             source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
+        if raw_validation and cal:
+            repeated = check_disjoint(cal, val)  # UsageError on overlap
+            decisions.append(
+                "calibration and validation data are disjoint (SHA-256 per sample)"
+                + (f"; validation repeats {repeated} of its own samples" if repeated else "")
+            )
         if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
             val = subset(val, MAX_VALIDATION_SAMPLES)
             decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
@@ -402,6 +494,12 @@ def convert(
         decisions.append(
             f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
         )
+        decisions.append(minimum_samples_sentence(chosen, threshold))
+        if source.kind in ("onnx", "pytorch"):
+            family, family_reason = detect_family(source.onnx_path)
+        else:  # a .tflite or OpenVINO IR source: the recipes read ONNX graphs
+            family, family_reason = Family.OTHER, f"not read from a {source.kind} source (the default recipes apply)"
+        decisions.append(f"model family {family.value}: {family_reason}")
 
         from edgesdk.runtimes import available_runtimes
 
@@ -416,6 +514,7 @@ def convert(
                 precisions=wanted_precisions,
                 host_runtimes=available_runtimes(),
                 int8_methods=int8_methods,
+                family=family,
             )
         )
         say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
@@ -426,6 +525,7 @@ def convert(
         built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
+        run.decisions += assign_roles(shipped, profile)
         if not shipped:
             grouped: dict[tuple[str, str], list[str]] = {}
             for r in run.rejected:
@@ -442,7 +542,7 @@ def convert(
                 error = ConversionError
             raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
         say("writing the report")
-        report = _write(staging, run, shipped, profile)
+        report = _write(staging, run, shipped, profile, family.value)
         _finish_out(staging, out)
         return report
     except BaseException:
@@ -518,7 +618,7 @@ def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
             run.decisions.append(line)
 
 
-def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile) -> ConversionReport:
+def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile, family: str) -> ConversionReport:
     variants = []
     for b in shipped:
         folder = staging / "artifacts" / b.planned.id
@@ -545,6 +645,8 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 quantization_method=b.artifact.method,
                 measurements=measurements,
                 validation=b.result.validation,
+                ladder_role=b.ladder_role,
+                latency_basis=b.latency_basis,
             )
         )
     golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
@@ -560,6 +662,10 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
         rejected=run.rejected,
         decisions=run.decisions,
         golden="golden.npz",
+        family=family,
+        recipes=run.trials,
+        host_arch=host_arch(),
+        device_arch=device_arch(profile),
     )
     (staging / "report.json").write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     from edgesdk.converters.html_report import render_html

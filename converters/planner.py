@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from edgesdk.converters.onnx2tf_route import missing_reason
+from edgesdk.converters.recipes import Family, recipes_for
 from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
@@ -20,7 +21,18 @@ from edgesdk.schemas.report import RejectedVariant
 
 #: Ladder order: the governor steps down this list.
 LADDER = (Precision.FP32, Precision.FP16, Precision.INT8)
-STATIC_INT8 = {"static-qdq-per-channel", "nncf-qdq", "static-int8-full-integer", "nncf-ptq"}
+#: int8 methods that need calibration data (and that repair can keep layers of in float).
+STATIC_INT8 = {
+    "static-qdq-per-channel",
+    "static-qdq-percentile",
+    "static-qdq-weight-matmuls",
+    "cle-static-qdq",
+    "nncf-qdq",
+    "static-int8-full-integer",
+    "nncf-ptq",
+    "nncf-ptq-bias-correction",
+    "nncf-ptq-transformer",
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ def make_plan(
     precisions: Collection[Precision] | None = None,
     host_runtimes: Collection[RuntimeName] = (),
     int8_methods: Collection[str] | None = None,
+    family: Family = Family.OTHER,
 ) -> Plan:
     """Formats × precision ladder for ``profile``, with the reasoning."""
     plan = Plan()
@@ -137,13 +150,17 @@ def make_plan(
             continue
         if not numeric:
             plan.decisions.append(
-                f"{fmt.value}: {runtime.value} cannot predict on this host; variants get spec-only validation "
-                "(I/O names, shapes, dtypes, op histogram, size) and no numerical parity"
+                f"{fmt.value}: {runtime.value} cannot predict on this host; variants are unvalidated: spec checked "
+                "(I/O names, shapes, dtypes, op histogram, size), no numerical parity, never on the governor's "
+                "ladder, packaged only with --allow-unvalidated"
             )
         for precision in ladder:
             methods: tuple[str | None, ...] = (None,)
             if precision == Precision.INT8:
-                methods = caps.int8_methods
+                methods = recipes_for(converter, family, caps.int8_methods)
+                if int8_methods:
+                    # An explicit --int8-method may name a recipe of another family.
+                    methods = tuple(m for m in caps.int8_methods if m in int8_methods or m in methods)
                 for method in methods:
                     lacking = missing_method_packages(converter, method)
                     if lacking:

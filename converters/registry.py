@@ -35,13 +35,24 @@ CONVERTERS: dict[str, ConverterEntry] = {
             format=ModelFormat.ONNX,
             runtime=RuntimeName.ONNXRUNTIME,
             precisions=(FP32, FP16, INT8),
-            int8_methods=("static-qdq-per-channel", "nncf-qdq", "dynamic-int8"),
+            # All recipes; converters/recipes.py picks those for the model's family.
+            int8_methods=(
+                "static-qdq-per-channel",
+                "static-qdq-percentile",
+                "static-qdq-weight-matmuls",
+                "cle-static-qdq",
+                "nncf-qdq",
+                "dynamic-int8",
+                "dynamic-int8-per-channel",
+                "weight-only-int8",
+            ),
             packages=("onnx", "onnxruntime", "onnxconverter_common"),
             extra="convert",
             sources=("pytorch", "onnx"),
             supports_repair=True,
             # NNCF's ONNX backend also writes QDQ for onnxruntime; it needs edgesdk[convert-openvino].
-            method_packages=(("nncf-qdq", ("nncf",)),),
+            # Cross-layer equalization comes from aimet-onnx (edgesdk[convert-aimet]).
+            method_packages=(("nncf-qdq", ("nncf",)), ("cle-static-qdq", ("aimet_onnx",))),
         ),
     ),
     "tflite": ConverterEntry(
@@ -67,7 +78,7 @@ CONVERTERS: dict[str, ConverterEntry] = {
             format=ModelFormat.OPENVINO,
             runtime=RuntimeName.OPENVINO,
             precisions=(FP32, FP16, INT8),
-            int8_methods=("nncf-ptq",),
+            int8_methods=("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-transformer", "nncf-weights-int8"),
             packages=("openvino", "nncf"),
             extra="convert-openvino",
             # .tflite through OpenVINO's TFLite frontend; an IR read as it is.

@@ -8,6 +8,7 @@ repair keeps the top-ranked layers in float, doubling their number until the gat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -91,3 +92,40 @@ def rank_layers(
 
     scores = [(name, error(name, 1) - error(name, 0)) for name in layers]
     return sorted(scores, key=lambda item: item[1], reverse=True)
+
+
+_INDEXED = re.compile(r"^[A-Za-z_]+[._]?\d+$")
+
+
+def block_of(layer: str) -> str:
+    """The block a layer belongs to, from its exported name: the path up to the first indexed
+    module (``/features/features.3/conv/...`` → ``/features/features.3``; BERT's
+    ``/bert/encoder/layer.0/attention/...`` → ``/bert/encoder/layer.0``); the layer itself
+    when its name has no such part."""
+    parts = layer.split("/")
+    for index, part in enumerate(parts):
+        if index and _INDEXED.match(part):
+            return "/".join(parts[: index + 1])
+    return layer
+
+
+def block_rounds(ranking: list[str], allowed: list[str], limit: int) -> list[tuple[str, list[str]]]:
+    """Repair rounds that keep *whole blocks* in float: the block of the most sensitive layer,
+    then of the two most sensitive, ... as long as they hold at most ``limit`` layers.
+
+    Keeping one layer of a block in float can leave the error in the int8 activations around
+    it (measured on MobileNetV2's inverted residuals); keeping the block removes them."""
+    blocks: list[str] = []
+    rounds: list[tuple[str, list[str]]] = []
+    for layer in ranking:
+        block = block_of(layer)
+        if block == layer or block in blocks:
+            continue
+        blocks.append(block)
+        layers = [name for name in allowed if any(block_of(name) == b for b in blocks)]
+        if len(layers) > limit:
+            break
+        rounds.append((", ".join(blocks), layers))
+        if len(blocks) == 3:
+            break
+    return rounds

@@ -117,7 +117,7 @@ class ValidationResult:
     measurements: VariantMeasurements
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    validation: Literal["numeric", "spec-only"] = "numeric"
+    validation: Literal["numeric", "unvalidated", "spec-only"] = "numeric"
     latencies_ms: list[float] = field(default_factory=list)
     #: A stateful model's max |difference| per step of its streams (state fed back), else empty.
     stream_drift: list[float] = field(default_factory=list)
@@ -171,6 +171,9 @@ def validate_numeric(
         outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
     value = score(metric, outputs, reference)
     stream_drift = drift(outputs, reference) if layout.state_pairs and layout.steps(data) else []
+    from edgesdk.converters.statistics import per_sample, read_gate
+
+    reading = read_gate(metric, value, gate, None if metric == "max_abs" else per_sample(metric, outputs, reference))
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
     one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
     for _ in range(3):
@@ -190,6 +193,10 @@ def validate_numeric(
             passed=passes(metric, value, gate),
             samples=int(next(iter(reference.values())).shape[0]),
             max_abs_diff=max_abs,
+            lower_bound=None if reading.lower_bound is None else round(reading.lower_bound, 6),
+            verdict=reading.verdict,
+            samples_needed=reading.samples_needed,
+            note=reading.sentence(metric, gate),
         ),
         measurements=VariantMeasurements(
             load_ms=round(load_ms, 3),

@@ -252,6 +252,7 @@ def package(
     publisher_name: str = "edgesdk-publisher",
     description: str = "",
     profiles_dirs: Iterable[str | Path] = (),
+    allow_unvalidated: bool = False,
 ) -> Path:
     """Sign and encrypt the variants of a conversion into one bundle file; returns its path.
 
@@ -264,7 +265,8 @@ def package(
     a datetime, a timedelta from now, or None/``"never"``; ``targets`` default to the
     report's profile. ``downgrade_from`` ``(min, max)`` signs permission to install this older
     release on a device whose rollback floor lies in that range, until ``downgrade_expires``
-    (a duration from now or a moment; default 7 days)."""
+    (a duration from now or a moment; default 7 days). ``allow_unvalidated`` admits variants
+    that could not be run where they were converted (Core ML on Linux), marked off the ladder."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
     from edgesdk.bundle import package_bundle
@@ -299,6 +301,7 @@ def package(
         out=out,
         publisher_name=publisher_name,
         description=description,
+        allow_unvalidated=allow_unvalidated,
     )
 
 

@@ -208,6 +208,7 @@ def package_bundle(
     description: str = "",
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     now: datetime | None = None,
+    allow_unvalidated: bool = False,
 ) -> Path:
     """Package the variants of ``convert_dir`` (a ``edgesdk convert`` output) into ``out``.
 
@@ -216,7 +217,9 @@ def package_bundle(
     ``publisher_key``. ``release`` defaults to :func:`default_release`; ``targets`` to the
     report's profile; ``expires`` may be a moment or a duration from now. ``downgrade``
     signs a bounded, expiring permission to install this release over newer ones (see
-    :class:`~edgesdk.schemas.manifest.DowngradePermission`)."""
+    :class:`~edgesdk.schemas.manifest.DowngradePermission`). A variant that could not be run
+    where it was converted (Core ML on Linux: ``validation`` unvalidated) is refused unless
+    ``allow_unvalidated``; it then ships marked off the governor's ladder."""
     root = Path(convert_dir)
     report_path = root / "report.json"
     if not report_path.is_file():
@@ -224,6 +227,12 @@ def package_bundle(
     report = ConversionReport.parse_json_clear(report_path.read_bytes(), source=str(report_path))
     if not report.variants:
         raise UsageError(f"{report_path}: no shipped variants to package")
+    unvalidated = [v.id for v in report.variants if v.validation != "numeric"]
+    if unvalidated and not allow_unvalidated:
+        raise UsageError(
+            f"{report_path}: variant(s) {', '.join(unvalidated)} were never run (no numerical validation on the "
+            "converting host); package them only with --allow-unvalidated (they ship off the governor's ladder)"
+        )
     signer = _as_publisher_key(publisher_key)
     device_keys = _as_recipients(recipients)
     group_keys = _as_recipients(group_recipients)
@@ -333,5 +342,6 @@ def _variant_entry(shipped: ShippedVariant, sealed: _SealedPayload) -> Variant:
         outputs=shipped.outputs,
         accuracy=shipped.accuracy,
         quantization_method=shipped.quantization_method,
+        ladder_role="off" if shipped.validation != "numeric" else shipped.ladder_role,
         files=sealed.files,
     )

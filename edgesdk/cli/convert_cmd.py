@@ -79,8 +79,10 @@ def _read_data_spec(path: Path | None) -> DataSpec:
     "--int8-method",
     "int8_methods",
     multiple=True,
-    help="Only these int8 methods (repeatable), e.g. static-qdq-per-channel, nncf-qdq, dynamic-int8, "
-    "static-int8-full-integer, nncf-ptq, linear-weights-int8. Default: every method, the fastest that holds the gate wins.",
+    help="Only these int8 recipes (repeatable), e.g. static-qdq-percentile, nncf-qdq, dynamic-int8-per-channel, "
+    "weight-only-int8, nncf-ptq-transformer, nncf-weights-int8, static-int8-full-integer, linear-weights-int8. "
+    "Default: the recipes of the model's family (transformer/convnet, docs/converters.md); the fastest that "
+    "holds the gate wins.",
 )
 @click.option(
     "--batch-axis",
@@ -199,7 +201,9 @@ def convert(
         return
     rows = []
     for v in report.variants:
-        acc = f"{v.accuracy.value:.4f}" if v.accuracy else "spec-only"
+        acc = f"{v.accuracy.value:.4f}" if v.accuracy else "unvalidated"
+        if v.accuracy and v.accuracy.lower_bound is not None:
+            acc += f" (≥{v.accuracy.lower_bound:.4f}: {v.accuracy.verdict})"
         rows.append(
             [
                 v.id,
@@ -208,13 +212,21 @@ def convert(
                 f"{v.size / 1024:.1f} KiB",
                 acc,
                 v.measurements.latency_p50_ms,
+                v.ladder_role,
             ]
         )
     print_table(
         f"{report.model_name} → {report.profile} ({report.metric}, gate {report.gate:g})",
-        ["variant", "runtime", "method", "size", report.metric, "p50 ms"],
+        ["variant", "runtime", "method", "size", f"{report.metric} (95% lower bound)", "p50 ms (host)", "ladder"],
         rows,
     )
+    for line in report.decisions:
+        # What a user must not miss: how much data the gate needs, overlap warnings, untested speed.
+        if line.startswith(("gate ", "WARNING", "latency ordering")):
+            click.echo(line)
+    for v in report.variants:
+        if v.accuracy and v.accuracy.verdict == "inconclusive":
+            click.echo(f"{v.id}: {v.accuracy.note}")
     for r in report.rejected:
         click.echo(f"rejected {r.format.value} {r.precision.value}: {r.reason}")
     click.echo(f"wrote {out}/report.json, report.html, golden.npz and {len(report.variants)} variant(s)")

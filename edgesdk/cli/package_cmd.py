@@ -72,6 +72,11 @@ def _release_range(text: str) -> tuple[int, int]:
     help="When the downgrade permission ends: 12h, 7d, an ISO date (never is refused).",
 )
 @click.option("--allow-downgrade", is_flag=True, hidden=True, help="Removed: use --downgrade-from.")
+@click.option(
+    "--allow-unvalidated",
+    is_flag=True,
+    help="Also package variants that could not be run on this host (Core ML on Linux); they ship off the ladder.",
+)
 @click.option("--publisher-name", default="edgesdk-publisher", show_default=True, help="Shown to operators.")
 @click.option("--description", default="", help="Free text stored in the manifest.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.edgepkg to write.")
@@ -92,6 +97,7 @@ def package(
     downgrade_from: str | None,
     downgrade_expires: str,
     allow_downgrade: bool,
+    allow_unvalidated: bool,
     publisher_name: str,
     description: str,
     out: Path,
@@ -120,6 +126,7 @@ def package(
         publisher_name=publisher_name,
         description=description,
         profiles_dirs=profiles_dirs(ctx),
+        allow_unvalidated=allow_unvalidated,
     )
     manifest = inspect_bundle(path).manifest
     summary = {

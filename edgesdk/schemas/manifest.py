@@ -64,6 +64,10 @@ class VariantFile(Schema):
     sha256: str = Field(pattern=SHA256_PATTERN, description="of the plaintext file")
 
 
+#: A variant's place on the governor's ladder (see ShippedVariant.ladder_role).
+LadderRole = Literal["reference", "speed", "size-only", "off"]
+
+
 class AccuracyResult(Schema):
     """How a variant did against the reference model on validation data."""
 
@@ -74,6 +78,13 @@ class AccuracyResult(Schema):
     samples: int = Field(ge=0)
     max_abs_diff: dict[str, float] = Field(default_factory=dict, description="per output name")
     note: str = ""
+    lower_bound: float | None = Field(
+        None, description="one-sided 95% lower confidence bound of value (Wilson for top1, bootstrap for cosine)"
+    )
+    verdict: Literal["pass", "fail", "inconclusive"] | None = Field(
+        None, description="the gate read on lower_bound: inconclusive = the value holds it, the bound does not"
+    )
+    samples_needed: int | None = Field(None, description="validation samples at which this value would pass its bound")
 
 
 class Variant(Schema):
@@ -92,6 +103,11 @@ class Variant(Schema):
     outputs: list[TensorSpec] = Field(min_length=1)
     accuracy: AccuracyResult | None = None
     quantization_method: str | None = Field(None, description="e.g. 'static-qdq-per-channel', 'nncf-ptq'")
+    ladder_role: LadderRole | None = Field(
+        None,
+        description="reference/speed: a governor step; size-only: slower than the reference on the device's CPU "
+        "class, not a speed step; off: never on the ladder (unvalidated). None: older bundles (a step)",
+    )
     files: list[VariantFile] = Field(
         default_factory=list,
         description="the files of the variant, in payload order: the plaintext payload is their concatenation",

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
-from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
+from edgesdk.schemas.manifest import AccuracyResult, LadderRole, TensorSpec
 
 
 class VariantMeasurements(Schema):
@@ -47,7 +47,33 @@ class ShippedVariant(Schema):
     accuracy: AccuracyResult | None = Field(None, description="None only where the runtime cannot run here")
     quantization_method: str | None = None
     measurements: VariantMeasurements = Field(default_factory=VariantMeasurements)
-    validation: Literal["numeric", "spec-only"] = "numeric"
+    #: unvalidated: it could not run here (Core ML on Linux; its spec and size were checked).
+    #: "spec-only" is how older reports said the same.
+    validation: Literal["numeric", "unvalidated", "spec-only"] = "numeric"
+    ladder_role: LadderRole = Field(
+        "speed",
+        description="reference (fp32 of its runtime), speed (faster than the reference), size-only (not faster: "
+        "shipped for size, the governor does not step down to it for speed), off (unvalidated: never on the ladder)",
+    )
+    latency_basis: str = Field(
+        "", description="where the latency ordering was measured and whether it holds on the device"
+    )
+
+
+class RecipeTrial(Schema):
+    """One int8 (or fp16/fp32) build that was validated: kept, or dropped and why."""
+
+    format: ModelFormat
+    precision: Precision
+    method: str | None = None
+    kept_float: int = Field(0, ge=0, description="layers kept in float (repair)")
+    accuracy: float | None = None
+    lower_bound: float | None = None
+    verdict: Literal["pass", "fail", "inconclusive"] | None = None
+    size: int | None = Field(None, ge=0)
+    latency_p50_ms: float | None = None
+    outcome: Literal["kept", "dropped", "failed"]
+    reason: str = ""
 
 
 class RejectedVariant(Schema):
@@ -67,4 +93,8 @@ class ConversionReport(Schema):
     variants: list[ShippedVariant] = Field(default_factory=list)
     rejected: list[RejectedVariant] = Field(default_factory=list)
     decisions: list[str] = Field(default_factory=list, description="the planner's reasoning, in order")
+    family: str | None = Field(None, description="transformer, convnet or other: which int8 recipes were tried")
+    recipes: list[RecipeTrial] = Field(default_factory=list, description="every variant built and validated")
+    host_arch: str | None = Field(None, description="the CPU the latencies were measured on")
+    device_arch: str | None = None
     golden: str | None = Field("golden.npz", description="reference inputs/outputs file, relative")

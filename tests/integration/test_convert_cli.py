@@ -105,9 +105,23 @@ def test_pytorch_model_to_rpi5_ships_a_validated_ladder_per_runtime(rpi5_from_py
     # Full-integer TFLite takes int8: the report carries what the packager needs to quantize.
     tflite_int8 = shipped["tflite-int8"]
     assert tflite_int8.inputs[0].dtype == "int8" and tflite_int8.inputs[0].quantization is not None
-    # int8 methods were measured against each other, and the ratio to fp32 is reported.
-    assert any(d.startswith("onnx-int8: measured") and "dynamic-int8" in d for d in report.decisions)
+    # A convnet gets the convnet recipes, each measured against the others and listed in the report.
+    assert report.family == "convnet"
+    assert any(d.startswith("onnx-int8: measured") and "static-qdq-percentile" in d for d in report.decisions)
     assert any(d.startswith("onnx: int8/fp32 median latency") for d in report.decisions)
+    onnx_int8 = {t.method: t for t in report.recipes if t.format.value == "onnx" and t.precision.value == "int8"}
+    assert {"static-qdq-per-channel", "static-qdq-percentile", "nncf-qdq"} <= set(onnx_int8)
+    assert "dynamic-int8" not in onnx_int8  # ConvInteger: slower than fp32 on convnets, not a convnet recipe
+    kept = [t for t in onnx_int8.values() if t.outcome == "kept"]
+    assert len(kept) == 1 and kept[0].method == shipped["onnx-int8"].quantization_method
+    assert all(
+        t.accuracy is not None and t.size and t.latency_p50_ms for t in onnx_int8.values() if t.outcome != "failed"
+    )
+    # Validation is disjoint from calibration (digits: train vs test split), and 449 samples make a bound.
+    assert any("disjoint" in d for d in report.decisions)
+    assert shipped["onnx-fp32"].accuracy.verdict == "pass" and shipped["onnx-fp32"].accuracy.lower_bound > 0.99
+    assert shipped["onnx-fp32"].ladder_role == "reference"
+    assert all("unverified until measured on the device" in v.latency_basis for v in report.variants)
 
 
 def test_output_dir_has_golden_data_and_an_html_report_with_plots(rpi5_from_pytorch, digits) -> None:
@@ -154,7 +168,9 @@ def test_onnx_file_to_rpi5_says_which_formats_it_cannot_reach(edgesdk_cli_module
     assert "rejected tflite fp32" in proc.stdout and "onnx2tf" in proc.stdout
 
 
-def test_apple_profile_gets_coreml_with_spec_only_validation(edgesdk_cli_module, digits, factory_env, tmp_path) -> None:
+def test_apple_profile_gets_unvalidated_coreml_packaged_only_when_allowed(
+    edgesdk_cli_module, digits, factory_env, tmp_path
+) -> None:
     pytest.importorskip("coremltools")
     out = tmp_path / "apple"
     proc = edgesdk_cli_module(
@@ -165,12 +181,33 @@ def test_apple_profile_gets_coreml_with_spec_only_validation(edgesdk_cli_module,
     report = ConversionReport.model_validate_json((out / "report.json").read_text())
     assert {v.id for v in report.variants} == {"coreml-fp32", "coreml-fp16", "coreml-int8"}
     for variant in report.variants:
-        assert variant.validation == "spec-only" and variant.accuracy is None
+        assert variant.validation == "unvalidated" and variant.accuracy is None
         assert "macOS" in variant.measurements.note
         assert variant.inputs[0].name == "image" and variant.outputs[0].dtype == "float32"
         assert all(f.startswith(f"artifacts/{variant.id}/model.mlpackage/") for f in variant.files)
     sizes = {v.precision.value: v.size for v in report.variants}
     assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
+    assert all(v.ladder_role == "off" for v in report.variants)
+    # Core ML honesty: never run, so packaged only when asked, and then off the governor's ladder.
+    from edgesdk.keys import generate_device_key, generate_publisher_key
+
+    publisher, _ = generate_publisher_key(tmp_path / "publisher")
+    _, device_pub = generate_device_key(tmp_path / "device")
+    refused = edgesdk_cli_module(
+        "package", str(out), "--name", "digits", "--version", "1.0.0", "--publisher-key", str(publisher),
+        "--recipient", str(device_pub), "--out", str(tmp_path / "digits.edgepkg"),
+    )  # fmt: skip
+    assert_one_line_error(refused, "coreml-fp32", "--allow-unvalidated")
+    assert not (tmp_path / "digits.edgepkg").exists()
+    allowed = edgesdk_cli_module(
+        "package", str(out), "--name", "digits", "--version", "1.0.0", "--publisher-key", str(publisher),
+        "--recipient", str(device_pub), "--out", str(tmp_path / "digits.edgepkg"), "--allow-unvalidated",
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    from edgesdk.bundle import inspect_bundle
+
+    manifest = inspect_bundle(tmp_path / "digits.edgepkg").manifest
+    assert {v.ladder_role for v in manifest.variants} == {"off"}
 
 
 # --- bad input: one clear line, non-zero exit, nothing in --out ------------------------------------
@@ -360,6 +397,6 @@ def test_onnx_file_reaches_every_format_the_device_runs(profile, formats, edgesd
     assert {r.format.value for r in report.rejected} <= {"tflite"}
     for variant in report.variants:
         if variant.format.value == "coreml":  # through onnx2coreml; Linux cannot predict with Core ML
-            assert variant.validation == "spec-only" and variant.inputs[0].shape == [1, 1, 8, 8]
+            assert variant.validation == "unvalidated" and variant.inputs[0].shape == [1, 1, 8, 8]
         else:
             assert variant.accuracy.value == 1.0

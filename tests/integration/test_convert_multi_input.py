@@ -67,11 +67,13 @@ def converted(digits, tmp_path_factory):  # digits: same "torch + sklearn instal
     folder = tmp_path_factory.mktemp("text")
     (folder / "tiny_text.py").write_text(MODEL)
     np.savez(folder / "tokens.npz", **_tokens(48, 16, 0))  # type: ignore[arg-type]
+    np.savez(folder / "held_out.npz", **_tokens(64, 16, 1))  # type: ignore[arg-type]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
     out = folder / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "edgesdk.cli.main", "convert", "tiny_text:tiny_encoder", "--profile", "rpi5-8gb",
          "--formats", "onnx,tflite", "--out", str(out), "--calibration", str(folder / "tokens.npz"),
+         "--validation", str(folder / "held_out.npz"),
          "--output-names", "embedding", "--dynamic-axis", "input_ids:1:sequence",
          "--dynamic-axis", "attention_mask:1:sequence"],
         capture_output=True, text=True, env=env, timeout=900,
@@ -100,6 +102,28 @@ def test_int64_multi_input_model_ships_validated_variants(converted) -> None:
     assert shipped["tflite-fp32"].inputs[0].shape == [1, 16]  # litert-torch: static shapes
     golden = np.load(out / "golden.npz")
     assert {"input_ids", "attention_mask", "output:embedding"} <= set(golden.files)
+
+
+def test_a_transformer_gets_every_transformer_recipe_tried_and_reported(converted) -> None:
+    _, report, _ = converted
+    assert report.family == "transformer"
+    assert any(d.startswith("model family transformer: transformer-like graph: attention") for d in report.decisions)
+    onnx_int8 = {t.method: t for t in report.recipes if t.format.value == "onnx" and t.precision.value == "int8"}
+    assert set(onnx_int8) == {
+        "dynamic-int8-per-channel",
+        "weight-only-int8",
+        "static-qdq-weight-matmuls",
+        "dynamic-int8",
+    }
+    assert [t.outcome for t in onnx_int8.values()].count("kept") == 1
+    for trial in onnx_int8.values():
+        # Each recipe was built and validated in onnxruntime (not just planned).
+        assert trial.outcome != "failed", trial
+        assert trial.accuracy is not None and trial.lower_bound is not None and trial.size and trial.latency_p50_ms
+        assert trial.lower_bound <= trial.accuracy
+    kept = next(t for t in onnx_int8.values() if t.outcome == "kept")
+    assert kept.method == next(v for v in report.variants if v.id == "onnx-int8").quantization_method
+    assert any(d == "calibration and validation data are disjoint (SHA-256 per sample)" for d in report.decisions)
 
 
 def test_onnx_variants_keep_the_sequence_axis_dynamic(converted) -> None:

@@ -352,3 +352,25 @@ def test_only_variants_that_need_no_adapting_get_the_checked_feeds_as_they_are()
     server.switch_variant("int8", "test")
     server.infer("m", feeds)
     assert locked.seen[-1] is feeds["x"]  # no adapting needed, but it still ran under its lock
+
+
+def test_size_only_and_unvalidated_variants_are_not_governor_steps(monkeypatch) -> None:
+    # The converter marks an int8 slower than its fp32 "size-only" and a Core ML variant that
+    # never ran "off": the agent loads neither onto the ladder while a speed step exists.
+    import edgesdk.runtimes as runtimes
+
+    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None: FakeModel(1.0))
+    roles = {"fp32": "reference", "fp16": "speed", "int8": "size-only"}
+    variants = [variant(v, v).model_copy(update={"ladder_role": r}) for v, r in roles.items()]
+    off = variant("coreml-fp16", "fp16", passed=None, runtime="coreml", fmt="coreml")
+    manifest = SimpleNamespace(
+        model=SimpleNamespace(name="m", version="1.0.0", release=1),
+        variants=[*variants, off.model_copy(update={"ladder_role": "off"})],
+    )
+    server = ModelServer(profile=get_profile("rpi5-8gb"))
+    model = server.swap(SimpleNamespace(manifest=manifest, sha256="d" * 64), "key", decrypt=lambda b, v, k: {"m": b""})
+    assert [v.id for v in model.ladder] == ["fp32", "fp16"]
+    # With nothing but size steps left (an older agent's fp32 missing), the size step still serves.
+    only = SimpleNamespace(model=SimpleNamespace(name="m", version="1.0.1", release=2), variants=[variants[2]])
+    model = server.swap(SimpleNamespace(manifest=only, sha256="e" * 64), "key", decrypt=lambda b, v, k: {"m": b""})
+    assert [v.id for v in model.ladder] == ["int8"]

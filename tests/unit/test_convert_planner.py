@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from edgesdk.converters import planner
 from edgesdk.converters.planner import make_plan
+from edgesdk.converters.recipes import RECIPES, Family
+from edgesdk.converters.registry import CONVERTERS
 
 from edgesdk.profiles import get_profile
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
@@ -24,7 +26,9 @@ def ids(plan) -> list[str]:
 
 
 def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
-    plan = make_plan(get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    plan = make_plan(
+        get_profile("rpi5-8gb"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES, family=Family.CONVNET
+    )
     assert ids(plan) == [
         "tflite-fp32", "tflite-fp16", "tflite-int8",
         "onnx-fp32", "onnx-fp16", "onnx-int8",
@@ -32,7 +36,9 @@ def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
     ]  # fmt: skip
     assert plan.rejected == []
     onnx_int8 = next(v for v in plan.variants if v.id == "onnx-int8")
-    assert onnx_int8.methods == ("static-qdq-per-channel", "nncf-qdq", "dynamic-int8")
+    assert onnx_int8.methods == ("static-qdq-per-channel", "static-qdq-percentile", "nncf-qdq", "cle-static-qdq")
+    openvino_int8 = next(v for v in plan.variants if v.id == "openvino-int8")
+    assert openvino_int8.methods == ("nncf-ptq", "nncf-ptq-bias-correction")
     assert any("keep the faster one" in d for d in plan.decisions)
     ov_fp32 = next(v for v in plan.variants if v.id == "openvino-fp32")
     assert ov_fp32.options["INFERENCE_PRECISION_HINT"] == "f32"
@@ -46,13 +52,46 @@ def test_onnx_input_cannot_reach_tflite_and_says_why(monkeypatch, tmp_path) -> N
     assert len(reasons) == 3 and all("onnx2tf" in r and "PyTorch" in r for r in reasons)
 
 
-def test_without_calibration_only_dynamic_int8_or_a_reason() -> None:
+def test_without_calibration_only_data_free_int8_or_a_reason() -> None:
     plan = make_plan(
         get_profile("intel-nuc-core-ultra"), "pytorch", has_calibration=False, host_runtimes=ALL_HOST_RUNTIMES
     )
     assert next(v for v in plan.variants if v.id == "onnx-int8").methods == ("dynamic-int8",)
-    rejected = {(r.format, r.precision): r.reason for r in plan.rejected}
+    assert next(v for v in plan.variants if v.id == "openvino-int8").methods == ("nncf-weights-int8",)
+    convnet = make_plan(
+        get_profile("intel-nuc-core-ultra"), "pytorch", has_calibration=False, host_runtimes=ALL_HOST_RUNTIMES,
+        family=Family.CONVNET,
+    )  # fmt: skip
+    rejected = {(r.format, r.precision): r.reason for r in convnet.rejected}
     assert "calibration" in rejected[(ModelFormat.OPENVINO, Precision.INT8)]
+    assert "calibration" in rejected[(ModelFormat.ONNX, Precision.INT8)]
+
+
+def test_a_transformer_gets_the_transformer_recipes() -> None:
+    plan = make_plan(
+        get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES,
+        family=Family.TRANSFORMER,
+    )  # fmt: skip
+    methods = {v.id: v.methods for v in plan.variants if v.precision == Precision.INT8}
+    assert methods["onnx-int8"] == (
+        "dynamic-int8-per-channel", "weight-only-int8", "static-qdq-weight-matmuls", "dynamic-int8",
+    )  # fmt: skip
+    assert methods["openvino-int8"] == ("nncf-ptq-transformer", "nncf-weights-int8")
+    without = make_plan(
+        get_profile("rpi5-8gb"), "onnx", has_calibration=False, host_runtimes=ALL_HOST_RUNTIMES,
+        family=Family.TRANSFORMER,
+    )  # fmt: skip
+    methods = {v.id: v.methods for v in without.variants if v.precision == Precision.INT8}
+    assert methods["onnx-int8"] == ("dynamic-int8-per-channel", "weight-only-int8", "dynamic-int8")
+    assert methods["openvino-int8"] == ("nncf-weights-int8",)
+
+
+@pytest.mark.parametrize("converter", sorted(RECIPES))
+def test_every_recipe_is_a_declared_method_of_its_converter(converter: str) -> None:
+    declared = CONVERTERS[converter].capabilities.int8_methods
+    for family, methods in RECIPES[converter].items():
+        assert methods, f"{converter} has no recipe for {family}"
+        assert set(methods) <= set(declared), f"{converter} {family}: {set(methods) - set(declared)} not declared"
 
 
 def test_accelerators_are_named_in_the_reasoning() -> None:
@@ -63,12 +102,12 @@ def test_accelerators_are_named_in_the_reasoning() -> None:
     assert "Ampere GPU" in line
 
 
-def test_coreml_is_spec_only_on_a_host_that_cannot_predict() -> None:
+def test_coreml_is_unvalidated_on_a_host_that_cannot_predict() -> None:
     plan = make_plan(get_profile("iphone-15-pro"), "pytorch", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
     assert ids(plan) == ["coreml-fp16", "coreml-int8"]  # the profile lists no fp32 for iPhone
     assert all(not v.numeric_validation for v in plan.variants)
     assert next(v for v in plan.variants if v.id == "coreml-int8").methods == ("linear-weights-int8",)
-    assert any("spec-only" in d for d in plan.decisions)
+    assert any("unvalidated" in d and "--allow-unvalidated" in d for d in plan.decisions)
 
 
 def test_filters_and_formats_the_device_does_not_run() -> None:
