@@ -146,10 +146,10 @@ def demo(
     if as_json:
         print_json(summary)
         return
-    _print_summary(summary)
+    _print_summary(summary, work_dir_kept=workdir is not None or keep)
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
     print_table(
         f"edgesdk demo on {summary['profile']}: {summary['wall_s']:.0f} s",
         ["device", "serving", "variant", "precisions used", "requests", "failed", "accuracy", "p95 ms (client)"],
@@ -177,6 +177,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     service = summary.get("service") or {}
     if service:
-        click.echo(f"fleet dashboard:   {service['dashboard']} (stopped now; token in {service['token_file']})")
+        # The service stopped with the demo; its database and token outlive it only in a kept work dir.
+        kept = f"; its database and token are in {Path(service['token_file']).parent}" if work_dir_kept else ""
+        click.echo(f"fleet dashboard:   {service['dashboard']} (stopped with the demo{kept})")
     click.echo(f"conversion report: {summary['reports']['conversion']}")
     click.echo(f"fleet report:      {summary['reports']['fleet']}")
