@@ -1,10 +1,12 @@
 """``edgesdk demo``: the whole story, locally, on embedded defaults, in a few minutes.
 
 Train the digits CNN, convert it with a precision ladder, package it signed and encrypted,
-start mosquitto and a few ``edge-agent`` processes, enroll them, deliver v1 over the air, run
-inference through the local API, replay a heat wave, push v2 as a canary rollout, push a bad
-v3 that is rolled back automatically; then print a summary and the paths of the conversion
-report and the fleet report. Ctrl-C stops every process it started. See edgesdk/demo/.
+start mosquitto, the fleet service (``edgesdk fleet serve``, whose dashboard URL is printed) and
+a few ``edge-agent`` processes, enroll them, deliver v1 over the air, run inference through the
+local API, replay a heat wave, push v2 as a canary rollout, push a bad v3 that is rolled back
+automatically (each rollout handed to the service over its REST API); then print a summary and
+the paths of the conversion report and the fleet report. Ctrl-C stops every process it
+started. See edgesdk/demo/.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Work here and keep every artifact (keys, models, bundles, agent data, logs). Default: a temp dir.",
 )
-@click.option("--keep", is_flag=True, help="Keep the temp work dir (its path is printed).")
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the temp work dir (its path is printed), with the fleet service's SQLite database and "
+    "token. Every process (agents, broker, fleet service) is stopped at the end either way: the "
+    "dashboard is live only while the demo runs.",
+)
 @click.option(
     "--agents", "agent_count", default=3, show_default=True, type=click.IntRange(2, 8), help="Agents to start."
 )
@@ -79,7 +87,9 @@ def demo(
     """Run the local end-to-end demo (a few minutes)."""
     profile = get_profile(profile_name, profiles_dirs(ctx))
     try:
+        import fastapi  # noqa: F401  (the fleet service the demo starts: the fleet-service extra)
         import matplotlib  # noqa: F401
+        import sqlalchemy  # noqa: F401
         import torch  # noqa: F401
 
         from edgesdk.demo.story import Demo, DemoOptions, result_json
@@ -136,10 +146,10 @@ def demo(
     if as_json:
         print_json(summary)
         return
-    _print_summary(summary)
+    _print_summary(summary, work_dir_kept=workdir is not None or keep)
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
     print_table(
         f"edgesdk demo on {summary['profile']}: {summary['wall_s']:.0f} s",
         ["device", "serving", "variant", "precisions used", "requests", "failed", "accuracy", "p95 ms (client)"],
@@ -165,5 +175,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
             for r in summary["rollouts"]
         ],
     )
+    service = summary.get("service") or {}
+    if service:
+        # The service stopped with the demo; its database and token outlive it only in a kept work dir.
+        kept = f"; its database and token are in {Path(service['token_file']).parent}" if work_dir_kept else ""
+        click.echo(f"fleet dashboard:   {service['dashboard']} (stopped with the demo{kept})")
     click.echo(f"conversion report: {summary['reports']['conversion']}")
     click.echo(f"fleet report:      {summary['reports']['fleet']}")

@@ -2,12 +2,15 @@
 
 Developer: train the digits CNN, convert it for the profile with a precision ladder (the real
 converter, validated in the device runtime), build a deliberately slow v3, make keys.
-Fleet: start mosquitto and N ``edge-agent run`` processes (own key pairs, MQTT link, a scripted
-sensor trace each), enroll them from their announced keys, package v1/v2/v3 encrypted to the
-approved keys and signed, deliver v1 over the air, send traffic through each local API, watch
-one device step its precision down and back up through a heat wave, push v2 as a canary
-rollout, then push v3 whose canary breaks the latency SLO in probation and is rolled back
-automatically (the rollout aborts before the other devices get it).
+Fleet: start mosquitto, the fleet service (``edgesdk fleet serve``: SQLite in the work dir,
+REST API and dashboard on a loopback port) and N ``edge-agent run`` processes (own key pairs,
+MQTT link, a scripted sensor trace each), enroll them from their announced keys, package
+v1/v2/v3 encrypted to the approved keys and signed. Every rollout is handed to the service over
+its REST API (upload the bundle, create the deployment) and the demo only reads its state:
+deliver v1 over the air, send traffic through each local API, watch one device step its
+precision down and back up through a heat wave, push v2 as a canary rollout, then push v3 whose
+canary breaks the latency SLO in probation and is rolled back automatically by the service
+(the rollout aborts before the other devices get it).
 
 Everything the steps start is stopped in ``finally`` — normal end, error or Ctrl-C.
 """
@@ -77,6 +80,7 @@ class DemoResult:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     heat: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, str] = field(default_factory=dict)
+    service: dict[str, str] = field(default_factory=dict)  # dashboard URL, token file, database
     wall_s: float = 0.0
 
 
@@ -99,8 +103,7 @@ class Demo:
         self.broker: Any = None
         self.broker_url = ""
         self.mqtt_protocol = "auto"
-        self.client: Any = None
-        self.controller: Any = None
+        self.service: Any = None  # edgesdk.demo.fleet_service.DemoService once it answers
         self.collector: Collector | None = None
         self.traffic: TrafficGenerator | None = None
         self.agent_urls: dict[str, str] = {}
@@ -128,10 +131,11 @@ class Demo:
             digits, convert_v1, convert_v3 = self.build_models()
             keys = self.make_keys()
             self.start_broker()
+            service_started = self.start_service(keys)
             self.start_agents(keys)
+            self.wait_service(service_started)
             registry = self.enroll()
             bundles = self.package(convert_v1, convert_v3, keys, registry)
-            self.start_operator(keys)
             self.push("v1", bundles["v1"], canary=0.0, expect="SUCCEEDED")
             self.serve(digits)
             self.heat_wave()
@@ -381,83 +385,104 @@ class Demo:
             protocol=self.mqtt_protocol,  # type: ignore[arg-type]
         )
 
-    def start_operator(self, keys: dict[str, Path]) -> None:
-        from edgesdk.fleet.deployments import DeploymentStore
-        from edgesdk.fleet.rollout import RolloutController
-        from edgesdk.keys import load_publisher_private_key
-        from edgesdk.mqtt.client import MqttClient
-
-        self.client = MqttClient(self._client_options("operator"))
-        self.client.start()
-        if not self.client.wait_connected(10):
-            raise DemoError(f"the operator cannot reach the broker at {self.broker_url}")
-        self.controller = RolloutController(
-            DeploymentStore(self.work / "fleet" / "deployments.sqlite3"),
-            self.client,
-            NAMESPACE,
-            load_publisher_private_key(keys["operator_key"]),
-            poll_s=0.1,
-        ).start()
-
-    def push(self, name: str, bundle: Path, *, canary: float, expect: str) -> None:
-        from edgesdk.fleet.rollout import RolloutPlan
-        from edgesdk.schemas.messages import HealthCriteria
+    def start_service(self, keys: dict[str, Path]) -> tuple[float, str, Path, Path]:
+        """Start ``edgesdk fleet serve`` (it boots while the agents do; see wait_service)."""
+        from edgesdk.demo.fleet_service import start_service
 
         began = time.monotonic()
-        controller = self.controller
-        devices = controller.devices_in_group(GROUP, wait_s=0.5)
-        plan = RolloutPlan(
-            canary=canary,
-            waves=(1.0,),
-            max_failures=0.0,
-            probation_s=self.options.probation_s,
-            wave_timeout_s=120.0,
+        db_url, token_file, log_file = start_service(
+            self.processes,
+            self.work / "fleet",
+            broker_url=self.broker_url,
+            operator_key=keys["operator_key"],
+            namespace=NAMESPACE,
         )
-        health = HealthCriteria(probation_s=self.options.probation_s, p95_latency_ms=P95_SLO_MS, max_error_rate=0.01)
-        message = controller.create(bundle, devices, plan, health=health, deployment_id=f"demo-{name}-{os.getpid()}")
-        deployment = message.deployment_id
-        waves = [
-            [d.device_id for d in controller.store.devices(deployment, w)]
-            for w in range(controller.store.wave_count(deployment))
-        ]
+        return began, db_url, token_file, log_file
+
+    def wait_service(self, started: tuple[float, str, Path, Path]) -> None:
+        from edgesdk.demo.fleet_service import wait_devices_known, wait_service
+
+        began, db_url, token_file, log_file = started
+        self.service = wait_service(self.processes, db_url, token_file, log_file)
+        wait_devices_known(self.service, GROUP, set(self.agent_urls))
+        self.result.service = {
+            "dashboard": self.service.url,
+            "token_file": str(token_file),
+            "database": db_url,
+            "log": str(log_file),
+        }
+        self._step(
+            "fleet service",
+            began,
+            f"dashboard {self.service.url} (pid {self.processes.pids()['fleet-service']}, "
+            f"operator token in {token_file}); it sees {len(self.agent_urls)} devices",
+        )
+
+    def push(self, name: str, bundle: Path, *, canary: float, expect: str) -> None:
+        """Hand the rollout to the fleet service (REST API) and follow it until it ends."""
+        from edgesdk.demo.fleet_service import follow_deployment
+
+        began = time.monotonic()
+        service = self.service
+        uploaded = service.client.upload(bundle)
+        deployment = f"demo-{name}-{os.getpid()}"
+        service.client.create(
+            {
+                "bundle_id": uploaded["id"],
+                "group": GROUP,
+                "deployment_id": deployment,
+                "canary": canary,
+                "waves": [1.0],
+                "max_failures": 0.0,
+                "probation_s": self.options.probation_s,
+                "p95_ms": P95_SLO_MS,
+                "max_error_rate": 0.01,
+                "wave_timeout_s": 120.0,
+            }
+        )
+        waves = _waves(service.client.deployment(deployment)["device_states"])
         what = "canary " + ", ".join(waves[0]) if canary > 0 else "all devices"
         self.say(
-            f"pushing {name} ({message.model_version}) to group {GROUP!r}: {what}; probation {plan.probation_s:g} s, p95 ≤ {P95_SLO_MS:g} ms…"
+            f"pushing {name} ({uploaded['model_version']}) to group {GROUP!r} through the fleet service: {what}; "
+            f"probation {self.options.probation_s:g} s, p95 ≤ {P95_SLO_MS:g} ms…"
         )
         self._mark(deployment, "created", bundle=name, waves=waves)
 
         def progress(event: str, info: dict[str, Any]) -> None:
-            if event != "wave_progress":
-                self._mark(deployment, event, bundle=name, **info)
-                if event in ("wave_started", "wave_done", "aborted"):
-                    self.say(f"  {name}: {event.replace('_', ' ')} {json.dumps(info)}")
+            self._mark(deployment, event, bundle=name, **info)
+            if event in ("wave_started", "aborted"):
+                self.say(f"  {name}: {event.replace('_', ' ')} {json.dumps(info)}")
 
-        controller.on_progress = progress
-        state = controller.run(deployment)
-        self._mark(deployment, "finished", bundle=name, state=state)
-        summary = controller.store.summary(deployment)
+        detail = follow_deployment(service, deployment, progress, timeout_s=300.0)
+        state = detail["state"]
         rows = [
-            {"device_id": d.device_id, "wave": d.wave, "state": d.state, "reason": d.reason, "release": d.model_release}
-            for d in controller.store.devices(deployment)
+            {
+                "device_id": d["device_id"],
+                "wave": d["wave"],
+                "state": d["state"],
+                "reason": d["reason"],
+                "release": d["model_release"],
+            }
+            for d in detail["device_states"]
         ]
         self.result.rollouts.append(
             {
                 "name": name,
                 "deployment_id": deployment,
-                "version": message.model_version,
-                "release": message.release,
+                "version": uploaded["model_version"],
+                "release": uploaded["model_release"],
                 "state": state,
-                "reason": summary["reason"],
+                "reason": detail["reason"],
                 "waves": waves,
                 "devices": rows,
                 "seconds": round(time.monotonic() - began, 1),
             }
         )
         if state != expect:
-            raise DemoError(f"rollout of {name} ended {state}, expected {expect}: {summary['reason']}")
+            raise DemoError(f"rollout of {name} ended {state}, expected {expect}: {detail['reason']}")
         if name == "v3":
             self._wait_release(2, "every device to serve v2 again after the rollback")
-        self._step(f"rollout {name}", began, f"{state}: {summary['by_state']} — {summary['reason']}")
+        self._step(f"rollout {name}", began, f"{state}: {detail['by_state']} — {detail['reason']}")
 
     def _wait_release(self, release: int, what: str, timeout: float = 60.0) -> None:
         collector = self.collector
@@ -584,7 +609,7 @@ class Demo:
 
     def cleanup(self) -> None:
         """Stop everything this run started, in reverse order. Never raises."""
-        parts: list[Any] = [self.traffic, self.collector, self.controller, self.client]
+        parts: list[Any] = [self.traffic, self.collector]
         for part in parts:
             if part is not None:
                 try:
@@ -597,6 +622,14 @@ class Demo:
                 self.broker.stop()
             except Exception:  # noqa: BLE001 - cleaning up: the processes are already stopped
                 log.exception("demo cleanup: stopping the MQTT broker failed")
+
+
+def _waves(device_states: list[dict[str, Any]]) -> list[list[str]]:
+    """Device ids per wave, in wave order."""
+    waves: dict[int, list[str]] = {}
+    for device in device_states:
+        waves.setdefault(device["wave"], []).append(device["device_id"])
+    return [sorted(waves[w]) for w in sorted(waves)]
 
 
 def _steps(rest: tuple[Any, ...]) -> str:
@@ -659,4 +692,5 @@ def result_json(result: DemoResult) -> dict[str, Any]:
         ],
         "heat": result.heat,
         "reports": result.reports,
+        "service": result.service,
     }

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -82,6 +83,24 @@ def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
     assert set(by_state.values()) == {"PENDING"}
     assert "p95 latency" in rollouts["v3"]["reason"]
 
+    # The rollouts were the fleet service's: created over its REST API with the demo's token
+    # (audited), driven and ended by the service (its database and its log), not by the CLI.
+    service = summary["service"]
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", service["dashboard"]), service
+    assert service["dashboard"] in proc.stderr  # announced while the demo runs
+    assert Path(service["token_file"]).stat().st_mode & 0o077 == 0
+    database = sqlite3.connect(service["database"].removeprefix("sqlite:///"))
+    try:
+        states = dict(database.execute("SELECT id, state FROM deployments").fetchall())
+        audited = database.execute("SELECT actor, action, outcome FROM audit_log").fetchall()
+    finally:
+        database.close()
+    assert states == {r["deployment_id"]: r["state"] for r in summary["rollouts"]}
+    created = [(actor, outcome) for actor, action, outcome in audited if action == "deployment.create"]
+    assert len(created) == 3 and all(a.startswith("edgesdk-demo") and o == "ok" for a, o in created), audited
+    service_log = Path(service["log"]).read_text()
+    assert f"deployment {rollouts['v3']['deployment_id']}: ABORTED" in service_log
+
     for device in summary["devices"]:
         assert device["release"] == 2 and device["version"] == "1.1.0", device
         assert device["requests"] > 50 and device["failed_requests"] == 0, device
@@ -124,6 +143,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, digits) -> None:
         # Positive control: the scan sees the three agents and the broker while the demo runs.
         assert sum("edge-agent" in c or "edgesdk.agent.cli" in c for c in running.values()) == 3, running
         assert any("mosquitto" in c for c in running.values()), running
+        assert any("fleet serve" in c for c in running.values()), running
         demo.send_signal(signal.SIGINT)
         _, err = demo.communicate(timeout=120)
     finally:

@@ -146,3 +146,57 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+class _ScriptedService:
+    """Stands in for DemoService: its client answers GET /deployments/ID from a script."""
+
+    def __init__(self, details: list[dict]) -> None:
+        self.details = details
+        self.client = self
+        self.log_file = Path("service.log")
+
+    def deployment(self, _deployment_id: str) -> dict:
+        return self.details.pop(0) if len(self.details) > 1 else self.details[0]
+
+
+def test_follow_deployment_reports_each_new_wave_then_the_abort_and_the_end(monkeypatch) -> None:
+    from edgesdk.demo import fleet_service
+
+    monkeypatch.setattr(fleet_service, "_POLL_S", 0.0)
+    script = [
+        {"state": "PENDING", "wave": 0, "reason": ""},
+        {"state": "IN_PROGRESS", "wave": 0, "reason": ""},
+        {"state": "IN_PROGRESS", "wave": 0, "reason": ""},
+        {"state": "IN_PROGRESS", "wave": 1, "reason": ""},
+        {"state": "ABORTED", "wave": 1, "reason": "p95 latency 35 ms > SLO 10 ms"},
+    ]
+    events: list[tuple[str, dict]] = []
+    last = fleet_service.follow_deployment(
+        _ScriptedService(script), "d", lambda event, info: events.append((event, info)), timeout_s=30
+    )
+    assert last["state"] == "ABORTED"
+    assert events == [
+        ("wave_started", {"wave": 0}),
+        ("wave_started", {"wave": 1}),
+        ("aborted", {"wave": 1, "reason": "p95 latency 35 ms > SLO 10 ms"}),
+        ("finished", {"state": "ABORTED"}),
+    ]
+
+
+def test_follow_deployment_gives_up_on_a_deployment_that_never_ends(monkeypatch) -> None:
+    from edgesdk.demo import fleet_service
+    from edgesdk.errors import FleetServiceError
+
+    monkeypatch.setattr(fleet_service, "_POLL_S", 0.01)
+    stuck = _ScriptedService([{"state": "IN_PROGRESS", "wave": 0, "reason": ""}])
+    with pytest.raises(FleetServiceError, match="still IN_PROGRESS"):
+        fleet_service.follow_deployment(stuck, "d", lambda *_: None, timeout_s=0.1)
+
+
+def test_waves_groups_device_ids_by_wave_in_wave_order() -> None:
+    from edgesdk.demo.story import _waves
+
+    states = [{"device_id": "c", "wave": 1}, {"device_id": "a", "wave": 0}, {"device_id": "b", "wave": 1}]
+    assert _waves(states) == [["a"], ["b", "c"]]
+    assert _waves([]) == []
