@@ -33,6 +33,7 @@ from edgesdk.runtimes.base import LoadedModel
 from edgesdk.schemas.agent_config import BatchingConfig
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
+from edgesdk.schemas.measurements import DeviceMeasurements
 from edgesdk.schemas.messages import RunningModel
 from edgesdk.schemas.profile import DeviceProfile
 
@@ -264,8 +265,11 @@ class ModelServer:
         observe: ObserveFn | None = None,
         count_error: ErrorFn | None = None,
         batching: BatchingConfig | None = None,
+        measured: Callable[[], DeviceMeasurements | None] | None = None,
     ) -> None:
         self.profile = profile
+        # What `edge-agent profile` measured on this device (None: never profiled); read at each swap.
+        self.measured = measured or (lambda: None)
         self.events = events or EventBus()
         self.allow_nonfinite = allow_nonfinite
         self.runtime_options = dict(runtime_options or {})
@@ -296,7 +300,8 @@ class ModelServer:
         manifest = verified_bundle.manifest
         loaded: list[tuple[Variant, LoadedModel]] = []
         problems: list[str] = []
-        for group in order_ladder([v for v in manifest.variants if self._eligible(v, problems)], self.profile):
+        eligible = self._measured_steps(manifest, [v for v in manifest.variants if self._eligible(v, problems)])
+        for group in order_ladder(eligible, self.profile):
             for meta in group:
                 # Only the runtime keeps the plaintext bytes (if it needs them at all).
                 load = functools.partial(load_variant, meta.runtime, options=self._options_for(meta))
@@ -327,6 +332,22 @@ class ModelServer:
             bundle_sha256=getattr(verified_bundle, "sha256", None),
             variants=loaded,
         )
+
+    def _measured_steps(self, manifest: Any, eligible: list[Variant]) -> list[Variant]:
+        """Only the steps of the device's measured speed ladder, when it measured this very model:
+        a lower precision that is not faster here would cost accuracy for nothing."""
+        measured = self.measured()
+        if measured is None or (measured.model, measured.release) != (manifest.model.name, manifest.model.release):
+            return eligible
+        steps = [v for v in eligible if v.id in measured.speed_ladder]
+        if not steps:
+            return eligible
+        for v in eligible:
+            if v not in steps:
+                log.info(
+                    "variant %s is not a step on this device: %s", v.id, measured.not_steps.get(v.id, "not measured")
+                )
+        return steps
 
     def _eligible(self, meta: Variant, problems: list[str]) -> bool:
         if not gate_passed(meta):
