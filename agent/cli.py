@@ -135,6 +135,8 @@ def profile(config_path: Path | None, warmup: int, runs: int, as_json: bool) -> 
         click.echo(result.model_dump_json())
         return
     click.echo(f"{result.model} {result.version} on {result.device_id} ({result.profile}, {result.machine})")
+    for r in result.runtimes:
+        click.echo(f"  runtime {r.runtime:<12} import {r.import_ms:9.1f} ms  rss {r.rss_mb:+7.1f} MB")
     for m in result.variants:
         click.echo(
             f"  {m.variant:<20} load {m.load_ms:9.1f} ms  rss {m.rss_mb:+7.1f} MB  "

@@ -4,8 +4,9 @@ this device, and derive the precision ladder from what was measured.
 Host timings (and the profile's expectations) can be wrong for a given board: an int8 variant
 that runs slower than fp16 *here* (onnxruntime's dynamic int8 on some CPUs, an unfused QDQ
 graph) is no speed step, and stepping down to it when hot would cost accuracy for nothing. So
-each variant is loaded (decrypt + runtime session, in memory, timed, with the resident memory it
-added), warmed up, then run a fixed number of times on the bundle's golden input; the ladder
+each runtime is imported first (timed, with the resident memory it adds: its footprint on this
+board), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
+resident memory it added), warmed up, then run a fixed number of times on the bundle's golden input; the ladder
 keeps a lower precision only when its fastest variant beat the step above it.
 
 The figures are written to ``DATA_DIR/measurements.json`` (never a model byte), and shown in
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import json
 import logging
 import os
@@ -29,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import AgentError, EdgeSDKError
+from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
-from edgesdk.schemas.measurements import DeviceMeasurements, VariantMeasurement
+from edgesdk.schemas.measurements import DeviceMeasurements, RuntimeFootprint, VariantMeasurement
 
 log = logging.getLogger("edgesdk.agent.profiling")
 
@@ -97,6 +100,44 @@ def golden_feeds(golden: Mapping[str, np.ndarray], batch: int = 1) -> dict[str, 
     return feeds
 
 
+#: The module that brings each runtime's native library in (what a variant's first load would pay).
+RUNTIME_MODULES = {
+    "onnxruntime": "onnxruntime",
+    "litert": "ai_edge_litert.interpreter",
+    "tflite_runtime": "tflite_runtime.interpreter",
+    "openvino": "openvino",
+}
+
+
+def measure_runtime_imports(
+    runtimes: Sequence[str],
+    *,
+    rss_mb: Callable[[], float] = _rss_mb,
+    clock: Callable[[], float] = time.perf_counter,
+    import_module: Callable[[str], object] = importlib.import_module,
+) -> list[RuntimeFootprint]:
+    """Import each runtime once, timed, with the resident memory it added (a missing one is skipped:
+    its variants then fail to load and say why)."""
+    footprints = []
+    for runtime in dict.fromkeys(runtimes):
+        module = RUNTIME_MODULES.get(runtime)
+        if module is None:
+            continue
+        before = rss_mb()
+        started = clock()
+        try:
+            import_module(module)
+        except ImportError as exc:
+            log.warning("profile: runtime %s does not import: %s", runtime, exc)
+            continue
+        footprints.append(
+            RuntimeFootprint(
+                runtime=runtime, import_ms=round((clock() - started) * 1000.0, 3), rss_mb=round(rss_mb() - before, 2)
+            )
+        )
+    return footprints
+
+
 def measure_variants(
     variants: Sequence[Any],
     open_variant: OpenVariant,
@@ -151,6 +192,19 @@ def measure_variants(
     return measured, failed
 
 
+class _Opened:
+    """A variant as the server runs it (quantized I/O adapted), and closed when timed."""
+
+    def __init__(self, served: Any) -> None:
+        self.served = served
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(self.served.run(feeds))
+
+    def close(self) -> None:
+        self.served.loaded.close()
+
+
 def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS) -> DeviceMeasurements:
     """Profile the agent's active bundle (verified again, decrypted in memory) and save the figures."""
     from edgesdk.agent.serving import ServedVariant, gate_passed
@@ -168,11 +222,13 @@ def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = D
     manifest = verified.manifest
     variants = {v.id: v for v in manifest.variants if gate_passed(v)}
 
-    def open_variant(variant_id: str) -> ServedVariant:
+    def open_variant(variant_id: str) -> _Opened:
         meta = variants[variant_id]
         load = functools.partial(load_variant, meta.runtime)
-        return ServedVariant(meta, decrypt_and_load(verified, variant_id, agent.device_key, load))
+        return _Opened(ServedVariant(meta, decrypt_and_load(verified, variant_id, agent.device_key, load)))
 
+    disable_vendor_telemetry()  # before any runtime is imported, as the agent does
+    footprints = measure_runtime_imports([str(getattr(v.runtime, "value", v.runtime)) for v in variants.values()])
     measured, failed = measure_variants(list(variants.values()), open_variant, feeds, warmup=warmup, runs=runs)
     if not measured:
         raise AgentError("no variant could be timed here: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
@@ -185,6 +241,7 @@ def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = D
         version=manifest.model.version,
         release=manifest.model.release,
         measured_at=datetime.now(timezone.utc),
+        runtimes=footprints,
         variants=measured,
         speed_ladder=ladder,
         not_steps={**failed, **not_steps},

@@ -31,6 +31,15 @@ class VariantMeasurement(Schema):
     mean_ms: float = Field(ge=0)
 
 
+class RuntimeFootprint(Schema):
+    """What importing a runtime costs on the device, measured before any variant is loaded
+    (so the first variant's figures do not carry the library)."""
+
+    runtime: str
+    import_ms: float = Field(ge=0)
+    rss_mb: float = Field(description="resident memory the import added")
+
+
 class DeviceMeasurements(Schema):
     """Every variant of one model on one device, and the precision ladder those figures give."""
 
@@ -43,6 +52,7 @@ class DeviceMeasurements(Schema):
     version: str
     release: int
     measured_at: datetime
+    runtimes: list[RuntimeFootprint] = Field(default_factory=list)
     variants: list[VariantMeasurement] = Field(min_length=1)
     speed_ladder: list[str] = Field(
         description="variant ids the governor steps through, highest precision first: a lower "

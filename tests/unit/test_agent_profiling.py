@@ -14,6 +14,7 @@ from edgesdk.agent.profiling import (
     golden_feeds,
     load_measurements,
     load_saved,
+    measure_runtime_imports,
     measure_variants,
     save,
     speed_ladder,
@@ -122,3 +123,23 @@ def test_the_server_loads_only_the_measured_steps_of_the_same_model(monkeypatch,
         SimpleNamespace(manifest=manifest, sha256="b" * 64), "key", decrypt=lambda b, vid, key: {"model.onnx": b""}
     )
     assert [v.id for v in model.ladder] == expected
+
+
+def test_runtime_imports_are_measured_once_each_and_a_missing_one_is_skipped() -> None:
+    imported: list[str] = []
+    ticks = count()
+    rss = iter([10.0, 60.0, 60.0])
+
+    def fake_import(module: str) -> object:
+        if module == "openvino":
+            raise ImportError("No module named 'openvino'")
+        imported.append(module)
+        return object()
+
+    footprints = measure_runtime_imports(
+        ["onnxruntime", "onnxruntime", "openvino", "coreml"], rss_mb=lambda: next(rss),
+        clock=lambda: next(ticks) * 0.5, import_module=fake_import,
+    )  # fmt: skip
+    assert imported == ["onnxruntime"]  # once; coreml has no module to time here
+    (ort,) = footprints
+    assert (ort.runtime, ort.import_ms, ort.rss_mb) == ("onnxruntime", 500.0, 50.0)
