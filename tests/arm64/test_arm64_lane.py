@@ -113,13 +113,13 @@ class Operator:
         self.result: dict[str, str] = {}
         self.thread: threading.Thread | None = None
 
-    def push(self, bundle: Path, device_id: str, probation_s: float = 1.0) -> str:
+    def push(self, bundle: Path, device_id: str, probation_s: float = 1.0, url: str | None = None) -> str:
         from edgesdk.fleet.rollout import RolloutPlan
         from edgesdk.schemas.messages import HealthCriteria
 
         plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=probation_s, wave_timeout_s=900)
         message = self.ctl.create(
-            bundle, [device_id], plan, health=HealthCriteria(probation_s=probation_s), chunk_size=32 * 1024
+            bundle, [device_id], plan, health=HealthCriteria(probation_s=probation_s), chunk_size=32 * 1024, url=url
         )
         self.thread = threading.Thread(
             target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
@@ -469,6 +469,44 @@ DEVICE_SIDE_UNIT_TESTS = (
     "test_ota_freshness.py", "test_ota_probation.py", "test_ota_state_machine.py", "test_ota_transfer.py",
     "test_systemd_notify.py", "test_trust.py", "test_schemas.py", "test_profiles.py",
 )  # fmt: skip
+
+
+def test_an_update_downloaded_over_http_commits(
+    device_side: DeviceSide, installed_image, lane_root: Path, mqtt_broker, onnx_fp32_int8: Path
+) -> None:
+    """The deployment's HTTP path: the agent in the chroot downloads the bundle from a URL on
+    this machine (loopback), checks it against the signed hash, and commits."""
+    import functools
+    import http.server
+
+    from edgesdk.keys import generate_device_key, generate_publisher_key
+
+    require_mosquitto()
+    publisher_key, publisher_pub = generate_publisher_key(lane_root / "publisher")
+    device = lane_device(
+        lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile,
+        mqtt={"enabled": True, "broker": mqtt_broker.url, "telemetry_interval_s": 3600},
+    )  # fmt: skip
+    generate_device_key(device.data_dir)
+    reconfigure(device, device_key=str(device.data_dir / "device.key"))
+    _install_on_device(device_side, device, device.bundle(onnx_fp32_int8, version="1.0.0", release=1))
+    v2 = device.bundle(onnx_fp32_int8, version="2.0.0", release=2)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(v2.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    operator = Operator(lane_root, publisher_key, mqtt_broker.url)
+    try:
+        with agent_on_device(device_side, device) as agent:
+            url = f"http://127.0.0.1:{server.server_address[1]}/{v2.name}"
+            deployment_id = operator.push(v2, DEVICE_ID, url=url)
+            assert operator.thread is not None
+            operator.thread.join(600)
+            row = operator.device_row(deployment_id)
+            assert row.state == "COMMITTED", (row, agent.log()[-3000:])
+            assert http_json(f"{agent.url}/v1/status")["model"]["release"] == 2
+    finally:
+        operator.close()
+        server.shutdown()
 
 
 def test_device_side_unit_tests_pass_on_the_device_side(device_side: DeviceSide, installed_image) -> None:
