@@ -4,6 +4,7 @@
     edge-agent install --config /etc/edgesdk/agent.toml model.edgepkg
     edge-agent key --config ...          (the device public key, for enrollment)
     edge-agent status --config ...       (asks the running agent over its local API)
+    edge-agent profile --config ...      (times every variant of the installed model on this device)
     edge-agent trust install --config ... trust.json   (a newer root-signed trust document)
 
 Every user error is one ``error: ...`` line and exit status 1 (same as ``edgesdk``).
@@ -112,6 +113,38 @@ def key(config_path: Path | None) -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     click.echo(pem.decode().strip())
+
+
+@cli.command()
+@_config_option
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--runs", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs per variant.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def profile(config_path: Path | None, warmup: int, runs: int, as_json: bool) -> None:
+    """Time every variant of the installed model on this device (load, latency, memory)."""
+    config = _load(config_path)
+    from edgesdk.agent.daemon import Agent
+    from edgesdk.agent.logs import setup_logging
+    from edgesdk.agent.profiling import profile_installed
+
+    setup_logging("warning", "text")
+    # A running agent shows the saved figures in /v1/status and orders its ladder by them at
+    # its next load of this model (start, SIGHUP after an install, or an update).
+    result = profile_installed(Agent(config), warmup=warmup, runs=runs)
+    if as_json:
+        click.echo(result.model_dump_json())
+        return
+    click.echo(f"{result.model} {result.version} on {result.device_id} ({result.profile}, {result.machine})")
+    for r in result.runtimes:
+        click.echo(f"  runtime {r.runtime:<12} import {r.import_ms:9.1f} ms  rss {r.rss_mb:+7.1f} MB")
+    for m in result.variants:
+        click.echo(
+            f"  {m.variant:<20} load {m.load_ms:9.1f} ms  rss {m.rss_mb:+7.1f} MB  "
+            f"p50 {m.p50_ms:9.3f} ms  p95 {m.p95_ms:9.3f} ms  ({m.runs} runs, batch {m.batch})"
+        )
+    click.echo("speed ladder: " + " -> ".join(result.speed_ladder))
+    for variant, why in result.not_steps.items():
+        click.echo(f"  not a step: {variant}: {why}")
 
 
 @cli.command()

@@ -27,6 +27,7 @@ from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
 from edgesdk.agent.keyring import KeyFiles
 from edgesdk.agent.metrics import InferenceStats, Metrics
+from edgesdk.agent.profiling import load_measurements, load_saved
 from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
@@ -80,6 +81,7 @@ class Agent:
             observe=stats.observe,
             count_error=stats.count_error,
             batching=config.api.batching,
+            measured=lambda: load_measurements(self.data_dir),
         )
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()
@@ -417,6 +419,7 @@ class Agent:
             "link": self.link is not None,
             "updates": self.updates.status() if self.updates is not None else None,
             "trust": self.trust.status() if self.trust is not None else None,
+            "measured": load_saved(self.data_dir),  # edge-agent profile's figures, if it ran
         }
 
     def _status_model(self) -> dict[str, Any] | None:

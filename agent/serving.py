@@ -34,6 +34,7 @@ from edgesdk.runtimes.base import LoadedModel
 from edgesdk.schemas.agent_config import BatchingConfig
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
+from edgesdk.schemas.measurements import DeviceMeasurements
 from edgesdk.schemas.messages import RunningModel
 from edgesdk.schemas.profile import DeviceProfile
 
@@ -278,8 +279,11 @@ class ModelServer:
         observe: ObserveFn | None = None,
         count_error: ErrorFn | None = None,
         batching: BatchingConfig | None = None,
+        measured: Callable[[], DeviceMeasurements | None] | None = None,
     ) -> None:
         self.profile = profile
+        # What `edge-agent profile` measured on this device (None: never profiled); read at each swap.
+        self.measured = measured or (lambda: None)
         self.events = events or EventBus()
         self.allow_nonfinite = allow_nonfinite
         self.runtime_options = dict(runtime_options or {})
@@ -319,10 +323,16 @@ class ModelServer:
                 choices.unvalidated(v)
             else:
                 choices.failed_gate(v)
-        steps = speed_steps(eligible)
+        # The device's own measurements of this release order the ladder; without them, the
+        # converter's host timings (size-only variants are not speed steps).
+        measured = self._measured_steps(manifest, eligible)
+        steps = measured if measured is not eligible else speed_steps(eligible)
         for v in eligible:
             if v not in steps:
-                choices.size_step_only(v)
+                if measured is not eligible:
+                    choices.not_faster_here(v)
+                else:
+                    choices.size_step_only(v)
         groups = order_ladder(steps, self.profile)
         grouped = {v.id for group in groups for v in group}
         for v in steps:
@@ -364,6 +374,22 @@ class ModelServer:
             variants=loaded,
             choices=choices.result(),
         )
+
+    def _measured_steps(self, manifest: Any, eligible: list[Variant]) -> list[Variant]:
+        """Only the steps of the device's measured speed ladder, when it measured this very model:
+        a lower precision that is not faster here would cost accuracy for nothing."""
+        measured = self.measured()
+        if measured is None or (measured.model, measured.release) != (manifest.model.name, manifest.model.release):
+            return eligible
+        steps = [v for v in eligible if v.id in measured.speed_ladder]
+        if not steps:
+            return eligible
+        for v in eligible:
+            if v not in steps:
+                log.info(
+                    "variant %s is not a step on this device: %s", v.id, measured.not_steps.get(v.id, "not measured")
+                )
+        return steps
 
     def _eligible(self, meta: Variant, problems: list[str]) -> bool:
         if not gate_passed(meta):

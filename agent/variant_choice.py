@@ -71,6 +71,11 @@ class VariantChoices:
     def size_step_only(self, meta: Variant) -> None:
         self._set(meta, False, "a size step only: not faster than its fp32 where it was timed")
 
+    def not_faster_here(self, meta: Variant) -> None:
+        self._set(
+            meta, False, "not a step on this device: edge-agent profile measured it no faster than the step above"
+        )
+
     def not_for_profile(self, meta: Variant) -> None:
         formats = ", ".join(_text(f) for f in self.profile.formats) if self.profile else "?"
         name = self.profile.name if self.profile else "this device"

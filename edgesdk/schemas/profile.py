@@ -8,6 +8,7 @@ from pydantic import Field, HttpUrl, model_validator
 
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+from edgesdk.schemas.measurements import DeviceMeasurements
 
 CpuArch = Literal["aarch64", "armv7l", "x86_64", "arm64-apple"]
 
@@ -122,6 +123,11 @@ class DeviceProfile(Schema):
     runtimes: list[RuntimeSupport] = Field(min_length=1)
     thermal: Thermal
     power: Power = Field(default_factory=Power)
+    measured: list[DeviceMeasurements] = Field(
+        default_factory=list,
+        description="figures devices of this kind measured on themselves (edge-agent profile), "
+        "imported with `edgesdk profiles import-measurements`; one entry per device, model and release",
+    )
 
     def runtime_for(self, fmt: ModelFormat) -> RuntimeSupport | None:
         """The preferred runtime support entry for a format, if the device runs that format."""

@@ -1,0 +1,286 @@
+"""On-device profiling (``edge-agent profile``): time every variant of the installed bundle on
+this device, and derive the precision ladder from what was measured.
+
+Host timings (and the profile's expectations) can be wrong for a given board: an int8 variant
+that runs slower than fp16 *here* (onnxruntime's dynamic int8 on some CPUs, an unfused QDQ
+graph) is no speed step, and stepping down to it when hot would cost accuracy for nothing. So
+each runtime is imported first (timed, with the resident memory it adds: its footprint on this
+board), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
+resident memory it added), warmed up, then run a fixed number of times on the bundle's golden input; the ladder
+keeps a lower precision only when its fastest variant beat the step above it.
+
+The figures are written to ``DATA_DIR/measurements.json`` (never a model byte), and shown in
+``/v1/status`` under ``measured``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import importlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import AgentError, EdgeSDKError
+from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.schemas.common import PRECISION_LADDER, Precision
+from edgesdk.schemas.measurements import DeviceMeasurements, RuntimeFootprint, VariantMeasurement
+
+log = logging.getLogger("edgesdk.agent.profiling")
+
+MEASUREMENTS_FILE = "measurements.json"
+DEFAULT_WARMUP = 5
+DEFAULT_RUNS = 50
+
+#: ``open(variant_id) -> a model with .run(feeds) and .close()``, timed as "load".
+OpenVariant = Callable[[str], Any]
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
+def time_runs(
+    run: Callable[[], object], *, warmup: int, runs: int, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Milliseconds of each of ``runs`` calls of ``run``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        started = clock()
+        run()
+        times.append((clock() - started) * 1000.0)
+    return times
+
+
+def speed_ladder(measured: Sequence[VariantMeasurement]) -> tuple[list[str], dict[str, str]]:
+    """The variants the governor steps through, highest precision first, and why the others are not.
+
+    Per precision the fastest variant (by median) represents it; a precision is a step only when
+    that variant is faster than the last step kept."""
+    steps: list[VariantMeasurement] = []
+    not_steps: dict[str, str] = {}
+    for precision in PRECISION_LADDER:
+        group = [m for m in measured if Precision(m.precision) == precision]
+        if not group:
+            continue
+        best = min(group, key=lambda m: m.p50_ms)
+        for other in group:
+            if other is not best:
+                not_steps[other.variant] = (
+                    f"slower than {best.variant} at {precision.value} ({other.p50_ms:.3f} vs {best.p50_ms:.3f} ms)"
+                )
+        if steps and best.p50_ms >= steps[-1].p50_ms:
+            not_steps[best.variant] = (
+                f"{precision.value} is no faster than {steps[-1].variant} on this device "
+                f"({best.p50_ms:.3f} vs {steps[-1].p50_ms:.3f} ms median)"
+            )
+            continue
+        steps.append(best)
+    return [s.variant for s in steps], not_steps
+
+
+def golden_feeds(golden: Mapping[str, np.ndarray], batch: int = 1) -> dict[str, np.ndarray]:
+    """The golden set's inputs (its ``output:`` arrays are the expected answers), ``batch`` samples."""
+    feeds = {name: array[:batch] for name, array in golden.items() if not name.startswith("output:")}
+    if not feeds:
+        raise AgentError("the bundle's golden set has no inputs to time the variants with")
+    return feeds
+
+
+#: The module that brings each runtime's native library in (what a variant's first load would pay).
+RUNTIME_MODULES = {
+    "onnxruntime": "onnxruntime",
+    "litert": "ai_edge_litert.interpreter",
+    "tflite_runtime": "tflite_runtime.interpreter",
+    "openvino": "openvino",
+}
+
+
+def measure_runtime_imports(
+    runtimes: Sequence[str],
+    *,
+    rss_mb: Callable[[], float] = _rss_mb,
+    clock: Callable[[], float] = time.perf_counter,
+    import_module: Callable[[str], object] = importlib.import_module,
+) -> list[RuntimeFootprint]:
+    """Import each runtime once, timed, with the resident memory it added (a missing one is skipped:
+    its variants then fail to load and say why)."""
+    footprints = []
+    for runtime in dict.fromkeys(runtimes):
+        module = RUNTIME_MODULES.get(runtime)
+        if module is None:
+            continue
+        before = rss_mb()
+        started = clock()
+        try:
+            import_module(module)
+        except ImportError as exc:
+            log.warning("profile: runtime %s does not import: %s", runtime, exc)
+            continue
+        footprints.append(
+            RuntimeFootprint(
+                runtime=runtime, import_ms=round((clock() - started) * 1000.0, 3), rss_mb=round(rss_mb() - before, 2)
+            )
+        )
+    return footprints
+
+
+def measure_variants(
+    variants: Sequence[Any],
+    open_variant: OpenVariant,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    warmup: int = DEFAULT_WARMUP,
+    runs: int = DEFAULT_RUNS,
+    rss_mb: Callable[[], float] = _rss_mb,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[VariantMeasurement], dict[str, str]]:
+    """Load, warm up and time each variant (manifest ``Variant``), one at a time (one loaded at
+    once, so resident sizes do not add up). A variant that fails to load or run is reported, not fatal."""
+    measured: list[VariantMeasurement] = []
+    failed: dict[str, str] = {}
+    batch = len(next(iter(feeds.values())))
+    for meta in variants:
+        gc.collect()
+        before = rss_mb()
+        started = clock()
+        try:
+            model = open_variant(meta.id)
+        except EdgeSDKError as exc:
+            failed[meta.id] = f"does not load here: {exc}"
+            log.warning("profile: variant %s does not load: %s", meta.id, exc)
+            continue
+        load_ms = (clock() - started) * 1000.0
+        added = rss_mb() - before
+        try:
+            times = time_runs(functools.partial(model.run, feeds), warmup=warmup, runs=runs, clock=clock)
+        except EdgeSDKError as exc:
+            failed[meta.id] = f"does not run here: {exc}"
+            log.warning("profile: variant %s does not run: %s", meta.id, exc)
+            continue
+        finally:
+            model.close()
+        measured.append(
+            VariantMeasurement(
+                variant=meta.id,
+                runtime=str(getattr(meta.runtime, "value", meta.runtime)),
+                precision=str(getattr(meta.precision, "value", meta.precision)),
+                format=str(getattr(meta.format, "value", meta.format)),
+                load_ms=round(load_ms, 3),
+                rss_mb=round(added, 2),
+                warmup=warmup,
+                runs=runs,
+                batch=batch,
+                p50_ms=round(float(np.percentile(times, 50)), 4),
+                p95_ms=round(float(np.percentile(times, 95)), 4),
+                mean_ms=round(float(np.mean(times)), 4),
+            )
+        )
+    return measured, failed
+
+
+class _Opened:
+    """A variant as the server runs it (quantized I/O adapted), and closed when timed."""
+
+    def __init__(self, served: Any) -> None:
+        self.served = served
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(self.served.run(feeds))
+
+    def close(self) -> None:
+        self.served.loaded.close()
+
+
+def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS) -> DeviceMeasurements:
+    """Profile the agent's active bundle (verified again, decrypted in memory) and save the figures."""
+    from edgesdk.agent.serving import ServedVariant, gate_passed
+
+    from edgesdk.bundle import decrypt_and_load, decrypt_golden
+    from edgesdk.runtimes import load_variant
+
+    verified = agent.store.load_active(agent.trusted_publishers, agent.profile)
+    if verified is None:
+        raise AgentError("no model is installed: install a bundle first (edge-agent install FILE)")
+    golden = decrypt_golden(verified, agent.device_key)
+    if golden is None:
+        raise AgentError("the installed bundle has no golden set: nothing to time the variants with")
+    feeds = golden_feeds(golden)
+    manifest = verified.manifest
+    variants = {v.id: v for v in manifest.variants if gate_passed(v)}
+
+    def open_variant(variant_id: str) -> _Opened:
+        meta = variants[variant_id]
+        load = functools.partial(load_variant, meta.runtime)
+        return _Opened(ServedVariant(meta, decrypt_and_load(verified, variant_id, agent.device_key, load)))
+
+    disable_vendor_telemetry()  # before any runtime is imported, as the agent does
+    footprints = measure_runtime_imports([str(getattr(v.runtime, "value", v.runtime)) for v in variants.values()])
+    measured, failed = measure_variants(list(variants.values()), open_variant, feeds, warmup=warmup, runs=runs)
+    if not measured:
+        raise AgentError("no variant could be timed here: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    ladder, not_steps = speed_ladder(measured)
+    result = DeviceMeasurements(
+        device_id=agent.config.device_id,
+        profile=agent.profile.name,
+        machine=platform.machine(),
+        model=manifest.model.name,
+        version=manifest.model.version,
+        release=manifest.model.release,
+        measured_at=datetime.now(timezone.utc),
+        runtimes=footprints,
+        variants=measured,
+        speed_ladder=ladder,
+        not_steps={**failed, **not_steps},
+    )
+    save(Path(agent.config.data_dir), result)
+    return result
+
+
+def save(data_dir: Path, measurements: DeviceMeasurements) -> Path:
+    """Write the figures atomically (temp file, fsync, rename)."""
+    path = data_dir / MEASUREMENTS_FILE
+    partial = path.with_name(path.name + ".tmp")
+    with open(partial, "w", encoding="utf-8") as handle:
+        handle.write(measurements.model_dump_json(indent=2))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    return path
+
+
+def load_measurements(data_dir: Path) -> DeviceMeasurements | None:
+    """The saved figures, or None when never measured (an unreadable file is logged and ignored)."""
+    path = Path(data_dir) / MEASUREMENTS_FILE
+    try:
+        return DeviceMeasurements.parse_json_clear(path.read_bytes(), source=str(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, EdgeSDKError) as exc:
+        log.warning("measurements %s ignored: %s", path, exc)
+        return None
+
+
+def load_saved(data_dir: Path) -> dict[str, Any] | None:
+    """The saved figures as JSON for /v1/status, or None when never measured (or unreadable)."""
+    path = Path(data_dir) / MEASUREMENTS_FILE
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("measurements %s unreadable: %s", path, exc)
+        return None
