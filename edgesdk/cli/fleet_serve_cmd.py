@@ -199,8 +199,6 @@ def _migrated(db_url: str | None, data_dir: Path) -> Any:
 def _duration(text: str, option: str) -> float:
     from edgesdk.fleet.rollout import parse_duration
 
-    if text.strip().endswith("d"):
-        return parse_duration(text.strip()[:-1] + "h", option=option) * 24
     seconds = parse_duration(text, option=option)
     if seconds <= 0:
         raise UsageError(f"bad {option} {text!r}: must be positive, e.g. 60s, 7d")

@@ -85,7 +85,7 @@ class RolloutPlan:
 
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%?\s*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
 def parse_percent(text: str, *, option: str) -> float:
@@ -106,11 +106,11 @@ def parse_waves(text: str) -> tuple[float, ...]:
 
 
 def parse_duration(text: str, *, option: str) -> float:
-    """``"10m"``, ``"30s"``, ``"1h"``, ``"250ms"``, ``"90"`` (seconds) → seconds."""
+    """``"10m"``, ``"30s"``, ``"1h"``, ``"7d"``, ``"250ms"``, ``"90"`` (seconds) → seconds."""
     match = _DURATION.match(text)
     if not match:
-        raise UsageError(f"bad {option} {text!r}: expected a duration like 30s, 10m or 1h")
-    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+        raise UsageError(f"bad {option} {text!r}: expected a duration like 30s, 10m, 1h or 7d")
+    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[match.group(2)]
     return float(match.group(1)) * scale
 
 
