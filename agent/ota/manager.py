@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from edgesdk.agent.openers import OpenerFactory
 from edgesdk.agent.ota.freshness import Admission, CommandGate, CommandRefused, SequenceLedger
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
+from edgesdk.agent.ota.http_fetch import HttpSettings
 from edgesdk.agent.ota.machine import UpdateMachine
 from edgesdk.agent.ota.record import StateFile
 from edgesdk.agent.ota.states import RESTING_STATES, UpdateState
@@ -85,6 +86,7 @@ class UpdateManager:
         clock_skew_s: float | None = None,
         gate: CommandGate | None = None,
         transfer_limits: TransferLimits | None = None,
+        http_settings: HttpSettings | None = None,
     ) -> None:
         """``gate`` replaces the freshness/audience/replay checks (benchmarks compare with and
         without them); production passes none and gets the real checks over ``ota_dir``."""
@@ -114,6 +116,7 @@ class UpdateManager:
             hooks=hooks,
             open_bundles=open_bundles,
             transfer_limits=transfer_limits,
+            http_settings=http_settings,
         )
         self.machine = UpdateMachine(
             self.target,
@@ -156,6 +159,11 @@ class UpdateManager:
                 window_s=config.ota.download_rate_window_s,
                 deadline_min_s=config.ota.download_deadline_min_s,
                 deadline_max_s=config.ota.download_deadline_max_s,
+            ),
+            http_settings=HttpSettings(
+                # The fleet CA: the one named for artifacts, else the one the MQTT link trusts.
+                ca_file=config.ota.http_ca_file or (config.mqtt.tls.ca_file if config.mqtt.tls else None),
+                redirect_hosts=tuple(h.lower() for h in config.ota.http_redirect_hosts),
             ),
         )
 
@@ -260,7 +268,7 @@ class UpdateManager:
         if same:
             self._republish()  # a repeated message (retry, retained, reconnect): report, do nothing
             return
-        if deployment.url is None and deployment.chunk_size + _FRAME_HEADROOM > self._max_inbound_bytes():
+        if not deployment.artifact_sources() and deployment.chunk_size + _FRAME_HEADROOM > self._max_inbound_bytes():
             self._refuse(
                 deployment,
                 f"chunk_size {deployment.chunk_size} does not fit this device's MQTT message limit "

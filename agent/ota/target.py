@@ -23,10 +23,11 @@ from typing import Any
 
 from edgesdk.agent.openers import InProcessOpener, OpenerFactory
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
-from edgesdk.agent.ota.machine import ProbationFailed
+from edgesdk.agent.ota.http_fetch import HttpDownload, HttpSettings, SourcesFailed
+from edgesdk.agent.ota.machine import ProbationFailed, UpdateCancelled
 from edgesdk.agent.ota.probation import ProbationMonitor
 from edgesdk.agent.ota.smoke import smoke_test, split_golden
-from edgesdk.agent.ota.transfer import ChunkReceiver, TransferLimits, download_url
+from edgesdk.agent.ota.transfer import ChunkReceiver, TransferLimits
 from edgesdk.agent.ports import BundleOpener, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, IntegrityError, UpdateError
@@ -57,9 +58,11 @@ class AgentUpdateTarget:
         hooks: OtaHooks = NO_HOOKS,
         open_bundles: OpenerFactory | None = None,
         transfer_limits: TransferLimits | None = None,
+        http_settings: HttpSettings | None = None,
     ) -> None:
         self.ota_dir = ota_dir
         self.transfer_limits = transfer_limits or TransferLimits()
+        self.http_settings = http_settings or HttpSettings()
         self.device_id = device_id
         self.serving = serving
         self.slots = slots
@@ -131,10 +134,31 @@ class AgentUpdateTarget:
         self, deployment: Deployment, progress: Callable[[float], None], cancelled: Callable[[], bool]
     ) -> Path:
         local = self.ota_dir / f"{deployment.deployment_id}.edgepkg"
-        if deployment.url is None and not deployment.chunk_sha256 and local.exists():
+        if not deployment.artifact_sources() and not deployment.chunk_sha256 and local.exists():
             return local  # a sideload: install_local placed the file here before starting
-        if deployment.url is not None:
-            return download_url(deployment, self.ota_dir, progress, cancelled, self.hooks, self.transfer_limits)
+        if not deployment.artifact_sources():
+            return self._download_chunks(deployment, progress, cancelled)
+        http = HttpDownload(
+            deployment, self.ota_dir, settings=self.http_settings, limits=self.transfer_limits, hooks=self.hooks
+        )
+        try:
+            return http.run(progress, cancelled)
+        except SourcesFailed as failed:
+            # Broker-only and air-gapped fleets still get the bytes: the chunks any URL
+            # delivered are kept in the partial file, MQTT fetches only the rest.
+            if not (deployment.mqtt_fallback and deployment.chunk_sha256 and self.link is not None):
+                raise
+            log.warning("%s; falling back to MQTT chunks", failed)
+            try:
+                return self._download_chunks(deployment, progress, cancelled)
+            except UpdateCancelled:
+                raise
+            except UpdateError as exc:
+                raise UpdateError(f"{failed}; MQTT chunks: {exc}") from exc
+
+    def _download_chunks(
+        self, deployment: Deployment, progress: Callable[[float], None], cancelled: Callable[[], bool]
+    ) -> Path:
         receiver = ChunkReceiver(
             deployment,
             self.ota_dir,

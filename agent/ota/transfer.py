@@ -1,4 +1,4 @@
-"""Getting a bundle onto the device: chunks over MQTT, or an HTTP(S) URL.
+"""Getting a bundle onto the device: chunks over MQTT (here), or HTTP(S) (:mod:`.http_fetch`).
 
 Both write into ``<ota dir>/<deployment>.part`` at the chunk's offset and check every chunk
 against the signed hash list of the Deployment, so a download survives a broker restart, a
@@ -19,8 +19,6 @@ import logging
 import os
 import queue
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -339,76 +337,3 @@ class ChunkReceiver:
             return finish(fd, self.paths, self.deployment)
         finally:
             os.close(fd)
-
-
-def download_url(
-    deployment: Deployment,
-    ota_dir: Path,
-    progress: ProgressFn,
-    cancelled: CancelledFn,
-    hooks: OtaHooks = NO_HOOKS,
-    limits: TransferLimits = TransferLimits(),
-) -> Path:
-    """Fetch ``deployment.url`` (HTTP or HTTPS), resuming with a Range request when possible,
-    within ``limits`` (overall deadline, minimum rate)."""
-    url = deployment.url or ""
-    if not url.startswith(("http://", "https://")):
-        raise UpdateError(f"deployment url {url!r} is not http(s)")
-    check_chunk_list(deployment)
-    paths = DownloadPaths(ota_dir, deployment)
-    if paths.done.exists() and sha256_file(paths.done) == deployment.bundle_sha256:
-        return paths.done
-    fd = reserve(paths.part, deployment.bundle_size, hooks)
-    try:
-        # Resume after the longest prefix of good chunks (all of the file when no hashes are listed).
-        have = verified_chunks(fd, deployment)
-        start_chunk = 0
-        while start_chunk in have:
-            start_chunk += 1
-        offset = min(start_chunk * deployment.chunk_size, deployment.bundle_size)
-        if offset < deployment.bundle_size:
-            request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
-            pace = Pace(limits, deployment.bundle_size - offset, f"download of {url}")
-            # A socket that stays silent a whole rate window is below any positive rate: the
-            # read times out then, and the deadline is checked at least that often.
-            silence_s = min(30.0, pace.window_s)
-            try:
-                response = urllib.request.urlopen(request, timeout=silence_s)  # noqa: S310 - scheme checked above
-            except (urllib.error.URLError, OSError) as exc:
-                raise UpdateError(f"cannot download {url}: {exc}") from exc
-            with response:
-                if response.status == 200:
-                    offset = 0  # the server ignored Range: take the whole file
-                position = offset
-                reported = -1
-                while True:
-                    if cancelled():
-                        raise UpdateCancelled("download cancelled")
-                    pace.check()
-                    try:
-                        # read1: what has arrived (up to 64 KiB), so the pace is checked as bytes
-                        # come in; read() would wait for the whole 64 KiB however slowly it came.
-                        block = response.read1(1 << 16)
-                    except TimeoutError as exc:
-                        raise UpdateError(
-                            f"download of {url} too slow: nothing received for {silence_s:g} s "
-                            f"(at byte {position} of {deployment.bundle_size})"
-                        ) from exc
-                    except OSError as exc:
-                        raise UpdateError(f"download of {url} broke at byte {position}: {exc}") from exc
-                    if not block:
-                        break
-                    pace.add(len(block))
-                    if position + len(block) > deployment.bundle_size:
-                        raise IntegrityError(f"{url} sent more than the signed {deployment.bundle_size} bytes")
-                    os.pwrite(fd, block, position)
-                    position += len(block)
-                    tenth = position * 10 // deployment.bundle_size
-                    if tenth != reported:
-                        reported = tenth
-                        progress(position / deployment.bundle_size)
-                if position != deployment.bundle_size:
-                    raise UpdateError(f"download of {url} ended at byte {position} of {deployment.bundle_size}")
-        return finish(fd, paths, deployment)
-    finally:
-        os.close(fd)

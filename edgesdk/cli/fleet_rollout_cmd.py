@@ -27,13 +27,11 @@ import click
 
 from edgesdk.cli.fleet_cmd import broker_options, require_broker, server_options, service_client
 from edgesdk.cli.output import console, json_option, print_json, print_table
+from edgesdk.cli.rollout_options import EXPIRES_HELP, RolloutArgs, positive_duration, rollout_options
 from edgesdk.errors import UpdateError, UsageError
 
 OPERATOR_KEY_ENV = "EDGESDK_OPERATOR_KEY"
 
-_expires_help = (
-    "How long each command sent to devices stays valid; devices refuse it afterwards. Each wave gets a fresh one."
-)
 _db_option = click.option(
     "--db",
     "db_path",
@@ -117,37 +115,13 @@ class _WaveBars:
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @broker_options(required=False)
 @server_options
-@click.option("--group", default=None, help="Deploy to every device that announces this group.")
-@click.option("--devices", default=None, help="Comma-separated device ids.")
-@click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
-@click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave.")
-@click.option("--max-failures", default="5%", show_default=True, help="Abort when more of the reached devices fail.")
-@click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model.")
-@click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms).")
-@click.option("--max-error-rate", default="1%", show_default=True, help="Error rate allowed during probation.")
-@click.option("--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m).")
-@click.option("--url", default=None, help="Devices download from this HTTP(S) URL instead of MQTT chunks.")
-@click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
-@click.option("--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes.")
-@click.option("--expires", default="6h", show_default=True, help=_expires_help)
+@rollout_options
 @_key_option
 @_db_option
 @json_option
 def push(
     bundle: Path,
-    group: str | None,
-    devices: str | None,
-    canary: str,
-    waves: str,
-    max_failures: str,
-    probation: str,
-    p95_ms: float | None,
-    max_error_rate: str,
-    wave_timeout: str | None,
-    url: str | None,
-    chunk_size: int | None,
-    deployment_id: str | None,
-    expires: str,
+    rollout: RolloutArgs,
     key_path: Path | None,
     db_path: Path | None,
     as_json: bool,
@@ -155,31 +129,14 @@ def push(
 ) -> None:
     """Roll BUNDLE out in waves: canary first, abort and roll back at the failure threshold."""
     from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
-    from edgesdk.fleet.rollout import STOPPED, RolloutPlan, parse_duration, parse_percent, parse_waves
-    from edgesdk.schemas.messages import HealthCriteria
+    from edgesdk.fleet.rollout import STOPPED
 
+    deployment_id = rollout.deployment_id
     client = service_client(params)
     if client is not None:
-        if url is not None:
-            raise UsageError("--url is not supported with --server: the service serves the bundle's chunks")
-        if (group is None) == (devices is None):
-            raise UsageError("give exactly one of --group G or --devices A,B")
-        body = {
-            "group": group,
-            "devices": [d.strip() for d in devices.split(",") if d.strip()] if devices is not None else None,
-            "deployment_id": deployment_id,
-            "canary": parse_percent(canary, option="--canary"),
-            "waves": list(parse_waves(waves)),
-            "max_failures": parse_percent(max_failures, option="--max-failures"),
-            "probation_s": parse_duration(probation, option="--probation"),
-            "p95_ms": p95_ms,
-            "max_error_rate": parse_percent(max_error_rate, option="--max-error-rate"),
-            "wave_timeout_s": parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
-            "expires_s": _positive_duration(expires),
-            "chunk_size": chunk_size,
-        }
+        body = rollout.api_body()
         uploaded = client.upload(bundle)
-        created = client.create({**{k: v for k, v in body.items() if v is not None}, "bundle_id": uploaded["id"]})
+        created = client.create({**body, "bundle_id": uploaded["id"]})
         _follow(client, created["deployment_id"], as_json)
         return
     require_broker(params)
@@ -195,35 +152,29 @@ def push(
                 raise UsageError(f"deployment {deployment_id!r} already ended {existing.state}; pick a new id")
             resuming = True
     if not resuming:
-        if (group is None) == (devices is None):
-            raise UsageError("give exactly one of --group G or --devices A,B")
+        rollout.check_targets()
         if not bundle.is_file():
             raise UsageError(f"bundle file {str(bundle)!r} not found")
-        plan = RolloutPlan(
-            canary=parse_percent(canary, option="--canary"),
-            waves=parse_waves(waves),
-            max_failures=parse_percent(max_failures, option="--max-failures"),
-            probation_s=parse_duration(probation, option="--probation"),
-            wave_timeout_s=parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
-            command_ttl_s=_positive_duration(expires),
-        )
-        health = HealthCriteria(
-            probation_s=plan.probation_s,
-            p95_latency_ms=p95_ms,
-            max_error_rate=parse_percent(max_error_rate, option="--max-error-rate"),
-        )
+        plan = rollout.plan()
+        health = rollout.health(plan)
+        urls = rollout.urls()
     key = _operator_key(key_path)
     bars = _WaveBars()
     ctl, client = _controller(store, params, key, on_progress=bars if not as_json else None)
     try:
         if not resuming:
-            targets = (
-                [d.strip() for d in (devices or "").split(",") if d.strip()]
-                if devices is not None
-                else ctl.devices_in_group(group or "")
-            )
+            targets = rollout.device_list()
+            if targets is None:
+                targets = ctl.devices_in_group(rollout.group or "")
             message = ctl.create(
-                bundle, targets, plan, deployment_id=deployment_id, url=url, chunk_size=chunk_size, health=health
+                bundle,
+                targets,
+                plan,
+                deployment_id=deployment_id,
+                artifact_urls=urls,
+                mqtt_fallback=rollout.mqtt_fallback,
+                chunk_size=rollout.chunk_size,
+                health=health,
             )
             deployment_id = message.deployment_id
         if deployment_id is None:  # pragma: no cover - set above
@@ -295,15 +246,6 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     if summary["reason"]:
         console().print(summary["reason"])
-
-
-def _positive_duration(text: str) -> float:
-    from edgesdk.fleet.rollout import parse_duration
-
-    seconds = parse_duration(text, option="--expires")
-    if seconds <= 0:
-        raise UsageError(f"bad --expires {text!r}: a command must stay valid for some time, e.g. 30m or 6h")
-    return seconds
 
 
 @click.command("status")
@@ -409,12 +351,12 @@ def _print_listing(rows: list[dict[str, Any]]) -> None:
 @server_options
 @_key_option
 @_db_option
-@click.option("--expires", default=None, help=_expires_help.split(";")[0] + " (default: the push's --expires).")
+@click.option("--expires", default=None, help=EXPIRES_HELP.split(";")[0] + " (default: the push's --expires).")
 def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires: str | None, **params: Any) -> None:
     """Stop a rollout: no further waves; devices still updating cancel (and roll back if activated)."""
     client = service_client(params)
     if client is not None:
-        client.command(deployment, "abort", expires_s=_positive_duration(expires) if expires else None)
+        client.command(deployment, "abort", expires_s=positive_duration(expires) if expires else None)
         console().print(f"deployment {deployment} aborted (on {client.server})")
         return
     require_broker(params)
@@ -422,7 +364,7 @@ def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires:
     store.get(deployment)  # unknown id → one clear error before touching the broker
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
-        ctl.abort(deployment, ttl_s=_positive_duration(expires) if expires else None)
+        ctl.abort(deployment, ttl_s=positive_duration(expires) if expires else None)
         time.sleep(0.5)  # let QoS 1 messages leave before disconnecting
     finally:
         client.stop()
@@ -436,7 +378,7 @@ def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires:
 @_key_option
 @_db_option
 @click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
-@click.option("--expires", default=None, help=_expires_help.split(";")[0] + " (default: the push's --expires).")
+@click.option("--expires", default=None, help=EXPIRES_HELP.split(";")[0] + " (default: the push's --expires).")
 @json_option
 def rollback(
     deployment: str,
@@ -453,14 +395,14 @@ def rollback(
     timeout = parse_duration(wait_s, option="--wait")
     client = service_client(params)
     if client is not None:
-        _service_rollback(client, deployment, timeout, _positive_duration(expires) if expires else None, as_json)
+        _service_rollback(client, deployment, timeout, positive_duration(expires) if expires else None, as_json)
         return
     require_broker(params)
     store = _store(db_path)
     store.get(deployment)
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
-        asked = ctl.rollback(deployment, ttl_s=_positive_duration(expires) if expires else None)
+        asked = ctl.rollback(deployment, ttl_s=positive_duration(expires) if expires else None)
         confirmed = ctl.wait_for_states(deployment, {"ROLLED_BACK", "FAILED", "TIMED_OUT"}, timeout)
     finally:
         client.stop()

@@ -19,8 +19,9 @@ from typing import Any
 import click
 
 from edgesdk.cli.fleet_cmd import broker_options
-from edgesdk.cli.fleet_rollout_cmd import OPERATOR_KEY_ENV, _operator_key, _positive_duration
+from edgesdk.cli.fleet_rollout_cmd import OPERATOR_KEY_ENV, _operator_key
 from edgesdk.cli.output import console, json_option, print_json
+from edgesdk.cli.rollout_options import RolloutArgs, rollout_options
 from edgesdk.errors import UsageError
 
 DB_ENV = "EDGESDK_FLEET_SERVICE_DB"
@@ -64,6 +65,13 @@ def _db_url(db_url: str | None, data_dir: Path) -> str:
 @click.option("--maintenance-interval", default="60s", show_default=True, help="Downsample and prune this often.")
 @click.option("--api", "api_bind", default=None, help="Serve the REST API on HOST:PORT (e.g. 127.0.0.1:8080).")
 @click.option(
+    "--artifact-url",
+    "artifact_url",
+    default=None,
+    help="Base URL devices download bundles from (the API's /artifacts behind a proxy or CDN); "
+    "default http://API-HOST:PORT/artifacts. Rollouts list it after their own --artifact-url.",
+)
+@click.option(
     "--registry",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -79,6 +87,7 @@ def serve(
     minutely_retention: str,
     maintenance_interval: str,
     api_bind: str | None,
+    artifact_url: str | None,
     registry: Path | None,
     **params: Any,
 ) -> None:
@@ -105,6 +114,7 @@ def serve(
         connect_timeout_s=float(params.get("connect_timeout") or 10.0),
         data_dir=data_dir,
         api_bind=api_bind,
+        artifact_url=artifact_url,
         registry_path=registry or data_dir / "enrollment.json",
     )
     if api_bind is not None:
@@ -209,49 +219,16 @@ def _duration(text: str, option: str) -> float:
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
 @_db_option
 @_data_dir_option
-@click.option("--group", default=None, help="Deploy to every device of this group the service knows.")
-@click.option("--devices", default=None, help="Comma-separated device ids.")
-@click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave.")
-@click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave.")
-@click.option("--max-failures", default="5%", show_default=True, help="Abort when more of the reached devices fail.")
-@click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model.")
-@click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms).")
-@click.option("--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m).")
-@click.option("--chunk-size", type=int, default=None, help="Bytes per MQTT chunk (default 262144).")
-@click.option("--deployment-id", default=None, help="Id for the deployment.")
-@click.option("--expires", default="6h", show_default=True, help="Lifetime of each command sent to devices.")
+@rollout_options
 @json_option
-def submit(
-    bundle: Path,
-    db_url: str | None,
-    data_dir: Path,
-    group: str | None,
-    devices: str | None,
-    canary: str,
-    waves: str,
-    max_failures: str,
-    probation: str,
-    p95_ms: float | None,
-    wave_timeout: str | None,
-    chunk_size: int | None,
-    deployment_id: str | None,
-    expires: str,
-    as_json: bool,
-) -> None:
+def submit(bundle: Path, db_url: str | None, data_dir: Path, rollout: RolloutArgs, as_json: bool) -> None:
     """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
-    from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves
     from edgesdk.fleet.service.store import SqlRolloutStore
     from edgesdk.fleet.service.submit import submit_deployment
-    from edgesdk.schemas.messages import HealthCriteria
 
-    plan = RolloutPlan(
-        canary=parse_percent(canary, option="--canary"),
-        waves=parse_waves(waves),
-        max_failures=parse_percent(max_failures, option="--max-failures"),
-        probation_s=parse_duration(probation, option="--probation"),
-        wave_timeout_s=parse_duration(wave_timeout, option="--wave-timeout") if wave_timeout else None,
-        command_ttl_s=_positive_duration(expires),
-    )
+    plan = rollout.plan()
+    health = rollout.health(plan)
+    urls = rollout.urls()
     if not bundle.is_file():
         raise UsageError(f"bundle file {str(bundle)!r} not found")
     engine = _migrated(db_url, data_dir)
@@ -260,11 +237,13 @@ def submit(
         store,
         bundle,
         plan,
-        devices=[d.strip() for d in devices.split(",") if d.strip()] if devices is not None else None,
-        group=group,
-        deployment_id=deployment_id,
-        health=HealthCriteria(probation_s=plan.probation_s, p95_latency_ms=p95_ms),
-        chunk_size=chunk_size,
+        devices=rollout.device_list(),
+        group=rollout.group,
+        deployment_id=rollout.deployment_id,
+        health=health,
+        chunk_size=rollout.chunk_size,
+        artifact_urls=urls,
+        mqtt_fallback=rollout.mqtt_fallback,
     )
     summary = store.summary(message.deployment_id)
     engine.dispose()

@@ -38,6 +38,7 @@ class BundleSource:
 
     def __init__(self, path: Path, deployment: Deployment) -> None:
         self.deployment = deployment
+        self.path = path
         self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
         size = path.stat().st_size
         if size != deployment.bundle_size:
@@ -134,6 +135,14 @@ class ChunkServer:
         with self._lock:
             if deployment.deployment_id not in self._sources:
                 self._sources[deployment.deployment_id] = BundleSource(path, deployment)
+
+    def path_of(self, bundle_sha256: str) -> Path | None:
+        """The file of a bundle being served (the fleet service's HTTP artifact route asks)."""
+        with self._lock:
+            for source in self._sources.values():
+                if source.deployment.bundle_sha256 == bundle_sha256:
+                    return source.path
+        return None
 
     def remove(self, deployment_id: str) -> None:
         with self._lock:

@@ -103,11 +103,13 @@ def build_deployment(
     targets: list[str],
     health: HealthCriteria,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    url: str | None = None,
+    artifact_urls: list[str] | tuple[str, ...] = (),
+    mqtt_fallback: bool = True,
     command_ttl_s: float = DEFAULT_COMMAND_TTL_S,
 ) -> Deployment:
     """The unsigned install template for ``bundle`` to ``targets`` (manifest read for display
-    fields only: the device verifies the bundle itself). Send only what :func:`issue_command`
+    fields only: the device verifies the bundle itself). ``artifact_urls``: HTTP(S) sources
+    devices try first, in order (signed with the rest; the hashes are what devices trust). Send only what :func:`issue_command`
     makes of it."""
     from edgesdk.bundle import inspect_bundle
 
@@ -131,8 +133,10 @@ def build_deployment(
         bundle_sha256=digest.hexdigest(),
         bundle_size=bundle.stat().st_size,
         chunk_size=chunk_size,
-        chunk_sha256=[] if url else chunk_hashes(bundle, chunk_size),
-        url=url,
+        # Always: HTTP downloads check (and resume by) chunk too, and may fall back to MQTT.
+        chunk_sha256=chunk_hashes(bundle, chunk_size),
+        artifact_urls=list(artifact_urls),
+        mqtt_fallback=mqtt_fallback,
         health=health,
     )
 

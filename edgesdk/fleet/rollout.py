@@ -142,7 +142,8 @@ def create_deployment(
     plan: RolloutPlan,
     *,
     deployment_id: str | None = None,
-    url: str | None = None,
+    artifact_urls: list[str] | tuple[str, ...] = (),
+    mqtt_fallback: bool = True,
     chunk_size: int | None = None,
     health: HealthCriteria | None = None,
 ) -> Deployment:
@@ -158,7 +159,8 @@ def create_deployment(
         deployment_id=deployment_id,
         targets=devices,
         health=health,
-        url=url,
+        artifact_urls=artifact_urls,
+        mqtt_fallback=mqtt_fallback,
         command_ttl_s=plan.command_ttl_s,
         **kwargs,
     )
@@ -180,8 +182,13 @@ class RolloutController:
         on_progress: ProgressFn | None = None,
         poll_s: float = 0.2,
         chunk_budget: RequestBudget | None = None,
+        artifact_base_url: str | None = None,
     ) -> None:
         self.store = store
+        #: Where this controller's bundles are also served over HTTP (the fleet service's
+        #: ``/artifacts/``); each install command then lists ``BASE/<sha256>.edgepkg`` after the
+        #: deployment's own URLs. None: only the URLs the deployment was created with.
+        self.artifact_base_url = artifact_base_url
         self.client = client
         self.namespace = namespace
         self.operator_key = operator_key
@@ -248,7 +255,8 @@ class RolloutController:
         plan: RolloutPlan,
         *,
         deployment_id: str | None = None,
-        url: str | None = None,
+        artifact_urls: list[str] | tuple[str, ...] = (),
+        mqtt_fallback: bool = True,
         chunk_size: int | None = None,
         health: HealthCriteria | None = None,
     ) -> Deployment:
@@ -259,7 +267,8 @@ class RolloutController:
             devices,
             plan,
             deployment_id=deployment_id,
-            url=url,
+            artifact_urls=artifact_urls,
+            mqtt_fallback=mqtt_fallback,
             chunk_size=chunk_size,
             health=health,
         )
@@ -273,7 +282,7 @@ class RolloutController:
         if row.state in FINISHED_ROLLOUT_STATES:
             return row.state
         plan = RolloutPlan.from_json(row.plan)
-        message = row.message
+        message = self._with_own_artifact_url(row.message)
         self.chunks.add(Path(row.bundle_path), message)
         try:
             total = len(self.store.devices(deployment_id))
@@ -292,6 +301,14 @@ class RolloutController:
         finally:
             self._drain_statuses()
             self.chunks.remove(deployment_id)
+
+    def _with_own_artifact_url(self, template: Deployment) -> Deployment:
+        if self.artifact_base_url is None:
+            return template
+        own = f"{self.artifact_base_url.rstrip('/')}/{template.bundle_sha256}.edgepkg"
+        if own in template.artifact_urls or len(template.artifact_urls) >= 8:
+            return template
+        return template.model_copy(update={"artifact_urls": [*template.artifact_urls, own]})
 
     def _run_wave(
         self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, waves: int, total: int

@@ -23,11 +23,18 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 _PREFIX = "ed25519"
+#: Deployment fields newer than the first signed format, with the default that omits them.
+_LATER_FIELDS: dict[str, object] = {"artifact_urls": [], "mqtt_fallback": True}
 
 
 def canonical_json(deployment: Deployment) -> bytes:
     """The exact bytes that are signed."""
     data = deployment.model_dump(mode="json", exclude={"signature"})
+    # Fields added after deployments were first signed are left out at their defaults, so a
+    # command signed by an older fleet still verifies on a newer device (and the reverse).
+    for name, default in _LATER_FIELDS.items():
+        if data.get(name) == default:
+            del data[name]
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -162,6 +162,15 @@ class OtaConfig(Schema):
         300.0, gt=0, description="overall deadline of a download: its size at the minimum rate, at least this"
     )
     download_deadline_max_s: float = Field(6 * 3600.0, gt=0, description="... and at most this")
+    http_ca_file: Path | None = Field(
+        None,
+        description="CA certificates that artifact servers' TLS is checked against (the fleet CA); default the "
+        "MQTT link's tls.ca_file, else the system's trust store",
+    )
+    http_redirect_hosts: list[str] = Field(
+        default_factory=list,
+        description="hosts an artifact URL may redirect to besides its own (a CDN's edge); others are refused",
+    )
     clock_skew_s: float = Field(
         300.0,
         ge=0,

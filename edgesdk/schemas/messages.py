@@ -128,7 +128,16 @@ class Deployment(Schema):
     bundle_sha256: str = Field(pattern=SHA256_PATTERN)
     bundle_size: int = Field(gt=0)
     chunk_size: int = Field(262144, gt=0)
-    url: str | None = Field(None, description="HTTP(S) source for large bundles; else chunks over MQTT")
+    url: str | None = Field(None, description="one HTTP(S) source (older deployments; newer ones list artifact_urls)")
+    artifact_urls: list[str] = Field(
+        default_factory=list,
+        max_length=8,
+        description="HTTP(S) sources of the bundle, tried in order with Range requests (the fleet service, a "
+        "static server, a CDN, a presigned object-store URL). Hints only: the signed size and hashes are the trust",
+    )
+    mqtt_fallback: bool = Field(
+        True, description="when every URL fails, fetch the chunks over MQTT (needs chunk_sha256)"
+    )
     chunk_sha256: list[str] = Field(
         default_factory=list,
         description="sha256 of each chunk_size piece of the bundle, in order: every chunk is checked on arrival",
@@ -141,6 +150,10 @@ class Deployment(Schema):
     health: HealthCriteria = Field(default_factory=HealthCriteria)
     action: Literal["install", "cancel", "rollback"] = "install"
     signature: str | None = Field(None, description="Ed25519 over the canonical JSON without this field")
+
+    def artifact_sources(self) -> list[str]:
+        """The HTTP(S) URLs to try, in order (``artifact_urls``, then a legacy ``url``)."""
+        return [*self.artifact_urls, *([self.url] if self.url and self.url not in self.artifact_urls else [])]
 
     @model_validator(mode="after")
     def _fresh_and_addressed(self) -> Deployment:

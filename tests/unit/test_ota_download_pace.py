@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota.transfer import ChunkReceiver, Pace, TransferLimits, download_url
+from edgesdk.agent.ota.http_fetch import download_http
+from edgesdk.agent.ota.transfer import ChunkReceiver, Pace, TransferLimits
 
 from edgesdk.errors import UpdateError
 from edgesdk.schemas.messages import Deployment
@@ -78,7 +79,7 @@ def deployment(url: str | None = None, chunk_sha256: list[str] | None = None) ->
 def test_a_trickling_server_fails_the_download_for_its_rate(tmp_path: Path, trickle_url: str) -> None:
     started = time.monotonic()
     with pytest.raises(UpdateError, match="too slow") as failed:
-        download_url(deployment(trickle_url), tmp_path, lambda _: None, lambda: False, limits=LIMITS)
+        download_http(deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=LIMITS)
     # Not a timing assertion of the code's speed: a bound that says it did not wait for the
     # 4096 s the server would take (the deadline is 5 s; a generous margin for a loaded VM).
     assert time.monotonic() - started < 60
@@ -90,7 +91,7 @@ def test_a_server_that_keeps_just_above_the_rate_meets_the_deadline(tmp_path: Pa
     try:
         limits = TransferLimits(min_rate_bytes_s=10.0, window_s=1.0, deadline_min_s=0.5, deadline_max_s=0.5)
         with pytest.raises(UpdateError, match="deadline"):
-            download_url(deployment(trickle_url), tmp_path, lambda _: None, lambda: False, limits=limits)
+            download_http(deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=limits)
     finally:
         TrickleHandler.interval = 1.0
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from edgesdk.agent.ota.machine import UpdateCancelled
-from edgesdk.agent.ota.transfer import ChunkReceiver, download_url
+from edgesdk.agent.ota.http_fetch import download_http
+from edgesdk.agent.ota.transfer import ChunkReceiver
 
 from edgesdk.errors import IntegrityError, SchemaError, UpdateError
 from edgesdk.fleet.chunk_server import ChunkServer
@@ -193,14 +194,16 @@ class _RangeHandler(http.server.BaseHTTPRequestHandler):
     fail_after: int | None = None
 
     def do_GET(self) -> None:  # noqa: N802 - http.server API
-        start = 0
+        start, end = 0, len(self.body) - 1
         header = self.headers.get("Range")
         if header and self.honour_range:
-            start = int(header.split("=")[1].split("-")[0])
+            first, _, last = header.split("=")[1].partition("-")
+            start, end = int(first), min(int(last or end), end)
             self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(self.body)}")
         else:
             self.send_response(200)
-        payload = self.body[start:]
+        payload = self.body[start : end + 1]
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         if self.fail_after is not None:
@@ -230,18 +233,18 @@ def test_http_download_resumes_with_range(tmp_path: Path, http_bundle) -> None:
     path, deployment, handler = http_bundle
     handler.fail_after = 12 * CHUNK + 100  # the connection breaks mid-file
     with pytest.raises(UpdateError, match="ended at byte|broke at byte"):
-        download_url(deployment, tmp_path / "ota", lambda _f: None, lambda: False)
-    done = download_url(deployment, tmp_path / "ota", lambda _f: None, lambda: False)
+        download_http(deployment, tmp_path / "ota")
+    done = download_http(deployment, tmp_path / "ota")
     assert done.read_bytes() == path.read_bytes()
 
 
 def test_http_download_checks_the_signed_hash(tmp_path: Path, http_bundle) -> None:
     _, deployment, _ = http_bundle
     lying = deployment.model_copy(update={"bundle_sha256": "0" * 64, "chunk_sha256": []})
-    with pytest.raises(IntegrityError, match="sha256"):
-        download_url(lying, tmp_path / "ota", lambda _f: None, lambda: False)
+    with pytest.raises(UpdateError, match="sha256"):
+        download_http(lying, tmp_path / "ota")
     with pytest.raises(UpdateError, match="not http"):
-        download_url(deployment.model_copy(update={"url": "file:///etc/passwd"}), tmp_path, print, lambda: False)
+        download_http(deployment.model_copy(update={"url": "file:///etc/passwd"}), tmp_path)
 
 
 def test_request_window_backs_off_under_loss_and_adapts_to_the_round_trip() -> None:

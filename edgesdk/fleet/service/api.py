@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError
@@ -56,6 +57,8 @@ class ApiContext:
     data_dir: Path
     registry_path: Path | None = None
     max_bundle_bytes: int = 2 << 30
+    #: The file of a bundle a running rollout serves, by sha256 (``/artifacts/<sha256>.edgepkg``).
+    artifacts: Callable[[str], Path | None] | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
@@ -253,6 +256,8 @@ def create_app(context: ApiContext) -> FastAPI:
                 deployment_id=body.deployment_id,
                 health=health,
                 chunk_size=body.chunk_size,
+                artifact_urls=body.artifact_urls,
+                mqtt_fallback=body.mqtt_fallback,
             )
 
         message = audited(operator, "deployment.create", body.deployment_id or "", work, **body.model_dump())
@@ -292,6 +297,19 @@ def create_app(context: ApiContext) -> FastAPI:
         operator: tokens.Operator = Depends(who("operator", "deployment.rollback")),
     ) -> dict[str, Any]:
         return _command(item, body, operator, "deployment.rollback")
+
+    # -- artifacts (devices) ----------------------------------------------------------------
+
+    @app.api_route("/artifacts/{name}", methods=["GET", "HEAD"], tags=["artifacts"])
+    def artifact(name: str) -> FileResponse:
+        """A bundle of a running rollout, with Range (devices resume with it). No token: devices
+        have none, the bundle is encrypted to its devices, and they trust the signed hash, not
+        this server; only bundles of rollouts in progress are served, by their sha256."""
+        sha, _, suffix = name.partition(".")
+        path = context.artifacts(sha) if context.artifacts is not None and suffix == "edgepkg" else None
+        if path is None or not path.is_file():
+            raise HTTPException(404, f"no bundle {name!r} is being rolled out here")
+        return FileResponse(path, media_type="application/octet-stream", filename=f"{sha}.edgepkg")
 
     # -- bundles ----------------------------------------------------------------------------
 

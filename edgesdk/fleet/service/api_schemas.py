@@ -28,6 +28,10 @@ class DeploymentCreate(_Body):
     wave_timeout_s: float | None = Field(None, gt=0)
     expires_s: float = Field(6 * 3600.0, gt=0, description="lifetime of each command sent")
     chunk_size: int | None = Field(None, gt=0)
+    artifact_urls: list[str] = Field(
+        default_factory=list, max_length=8, description="HTTP(S) URLs devices try first (the service's own follows)"
+    )
+    mqtt_fallback: bool = Field(True, description="devices fetch MQTT chunks when every URL fails")
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentCreate:

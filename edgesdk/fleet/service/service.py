@@ -46,6 +46,16 @@ class ServiceSettings:
     data_dir: Path = Path(".")  # uploaded bundles live in DATA_DIR/bundles
     api_bind: str | None = None  # HOST:PORT of the REST API and dashboard; None: no HTTP
     registry_path: Path | None = None  # the enrollment registry approvals are written to
+    # Base URL devices fetch bundles from (the API's /artifacts, or a proxy/CDN in front of it);
+    # None: http://HOST:PORT/artifacts of the API. Only with the API on.
+    artifact_url: str | None = None
+
+
+def _reachable(host: str) -> str:
+    """A host name devices can use for a listening address (a wildcard bind is not one)."""
+    import socket
+
+    return socket.getfqdn() if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - compared, not bound
 
 
 def service_client_id(namespace: str) -> str:
@@ -122,8 +132,12 @@ class FleetService:
                 commands=self.controller,
                 data_dir=self.settings.data_dir,
                 registry_path=self.settings.registry_path,
+                artifacts=self.controller.chunks.path_of,
             )
             self.api = ApiServer(create_app(context), self.settings.api_bind).start()
+            self.controller.artifact_base_url = (
+                self.settings.artifact_url or f"http://{_reachable(self.api.host)}:{self.api.port}/artifacts"
+            )
         return self
 
     def serve_forever(self) -> None:

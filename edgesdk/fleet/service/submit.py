@@ -27,7 +27,8 @@ def submit_deployment(
     deployment_id: str | None = None,
     health: HealthCriteria | None = None,
     chunk_size: int | None = None,
-    url: str | None = None,
+    artifact_urls: list[str] | tuple[str, ...] = (),
+    mqtt_fallback: bool = True,
 ) -> Deployment:
     """Store a PENDING deployment of ``bundle`` to ``devices`` or the known members of ``group``;
     the running service starts it at its next poll."""
@@ -35,7 +36,15 @@ def submit_deployment(
         raise UsageError("give exactly one of --group G or --devices A,B")
     targets = devices if devices is not None else devices_in_group(store.engine, group or "")
     return create_deployment(
-        store, bundle, targets, plan, deployment_id=deployment_id, health=health, chunk_size=chunk_size, url=url
+        store,
+        bundle,
+        targets,
+        plan,
+        deployment_id=deployment_id,
+        health=health,
+        chunk_size=chunk_size,
+        artifact_urls=artifact_urls,
+        mqtt_fallback=mqtt_fallback,
     )
 
 

@@ -1,0 +1,163 @@
+"""The options of a staged rollout, shared by ``fleet push`` and ``fleet submit``.
+
+``@rollout_options`` adds them to a command and hands it one :class:`RolloutArgs` (keyword
+``rollout``) instead of a dozen loose values; it turns them into the plan, the health criteria
+and the REST body, so both commands read and check them the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+
+from edgesdk.errors import UsageError
+
+EXPIRES_HELP = (
+    "How long each command sent to devices stays valid; devices refuse it afterwards. Each wave gets a fresh one."
+)
+
+
+@dataclass(frozen=True)
+class RolloutArgs:
+    """What the operator asked for, as typed (parsed by the methods)."""
+
+    group: str | None
+    devices: str | None
+    canary: str
+    waves: str
+    max_failures: str
+    probation: str
+    p95_ms: float | None
+    max_error_rate: str
+    wave_timeout: str | None
+    artifact_urls: tuple[str, ...]
+    mqtt_fallback: bool
+    chunk_size: int | None
+    deployment_id: str | None
+    expires: str
+
+    def device_list(self) -> list[str] | None:
+        return [d.strip() for d in self.devices.split(",") if d.strip()] if self.devices is not None else None
+
+    def check_targets(self) -> None:
+        if (self.group is None) == (self.devices is None):
+            raise UsageError("give exactly one of --group G or --devices A,B")
+
+    def urls(self) -> list[str]:
+        """``--artifact-url`` values, each checked to be http(s)://HOST/..."""
+        for url in self.artifact_urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise UsageError(f"bad --artifact-url {url!r}: expected http(s)://HOST/PATH")
+        if len(self.artifact_urls) > 8:
+            raise UsageError(f"{len(self.artifact_urls)} --artifact-url given; at most 8")
+        return list(self.artifact_urls)
+
+    def plan(self) -> Any:
+        from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves
+
+        return RolloutPlan(
+            canary=parse_percent(self.canary, option="--canary"),
+            waves=parse_waves(self.waves),
+            max_failures=parse_percent(self.max_failures, option="--max-failures"),
+            probation_s=parse_duration(self.probation, option="--probation"),
+            wave_timeout_s=parse_duration(self.wave_timeout, option="--wave-timeout") if self.wave_timeout else None,
+            command_ttl_s=positive_duration(self.expires),
+        )
+
+    def health(self, plan: Any) -> Any:
+        from edgesdk.fleet.rollout import parse_percent
+        from edgesdk.schemas.messages import HealthCriteria
+
+        return HealthCriteria(
+            probation_s=plan.probation_s,
+            p95_latency_ms=self.p95_ms,
+            max_error_rate=parse_percent(self.max_error_rate, option="--max-error-rate"),
+        )
+
+    def api_body(self) -> dict[str, Any]:
+        """The ``POST /api/v1/deployments`` body (without ``bundle_id``)."""
+        self.check_targets()
+        plan = self.plan()
+        health = self.health(plan)
+        body = {
+            "group": self.group,
+            "devices": self.device_list(),
+            "deployment_id": self.deployment_id,
+            "canary": plan.canary,
+            "waves": list(plan.waves),
+            "max_failures": plan.max_failures,
+            "probation_s": plan.probation_s,
+            "p95_ms": health.p95_latency_ms,
+            "max_error_rate": health.max_error_rate,
+            "wave_timeout_s": plan.wave_timeout_s,
+            "expires_s": plan.command_ttl_s,
+            "chunk_size": self.chunk_size,
+            "artifact_urls": self.urls() or None,
+            "mqtt_fallback": self.mqtt_fallback,
+        }
+        return {k: v for k, v in body.items() if v is not None}
+
+
+def positive_duration(text: str) -> float:
+    from edgesdk.fleet.rollout import parse_duration
+
+    seconds = parse_duration(text, option="--expires")
+    if seconds <= 0:
+        raise UsageError(f"bad --expires {text!r}: a command must stay valid for some time, e.g. 30m or 6h")
+    return seconds
+
+
+_OPTIONS = [
+    click.option("--group", default=None, help="Deploy to every device of this group."),
+    click.option("--devices", default=None, help="Comma-separated device ids."),
+    click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave."),
+    click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave."),
+    click.option(
+        "--max-failures", default="5%", show_default=True, help="Abort when more of the reached devices fail."
+    ),
+    click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model."),
+    click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms)."),
+    click.option("--max-error-rate", default="1%", show_default=True, help="Error rate allowed during probation."),
+    click.option(
+        "--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m)."
+    ),
+    click.option(
+        "--artifact-url",
+        "--url",
+        "artifact_urls",
+        multiple=True,
+        help="HTTP(S) URL devices download the bundle from, with Range and resume (repeatable: tried in order; "
+        "then MQTT chunks). Signed with the deployment; devices check the bytes against its hashes.",
+    ),
+    click.option(
+        "--mqtt-fallback/--no-mqtt-fallback",
+        default=True,
+        show_default=True,
+        help="Let devices fetch MQTT chunks when every --artifact-url fails.",
+    ),
+    click.option("--chunk-size", type=int, default=None, help="Bytes per chunk (default 262144)."),
+    click.option(
+        "--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes."
+    ),
+    click.option("--expires", default="6h", show_default=True, help=EXPIRES_HELP),
+]
+_FIELDS = tuple(f.name for f in fields(RolloutArgs))
+
+
+def rollout_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the rollout options to a click command; it receives them as ``rollout=RolloutArgs``."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name in _FIELDS}
+        return command(*args, rollout=RolloutArgs(**values), **kwargs)
+
+    for option in reversed(_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
