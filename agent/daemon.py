@@ -437,6 +437,7 @@ class Agent:
 
         ImportError when this agent was installed without the OTA module."""
         from edgesdk.agent.ota import UpdateManager
+        from edgesdk.agent.ota.manager import transfer_settings
 
         return UpdateManager(
             self.data_dir / "ota",
@@ -452,6 +453,7 @@ class Agent:
             open_bundles=self._open_bundles(),
             groups=tuple(self.config.mqtt.groups),
             clock_skew_s=self.config.ota.clock_skew_s,
+            **transfer_settings(self.config),
         )
 
     def _start_link(self) -> None:

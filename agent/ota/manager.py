@@ -65,6 +65,24 @@ class UpdatableAgent(Keyring, Protocol):
     def link(self) -> UpdateChannel | None: ...
 
 
+def transfer_settings(config: Any) -> dict[str, Any]:
+    """``transfer_limits`` and ``http_settings`` of an :class:`UpdateManager`, from the agent's
+    config (``[ota]``; the fleet CA is the one named for artifacts, else the MQTT link's)."""
+    ota = config.ota
+    return {
+        "transfer_limits": TransferLimits(
+            min_rate_bytes_s=ota.download_min_rate_bytes_s,
+            window_s=ota.download_rate_window_s,
+            deadline_min_s=ota.download_deadline_min_s,
+            deadline_max_s=ota.download_deadline_max_s,
+        ),
+        "http_settings": HttpSettings(
+            ca_file=ota.http_ca_file or (config.mqtt.tls.ca_file if config.mqtt.tls else None),
+            redirect_hosts=tuple(h.lower() for h in ota.http_redirect_hosts),
+        ),
+    }
+
+
 class UpdateManager:
     """Owns the update state machine of one agent."""
 
@@ -154,17 +172,7 @@ class UpdateManager:
             groups=tuple(config.mqtt.groups),
             clock_skew_s=config.ota.clock_skew_s,
             gate=gate,
-            transfer_limits=TransferLimits(
-                min_rate_bytes_s=config.ota.download_min_rate_bytes_s,
-                window_s=config.ota.download_rate_window_s,
-                deadline_min_s=config.ota.download_deadline_min_s,
-                deadline_max_s=config.ota.download_deadline_max_s,
-            ),
-            http_settings=HttpSettings(
-                # The fleet CA: the one named for artifacts, else the one the MQTT link trusts.
-                ca_file=config.ota.http_ca_file or (config.mqtt.tls.ca_file if config.mqtt.tls else None),
-                redirect_hosts=tuple(h.lower() for h in config.ota.http_redirect_hosts),
-            ),
+            **transfer_settings(config),
         )
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -74,12 +74,28 @@ class Operator:
         ).start()
         self.result: dict[str, str] = {}
 
-    def push(self, bundle: Path, health: HealthCriteria, url: str | None = None) -> str:
+    def push(
+        self,
+        bundle: Path,
+        health: HealthCriteria,
+        artifact_urls: tuple[str, ...] = (),
+        *,
+        mqtt_fallback: bool = True,
+        chunk_size: int = 32 * 1024,
+    ) -> str:
         # max_failures 100%: the controller only waits for the device's final word here.
         plan = RolloutPlan(
             canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=health.probation_s, wave_timeout_s=240
         )
-        message = self.ctl.create(bundle, ["dev-1"], plan, health=health, chunk_size=32 * 1024, url=url)
+        message = self.ctl.create(
+            bundle,
+            ["dev-1"],
+            plan,
+            health=health,
+            chunk_size=chunk_size,
+            artifact_urls=artifact_urls,
+            mqtt_fallback=mqtt_fallback,
+        )
         self.thread = threading.Thread(
             target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
         )
@@ -433,7 +449,7 @@ def test_a_trickling_url_fails_the_update_within_its_deadline(tmp_path: Path, bu
     agent = AgentProcess(device).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v2.edgepkg"
-        deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1), url=url)
+        deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1), (url,), mqtt_fallback=False)
         operator.thread.join(240)
         row = operator.device_row(deployment_id)
         assert row.state == "FAILED", (row, agent.log()[-3000:])
