@@ -81,14 +81,15 @@ def make_bundle(path: Path, size: int) -> Deployment:
     )
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int], *, children: bool = True) -> float:
+    """CPU seconds of ``pids`` (and, with ``children``, of their children: nginx's workers)."""
     import psutil
 
     total = 0.0
     for pid in pids:
         try:
             process = psutil.Process(pid)
-            for p in [process, *process.children(recursive=True)]:
+            for p in [process, *(process.children(recursive=True) if children else [])]:
                 times = p.cpu_times()
                 total += times.user + times.system
         except psutil.NoSuchProcess:
@@ -191,6 +192,27 @@ def run_devices(
 # -- the two transports ----------------------------------------------------------------------------
 
 
+def _result(
+    transport: str,
+    deployment: Deployment,
+    start: float,
+    results: list[tuple[int, float, int]],
+    wire: int,
+    server_cpu: float,
+    **extra: float,
+) -> dict[str, Any]:
+    count = len(results)
+    return {
+        "transport": transport,
+        "devices": count,
+        "seconds_to_all": round(max(done for _, done, _ in results) - start, 1),
+        "wire_bytes_per_device_over_bundle": round(wire / count / deployment.bundle_size, 5),
+        "server_cpu_s": round(server_cpu, 1),
+        "server_cpu_s_per_gb": round(server_cpu / (count * deployment.bundle_size / 1e9), 3),
+        **{k: round(v, 2) for k, v in extra.items()},
+    }
+
+
 def bench_http(
     deployment: Deployment, bundle: Path, count: int, procs: int, concurrency: int, root: Path
 ) -> dict[str, Any]:
@@ -211,15 +233,9 @@ def bench_http(
         shutil.rmtree(shm, ignore_errors=True)
     entries = [e for e in nginx.entries() if e.uri == "/bundle.edgepkg"]
     wire = sum(e.bytes_sent + e.request_bytes for e in entries)
-    return {
-        "transport": "http (nginx)",
-        "devices": count,
-        "committed": len(results),
-        "seconds_to_all": round(max(done for _, done, _ in results) - start, 1),
-        "wire_bytes_per_device_over_bundle": round(wire / count / deployment.bundle_size, 5),
-        "requests_per_device": round(len(entries) / count, 2),
-        "server_cpu_s": round(server_cpu, 1),
-    }
+    return _result(
+        "http (nginx)", deployment, start, results, wire, server_cpu, requests_per_device=len(entries) / count
+    )
 
 
 def bench_mqtt(
@@ -241,25 +257,17 @@ def bench_mqtt(
         client.wait_connected(10)
         server.add(bundle, deployment)
         try:
-            cpu0 = cpu_seconds([broker.pid]) + cpu_seconds([os.getpid()])  # type: ignore[list-item]
+            cpu0 = cpu_seconds([broker.pid]) + cpu_seconds([os.getpid()], children=False)  # type: ignore[list-item]
             start, results = run_devices(
                 _mqtt_devices, count, procs, concurrency, deployment.model_dump_json(), broker.url, shm
             )
-            server_cpu = cpu_seconds([broker.pid]) + cpu_seconds([os.getpid()]) - cpu0  # type: ignore[list-item]
+            server_cpu = cpu_seconds([broker.pid]) + cpu_seconds([os.getpid()], children=False) - cpu0  # type: ignore[list-item]
         finally:
             client.stop()
             server.close()
             shutil.rmtree(shm, ignore_errors=True)
     wire = sum(w for _, _, w in results)
-    return {
-        "transport": "mqtt chunks (mosquitto + ChunkServer)",
-        "devices": count,
-        "committed": len(results),
-        "seconds_to_all": round(max(done for _, done, _ in results) - start, 1),
-        "wire_bytes_per_device_over_bundle": round(wire / count / deployment.bundle_size, 5),
-        "server_cpu_s": round(server_cpu, 1),
-        "note": "server CPU = mosquitto + the chunk-serving process",
-    }
+    return _result("mqtt chunks (mosquitto + ChunkServer)", deployment, start, results, wire, server_cpu)
 
 
 def main() -> None:

@@ -96,8 +96,17 @@ http {{
     def start(self) -> Nginx:
         conf = self.write_config()
         self.process = subprocess.Popen(
-            [NGINX, "-p", str(self.directory), "-e", str(self.directory / "error.log"), "-c", str(conf), "-g",
-             "daemon off;"],
+            [
+                NGINX,
+                "-p",
+                str(self.directory),
+                "-e",
+                str(self.directory / "error.log"),
+                "-c",
+                str(conf),
+                "-g",
+                "daemon off;",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own group: a kill takes the worker too

@@ -132,6 +132,7 @@ def push(
     from edgesdk.fleet.rollout import STOPPED
 
     deployment_id = rollout.deployment_id
+    urls = rollout.urls()  # a bad URL fails before anything is opened
     client = service_client(params)
     if client is not None:
         body = rollout.api_body()
@@ -157,7 +158,6 @@ def push(
             raise UsageError(f"bundle file {str(bundle)!r} not found")
         plan = rollout.plan()
         health = rollout.health(plan)
-        urls = rollout.urls()
     key = _operator_key(key_path)
     bars = _WaveBars()
     ctl, client = _controller(store, params, key, on_progress=bars if not as_json else None)

@@ -6,19 +6,22 @@ TLS against the fleet CA and a wrong CA; attacks: an oversize body, a tampered U
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.mqtt.certs import make_test_pki
 from edgesdk.schemas.messages import HealthCriteria
-from tests.agent_helpers import AgentProcess
+from tests.agent_helpers import AgentProcess, Device
 from tests.integration.test_ota_agent_process import Operator, api_get, make_device
 from tests.mqtt_helpers import Collector
 from tests.nginx_helpers import Nginx, free_port, nginx_available
@@ -27,6 +30,7 @@ from tests.ota_helpers import OtaBundles, build_ota_bundles
 pytestmark = pytest.mark.slow
 
 CHUNK = 16 * 1024
+Agents = list[AgentProcess]
 FAST = HealthCriteria(probation_s=0.5)
 
 
@@ -45,6 +49,29 @@ def www(tmp_path: Path, bundles: OtaBundles) -> Path:
     root.mkdir()
     (root / "v2.edgepkg").write_bytes(bundles.v2.read_bytes())
     return root
+
+
+@contextlib.contextmanager
+def _updating_device(
+    root: Path, bundles: OtaBundles, broker_url: str, *, ota: dict[str, Any] | None = None
+) -> Iterator[tuple[Device, Operator, Agents]]:
+    """A device on release 1 (``[ota]`` settings from ``ota``) with its agent running, and an
+    operator; stopped afterwards (a test that restarts the agent appends the new one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    device = make_device(root / "device", bundles, broker_url)
+    if ota is not None:
+        device.write_config(**{**device.settings, "ota": ota})
+    operator = Operator(root, bundles, broker_url)
+    agents = [AgentProcess(device).start()]
+    try:
+        yield device, operator, agents
+    finally:
+        operator.close()
+        agents[-1].stop()
+
+
+def _push_http(operator: Operator, bundles: OtaBundles, *urls: str, mqtt_fallback: bool = False) -> str:
+    return operator.push(bundles.v2, FAST, urls, mqtt_fallback=mqtt_fallback, chunk_size=CHUNK)
 
 
 def _run(operator: Operator, deployment_id: str) -> object:
@@ -82,36 +109,32 @@ def test_range_resume_after_nginx_is_killed_and_after_an_agent_restart(
     bundle once: at most a chunk per cut was fetched twice."""
     size = bundles.v2.stat().st_size
     nginx = Nginx(tmp_path / "nginx", www, limit_rate=f"{max(4096, size // 8)}").start()
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
-    try:
-        deployment_id = operator.push(
-            bundles.v2, FAST, (f"{nginx.url}/v2.edgepkg",), mqtt_fallback=False, chunk_size=CHUNK
-        )
-        _wait_progress(operator, deployment_id, 0.2)
-        nginx.kill()  # the connection is cut; the agent tries the same server again
-        nginx.start()
-        _wait_progress(operator, deployment_id, 0.6)
-        agent.stop(signal.SIGKILL)
-        agent = AgentProcess(device).start()  # resumes DOWNLOADING from the partial file
-        row = _run(operator, deployment_id)
-        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
-        assert api_get(agent, "/v1/status")["model"]["release"] == 2
-        logged = _ranges(nginx)
-        # The request nginx was killed in is not logged; the one the agent was killed in and the
-        # last one are, both resuming (never from byte 0), each further than the one before.
-        assert len(logged) >= 2, nginx.entries()
-        starts = [start for start, _ in logged]
-        assert starts[0] > 0 and starts == sorted(starts) and len(set(starts)) == len(starts), logged
-        last_start, last_sent = logged[-1]
-        assert last_sent == size - last_start, logged
-        wire = starts[0] + sum(sent for _, sent in logged)  # the unlogged first request sent >= starts[0]
-        assert wire <= size + 2 * CHUNK + 64 * 1024, (wire, size, logged)
-    finally:
-        operator.close()
-        agent.stop()
-        nginx.stop()
+    with _updating_device(tmp_path, bundles, mqtt_broker.url) as (device, operator, agents):
+        agent = agents[0]
+        try:
+            deployment_id = _push_http(operator, bundles, f"{nginx.url}/v2.edgepkg")
+            _wait_progress(operator, deployment_id, 0.2)
+            nginx.kill()  # the connection is cut; the agent tries the same server again
+            nginx.start()
+            _wait_progress(operator, deployment_id, 0.6)
+            agent.stop(signal.SIGKILL)
+            agent = AgentProcess(device).start()
+            agents.append(agent)  # resumes DOWNLOADING from the partial file
+            row = _run(operator, deployment_id)
+            assert row.state == "COMMITTED", (row, agent.log()[-3000:])
+            assert api_get(agent, "/v1/status")["model"]["release"] == 2
+            logged = _ranges(nginx)
+            # The request nginx was killed in is not logged; the one the agent was killed in and the
+            # last one are, both resuming (never from byte 0), each further than the one before.
+            assert len(logged) >= 2, nginx.entries()
+            starts = [start for start, _ in logged]
+            assert starts[0] > 0 and starts == sorted(starts) and len(set(starts)) == len(starts), logged
+            last_start, last_sent = logged[-1]
+            assert last_sent == size - last_start, logged
+            wire = starts[0] + sum(sent for _, sent in logged)  # the unlogged first request sent >= starts[0]
+            assert wire <= size + 2 * CHUNK + 64 * 1024, (wire, size, logged)
+        finally:
+            nginx.stop()
 
 
 def test_a_dead_url_falls_back_to_the_next_then_to_mqtt_chunks(
@@ -121,33 +144,23 @@ def test_a_dead_url_falls_back_to_the_next_then_to_mqtt_chunks(
     the MQTT chunks the controller serves."""
     nginx = Nginx(tmp_path / "nginx", www).start()
     dead = f"http://127.0.0.1:{free_port()}/v2.edgepkg"
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
     try:
-        deployment_id = operator.push(bundles.v2, FAST, (dead, f"{nginx.url}/v2.edgepkg"), chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
-        assert operator.ctl.chunks.frames_sent == 0
-        assert [sent for _, sent in _ranges(nginx)] == [bundles.v2.stat().st_size]
-        assert "cannot reach 127.0.0.1" in agent.log()
+        with _updating_device(tmp_path / "first", bundles, mqtt_broker.url) as (_device, operator, agents):
+            deployment_id = _push_http(operator, bundles, dead, f"{nginx.url}/v2.edgepkg", mqtt_fallback=True)
+            row = _run(operator, deployment_id)
+            assert row.state == "COMMITTED", (row, agents[0].log()[-3000:])
+            assert operator.ctl.chunks.frames_sent == 0
+            assert [sent for _, sent in _ranges(nginx)] == [bundles.v2.stat().st_size]
+            assert "cannot reach 127.0.0.1" in agents[0].log()
+        # Another device on the same broker: no URL delivers, the chunks do.
+        with _updating_device(tmp_path / "second", bundles, mqtt_broker.url) as (_device, operator, agents):
+            missing = f"{nginx.url}/missing.edgepkg"
+            deployment_id = _push_http(operator, bundles, dead, missing, mqtt_fallback=True)
+            row = _run(operator, deployment_id)
+            assert row.state == "COMMITTED", (row, agents[0].log()[-3000:])
+            assert operator.ctl.chunks.frames_sent >= bundles.v2.stat().st_size // CHUNK
+            assert "falling back to MQTT chunks" in agents[0].log() and "HTTP 404" in agents[0].log()
     finally:
-        operator.close()
-        agent.stop()
-    # A second device, the same broker: no URL delivers, the chunks do.
-    device = make_device(tmp_path / "device-2", bundles, mqtt_broker.url)
-    (tmp_path / "op-2").mkdir()
-    operator = Operator(tmp_path / "op-2", bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
-    try:
-        deployment_id = operator.push(bundles.v2, FAST, (dead, f"{nginx.url}/missing.edgepkg"), chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
-        assert operator.ctl.chunks.frames_sent >= bundles.v2.stat().st_size // CHUNK
-        assert "falling back to MQTT chunks" in agent.log() and "HTTP 404" in agent.log()
-    finally:
-        operator.close()
-        agent.stop()
         nginx.stop()
 
 
@@ -159,22 +172,17 @@ def test_wrong_bytes_are_rejected_by_hash_and_the_served_model_is_kept(
     size = bundles.v2.stat().st_size
     (www / "v2.edgepkg").write_bytes(os.urandom(size))
     nginx = Nginx(tmp_path / "nginx", www).start()
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
-    try:
-        deployment_id = operator.push(
-            bundles.v2, FAST, (f"{nginx.url}/v2.edgepkg",), mqtt_fallback=False, chunk_size=CHUNK
-        )
-        row = _run(operator, deployment_id)
-        assert row.state == "FAILED" and "chunk 0 is not the signed bundle's" in row.reason, row
-        status = api_get(agent, "/v1/status")
-        assert status["model"]["release"] == 1
-        assert not (device.data_dir / "ota" / f"{deployment_id}.edgepkg").exists()
-    finally:
-        operator.close()
-        agent.stop()
-        nginx.stop()
+    with _updating_device(tmp_path, bundles, mqtt_broker.url) as (device, operator, agents):
+        agent = agents[0]
+        try:
+            deployment_id = _push_http(operator, bundles, f"{nginx.url}/v2.edgepkg")
+            row = _run(operator, deployment_id)
+            assert row.state == "FAILED" and "chunk 0 is not the signed bundle's" in row.reason, row
+            status = api_get(agent, "/v1/status")
+            assert status["model"]["release"] == 1
+            assert not (device.data_dir / "ota" / f"{deployment_id}.edgepkg").exists()
+        finally:
+            nginx.stop()
 
 
 def test_a_redirect_to_another_host_is_refused_one_to_the_same_host_followed(
@@ -186,21 +194,18 @@ def test_a_redirect_to_another_host_is_refused_one_to_the_same_host_followed(
         "        location = /moved.edgepkg { return 301 /v2.edgepkg; }"
     )
     nginx = Nginx(tmp_path / "nginx", www, port=port, extra=extra).start()
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
-    try:
-        urls = (f"{nginx.url}/elsewhere.edgepkg", f"{nginx.url}/moved.edgepkg")
-        deployment_id = operator.push(bundles.v2, FAST, urls, mqtt_fallback=False, chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
-        assert f"redirect to another host (localhost:{port}) refused" in agent.log()
-        # The refused redirect was never followed: localhost asked for nothing.
-        assert [e.uri for e in nginx.entries()] == ["/elsewhere.edgepkg", "/moved.edgepkg", "/v2.edgepkg"]
-    finally:
-        operator.close()
-        agent.stop()
-        nginx.stop()
+    with _updating_device(tmp_path, bundles, mqtt_broker.url) as (device, operator, agents):
+        agent = agents[0]
+        try:
+            urls = (f"{nginx.url}/elsewhere.edgepkg", f"{nginx.url}/moved.edgepkg")
+            deployment_id = _push_http(operator, bundles, *urls)
+            row = _run(operator, deployment_id)
+            assert row.state == "COMMITTED", (row, agent.log()[-3000:])
+            assert f"redirect to another host (localhost:{port}) refused" in agent.log()
+            # The refused redirect was never followed: localhost asked for nothing.
+            assert [e.uri for e in nginx.entries()] == ["/elsewhere.edgepkg", "/moved.edgepkg", "/v2.edgepkg"]
+        finally:
+            nginx.stop()
 
 
 def test_tls_against_the_fleet_ca_works_and_a_wrong_ca_is_refused(
@@ -209,28 +214,29 @@ def test_tls_against_the_fleet_ca_works_and_a_wrong_ca_is_refused(
     fleet = make_test_pki(tmp_path / "fleet-pki")
     other = make_test_pki(tmp_path / "other-pki")
     nginx = Nginx(tmp_path / "nginx", www, tls=(fleet.server_cert, fleet.server_key)).start()
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    device.write_config(**{**device.settings, "ota": {"http_ca_file": str(other.ca_file)}})
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
     url = f"{nginx.url}/v2.edgepkg"
-    try:
-        deployment_id = operator.push(bundles.v2, FAST, (url,), mqtt_fallback=False, chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "FAILED" and "TLS with 127.0.0.1 failed" in row.reason, row
-        assert "CERTIFICATE_VERIFY_FAILED" in row.reason, row
-        assert nginx.entries() == []  # not one request went over the unverified connection
-        agent.stop()
-        device.write_config(**{**device.settings, "ota": {"http_ca_file": str(fleet.ca_file)}})
-        agent = AgentProcess(device).start()
-        deployment_id = operator.push(bundles.v2, FAST, (url,), mqtt_fallback=False, chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "COMMITTED", (row, agent.log()[-3000:])
-        assert api_get(agent, "/v1/status")["model"]["release"] == 2
-    finally:
-        operator.close()
-        agent.stop()
-        nginx.stop()
+    with _updating_device(tmp_path, bundles, mqtt_broker.url, ota={"http_ca_file": str(other.ca_file)}) as (
+        device,
+        operator,
+        agents,
+    ):
+        agent = agents[0]
+        try:
+            deployment_id = _push_http(operator, bundles, url)
+            row = _run(operator, deployment_id)
+            assert row.state == "FAILED" and "TLS with 127.0.0.1 failed" in row.reason, row
+            assert "CERTIFICATE_VERIFY_FAILED" in row.reason, row
+            assert nginx.entries() == []  # not one request went over the unverified connection
+            agent.stop()
+            device.write_config(**{**device.settings, "ota": {"http_ca_file": str(fleet.ca_file)}})
+            agent = AgentProcess(device).start()
+            agents.append(agent)
+            deployment_id = _push_http(operator, bundles, url)
+            row = _run(operator, deployment_id)
+            assert row.state == "COMMITTED", (row, agent.log()[-3000:])
+            assert api_get(agent, "/v1/status")["model"]["release"] == 2
+        finally:
+            nginx.stop()
 
 
 class _Oversize(http.server.BaseHTTPRequestHandler):
@@ -267,25 +273,22 @@ def test_an_oversize_body_is_refused_and_never_read_past_the_signed_size(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Oversize)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v2.edgepkg"
-    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
-    operator = Operator(tmp_path, bundles, mqtt_broker.url)
-    agent = AgentProcess(device).start()
-    try:
-        deployment_id = operator.push(bundles.v2, FAST, (url,), mqtt_fallback=False, chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "FAILED" and f"announces {64 * size} bytes" in row.reason, row
-        _Oversize.endless, _Oversize.sent = True, 0
-        deployment_id = operator.push(bundles.v2, FAST, (url,), mqtt_fallback=False, chunk_size=CHUNK)
-        row = _run(operator, deployment_id)
-        assert row.state == "FAILED" and "chunk 0 is not the signed bundle's" in row.reason, row
-        part = device.data_dir / "ota" / f"{deployment_id}.part"
-        assert not part.exists() or part.stat().st_size == size  # the reservation, never more
-        assert api_get(agent, "/v1/status")["model"]["release"] == 1
-    finally:
-        operator.close()
-        agent.stop()
-        server.shutdown()
-        server.server_close()
+    with _updating_device(tmp_path, bundles, mqtt_broker.url) as (device, operator, agents):
+        agent = agents[0]
+        try:
+            deployment_id = _push_http(operator, bundles, url)
+            row = _run(operator, deployment_id)
+            assert row.state == "FAILED" and f"announces {64 * size} bytes" in row.reason, row
+            _Oversize.endless, _Oversize.sent = True, 0
+            deployment_id = _push_http(operator, bundles, url)
+            row = _run(operator, deployment_id)
+            assert row.state == "FAILED" and "chunk 0 is not the signed bundle's" in row.reason, row
+            part = device.data_dir / "ota" / f"{deployment_id}.part"
+            assert not part.exists() or part.stat().st_size == size  # the reservation, never more
+            assert api_get(agent, "/v1/status")["model"]["release"] == 1
+        finally:
+            server.shutdown()
+            server.server_close()
 
 
 def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles: OtaBundles, mqtt_broker) -> None:
@@ -317,3 +320,72 @@ def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles
         watch.stop()
         operator.close()
         agent.stop()
+
+
+def test_the_fleet_service_serves_its_rollouts_bundle_over_http_with_range(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker
+) -> None:
+    """A deployment submitted to a real ``fleet serve`` process (API on) with no URL of its own
+    and no MQTT fallback: the service lists its /artifacts URL in the signed command, the agent
+    downloads from it and commits; the route answers Range with 206 while the rollout runs and
+    404 once it is over."""
+    pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from edgesdk.fleet.service.database import migrate, open_engine
+    from edgesdk.fleet.service.store import SqlRolloutStore
+    from edgesdk.fleet.service.submit import submit_deployment
+
+    db_url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    engine = open_engine(db_url)
+    migrate(engine)
+    store = SqlRolloutStore(engine)
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    agent = AgentProcess(device).start()
+    service_dir = tmp_path / "service"
+    service_dir.mkdir()
+    argv = [sys.executable, "-m", "tests.fleet_service_process", "--db", db_url, "--broker", mqtt_broker.url]
+    argv += ["--operator-key", str(bundles.operator_key), "--data-dir", str(service_dir), "--api", "127.0.0.1:0"]
+    log = open(service_dir / "service.log", "w")  # noqa: SIM115 - the child owns it
+    service = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        port_file = service_dir / "api.port"
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port_file.read_text()}/artifacts"
+        plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=2.0, wave_timeout_s=200)
+        message = submit_deployment(
+            store, bundles.v2, plan, devices=["dev-1"], health=HealthCriteria(probation_s=2.0), mqtt_fallback=False
+        )
+        url = f"{base}/{message.bundle_sha256}.edgepkg"
+        ranged = None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if ranged is None:
+                try:
+                    request = urllib.request.Request(url, headers={"Range": "bytes=10-19"})
+                    with urllib.request.urlopen(request, timeout=10) as response:
+                        ranged = (response.status, response.read(), response.headers["Content-Range"])
+                except urllib.error.HTTPError:
+                    pass  # not started yet
+            if store.get(message.deployment_id).state in ("SUCCEEDED", "ABORTED", "ROLLED_BACK"):
+                break
+            time.sleep(0.2)
+        row = store.devices(message.deployment_id)[0]
+        assert row.state == "COMMITTED", (row, agent.log()[-3000:], (service_dir / "service.log").read_text()[-2000:])
+        size = bundles.v2.stat().st_size
+        assert ranged == (206, bundles.v2.read_bytes()[10:20], f"bytes 10-19/{size}"), ranged
+        assert api_get(agent, "/v1/status")["model"]["release"] == 2
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            urllib.request.urlopen(url, timeout=10)
+        assert gone.value.code == 404  # served only while its rollout runs
+    finally:
+        service.terminate()
+        service.wait(30)
+        log.close()
+        agent.stop()
+        engine.dispose()
