@@ -119,8 +119,9 @@ class Operator:
 
         plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=probation_s, wave_timeout_s=900)
         message = self.ctl.create(
-            bundle, [device_id], plan, health=HealthCriteria(probation_s=probation_s), chunk_size=32 * 1024, url=url
-        )
+            bundle, [device_id], plan, health=HealthCriteria(probation_s=probation_s), chunk_size=32 * 1024,
+            artifact_urls=(url,) if url else (), mqtt_fallback=url is None,
+        )  # fmt: skip
         self.thread = threading.Thread(
             target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
         )
