@@ -47,7 +47,9 @@
     │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test
     │   ├── UpdateCancelled        (agent/ota/machine.py) the operator cancelled the deployment
     │   ├── ProbationFailed        (agent/ota/machine.py) the new model breached a health criterion
-    │   └── CommandRefused         (agent/ota/freshness.py) a signed command is replayed, expired, not yet valid or not for this device
+    │   ├── CommandRefused         (agent/ota/freshness.py) a signed command is replayed, expired, not yet valid or not for this device
+    │   ├── SourcesFailed          (agent/ota/http_fetch.py) every artifact URL of a deployment failed
+    │   └── ConnectionCut          (agent/ota/http_fetch.py) an artifact server unreachable or cut mid-body; tried again
     ├── ImageError                 a provisioning image cannot be built (recipe, wheelhouse)
     ├── EnrollmentError            a device cannot be enrolled, approved or revoked
     ├── FleetServiceError          the fleet service's database cannot be opened, migrated or written
