@@ -79,7 +79,9 @@ def deployment(url: str | None = None, chunk_sha256: list[str] | None = None) ->
 def test_a_trickling_server_fails_the_download_for_its_rate(tmp_path: Path, trickle_url: str) -> None:
     started = time.monotonic()
     with pytest.raises(UpdateError, match="too slow") as failed:
-        download_http(deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=LIMITS)
+        download_http(
+            deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=LIMITS
+        )
     # Not a timing assertion of the code's speed: a bound that says it did not wait for the
     # 4096 s the server would take (the deadline is 5 s; a generous margin for a loaded VM).
     assert time.monotonic() - started < 60
@@ -91,7 +93,9 @@ def test_a_server_that_keeps_just_above_the_rate_meets_the_deadline(tmp_path: Pa
     try:
         limits = TransferLimits(min_rate_bytes_s=10.0, window_s=1.0, deadline_min_s=0.5, deadline_max_s=0.5)
         with pytest.raises(UpdateError, match="deadline"):
-            download_http(deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=limits)
+            download_http(
+                deployment(trickle_url), tmp_path, progress=lambda _: None, cancelled=lambda: False, limits=limits
+            )
     finally:
         TrickleHandler.interval = 1.0
 

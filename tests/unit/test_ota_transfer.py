@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota.machine import UpdateCancelled
 from edgesdk.agent.ota.http_fetch import download_http
+from edgesdk.agent.ota.machine import UpdateCancelled
 from edgesdk.agent.ota.transfer import ChunkReceiver
 
 from edgesdk.errors import IntegrityError, SchemaError, UpdateError
