@@ -7,8 +7,8 @@ server executes per request does not depend on who else runs. Each server (the a
 the raw uvloop + httptools server: bench_api.py's three, the same model file and onnxruntime
 settings) runs under ``valgrind --tool=callgrind``; one client connection sends requests one
 after another (keep-alive, c=1); after a warm-up the counters are zeroed
-(``callgrind_control -z``), ``--requests`` requests are sent, and the counts dumped
-(``callgrind_control -d``): every thread of the server process is counted (onnxruntime's
+(``callgrind_control -i on``, ``-z``), ``--requests`` requests are sent, and the counts
+dumped (``callgrind_control -d``): every thread of the server process is counted (onnxruntime's
 workers, the agent's pool and scan threads). Instructions, not time: a cache miss or a
 system call's kernel side costs nothing here, so read it beside bench_api.py's wrk figures.
 The digits CNN only (a MobileNetV2 request is its inference, ~1000x the serving work).
@@ -88,10 +88,11 @@ def instructions(out_prefix: Path, pid: int, before: set[Path]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300, help="counted requests per measurement")
-    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=200, help="counted requests per measurement")
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2, help="measurements per server and body")
     parser.add_argument("--bodies", default=",".join(BODIES))
+    parser.add_argument("--peers", default="fastapi,raw", help="comma-separated subset of fastapi,raw")
     default_threads, default_spinning = agent_runtime_defaults()
     parser.add_argument("--runtime-threads", type=int, default=default_threads)
     parser.add_argument("--spinning", choices=["on", "off"], default="on" if default_spinning else "off")
@@ -100,6 +101,9 @@ def main() -> None:
     body_names = tuple(b for b in args.bodies.split(",") if b)
     if not body_names or set(body_names) - set(BODIES):
         parser.error(f"--bodies {args.bodies!r}: pick from {', '.join(BODIES)}")
+    peer_kinds = tuple(p for p in args.peers.split(",") if p)
+    if not peer_kinds or set(peer_kinds) - {"fastapi", "raw"}:
+        parser.error(f"--peers {args.peers!r}: pick from fastapi, raw")
     if args.requests < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error("--requests and --repeats must be >= 1, --warmup >= 0")
     if not Path(VALGRIND).exists():
@@ -116,7 +120,9 @@ def main() -> None:
         settings = model["device"].settings
         model["device"].write_config(**{**settings, "governor": {**settings["governor"], "poll_interval_s": 60.0}})
         out = workdir / "callgrind.out"
-        valgrind = [VALGRIND, "--tool=callgrind", f"--callgrind-out-file={out}.%p"]
+        # Instrumentation off until the counted requests: a server starts ~5x slower than
+        # natively instead of ~50x (the agent took 9 minutes to start at load 10 with it on).
+        valgrind = [VALGRIND, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p"]
         servers: dict[str, tuple[int, int, str]] = {}
         agent = AgentProcess(
             model["device"],
@@ -128,7 +134,7 @@ def main() -> None:
             agent.start()
             assert agent.proc is not None and agent.port is not None
             servers["agent"] = (agent.port, agent.proc.pid, "/v1/models/digits/infer")
-            for kind in ("fastapi", "raw"):
+            for kind in peer_kinds:
                 port = free_port()
                 proc = subprocess.Popen(
                     valgrind
@@ -148,11 +154,14 @@ def main() -> None:
                         request = http_request(path, body, headers)
                         with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
                             send(sock, request, args.warmup)
+                            callgrind(pid, "--instr=on")
+                            send(sock, request, 10)  # the newly instrumented code translated
                             callgrind(pid, "-z")
                             send(sock, request, args.requests)
                             before = set(workdir.glob(f"{out.name}.{pid}*"))
                             callgrind(pid, "-d")
                             count = instructions(out, pid, before)
+                            callgrind(pid, "--instr=off")
                         per_request = count / args.requests
                         results.setdefault(body_name, {}).setdefault(server, []).append(per_request)
                         print(
@@ -170,17 +179,16 @@ def main() -> None:
         for server, counts in by_server.items():
             cell[server] = round(min(counts))
             cell[f"{server}_spread"] = round(max(counts) - min(counts))
-        cell["agent/raw"] = round(cell["agent"] / cell["raw"], 2)
-        cell["agent/fastapi"] = round(cell["agent"] / cell["fastapi"], 2)
+        for peer in peer_kinds:
+            cell[f"agent/{peer}"] = round(cell["agent"] / cell[peer], 2)
         table.append(cell)
     print(f"\nonnxruntime on every server: intra_op_num_threads {runtime[0] or 'default'}, spinning {args.spinning}")
-    print("| body | agent | FastAPI | raw | agent ÷ raw | agent ÷ FastAPI |")
-    print("|---|---:|---:|---:|---:|---:|")
+    servers = ("agent", *peer_kinds)
+    print("| body | " + " | ".join(servers) + " | " + " | ".join(f"agent ÷ {p}" for p in peer_kinds) + " |")
+    print("|---" * (1 + len(servers) + len(peer_kinds)) + "|")
     for c in table:
-        print(
-            f"| {c['body']} | {c['agent']:,} (±{c['agent_spread']:,}) | {c['fastapi']:,} (±{c['fastapi_spread']:,}) "
-            f"| {c['raw']:,} (±{c['raw_spread']:,}) | {c['agent/raw']} | {c['agent/fastapi']} |"
-        )
+        counts = " | ".join(f"{c[s]:,} (spread {c[f'{s}_spread']:,})" for s in servers)
+        print(f"| {c['body']} | {counts} | " + " | ".join(str(c[f"agent/{p}"]) for p in peer_kinds) + " |")
     if args.json:
         args.json.write_text(
             json.dumps(
