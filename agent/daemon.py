@@ -133,7 +133,8 @@ class Agent:
 
     def _runtime_options(self) -> dict[str, str]:
         threads = self.config.runtime_threads
-        return {"intra_op_num_threads": str(threads)} if threads else {}
+        options = {"allow_spinning": "1" if self.config.runtime_spinning else "0"}
+        return {**options, "intra_op_num_threads": str(threads)} if threads else options
 
     def _trust(self) -> AgentTrust | None:
         if self.config.trust_document is None:

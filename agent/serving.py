@@ -405,14 +405,14 @@ class ModelServer:
         return True
 
     def _options_for(self, meta: Variant) -> dict[str, str] | None:
-        options = dict(self.runtime_options)
+        # The agent's runtime settings are onnxruntime's session options (runtime_threads,
+        # runtime_spinning): other runtimes would take them as their own (OpenVINO passes every
+        # option to compile_model), so they get none.
+        onnxruntime = str(getattr(meta.runtime, "value", meta.runtime)) == "onnxruntime"
+        options = dict(self.runtime_options) if onnxruntime else {}
         if self.profile is not None:
             support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
-            if (
-                support
-                and support.execution_providers
-                and str(getattr(meta.runtime, "value", meta.runtime)) == "onnxruntime"
-            ):
+            if support and support.execution_providers and onnxruntime:
                 options.setdefault("providers", ",".join(support.execution_providers))
         return options or None
 

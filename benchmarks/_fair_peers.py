@@ -7,14 +7,14 @@ performance-minded developer would serve one ONNX model (TOOLCHAIN_NOTES "Fair s
 ``raw``
     A minimal ``asyncio.Protocol`` + httptools server on uvloop (no framework at all).
 
-Both: one onnxruntime session created at start (default session options, like the agent's
-default ``runtime_threads``); ``--inline`` runs the model on the event loop (tiny models),
+Both: one onnxruntime session created at start (default session options unless
+``--threads``/``--spinning`` say otherwise; bench_api.py gives every server the same); ``--inline`` runs the model on the event loop (tiny models),
 ``--pool N`` in a thread pool of N workers (large ones; N = the agent's ``max_concurrency``).
 Bodies, as the agent speaks them: JSON ``{"inputs": {"image": [...]}}`` answered
 ``{"outputs": {"logits": [...]}}`` (float32 kept by orjson), ``.npy`` answered ``.npy``, raw
 little-endian float32 with an ``X-Tensors`` header answered the same way.
 
-Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N)``.
+Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N) [--threads N] [--spinning on|off]``.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real `Request` class
@@ -34,11 +34,20 @@ _SHAPE = re.compile(r"\[([0-9,\s]*)\]")
 Answer = tuple[bytes, str, list[tuple[str, str]]]
 
 
-def make_work(model_path: str) -> Callable[[str, bytes, str], Answer]:
-    """(content type, body, X-Tensors) → (body, content type, extra headers)."""
+def make_work(
+    model_path: str, threads: int | None = None, spinning: bool | None = None
+) -> Callable[[str, bytes, str], Answer]:
+    """(content type, body, X-Tensors) → (body, content type, extra headers). ``threads`` and
+    ``spinning`` set onnxruntime's intra-op threads and their spin-wait (None: its default), as
+    bench_api.py sets them for the agent too."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if spinning is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    session = ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     output_name = session.get_outputs()[0].name
 
@@ -152,8 +161,10 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--inline", action="store_true", help="run the model on the event loop")
     mode.add_argument("--pool", type=int, help="run the model in a thread pool of this many workers")
+    parser.add_argument("--threads", type=int, help="onnxruntime intra_op_num_threads (default: its own)")
+    parser.add_argument("--spinning", choices=["on", "off"], help="onnxruntime intra-op spin-wait (default: its own)")
     args = parser.parse_args()
-    work = make_work(args.model)
+    work = make_work(args.model, args.threads, None if args.spinning is None else args.spinning == "on")
     pool = ThreadPoolExecutor(max_workers=args.pool) if args.pool else None
     if args.kind == "fastapi":
         import uvicorn

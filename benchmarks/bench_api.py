@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_api.py [--quick] [--seconds 10] [--rounds 3] [--json OUT.json]
 
 Servers, all up at once, each serving the same ONNX file with one onnxruntime session
-(default session options on every side):
+(the same session options on every side: the agent's defaults, or ``--runtime-threads`` /
+``--spinning``):
 
 * ``agent``: ``edge-agent run`` with the model installed from a signed, encrypted bundle;
 * ``fastapi``: FastAPI ``async def`` + ``await request.body()`` on ``uvicorn --loop uvloop
@@ -141,8 +142,27 @@ def mobilenet_convert_dir(out: Path) -> Path:
     return out
 
 
-def prepare(workdir: Path, only: tuple[str, ...] = ("digits", "mobilenet")) -> dict[str, dict[str, Any]]:
-    """Per model: the ONNX file, an installed agent device, one sample input, how peers run it."""
+def agent_runtime_defaults() -> tuple[int | None, bool]:
+    """The agent's default onnxruntime settings (runtime_threads, runtime_spinning)."""
+    from edgesdk.schemas.agent_config import AgentConfig
+
+    fields = AgentConfig.model_fields
+    return fields["runtime_threads"].default, fields["runtime_spinning"].default
+
+
+def runtime_flags(threads: int | None, spinning: bool) -> list[str]:
+    """_fair_peers.py's flags for the agent's runtime settings: every server runs alike."""
+    return (["--threads", str(threads)] if threads else []) + ["--spinning", "on" if spinning else "off"]
+
+
+def prepare(
+    workdir: Path,
+    only: tuple[str, ...] = ("digits", "mobilenet"),
+    runtime: tuple[int | None, bool] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Per model: the ONNX file, an installed agent device, one sample input, how peers run it
+    (``runtime``: onnxruntime's threads and spinning for every server; the agent's defaults)."""
+    threads, spinning = runtime or agent_runtime_defaults()
     from edgesdk.workloads import mobilenet
     from edgesdk.workloads.digits import prepare_digits
     from tests.agent_helpers import make_device, run_agent_cli
@@ -164,7 +184,11 @@ def prepare(workdir: Path, only: tuple[str, ...] = ("digits", "mobilenet")) -> d
     for name, convert in converts.items():
         device = make_device(workdir / name)
         device.write_config(
-            log_format="json", log_level="warning", governor={"source": "psutil", "poll_interval_s": 1.0}
+            log_format="json",
+            log_level="warning",
+            governor={"source": "psutil", "poll_interval_s": 1.0},
+            runtime_spinning=spinning,
+            **({"runtime_threads": threads} if threads else {}),
         )
         bundle = device.bundle(convert, version="1.0.0", release=1, name=name)
         proc = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundle))
@@ -174,7 +198,8 @@ def prepare(workdir: Path, only: tuple[str, ...] = ("digits", "mobilenet")) -> d
             "onnx": convert / "artifacts" / "onnx-fp32" / "model.onnx",
             "device": device,
             "x": inputs[name](),
-            "peer_mode": ["--inline"] if name == "digits" else ["--pool", str(agent_max_concurrency())],
+            "peer_mode": (["--inline"] if name == "digits" else ["--pool", str(agent_max_concurrency())])
+            + runtime_flags(threads, spinning),
         }
     return models
 
@@ -385,6 +410,8 @@ def print_table(result: dict[str, Any]) -> None:
         f"peers: digits {result['peer_execution']['digits']}, MobileNetV2 {result['peer_execution']['mobilenet']}"
     )
     print(f"load average before/after each round: {' | '.join(result['load_average'])}")
+    if "runtime" in result:
+        print(f"onnxruntime on every server: {result['runtime']}")
     header = (
         "| model | body | c | agent req/s | FastAPI req/s | raw req/s | agent p99 ms | FastAPI p99 ms | raw p99 ms "
         "| agent ÷ FastAPI | agent ÷ raw | CPU µs/answer agent / FastAPI / raw | CPU raw ÷ agent |"
@@ -417,6 +444,16 @@ def main() -> None:
     parser.add_argument("--models", default="digits,mobilenet", help="comma-separated subset of digits,mobilenet")
     parser.add_argument("--bodies", default=",".join(BODIES), help=f"comma-separated subset of {','.join(BODIES)}")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated, e.g. 1,16")
+    default_threads, default_spinning = agent_runtime_defaults()
+    parser.add_argument(
+        "--runtime-threads", type=int, default=default_threads, help="onnxruntime intra-op threads, every server"
+    )
+    parser.add_argument(
+        "--spinning",
+        choices=["on", "off"],
+        default="on" if default_spinning else "off",
+        help="onnxruntime intra-op spin-wait, every server (default: the agent's runtime_spinning)",
+    )
     args = parser.parse_args()
     only = tuple(m for m in args.models.split(",") if m)
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -430,6 +467,8 @@ def main() -> None:
         parser.error(f"--concurrency {args.concurrency!r}: comma-separated connection counts, e.g. 1,16")
     if not concurrencies or min(concurrencies) < 1:
         parser.error(f"--concurrency {args.concurrency!r}: at least one connection count, each >= 1")
+    if args.runtime_threads is not None and args.runtime_threads < 1:
+        parser.error(f"--runtime-threads {args.runtime_threads}: at least 1 (leave it out for onnxruntime's default)")
     if args.seconds <= 0 or args.rounds < 1:
         parser.error(
             f"--seconds {args.seconds:g} / --rounds {args.rounds}: need a positive time and at least one round"
@@ -439,9 +478,11 @@ def main() -> None:
     seconds = 3.0 if args.quick else args.seconds
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
         workdir = Path(tmp)
-        models = prepare(workdir, only)
+        runtime = (args.runtime_threads, args.spinning == "on")
+        models = prepare(workdir, only, runtime)
         started = time.monotonic()
         result = bench(models, workdir, seconds, args.rounds, body_names, concurrencies)
+        result["runtime"] = {"intra_op_num_threads": runtime[0] or "onnxruntime default", "spinning": runtime[1]}
         result["wall_s"] = round(time.monotonic() - started, 1)
     print_table(result)
     if args.json:

@@ -106,7 +106,13 @@ Handler = Callable[[Request, Respond], None]
 
 def _encode_head(response: Response, keep_alive: bool) -> bytes:
     headers = response.headers
-    extra = "".join([f"{name}: {value}\r\n" for name, value in headers]) if headers else ""
+    if not headers:
+        extra = ""
+    elif len(headers) == 1:  # an inference's X-Model-Variant: no list comprehension (a call) to build
+        name, value = headers[0]
+        extra = f"{name}: {value}\r\n"
+    else:
+        extra = "".join([f"{name}: {value}\r\n" for name, value in headers])
     start = _HEAD_STARTS.get((response.status, response.content_type))
     if start is None:
         start = _head_start(response.status, response.content_type)

@@ -105,6 +105,11 @@ class OnnxRuntimeBackend:
         threads = opts.pop("intra_op_num_threads", None)
         if threads is not None:
             session_options.intra_op_num_threads = int(threads)
+        spinning = opts.pop("allow_spinning", None)
+        if spinning is not None:
+            # Intra-op workers busy-wait after each run for the next one; on a small CPU that
+            # spin takes the core the event loop (or the client) needs (BENCHMARKS.md, issue 15).
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning == "1" else "0")
         wanted = [p for p in opts.pop("providers", "").split(",") if p]
         available = ort.get_available_providers()
         providers = [p for p in wanted if p in available] or ["CPUExecutionProvider"]

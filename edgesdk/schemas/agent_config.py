@@ -209,5 +209,10 @@ class AgentConfig(Schema):
     runtime_threads: int | None = Field(
         None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
     )
+    runtime_spinning: bool = Field(
+        False,
+        description="let onnxruntime's intra-op threads busy-wait between runs (its own default); off by default: "
+        "the spin takes the cores the API's event loop and its clients need (BENCHMARKS.md, issue 15)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["journald", "json", "text"] = "journald"

@@ -126,3 +126,19 @@ def test_drain_waits_for_requests_in_flight() -> None:
     assert (quick, done) == (False, True)
     assert [a.status for a in answers] == [200]
     app.close()
+
+
+def test_one_preempted_run_keeps_the_fast_path_two_slow_ones_leave_it() -> None:
+    app, _ = make_app(FakeModel(1.0), inline_max_ms=1.0)  # slow: over 10 ms
+    for _ in range(8):
+        app._took(0.0001)
+    assert app.recent_s < app.inline_max_s
+    app._took(0.5)  # one run preempted for half a second (a loaded machine): still inline
+    assert app.recent_s < app.inline_max_s
+    app._took(0.0001)
+    app._took(0.5)
+    app._took(0.5)  # slow twice in a row: the model is slow now, the next ones go to the pool
+    assert app.recent_s == 0.5
+    app._took(0.0001)  # until a fast run (in the pool) says otherwise
+    assert app.recent_s < app.inline_max_s
+    app.close()

@@ -24,6 +24,8 @@ from edgesdk.agent.api.codec import (
 from edgesdk.agent.api.open_inference import decode_infer_request
 from edgesdk.agent.signature import Signature, TensorSlot
 
+from edgesdk.schemas.manifest import TensorSpec
+
 SIGNATURE = Signature(
     [TensorSlot("image", np.dtype("float32"), ("batch", 1, 8, 8))],
     [TensorSlot("logits", np.dtype("float32"), ("batch", 10))],
@@ -226,3 +228,27 @@ def test_decoded_json_requests_hold_their_arrays_not_the_parse_cost() -> None:
     assert grant.decoded >= json_parse_cost(body) + images.nbytes
     with pytest.raises(BudgetRefused):
         decode_request("application/json", body, {}, "", SIGNATURE, allowance(cap=json_parse_cost(body) - 1))
+
+
+def test_npy_headers_remembered_give_what_parsing_gives_and_answers_match_np_save() -> None:
+    from edgesdk.agent.api import codec
+
+    signature = Signature.from_specs([([TensorSpec(name="x", dtype="float32", shape=["batch", 4])], [])])
+    for rows in (1, 3, 1):  # the second 1-row body is answered from the remembered header
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        buffer = io.BytesIO()
+        np.save(buffer, x, allow_pickle=False)
+        body = buffer.getvalue()
+        (fed,) = codec.decode_request(codec.NPY, body, {}, "", signature).values()
+        np.testing.assert_array_equal(fed, x)
+        assert body[: len(body) - x.nbytes] in codec._NPY_HEADERS
+        encoded, _ = codec.encode_response(codec.NPY, {"y": x}, model="m", version="1", variant="v", query="")
+        assert encoded == body  # byte for byte what np.save writes, header built once per shape
+    # A remembered header does not make a body of another length pass: it is still checked.
+    with pytest.raises(codec.DecodeError, match="the body holds"):
+        codec.decode_request(codec.NPY, body + b"\0\0\0\0", {}, "", signature)
+    # Nor does a header that fails parsing get remembered.
+    bad = b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f4',"
+    with pytest.raises(codec.DecodeError):
+        codec.decode_request(codec.NPY, bad, {}, "", signature)
+    assert bad[:26] not in codec._NPY_HEADERS
