@@ -57,8 +57,12 @@ class AgentUpdateTarget:
         hooks: OtaHooks = NO_HOOKS,
         open_bundles: OpenerFactory | None = None,
         transfer_limits: TransferLimits | None = None,
+        admit: Callable[[Any], None] | None = None,
     ) -> None:
         self.ota_dir = ota_dir
+        # Refuses a verified bundle's manifest before it is staged (the device's memory budget
+        # across its models, agent/model_set.py); raises with the reason.
+        self.admit = admit
         self.transfer_limits = transfer_limits or TransferLimits()
         self.device_id = device_id
         self.serving = serving
@@ -191,6 +195,8 @@ class AgentUpdateTarget:
             raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
         with self._opener() as opener:
             verified = self._verify_install(opener, path)
+            if self.admit is not None:
+                self.admit(verified.manifest)  # before anything is written into a slot
             return str(store.stage(verified))
 
     def _load_golden(self, opener: BundleOpener, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:

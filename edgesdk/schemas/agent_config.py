@@ -171,6 +171,16 @@ class OtaConfig(Schema):
     )
 
 
+class ModelPolicy(Schema):
+    """``[models.NAME]``: how the agent runs one installed model (docs/agent.md, "Several models")."""
+
+    precision: Literal["fp32", "fp16", "int8"] | None = Field(
+        None,
+        description="pin this model to the variant of this precision (its governor then never switches it); "
+        "None: the governor moves it along its ladder",
+    )
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -200,5 +210,11 @@ class AgentConfig(Schema):
     runtime_threads: int | None = Field(
         None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
     )
+    default_model: str | None = Field(
+        None,
+        description="the model the single-model routes and reports mean (/readyz, /v1/status's model, OTA "
+        "deployments naming none); None: the first model installed (or the one a single-model data dir held)",
+    )
+    models: dict[str, ModelPolicy] = Field(default_factory=dict, description="per-model policies, by model name")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["journald", "json", "text"] = "journald"
