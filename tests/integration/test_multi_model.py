@@ -13,7 +13,6 @@ import hashlib
 import json
 import shutil
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -52,7 +51,9 @@ def bundles(digits, tmp_path_factory) -> OtaBundles:
             out=root / f"{name}-{release}.edgepkg",
         )
 
-    bundles.extra.update({"a3": pack("digits", "1.3.0", 3), "a4": pack("digits", "1.4.0", 4), "b1": pack(B, "1.0.0", 1)})
+    bundles.extra.update(
+        {"a3": pack("digits", "1.3.0", 3), "a4": pack("digits", "1.4.0", 4), "b1": pack(B, "1.0.0", 1)}
+    )
     return bundles
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from edgesdk.agent.memory_budget import MemoryBudget, MemoryBudgetError, bundle_load_mb
 from edgesdk.agent.model_stores import ModelStores, check_model_name
-from edgesdk.agent.rollback_floor import FLOOR_FILE, FloorRecord, KIND_ADVANCE, RecordFile
+from edgesdk.agent.rollback_floor import FLOOR_FILE, KIND_ADVANCE, FloorRecord, RecordFile
 
 from edgesdk.errors import AgentError, RollbackFloorUnknownError
 
