@@ -55,9 +55,7 @@ class Load:
         while not self._stop.is_set():
             start = time.perf_counter()
             try:
-                conn.request(
-                    "POST", f"/v1/models/{self.model}/infer", BODY, {"content-type": "application/json"}
-                )
+                conn.request("POST", f"/v1/models/{self.model}/infer", BODY, {"content-type": "application/json"})
                 response = conn.getresponse()
                 response.read()
                 ok = response.status == 200
