@@ -1,6 +1,6 @@
 """Several models on one device (issue 16), on real ``edge-agent run`` processes and a real mosquitto.
 
-1. Isolation: model B (``digits-b``) under steady request load while model A (``digits``) goes
+1. Isolation: model B (``digits-b``) under steady request load (2 clients; A gets 1) while model A (``digits``) goes
    through N over-the-air updates that commit and M that fail probation and roll back, pushed by
    the real rollout controller. Reported: B's failed requests (goal 0), B's p50/p99 during A's
    updates vs in idle windows between them (interleaved: idle, update, idle, ...), the ratio.
@@ -132,7 +132,12 @@ def bench_isolation(work: Path, bundles: Any, broker: MosquittoBroker, updates: 
     during: list[tuple[float, float, bool]] = []
     outcomes: dict[str, int] = {}
     try:
-        with AgentProcess(device) as agent, Load(agent.port or 0, B) as load:
+        # A gets traffic too (one client): its probation judges its own requests.
+        with (
+            AgentProcess(device) as agent,
+            Load(agent.port or 0, B) as load,
+            Load(agent.port or 0, "digits", 1) as a_load,
+        ):
             time.sleep(2.0)  # warm
             for bundle, fails in plan:
                 start = time.monotonic()
@@ -146,6 +151,7 @@ def bench_isolation(work: Path, bundles: Any, broker: MosquittoBroker, updates: 
                 state = operator.device_row(deployment).state
                 outcomes[state] = outcomes.get(state, 0) + 1
             all_records = list(load.records)
+            a_records = list(a_load.records)
     finally:
         operator.close()
     idle_stats, during_stats = latency_ms(idle), latency_ms(during)
@@ -156,6 +162,8 @@ def bench_isolation(work: Path, bundles: Any, broker: MosquittoBroker, updates: 
     )
     return {
         "a_outcomes": outcomes,
+        "a_requests": len(a_records),
+        "a_failed": sum(1 for r in a_records if not r[2]),
         "b_requests": len(all_records),
         "b_failed": sum(1 for r in all_records if not r[2]),
         "b_idle": idle_stats,
