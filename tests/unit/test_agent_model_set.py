@@ -94,3 +94,26 @@ def test_the_budget_counts_the_other_models_and_refuses_another_models_bundle(tm
         models.admit("kws", manifest("kws", 10.5))
     with pytest.raises(AgentError, match="bundle is model 'digits', not 'kws'"):
         models.admit("kws", manifest("digits", 1.0))
+
+
+def test_telemetry_and_metrics_carry_every_model_with_its_label(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from edgesdk.agent.metrics import Metrics
+
+    from edgesdk.schemas.messages import Telemetry
+
+    models = model_set(tmp_path)
+    serve(models.entry("digits").server, "digits", 1.0)
+    serve(models.entry("kws").server, "kws", 1.0)
+    models.default_server.infer("kws", {"x": x()})
+    metrics = Metrics(models.default_server, stats=models.default_stats)
+    metrics.attach_models(models)
+    snapshot = metrics.snapshot()
+    telemetry = Telemetry(device_id="d", msg_id="m", seq=0, ts=datetime.now(timezone.utc), **snapshot)
+    assert [m.model.name for m in telemetry.models] == ["digits", "kws"]
+    assert telemetry.models[1].latency["fp32"].count == 1 and telemetry.model_budget_mb == 100.0
+    text = metrics.prometheus()
+    assert 'edgesdk_agent_model_inferences_total{model="kws",variant="fp32"} 1' in text
+    assert 'edgesdk_agent_model_inference_latency_seconds_count{model="kws",variant="fp32"} 1' in text
+    assert "edgesdk_agent_model_budget_bytes 104857600" in text
