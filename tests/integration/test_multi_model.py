@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,7 @@ from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, agent_env, make_device, run_agent_cli
 from tests.conftest import assert_one_line_error
 from tests.faulty_agent import faulty_agent_argv, faulty_agent_env
+from tests.mqtt_helpers import Collector
 from tests.ota_helpers import Operator, OtaBundles, build_ota_bundles, make_mqtt_device
 
 pytest.importorskip("onnxruntime")
@@ -131,6 +133,14 @@ def test_model_b_never_fails_while_model_a_is_updated_rolled_back_and_killed(tmp
     try:
         with AgentProcess(device) as agent:
             assert served(agent.url) == {"digits": 1, B: 1}
+            presence = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/presence", client_id="presence-watch")
+            deadline = time.monotonic() + 30
+            while not [p for p in presence.json("presence") if p["online"]]:
+                assert time.monotonic() < deadline, "no retained presence"
+                time.sleep(0.1)
+            online = [p for p in presence.json("presence") if p["online"]][-1]
+            presence.client.stop()
+            assert [m["name"] for m in online["models"]] == ["digits", B]  # presence lists every model
             with Traffic(agent.url, B) as traffic_b, Traffic(agent.url, "digits") as traffic_a:
                 committed = operator.push(bundles.v2, HealthCriteria(probation_s=1))
                 operator.thread.join(180)
