@@ -26,16 +26,19 @@ from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
 from edgesdk.agent.keyring import KeyFiles
+from edgesdk.agent.memory_budget import MemoryBudget
 from edgesdk.agent.metrics import InferenceStats, Metrics
+from edgesdk.agent.model_set import ModelEntry, ModelSet
+from edgesdk.agent.model_stores import ModelStores, NamedModelStore
 from edgesdk.agent.profiling import load_measurements, load_saved
 from edgesdk.agent.serving import ModelServer
-from edgesdk.agent.store import ModelStore
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
 
 from edgesdk._version import __version__
 from edgesdk.errors import AgentError, ConfigError, EdgeSDKError, ProfileError, RollbackError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
+from edgesdk.schemas.common import Precision
 from edgesdk.schemas.profile import DeviceProfile
 
 if TYPE_CHECKING:  # the link, the updater, gRPC and the key types load when used, not at start
@@ -73,17 +76,12 @@ class Agent:
             raise ConfigError(f"data_dir {str(self.data_dir)!r} cannot be created: {exc.strerror or exc}") from exc
         self.events = EventBus()
         stats = InferenceStats()
-        self.server = ModelServer(
-            profile=self.profile,
-            events=self.events,
-            allow_nonfinite=config.api.allow_nonfinite,
-            runtime_options=self._runtime_options(),
-            observe=stats.observe,
-            count_error=stats.count_error,
-            batching=config.api.batching,
-            measured=lambda: load_measurements(self.data_dir),
-        )
-        self.store = ModelStore(self.data_dir)
+        # The default model's server: the one the API is given (it hands requests naming
+        # another model to that model's server, agent/model_set.py).
+        self.server = self._make_server(stats)
+        # One A/B store per model under data_dir/models (a single-model data dir is migrated here).
+        self.stores = ModelStores(self.data_dir)
+        self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
         self.device_key_path = self._device_key_path()
         self.trust = self._trust()
         self.keyring = KeyFiles(
@@ -97,30 +95,79 @@ class Agent:
             # The helper parses the key files when it opens a bundle (a bad one is then that
             # slot's reported problem); a missing one is still an error at start.
             self.keyring.check_files()
-        self.governor = Governor(
-            self.server,
-            make_source(config.governor.source, trace_file=config.governor.trace_file),
-            self.profile,
-            events=self.events,
-            poll_interval_s=config.governor.poll_interval_s,
-            min_dwell_s=config.governor.min_dwell_s,
-            enabled=config.governor.enabled,
-        )
+        default_name = config.default_model or self.stores.default
+        self.governor = self._make_governor(self.server, pinned=default_name in self.pins)
         self.metrics = Metrics(self.server, stats=stats, governor=self.governor)
+        self.models = ModelSet(
+            self.stores,
+            self.server,
+            stats,
+            make_entry=self._make_entry,
+            budget=MemoryBudget(self.profile.memory.model_ram_budget_mb, self.profile.name),
+            events=self.events,
+            default_name=config.default_model,
+            default_governor=self.governor,
+            pins=self.pins,
+        )
+        self.metrics.attach_models(self.models)
+        self._governors_running = False
         self.api: ApiApp | None = None
         self.http: HttpServer | None = None
         self.grpc: GrpcServer | None = None  # only when api.grpc.enabled
         self.port: int | None = None
         self.link: AgentLink | None = None
-        self.updates: UpdateManager | None = None
+        self.updates: UpdateManager | None = None  # the default model's (each model has its own)
+        self._gate: Any = None  # the command gate every model's updater shares (_command_gate)
         self.started_at = time.time()
         self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
-        self._bundle_checked: tuple[Any, str] | None = None  # (slot, sha256) re-hashed after load
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.events.subscribe(self._log_event)
 
     # -- setup ------------------------------------------------------------------------------------
+
+    def _make_server(self, stats: InferenceStats) -> ModelServer:
+        config = self.config
+        return ModelServer(
+            profile=self.profile,
+            events=self.events,
+            allow_nonfinite=config.api.allow_nonfinite,
+            runtime_options=self._runtime_options(),
+            observe=stats.observe,
+            count_error=stats.count_error,
+            batching=config.api.batching,
+            measured=lambda: load_measurements(self.data_dir),
+        )
+
+    def _make_governor(self, server: ModelServer, *, pinned: bool) -> Governor:
+        """A model's governor; a pinned model's never switches (ModelSet applies the pin)."""
+        governor = self.config.governor
+        return Governor(
+            server,
+            make_source(governor.source, trace_file=governor.trace_file),
+            self.profile,
+            events=self.events,
+            poll_interval_s=governor.poll_interval_s,
+            min_dwell_s=governor.min_dwell_s,
+            enabled=governor.enabled and not pinned,
+        )
+
+    def _make_entry(self, name: str, store: NamedModelStore) -> ModelEntry:
+        """The parts of a model beside the default one: its server, statistics and governor."""
+        stats = InferenceStats()
+        server = self._make_server(stats)
+        governor = self._make_governor(server, pinned=name in self.pins)
+        if self._governors_running:
+            governor.start()
+        return ModelEntry(name, server, stats, store, governor)
+
+    @property
+    def store(self) -> NamedModelStore:
+        """The default model's A/B store (AgentError on a device with no model yet)."""
+        entry = self.models.default_entry()
+        if entry is None:
+            raise AgentError("no model is installed on this device yet (edge-agent install FILE.edgepkg, or OTA)")
+        return entry.store
 
     @staticmethod
     def _load_profile(name: str) -> DeviceProfile:
@@ -191,46 +238,50 @@ class Agent:
     def _log_event(self, name: str, detail: dict[str, Any]) -> None:
         log.debug("event %s %s", name, detail)
 
-    # -- the model ----------------------------------------------------------------------------------
+    # -- the models ---------------------------------------------------------------------------------
 
     def load_installed(self) -> bool:
-        """Verify the active slot and serve it (or the last good one). False when nothing usable.
+        """Verify each model's active slot and serve it (or its last good one). False when no
+        model could be served.
 
         A slot whose bundle fails at start (signature or manifest when re-opened, or a GCM tag
-        or plaintext hash while its variants load) is given up for the last good slot, and the
-        fallback is reported (``/v1/status`` problems, ``bundle_fallback`` event). Once a model
-        serves, the whole file is re-hashed in the background against the hash recorded at
-        install, so rot in payloads the agent did not load is reported too.
+        or plaintext hash while its variants load) is given up for the last good slot of that
+        model, and the fallback is reported (``/v1/status`` problems, ``bundle_fallback``
+        event); the other models are not touched. Once a model serves, its whole file is
+        re-hashed in the background against the hash recorded at install, so rot in payloads
+        the agent did not load is reported too.
 
         With ``unseal = "helper"`` the verifying and decrypting run in a helper process
         (:mod:`edgesdk.agent.unseal`) that exits when this returns.
 
-        The rollback floor is established here too, the same one installs check: when it
-        cannot be, or the model serving is below it (a fallback), ``/v1/status`` says so."""
-        loaded = self._open_installed()
-        self._report_rollback_floor()
+        Each model's rollback floor is established here too, the same one its installs check:
+        when it cannot be, or the model serving is below it (a fallback), ``/v1/status`` says so."""
+        entries = self.models.entries()
+        loaded = self._open_installed(entries)
+        for entry in entries:
+            self._report_rollback_floor(entry)
         return loaded
 
-    def _report_rollback_floor(self) -> None:
+    def _report_rollback_floor(self, entry: ModelEntry) -> None:
         try:
-            floor = self.store.rollback_floor()
+            floor = entry.store.rollback_floor()
         except RollbackError as exc:
             problem = f"rollback floor: {exc}"
         else:
-            model = self.server.model
+            model = entry.server.model
             if floor is None or model is None or model.release >= floor:
                 return
             problem = (
-                f"rollback floor: serving release {model.release} (a fallback or an operator rollback) below this "
-                f"device's floor {floor}; installs below {floor} stay refused"
+                f"rollback floor: {entry.name} serving release {model.release} (a fallback or an operator rollback) "
+                f"below this device's floor {floor}; installs below {floor} stay refused"
             )
         if problem not in self.problems:  # a SIGHUP reload finds the same
             log.error("%s", problem)
             self.problems.append(problem)
 
-    def _open_installed(self) -> bool:
+    def _open_installed(self, entries: list[ModelEntry]) -> bool:
         if self.config.unseal == "in_process":
-            return self._load_installed(None)
+            return self._load_models(entries, None)
         from edgesdk.agent.unseal import Unsealer
 
         with Unsealer(
@@ -238,7 +289,7 @@ class Agent:
             device_key=self.device_key_path,
             trust_document=self.trust.path if self.trust is not None else None,
         ) as unsealer:
-            if self.store.active_slot is not None:
+            if any(entry.store.active_slot is not None for entry in entries):
                 try:
                     unsealer.start()
                 except AgentError as exc:
@@ -246,10 +297,10 @@ class Agent:
                     # child (an odd packaging, a seccomp profile) still gets its model.
                     log.warning("%s; opening the bundle in this process instead", exc)
                     self.problems.append(f"unseal: {exc}; opened in process")
-                    return self._load_installed(None)
-            return self._load_installed(unsealer)
+                    return self._load_models(entries, None)
+            return self._load_models(entries, unsealer)
 
-    def _load_installed(self, unsealer: Any) -> bool:
+    def _load_models(self, entries: list[ModelEntry], unsealer: Any) -> bool:
         # In process the store and the server get the key objects; a helper reads the key files.
         try:
             publishers = self.trusted_publishers if unsealer is None else None
@@ -258,83 +309,95 @@ class Agent:
             log.error("cannot read the keys to open the bundle: %s", exc)
             self.problems.append(f"keys: {exc}")
             return False
+        served = [self._load_model(entry, publishers, device_key, unsealer) for entry in entries]
+        if not entries:
+            log.info("no bundle installed yet; waiting for one (edge-agent install FILE.edgepkg, or OTA)")
+        return any(served)
+
+    def _load_model(self, entry: ModelEntry, publishers: Any, device_key: Any, unsealer: Any) -> bool:
+        """Serve one model's active slot (or its last good one); its problems are reported, named."""
+        store, server = entry.store, entry.server
         decrypt = unsealer.decrypt if unsealer is not None else None
-        verified = self.store.load_active(publishers, self.profile, verifier=unsealer)
-        report = dict(self.store.load_report)
-        problems = list(report.get("problems", []))
+        verified = store.load_active(publishers, self.profile, verifier=unsealer)
+        report = dict(store.load_report)
+        problems = [f"{entry.name}: {p}" for p in report.get("problems", [])]
         broken_slot = None  # the first slot that verified but could not serve
         while verified is not None:
             try:
-                self.server.swap(verified, device_key, decrypt=decrypt)
+                server.swap(verified, device_key, decrypt=decrypt)
             except EdgeSDKError as exc:
-                problem = f"slot {self.store.active_slot}: cannot serve: {exc}"
+                problem = f"{entry.name}: slot {store.active_slot}: cannot serve: {exc}"
                 problems.append(problem)
                 log.error("%s", problem)
-                broken_slot = broken_slot or self.store.active_slot
-                if self.store.rollback() is None:
+                broken_slot = broken_slot or store.active_slot
+                if store.rollback() is None:
                     break
-                verified = self.store.load_active(publishers, self.profile, verifier=unsealer)
-                problems.extend(self.store.load_report.get("problems", []))
+                verified = store.load_active(publishers, self.profile, verifier=unsealer)
+                problems.extend(f"{entry.name}: {p}" for p in store.load_report.get("problems", []))
                 continue
             fell_back = bool(report.get("fell_back")) or broken_slot is not None
-            slot = self.store.active_slot
+            slot = store.active_slot
             if broken_slot is not None:
-                log.warning("started on last good slot %s instead of broken slot %s", slot, broken_slot)
-            self.store.load_report = {"slot": slot, "fell_back": fell_back, "problems": problems}
+                log.warning("%s: started on last good slot %s instead of broken slot %s", entry.name, slot, broken_slot)
+            store.load_report = {"slot": slot, "fell_back": fell_back, "problems": problems}
             self.problems.extend(problems)
             if fell_back:
-                self.events.emit("bundle_fallback", {"slot": slot, "problems": "; ".join(problems)})
-            self._check_bundle_file_later(slot)
+                self.events.emit(
+                    "bundle_fallback", {"model": entry.name, "slot": slot, "problems": "; ".join(problems)}
+                )
+            self._check_bundle_file_later(entry, slot)
             return True
         self.problems.extend(problems)
-        if not self.store.active_slot:
-            log.info("no bundle installed yet; waiting for one (edge-agent install FILE.edgepkg, or OTA)")
         return False
 
-    def _check_bundle_file_later(self, slot: Any) -> None:
+    def _check_bundle_file_later(self, entry: ModelEntry, slot: Any) -> None:
         """Re-hash the serving slot's file on a background thread (see ``load_installed``)."""
-        if slot is None or self.server.model is None or self.server.model.bundle_sha256 is None:
+        model = entry.server.model
+        if slot is None or model is None or model.bundle_sha256 is None:
             return
-        if self._bundle_checked == (slot, self.server.model.bundle_sha256):
+        if entry.bundle_checked == (slot, model.bundle_sha256):
             return  # a SIGHUP reload of the same bundle
 
         def check() -> None:
             try:
-                problem = self.store.check_file(slot)
+                problem = entry.store.check_file(slot)
             except Exception as exc:  # noqa: BLE001 - a background check must never take the agent down
                 problem = f"slot {slot}: background check failed: {exc}"
             if problem:
+                problem = f"{entry.name}: {problem}"
                 log.error("%s", problem)
                 self.problems.append(problem)
-                self.events.emit("bundle_damaged", {"slot": slot, "problem": problem})
+                self.events.emit("bundle_damaged", {"model": entry.name, "slot": slot, "problem": problem})
             else:
-                log.info("slot %s: bundle file matches the hash recorded at install", slot)
+                log.info("%s slot %s: bundle file matches the hash recorded at install", entry.name, slot)
 
-        self._bundle_checked = (slot, self.server.model.bundle_sha256)
+        entry.bundle_checked = (slot, model.bundle_sha256)
         threading.Thread(target=check, name="edgesdk-bundle-check", daemon=True).start()
 
     def install(self, path: Path) -> dict[str, Any]:
-        """Sideload through the OTA install path (verify, stage, smoke-test, activate, commit).
+        """Sideload through the OTA install path (verify, budget, stage, smoke-test, activate, commit).
 
-        Without the OTA module the same steps run here directly; either way the serving slot
-        is kept until the new bundle has loaded. An expired trust document refuses it (new content).
-        """
+        The bundle's model name picks the store it installs into (each model has its own); the
+        other models keep serving. Without the OTA module the same steps run here directly;
+        either way the serving slot is kept until the new bundle has loaded. An expired trust
+        document refuses it (new content)."""
         if self.trust is not None:
             self.trust.require_current()
-        updates = self.updates
+        entry = self.models.entry(_bundle_model_name(path))
+        updates = entry.updates
         if updates is None:
             try:
-                updates = self._make_updater()
+                updates = self._make_updater(entry)
             except ImportError:
-                return self._install_directly(path)
+                return self._install_directly(entry, path)
         state = updates.install_local(path)
-        result = self._installed_summary()
+        result = self._installed_summary(entry)
         result["state"] = state.value
         return result
 
-    def _installed_summary(self) -> dict[str, Any]:
-        slot = self.store.active_slot
-        info = self.store.slot_info(slot) if slot else None
+    def _installed_summary(self, entry: ModelEntry) -> dict[str, Any]:
+        slot = entry.store.active_slot
+        info = entry.store.slot_info(slot) if slot else None
         info = info or {}
         return {
             "model": info.get("name"),
@@ -342,28 +405,30 @@ class Agent:
             "release": info.get("release"),
             "slot": slot,
             "sha256": info.get("sha256"),
-            "variants": [v.id for v in self.server.model.ladder] if self.server.model else [],
+            "variants": [v.id for v in entry.server.model.ladder] if entry.server.model else [],
         }
 
-    def _install_directly(self, path: Path) -> dict[str, Any]:
+    def _install_directly(self, entry: ModelEntry, path: Path) -> dict[str, Any]:
+        store = entry.store
         opener = self._open_bundles()()
         try:
             verified = opener.verify(
                 path,
                 profile=self.profile.name,
-                installed_release=self.store.installed_release(),
-                rollback_floor=self.store.rollback_floor(),
+                installed_release=store.installed_release(),
+                rollback_floor=store.rollback_floor(),
             )
-            slot = self.store.stage(verified)
-            self.store.activate(slot)
+            self.models.admit(entry.name, verified.manifest)
+            slot = store.stage(verified)
+            store.activate(slot)
             try:
-                opener.serve(self.server, verified)
+                opener.serve(entry.server, verified)
             except EdgeSDKError:
-                self.store.rollback()
+                store.rollback()
                 raise
         finally:
             opener.close()
-        self.store.commit()
+        store.commit()
         manifest = verified.manifest
         self.events.emit(
             "installed",
@@ -374,77 +439,92 @@ class Agent:
                 "slot": slot,
             },
         )
-        return self._installed_summary()
+        return self._installed_summary(entry)
 
     def reload(self) -> None:
-        """Serve what the store says is active now, if it changed (SIGHUP); re-read the trust document."""
+        """Serve what each model's store says is active now, where it changed (SIGHUP: a model
+        ``edge-agent install`` installed, maybe a new one); re-read the trust document."""
         if self.trust is not None:
             self.trust.reload()  # edge-agent trust install may have replaced it
-        self.store.reload()
-        info = self.store.slot_info(self.store.active_slot) if self.store.active_slot else None
-        current = self.server.model
-        if info and current and info.get("sha256") == current.bundle_sha256:
-            log.info("reload: the active bundle is already serving")
+        changed = []
+        for entry in self.models.entries():
+            entry.store.reload()
+            store = entry.store
+            info = store.slot_info(store.active_slot) if store.active_slot else None
+            current = entry.server.model
+            if info and current and info.get("sha256") == current.bundle_sha256:
+                continue
+            if info:
+                changed.append(entry)
+        if not changed:
+            log.info("reload: every active bundle is already serving")
             return
-        log.info("reload: loading the newly installed bundle")
+        log.info("reload: loading %s", ", ".join(e.name for e in changed))
         try:
-            self.load_installed()
-        except Exception:  # noqa: BLE001 - runs from a signal; the model serving now must stay up
-            log.exception("reload failed; the model loaded before keeps serving")
+            self._open_installed(changed)
+            for entry in changed:
+                self._report_rollback_floor(entry)
+        except Exception:  # noqa: BLE001 - runs from a signal; the models serving now must stay up
+            log.exception("reload failed; the models loaded before keep serving")
 
     # -- status -------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """What /v1/status shows: identity, model, governor, sensors, store, problems."""
+        """What /v1/status shows: identity, the default model, every model, the memory budget,
+        governor, sensors, store, problems."""
+        default = self.models.default_entry()
         return {
             "device_id": self.config.device_id,
             "profile": self.profile.name,
             "agent_version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "model": self._status_model(),
+            "model": _status_model(self.server.running_model()),
             "variants": self.server.describe_variant_choices(),
             "governor": self.governor.status(),
             "temperatures_c": dict(self.governor.last_reading.temperatures_c),
             "power_source": self.governor.last_reading.power_source,
             "switch_count": self.server.switch_count,
-            "store": {
-                "active_slot": self.store.active_slot,
-                "previous_slot": self.store.previous_slot,
-                "committed": self.store.committed,
-                "last_load": self.store.load_report,
-            },
+            "store": _status_store(default) if default is not None else None,
+            "models": [self._status_entry(entry) for entry in self.models.entries()],
+            "memory": self.models.memory(),
             "problems": list(self.problems),
             "recent_events": [
                 {"ts": round(ts, 3), "event": name, **detail} for ts, name, detail in list(self.events.recent)[-20:]
             ],
             "link": self.link is not None,
-            "updates": self.updates.status() if self.updates is not None else None,
+            "updates": default.updates.status() if default is not None and default.updates is not None else None,
             "trust": self.trust.status() if self.trust is not None else None,
             "measured": load_saved(self.data_dir),  # edge-agent profile's figures, if it ran
         }
 
-    def _status_model(self) -> dict[str, Any] | None:
-        running = self.server.running_model()
-        if running is None:
-            return None
-        # "model" (the name) is the key /v1/status has always had; clients read it
-        # (examples/device/client.py), so it stays beside RunningModel's own "name".
-        return {"model": running.name, **running.model_dump(mode="json")}
+    def _status_entry(self, entry: ModelEntry) -> dict[str, Any]:
+        governor = entry.governor
+        resident = entry.resident_mb()
+        return {
+            "name": entry.name,
+            "default": entry.name == self.models.default_name,
+            "running": _status_model(entry.server.running_model()),
+            "resident_mb": round(resident, 2) if resident is not None else None,
+            "pinned_precision": entry.pinned.value if entry.pinned is not None else None,
+            "governor": governor.state if governor is not None else None,
+            "store": _status_store(entry),
+            "updates": entry.updates.status() if entry.updates is not None else None,
+        }
 
-    # -- the link and the updater, wired with their ports -------------------------------------------
+    # -- the link and the updaters, wired with their ports ------------------------------------------
 
-    def _make_updater(self) -> UpdateManager:
-        """The updater, given what it uses: serving, slots, keys, events and the link (if any).
-
-        ImportError when this agent was installed without the OTA module."""
+    def _make_updater(self, entry: ModelEntry) -> UpdateManager:
+        """A model's updater, given what it uses: its serving and slots, the keys, events, the
+        link (if any), the device's command gate, the memory budget and the turn all models'
+        updates take. ImportError when this agent was installed without the OTA module."""
         from edgesdk.agent.ota import UpdateManager
         from edgesdk.agent.ota.manager import transfer_settings
 
         return UpdateManager(
-            self.data_dir / "ota",
+            entry.model_dir / "ota",
             device_id=self.config.device_id,
-            serving=self.server,
-            slots=self.store,
+            serving=entry.server,
+            slots=entry.store,
             keyring=self.keyring,
             profile_name=self.profile.name,
             link=self.link,
@@ -455,7 +535,34 @@ class Agent:
             groups=tuple(self.config.mqtt.groups),
             clock_skew_s=self.config.ota.clock_skew_s,
             **transfer_settings(self.config),
+            gate=self._command_gate(),
+            admit=lambda manifest: self.models.admit(entry.name, manifest),
+            turn=self.models.update_turn,
+            listen=False,  # ModelUpdates routes the link's deployments and chunks by model
         )
+
+    def _command_gate(self) -> Any:
+        """The device's one command gate (freshness, audience, sequence), shared by every model's updater."""
+        if self._gate is None:
+            from edgesdk.agent.ota.freshness import CommandGate, SequenceLedger
+
+            ota_dir = self.data_dir / "ota"
+            ota_dir.mkdir(exist_ok=True, mode=0o700)
+            self._gate = CommandGate(
+                SequenceLedger(ota_dir / "command_sequence.json"),
+                device_id=self.config.device_id,
+                groups=tuple(self.config.mqtt.groups),
+                clock_skew_s=self.config.ota.clock_skew_s,
+            )
+        return self._gate
+
+    def _updater_for(self, name: str) -> UpdateManager:
+        """The updater of model ``name`` (a new model's store, server and updater made here)."""
+        entry = self.models.entry(name)
+        if entry.updates is None:
+            entry.updates = self._make_updater(entry)
+        updates: UpdateManager = entry.updates
+        return updates
 
     def _start_link(self) -> None:
         from edgesdk.agent.link import AgentLink
@@ -466,6 +573,7 @@ class Agent:
             running_model=self.server,
             events=self.events,
             keyring=self.keyring,
+            running_models=self.models,
         ).start()
         self.metrics.attach_outbox(self.link.queue)
 
@@ -483,15 +591,32 @@ class Agent:
                 self.problems.append(f"mqtt: {exc}")
         self._start_trust()
         try:
-            self.updates = self._make_updater()
+            for entry in self.models.entries():
+                self._updater_for(entry.name)
         except ImportError:
             log.debug("OTA updates not available in this agent")
             return
-        try:
-            self.updates.resume()
-        except EdgeSDKError as exc:
-            log.error("OTA resume failed: %s", exc)
-            self.problems.append(f"ota: {exc}")
+        default = self.models.default_entry()
+        self.updates = default.updates if default is not None else None
+        if self.link is not None:
+            from edgesdk.agent.ota.per_model import ModelUpdates
+
+            keyring = self.keyring
+            ModelUpdates(
+                self.link,
+                updater_for=self._updater_for,
+                known=self.models.known,
+                default_name=lambda: self.models.default_name,
+                trusted_operators=lambda: keyring.trusted_operators,
+                started=lambda: [e.updates for e in self.models.entries() if e.updates is not None],
+                events=self.events,
+            )
+        for entry in self.models.entries():
+            try:
+                entry.updates.resume()
+            except EdgeSDKError as exc:
+                log.error("OTA resume of %s failed: %s", entry.name, exc)
+                self.problems.append(f"ota {entry.name}: {exc}")
 
     def _start_trust(self) -> None:
         """Report an expired trust document (now that the link carries events) and take newer
@@ -514,28 +639,37 @@ class Agent:
 
     def _guard_boot(self) -> None:
         """Before any model loads: if the last start died while a new model was on probation,
-        count it (a crash loop rolls back) so a model that kills the agent cannot keep it down."""
+        count it (a crash loop rolls back) so a model that kills the agent cannot keep it down.
+        Each model's update record is its own."""
         try:
             from edgesdk.agent.ota import guard_boot
         except ImportError:
             return
-        try:
-            done = guard_boot(self.data_dir, self.store)
-        except Exception as exc:  # noqa: BLE001 - a damaged OTA record must not keep the agent from serving
-            log.error("OTA boot guard failed: %s", exc)
-            self.problems.append(f"ota boot guard: {exc}")
-            return
-        if done:
-            log.warning("OTA boot guard: %s", done)
+        for entry in self.models.entries():
+            try:
+                done = guard_boot(entry.model_dir, entry.store)
+            except Exception as exc:  # noqa: BLE001 - a damaged OTA record must not keep the agent from serving
+                log.error("OTA boot guard of %s failed: %s", entry.name, exc)
+                self.problems.append(f"ota boot guard: {entry.name}: {exc}")
+                continue
+            if done:
+                log.warning("OTA boot guard: %s: %s", entry.name, done)
 
     def _stop_hooks(self) -> None:
-        for name, part in (("updater", self.updates), ("MQTT link", self.link)):
+        parts: list[tuple[str, Any]] = [(f"updater of {e.name}", e.updates) for e in self.models.entries()]
+        for name, part in [*parts, ("MQTT link", self.link)]:
             if part is None:
                 continue
             try:
                 part.stop()
             except Exception:  # noqa: BLE001 - shutting down: the other parts must still stop
                 log.exception("stopping the %s failed; stopping the rest", name)
+
+    def _governors(self) -> list[Governor]:
+        others = [
+            e.governor for e in self.models.entries() if e.governor is not None and e.governor is not self.governor
+        ]
+        return [self.governor, *others]
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -632,7 +766,9 @@ class Agent:
         # loads (in a thread, so the loop keeps serving); /readyz says 503 until it is in.
         self._guard_boot()
         await self._loop.run_in_executor(None, self.load_installed)
-        self.governor.start()
+        self._governors_running = True
+        for governor in self._governors():
+            governor.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._stop.set)
         self._loop.add_signal_handler(signal.SIGHUP, lambda: self._loop.run_in_executor(None, self.reload))  # type: ignore[union-attr]
@@ -667,7 +803,8 @@ class Agent:
             log.warning("stopped with requests still running after %.0f s", api_config.request_timeout_s)
         self.http.close_idle()
         self._stop_hooks()
-        self.governor.stop()
+        for governor in self._governors():
+            governor.stop()
         self.api.close()
         (self.data_dir / PORT_FILE).unlink(missing_ok=True)
         (self.data_dir / GRPC_PORT_FILE).unlink(missing_ok=True)
@@ -676,3 +813,32 @@ class Agent:
             Path(api_config.unix_socket).unlink(missing_ok=True)
         log.info("stopped")
         return 0
+
+
+def _bundle_model_name(path: Path) -> str:
+    """The model a bundle file says it is (unverified: it only picks the store; the install
+    verifies the bundle and refuses one whose verified name is another model's)."""
+    from edgesdk.bundle import inspect_bundle
+    from edgesdk.errors import UpdateError
+
+    if not Path(path).is_file():
+        raise UpdateError(f"bundle file {str(path)!r} not found")
+    return inspect_bundle(path).manifest.model.name
+
+
+def _status_model(running: Any) -> dict[str, Any] | None:
+    if running is None:
+        return None
+    # "model" (the name) is the key /v1/status has always had; clients read it
+    # (examples/device/client.py), so it stays beside RunningModel's own "name".
+    return {"model": running.name, **running.model_dump(mode="json")}
+
+
+def _status_store(entry: ModelEntry) -> dict[str, Any]:
+    store = entry.store
+    return {
+        "active_slot": store.active_slot,
+        "previous_slot": store.previous_slot,
+        "committed": store.committed,
+        "last_load": store.load_report,
+    }

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from edgesdk.agent.keyring import public_key_text
-from edgesdk.agent.ports import EventSource, Keyring, RunningModelSource, TelemetrySource
+from edgesdk.agent.ports import EventSource, Keyring, RunningModelSource, RunningModelsSource, TelemetrySource
 from pydantic import ValidationError
 
 from edgesdk._version import __version__
@@ -91,10 +91,12 @@ class AgentLink:
         running_model: RunningModelSource | None = None,
         events: EventSource | None = None,
         keyring: Keyring | None = None,
+        running_models: RunningModelsSource | None = None,
     ) -> None:
         self.config = config
         self.telemetry = telemetry
         self.running_model_source = running_model
+        self.running_models_source = running_models  # every model of the device (agent/model_set.py)
         self.keyring = keyring
         self._public_key: str | None = None
         self.mqtt = config.mqtt
@@ -111,6 +113,7 @@ class AgentLink:
         self._event_times: list[float] = []
         self._event_lock = threading.Lock()
         self._last_presence_model: RunningModel | None = None
+        self._last_presence_models: list[RunningModel] = []
 
         self.queue = MessageQueue(
             config.data_dir / "mqtt" / "outbox.sqlite3",
@@ -236,6 +239,10 @@ class AgentLink:
         source = self.running_model_source
         return source.running_model() if source is not None else None
 
+    def _running_models(self) -> list[RunningModel]:
+        source = self.running_models_source
+        return source.running_models() if source is not None else []
+
     def _device_public_key(self) -> str | None:
         """The device key's public half for presence (enrollment), once read; None without one."""
         if self._public_key is not None or self.keyring is None:
@@ -259,12 +266,14 @@ class AgentLink:
             profile=self.config.profile,
             groups=self.groups,
             model=model,
+            models=self._last_presence_models if online else [],
             public_key=self._device_public_key(),
         )
 
     def _publish_presence(self) -> None:
         model = self._running_model()
         self._last_presence_model = model
+        self._last_presence_models = self._running_models()
         payload = self._presence(online=True, model=model).model_dump_json().encode()
         try:
             self.client.publish(
@@ -303,8 +312,10 @@ class AgentLink:
         _, seq = self.queue.enqueue_built(topic, self.telemetry_payload, qos=1, retain=True, counter="telemetry_seq")
         self.forwarder.pump()
         model = self._running_model()
-        if self.client.connected and model != self._last_presence_model:
-            self._publish_presence()  # the serving model changed: presence says so
+        if self.client.connected and (
+            model != self._last_presence_model or self._running_models() != self._last_presence_models
+        ):
+            self._publish_presence()  # a serving model changed: presence says so
         return seq
 
     def _telemetry_loop(self) -> None:

@@ -27,10 +27,11 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.ports import GovernorReadout, OutboxGauge, Serving
+from edgesdk.agent.ports import GovernorReadout, ModelsReadout, OutboxGauge, Serving
 
 from edgesdk.errors import AgentError
 from edgesdk.schemas.messages import RunningModel
@@ -197,6 +198,7 @@ class Metrics:
         self.governor = governor
         self.requests = RequestsInFlight()
         self.outbox: OutboxGauge | None = None
+        self.models: ModelsReadout | None = None  # every model of the device (attach_models)
         self.started = time.monotonic()
         self._process: Any = None
         try:
@@ -212,6 +214,10 @@ class Metrics:
         if self.outbox is not None and self.outbox is not outbox:
             raise AgentError("metrics already report an MQTT outbox; one agent has one link")
         self.outbox = outbox
+
+    def attach_models(self, models: ModelsReadout) -> None:
+        """Report each model of the device (telemetry ``models``, the ``edgesdk_agent_model_*`` series)."""
+        self.models = models
 
     @property
     def window_s(self) -> float:
@@ -280,7 +286,31 @@ class Metrics:
             else "unknown",
             "governor_state": self.governor.state if self.governor is not None else None,
             "switch_count": self.serving.switch_count if self.serving is not None else 0,
+            **self._models_snapshot(),
         }
+
+    def _models_snapshot(self) -> dict[str, Any]:
+        """Telemetry's per-model fields: each serving model's figures, the budget, what is resident."""
+        models = self.models
+        if models is None:
+            return {}
+        per_model = []
+        for entry in models.entries():
+            running = entry.running_model()
+            if running is None:
+                continue
+            stats = entry.stats
+            per_model.append(
+                {
+                    "model": running,
+                    "latency": stats.latency(),
+                    "throughput_rps": stats.throughput_rps(),
+                    "errors": stats.errors(),
+                    "resident_mb": entry.resident_mb(),
+                }
+            )
+        memory = models.memory()
+        return {"models": per_model, "model_budget_mb": memory["model_budget_mb"], "resident_mb": memory["resident_mb"]}
 
     def prometheus(self) -> str:
         """The snapshot in the Prometheus text exposition format (version 0.0.4)."""
@@ -366,6 +396,7 @@ class Metrics:
                     )
                 ],
             )
+        self._per_model_series(metric, out)
         metric(
             "uptime_seconds",
             "gauge",
@@ -374,24 +405,69 @@ class Metrics:
         )
         return "\n".join(out) + "\n"
 
-    def _latency_histogram(self, out: list[str]) -> None:
-        """``edgesdk_agent_inference_latency_seconds`` as a histogram: per variant, cumulative
+    def _per_model_series(self, metric: Callable[..., None], out: list[str]) -> None:
+        """The ``edgesdk_agent_model_*`` families: every model's latency, inferences and errors
+        (labels ``model`` and ``variant`` / ``kind``), resident size and the budget. The families
+        without a ``model`` label above are the default model's (and the API's own refusals)."""
+        models = self.models
+        if models is None:
+            return
+        entries = [(e.name, e.stats) for e in models.entries() if e.running_model() is not None]
+        self._latency_histogram(
+            out, "edgesdk_agent_model_inference_latency_seconds", [(name, stats) for name, stats in entries]
+        )
+        metric(
+            "model_inferences_total",
+            "counter",
+            "successful inferences per model and variant",
+            [({"model": name, "variant": v}, n) for name, stats in entries for v, n in stats.totals().items()],
+        )
+        metric(
+            "model_errors_total",
+            "counter",
+            "failed requests per model, by kind",
+            [({"model": name, "kind": k}, n) for name, stats in entries for k, n in sorted(stats.errors().items())],
+        )
+        memory = models.memory()
+        metric(
+            "model_resident_bytes",
+            "gauge",
+            "load size of the variants each model holds",
+            [({"model": name}, int(mb * 2**20)) for name, mb in memory["models"].items()],
+        )
+        metric(
+            "model_budget_bytes",
+            "gauge",
+            "the device profile's model memory budget, shared by every model",
+            [({}, int(memory["model_budget_mb"] * 2**20))],
+        )
+
+    def _latency_histogram(
+        self,
+        out: list[str],
+        name: str = "edgesdk_agent_inference_latency_seconds",
+        sources: list[tuple[str | None, InferenceStats]] | None = None,
+    ) -> None:
+        """``name`` as a histogram: per variant (and model, for the per-model family), cumulative
         ``_bucket{le}`` counts, ``_sum`` and ``_count`` since start."""
-        name = "edgesdk_agent_inference_latency_seconds"
-        out.append(f"# HELP {name} duration of successful inferences (the model's run) per variant")
+        per = "per model and variant" if sources is not None else "per variant"
+        out.append(f"# HELP {name} duration of successful inferences (the model's run) {per}")
         out.append(f"# TYPE {name} histogram")
         bounds = [f"{b:g}" for b in LATENCY_BUCKETS_S] + ["+Inf"]
-        for variant_id, window in self.stats.windows():
-            # Copied first: a pool thread may add a sample while this runs.
-            counts = list(window.bucket_counts)
-            total_s = window.sum_s
-            variant = _escape(variant_id)
-            cumulative = 0
-            for bound, count in zip(bounds, counts):
-                cumulative += count
-                out.append(f'{name}_bucket{{variant="{variant}",le="{bound}"}} {cumulative}')
-            out.append(f'{name}_sum{{variant="{variant}"}} {total_s!r}')
-            out.append(f'{name}_count{{variant="{variant}"}} {cumulative}')
+        for model_name, stats in sources if sources is not None else [(None, self.stats)]:
+            for variant_id, window in stats.windows():
+                # Copied first: a pool thread may add a sample while this runs.
+                counts = list(window.bucket_counts)
+                total_s = window.sum_s
+                labels = f'variant="{_escape(variant_id)}"'
+                if model_name is not None:
+                    labels = f'model="{_escape(model_name)}",{labels}'
+                cumulative = 0
+                for bound, count in zip(bounds, counts):
+                    cumulative += count
+                    out.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
+                out.append(f"{name}_sum{{{labels}}} {total_s!r}")
+                out.append(f"{name}_count{{{labels}}} {cumulative}")
 
 
 def _escape(value: str) -> str:

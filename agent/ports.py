@@ -9,6 +9,7 @@ part may do to another is written down here, once.
 port                   provided by                       used by
 =====================  ================================  ==========================
 RunningModelSource     ModelServer (and Metrics)         Metrics, AgentLink, updater
+RunningModelsSource    ModelSet                          AgentLink (presence), Metrics
 Serving                ModelServer                       Metrics, AgentUpdateTarget
 Slots                  ModelStore                        AgentUpdateTarget
 Keyring                KeyFiles (Agent.keyring)          updater, AgentLink
@@ -47,6 +48,33 @@ class RunningModelSource(Protocol):
     """Says what is serving now (None before a model is loaded)."""
 
     def running_model(self) -> RunningModel | None: ...
+
+
+class RunningModelsSource(Protocol):
+    """Says what every model of the device is serving now (default model first)."""
+
+    def running_models(self) -> list[RunningModel]: ...
+
+
+class ModelReadout(Protocol):
+    """One model's figures for telemetry and ``/metrics`` (a ``ModelEntry``)."""
+
+    name: str
+
+    def running_model(self) -> RunningModel | None: ...
+
+    def resident_mb(self) -> float | None: ...
+
+    @property
+    def stats(self) -> Any: ...
+
+
+class ModelsReadout(Protocol):
+    """Every model's figures and the memory budget (``ModelSet``)."""
+
+    def entries(self) -> Sequence[ModelReadout]: ...
+
+    def memory(self) -> dict[str, Any]: ...
 
 
 class Serving(RunningModelSource, Protocol):

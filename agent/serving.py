@@ -296,6 +296,9 @@ class ModelServer:
         self._change_lock = threading.Lock()  # one swap/switch at a time; infer never takes it
         # Scans large float inputs for NaN/Inf while the model runs (see infer_with_variant).
         self.scans: ScanThread = shared_scan_thread()
+        #: The device's other models by name, each with its own server (agent/model_set.py): a
+        #: request naming one is handed to it, so the API routes by name through this server.
+        self.others: Mapping[str, ModelServer] = {}
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -534,11 +537,18 @@ class ModelServer:
         return model
 
     def get_model(self, model_name: str) -> ServedModel:
-        """The served model called ``model_name``; ModelNotFoundError otherwise."""
-        model = self._require_model()
-        if model.name != model_name:
-            raise ModelNotFoundError(f"model {model_name!r} is not served here; served: [{model.name!r}]")
-        return model
+        """The served model called ``model_name`` (this server's or another model's); ModelNotFoundError otherwise."""
+        model = self._model
+        if model is not None and model.name == model_name:
+            return model
+        others = self.others
+        other = others.get(model_name)
+        if other is not None:
+            return other.get_model(model_name)
+        if model is None and not others:
+            model = self._require_model()  # raises NoModelError
+        served = sorted([*([model.name] if model is not None else []), *others])
+        raise ModelNotFoundError(f"model {model_name!r} is not served here; served: {served}")
 
     def infer(self, model_name: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validate ``feeds`` against the public signature and run the active variant."""
@@ -548,7 +558,10 @@ class ModelServer:
         """Like ``infer``; also returns the id of the variant that ran."""
         model = self._model
         if model is None or model.name != model_name:
-            self.count_error("not_found" if model is not None else "no_model")
+            other = self.others.get(model_name)
+            if other is not None:
+                return other.infer_with_variant(model_name, feeds)  # another model of this device
+            self.count_error("not_found" if model is not None or self.others else "no_model")
             model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
         if model.batcher is not None:
             return self._infer_batched(model, model.batcher, feeds)
@@ -635,9 +648,11 @@ class ModelServer:
         return self._running
 
     def describe_models(self) -> list[dict[str, Any]]:
+        """This server's model, then the device's other models."""
+        others = [described for other in self.others.values() for described in other.describe_models()]
         model = self._model
         if model is None:
-            return []
+            return others
         return [
             {
                 "name": model.name,
@@ -647,7 +662,8 @@ class ModelServer:
                 "variants": [v.describe() for v in model.ladder],
                 "bundle_variants": self.describe_variant_choices(),
                 **model.signature.describe(),
-            }
+            },
+            *others,
         ]
 
     def describe_variant_choices(self) -> list[dict[str, Any]]:

@@ -498,10 +498,11 @@ import json, resource, sys
 from pathlib import Path
 from edgesdk.agent.unseal import Unsealer
 data_dir, publisher = Path(sys.argv[1]), Path(sys.argv[2])
-store = json.loads((data_dir / "store.json").read_text())
+model_dir = data_dir / "models" / "digits"  # the model's own store (agent/model_stores.py)
+store = json.loads((model_dir / "store.json").read_text())
 slot = store["slots"][store["active"]]
 with Unsealer(publisher_keys=[publisher], device_key=data_dir / "device.key") as unsealer:
-    opened = unsealer.verify_installed(data_dir / "slots" / store["active"] / "bundle.edgepkg",
+    opened = unsealer.verify_installed(model_dir / "slots" / store["active"] / "bundle.edgepkg",
         installed_front_sha256=slot["front_sha256"], installed_sha256=slot["sha256"], profile="rpi5-8gb")
     for variant in opened.manifest.variants:
         unsealer.decrypt(opened, variant.id)

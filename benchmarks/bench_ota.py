@@ -506,7 +506,7 @@ def _one_rollback(bundles: Bundles, root: Path, broker_url: str, restart_in_prob
 
         def saved_state() -> str | None:
             try:
-                return str(json.loads((device.data_dir / "ota" / "state.json").read_text())["state"])
+                return str(json.loads((device.model_dir() / "ota" / "state.json").read_text())["state"])
             except (OSError, ValueError, KeyError):
                 return None  # not written yet, or caught mid-rename
 

@@ -49,6 +49,10 @@ class Device:
         self.config.write_text(to_toml(settings))
         return self.config
 
+    def model_dir(self, name: str = "digits") -> Path:
+        """Where the agent keeps model ``name``'s store and update record (agent/model_stores.py)."""
+        return self.data_dir / "models" / name
+
     def bundle(self, convert_dir: Path, *, version: str, release: int, name: str = "digits") -> Path:
         from edgesdk.bundle import package_bundle
 

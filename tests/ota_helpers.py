@@ -9,6 +9,8 @@ import io
 import itertools
 import json
 import shutil
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -234,3 +236,67 @@ class StandInAgent:
 
 def statuses(published: list[Any]) -> list[str]:
     return [json.loads(p.model_dump_json())["state"] for p in published]
+
+
+class Operator:
+    """A rollout controller over a real broker pushing to dev-1 (the agent-process OTA tests)."""
+
+    def __init__(self, root: Path, bundles: OtaBundles, broker_url: str) -> None:
+        from edgesdk.fleet.deployments import DeploymentStore
+        from edgesdk.fleet.rollout import RolloutController
+        from edgesdk.keys import load_publisher_private_key
+        from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+        self.client = MqttClient(
+            ClientOptions(client_id=f"op-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
+        )
+        self.client.start()
+        assert self.client.wait_connected(10)
+        self.ctl = RolloutController(
+            DeploymentStore(root / "fleet.sqlite3"),
+            self.client,
+            "edgesdk",
+            load_publisher_private_key(bundles.operator_key),
+            poll_s=0.05,
+        ).start()
+        self.result: dict[str, str] = {}
+
+    def push(
+        self,
+        bundle: Path,
+        health: HealthCriteria,
+        artifact_urls: tuple[str, ...] = (),
+        *,
+        mqtt_fallback: bool = True,
+        chunk_size: int = 32 * 1024,
+    ) -> str:
+        # max_failures 100%: the controller only waits for the device's final word here.
+        from edgesdk.fleet.rollout import RolloutPlan
+
+        plan = RolloutPlan(
+            canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=health.probation_s, wave_timeout_s=240
+        )
+        message = self.ctl.create(
+            bundle,
+            ["dev-1"],
+            plan,
+            health=health,
+            chunk_size=chunk_size,
+            artifact_urls=artifact_urls,
+            mqtt_fallback=mqtt_fallback,
+        )
+        self.thread = threading.Thread(
+            target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
+        )
+        self.thread.start()
+        return message.deployment_id
+
+    def device_row(self, deployment_id: str):
+        self.ctl._drain_statuses()
+        return self.ctl.store.devices(deployment_id)[0]
+
+    def close(self) -> None:
+        self.ctl.stop()
+        if hasattr(self, "thread"):
+            self.thread.join(30)
+        self.client.stop()

@@ -50,8 +50,8 @@ class Governor:
         if name != "model_loaded":
             return
         model = self.server.model
-        if model is None:
-            return
+        if model is None or detail.get("model", model.name) != model.name:
+            return  # another model of the device loaded (each model has its own governor)
         with self._lock:
             switch = self.machine.model_changed([Rung(v.id, v.precision) for v in model.ladder])
             target = self.machine.current

@@ -105,9 +105,18 @@ class UpdateManager:
         gate: CommandGate | None = None,
         transfer_limits: TransferLimits | None = None,
         http_settings: HttpSettings | None = None,
+        admit: Callable[[Any], None] | None = None,
+        turn: threading.Lock | None = None,
+        listen: bool = True,
     ) -> None:
         """``gate`` replaces the freshness/audience/replay checks (benchmarks compare with and
-        without them); production passes none and gets the real checks over ``ota_dir``."""
+        without them); production passes none and gets the real checks over ``ota_dir`` (a
+        device with several models passes one gate shared by every model's updater).
+
+        With several models (agent/ota/per_model.py): ``admit`` refuses a verified bundle before
+        it is staged (the memory budget), ``turn`` is held while a job runs so updates of
+        different models run one after another, and ``listen=False`` leaves the link's
+        deployment and chunk topics to the dispatcher that routes them by model."""
         hooks = hooks or NO_HOOKS  # test seams (tests/faulty_agent.py); production passes none
         self.device_id = device_id
         self.keyring = keyring
@@ -135,7 +144,9 @@ class UpdateManager:
             open_bundles=open_bundles,
             transfer_limits=transfer_limits,
             http_settings=http_settings,
+            admit=admit,
         )
+        self._turn = turn
         self.machine = UpdateMachine(
             self.target,
             StateFile(self.ota_dir / "state.json"),
@@ -148,7 +159,7 @@ class UpdateManager:
         self._idle.set()
         self._worker: threading.Thread | None = None
         self._lock = threading.RLock()
-        if link is not None:
+        if link is not None and listen:
             link.subscribe(OTA_DEPLOYMENT, self.handle_deployment)
             link.subscribe(OTA_CHUNK_DATA, self.target.on_chunk_frame)
 
@@ -362,12 +373,20 @@ class UpdateManager:
                     return
                 job = self._jobs.get_nowait()
             try:
-                job()
+                if self._turn is None:
+                    job()
+                else:
+                    with self._turn:  # another model's update finishes first
+                        job()
             except Exception:  # noqa: BLE001 - the worker must survive a bug in one job
                 log.exception("update job failed")
 
     def _max_inbound_bytes(self) -> int:
         return self.max_inbound_bytes
+
+    def refuse(self, deployment: Deployment, reason: str) -> None:
+        """Report (FAILED, with ``reason``) a deployment this device will not run (the model dispatcher's)."""
+        self._refuse(deployment, reason)
 
     def _refuse(self, deployment: Deployment, reason: str) -> None:
         """Report a deployment we will not run, without touching the running one."""

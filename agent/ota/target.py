@@ -59,8 +59,12 @@ class AgentUpdateTarget:
         open_bundles: OpenerFactory | None = None,
         transfer_limits: TransferLimits | None = None,
         http_settings: HttpSettings | None = None,
+        admit: Callable[[Any], None] | None = None,
     ) -> None:
         self.ota_dir = ota_dir
+        # Refuses a verified bundle's manifest before it is staged (the device's memory budget
+        # across its models, agent/model_set.py); raises with the reason.
+        self.admit = admit
         self.transfer_limits = transfer_limits or TransferLimits()
         self.http_settings = http_settings or HttpSettings()
         self.device_id = device_id
@@ -215,6 +219,8 @@ class AgentUpdateTarget:
             raise UpdateError(f"not enough disk space to stage: {free} bytes free, {needed} needed (ENOSPC)")
         with self._opener() as opener:
             verified = self._verify_install(opener, path)
+            if self.admit is not None:
+                self.admit(verified.manifest)  # before anything is written into a slot
             return str(store.stage(verified))
 
     def _load_golden(self, opener: BundleOpener, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:

@@ -342,6 +342,7 @@ def _variant_entry(shipped: ShippedVariant, sealed: _SealedPayload) -> Variant:
         outputs=shipped.outputs,
         accuracy=shipped.accuracy,
         quantization_method=shipped.quantization_method,
+        load_rss_mb=shipped.measurements.peak_rss_mb,
         ladder_role="off" if shipped.validation != "numeric" else shipped.ladder_role,
         files=sealed.files,
     )

@@ -26,6 +26,15 @@ from typing import Any
 import click
 
 from edgesdk.cli.fleet_cmd import broker_options, require_broker, server_options, service_client
+from edgesdk.cli.fleet_models import (
+    check_bundle_model,
+    check_deployment_model,
+    keep_model,
+    latest_of_model,
+    model_of,
+    model_option,
+    per_model_rows,
+)
 from edgesdk.cli.output import console, json_option, print_json, print_table
 from edgesdk.cli.rollout_options import EXPIRES_HELP, RolloutArgs, positive_duration, rollout_options
 from edgesdk.errors import UpdateError, UsageError
@@ -116,18 +125,23 @@ class _WaveBars:
 @broker_options(required=False)
 @server_options
 @rollout_options
+@model_option
 @_key_option
 @_db_option
 @json_option
 def push(
     bundle: Path,
     rollout: RolloutArgs,
+    model_name: str | None,
     key_path: Path | None,
     db_path: Path | None,
     as_json: bool,
     **params: Any,
 ) -> None:
-    """Roll BUNDLE out in waves: canary first, abort and roll back at the failure threshold."""
+    """Roll BUNDLE out in waves: canary first, abort and roll back at the failure threshold.
+
+    The bundle's model is the one updated on each device; the device's other models keep serving."""
+    check_bundle_model(bundle, model_name)
     from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
     from edgesdk.fleet.rollout import STOPPED
 
@@ -252,38 +266,31 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @click.argument("deployment", required=False)
 @_db_option
 @server_options
+@model_option
 @json_option
 def status(
-    deployment: str | None, db_path: Path | None, as_json: bool, server: str | None, token_file: Path | None
+    deployment: str | None,
+    db_path: Path | None,
+    as_json: bool,
+    server: str | None,
+    token_file: Path | None,
+    model_name: str | None,
 ) -> None:
-    """Show all deployments, or one deployment's devices."""
+    """Show all deployments (and each model's latest rollout), or one deployment's devices."""
     client = service_client({"server": server, "token_file": token_file})
     if client is not None:
-        _service_status(client, deployment, as_json)
+        _service_status(client, deployment, as_json, model_name)
         return
     store = _store(db_path)
     if deployment is None:
-        rows = [store.summary(row.id) for row in store.all()]
+        rows = keep_model([store.summary(row.id) for row in store.all()], model_name)
         if as_json:
             print_json(rows)
             return
-        print_table(
-            "deployments",
-            ["id", "state", "model", "devices", "by state", "updated"],
-            [
-                (
-                    r["deployment_id"],
-                    r["state"],
-                    r["model"],
-                    r["devices"],
-                    ", ".join(f"{k} {v}" for k, v in sorted(r["by_state"].items())),
-                    r["updated"],
-                )
-                for r in rows
-            ],
-        )
+        _print_listing(rows)
         return
     summary = store.summary(deployment)
+    check_deployment_model(summary, model_name)
     devices = store.devices(deployment)
     if as_json:
         summary["device_states"] = [
@@ -307,15 +314,16 @@ def status(
     )
 
 
-def _service_status(client: Any, deployment: str | None, as_json: bool) -> None:
+def _service_status(client: Any, deployment: str | None, as_json: bool, model_name: str | None) -> None:
     if deployment is None:
-        rows = client.deployments()
+        rows = keep_model(client.deployments(), model_name)
         if as_json:
             print_json(rows)
             return
         _print_listing(rows)
         return
     summary = client.deployment(deployment)
+    check_deployment_model(summary, model_name)
     if as_json:
         print_json(summary)
         return
@@ -343,6 +351,8 @@ def _print_listing(rows: list[dict[str, Any]]) -> None:
             for r in rows
         ],
     )
+    if len({model_of(r) for r in rows}) > 1:  # devices serving several models: each one's rollout
+        print_table("models", ["model", "latest deployment", "state", "devices by state"], per_model_rows(rows))
 
 
 @click.command("abort")
@@ -372,34 +382,44 @@ def abort(deployment: str, key_path: Path | None, db_path: Path | None, expires:
 
 
 @click.command("rollback")
-@click.argument("deployment")
+@click.argument("deployment", required=False)
 @broker_options(required=False)
 @server_options
 @_key_option
 @_db_option
 @click.option("--wait", "wait_s", default="60s", show_default=True, help="Wait this long for devices to confirm.")
 @click.option("--expires", default=None, help=EXPIRES_HELP.split(";")[0] + " (default: the push's --expires).")
+@model_option
 @json_option
 def rollback(
-    deployment: str,
+    deployment: str | None,
     key_path: Path | None,
     db_path: Path | None,
     wait_s: str,
     expires: str | None,
+    model_name: str | None,
     as_json: bool,
     **params: Any,
 ) -> None:
-    """Roll every device the deployment reached back to the model it ran before."""
+    """Roll every device the deployment reached back to the model it ran before (with --model and no
+    DEPLOYMENT: that model's latest deployment; the devices' other models are not touched)."""
     from edgesdk.fleet.rollout import parse_duration
 
+    if deployment is None and model_name is None:
+        raise UsageError("give the DEPLOYMENT to roll back, or --model NAME for that model's latest one")
     timeout = parse_duration(wait_s, option="--wait")
     client = service_client(params)
     if client is not None:
+        rows = client.deployments()
+        deployment = deployment or latest_of_model(rows, model_name or "")
+        check_deployment_model(client.deployment(deployment), model_name)
         _service_rollback(client, deployment, timeout, positive_duration(expires) if expires else None, as_json)
         return
     require_broker(params)
     store = _store(db_path)
-    store.get(deployment)
+    if deployment is None:
+        deployment = latest_of_model([store.summary(row.id) for row in store.all()], model_name or "")
+    check_deployment_model(store.summary(deployment), model_name)
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
         asked = ctl.rollback(deployment, ttl_s=positive_duration(expires) if expires else None)

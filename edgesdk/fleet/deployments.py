@@ -275,6 +275,7 @@ def summarize(row: DeploymentRow, devices: list[DeviceRow]) -> dict[str, Any]:
         "reason": row.reason,
         "wave": row.wave,
         "model": f"{row.message.model_name} {row.message.model_version} (release {row.message.release})",
+        "model_name": row.message.model_name,  # a device may serve several models, each its own rollouts
         "bundle": row.bundle_path,
         "devices": len(devices),
         "by_state": by_state,

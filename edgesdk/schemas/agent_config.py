@@ -180,6 +180,16 @@ class OtaConfig(Schema):
     )
 
 
+class ModelPolicy(Schema):
+    """``[models.NAME]``: how the agent runs one installed model (docs/agent.md, "Several models")."""
+
+    precision: Literal["fp32", "fp16", "int8"] | None = Field(
+        None,
+        description="pin this model to the variant of this precision (its governor then never switches it); "
+        "None: the governor moves it along its ladder",
+    )
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -214,5 +224,11 @@ class AgentConfig(Schema):
         description="let onnxruntime's intra-op threads busy-wait between runs (its own default); off by default: "
         "the spin takes the cores the API's event loop and its clients need (BENCHMARKS.md, issue 15)",
     )
+    default_model: str | None = Field(
+        None,
+        description="the model the single-model routes and reports mean (/readyz, /v1/status's model, OTA "
+        "deployments naming none); None: the first model installed (or the one a single-model data dir held)",
+    )
+    models: dict[str, ModelPolicy] = Field(default_factory=dict, description="per-model policies, by model name")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["journald", "json", "text"] = "journald"

@@ -103,6 +103,12 @@ class Variant(Schema):
     outputs: list[TensorSpec] = Field(min_length=1)
     accuracy: AccuracyResult | None = None
     quantization_method: str | None = Field(None, description="e.g. 'static-qdq-per-channel', 'nncf-ptq'")
+    load_rss_mb: float | None = Field(
+        None,
+        ge=0,
+        description="peak RSS growth while the converter's validation loaded and ran it (MB, packaging host); "
+        "the agent checks it against the device's model memory budget at install. None: older bundles",
+    )
     ladder_role: LadderRole | None = Field(
         None,
         description="reference/speed: a governor step; size-only: slower than the reference on the device's CPU "

@@ -40,6 +40,9 @@ class Presence(Schema):
     profile: str | None = None
     groups: list[str] = Field(default_factory=list)
     model: RunningModel | None = None
+    models: list[RunningModel] = Field(
+        default_factory=list, description="every model the device serves, the default one (model) first"
+    )
     public_key: str | None = Field(None, description="device X25519 public key, base64 (enrollment)")
 
 
@@ -48,6 +51,16 @@ class LatencyStats(Schema):
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
+
+
+class ModelTelemetry(Schema):
+    """One model's figures in a telemetry message (a device may serve several)."""
+
+    model: RunningModel
+    latency: dict[str, LatencyStats] = Field(default_factory=dict, description="per variant id")
+    throughput_rps: float = 0.0
+    errors: dict[str, int] = Field(default_factory=dict, description="count by error kind")
+    resident_mb: float | None = Field(None, description="load size of the variants it holds (MB)")
 
 
 class Telemetry(Schema):
@@ -76,6 +89,11 @@ class Telemetry(Schema):
     dropped_messages: int = Field(
         0, ge=0, description="messages the MQTT outbox dropped (oldest first) to stay within its disk quota"
     )
+    models: list[ModelTelemetry] = Field(
+        default_factory=list, description="each model serving, default first (the top-level fields: the default's)"
+    )
+    model_budget_mb: float | None = Field(None, description="the profile's model memory budget")
+    resident_mb: float | None = Field(None, description="what the serving models hold together (MB)")
 
 
 class Event(Schema):

@@ -443,7 +443,7 @@ def test_sigkill_mid_update_then_the_new_model_serves(
         # chroot passes the signal's exit on as 128 + 9; the board's process is killed directly.
         assert first.proc.returncode in (-9, 137), first.log()[-3000:]
         assert "killing the agent right after STAGED was persisted" in first.log()
-        assert json.loads((device.data_dir / "ota" / "state.json").read_text())["state"] == "STAGED"
+        assert json.loads((device.model_dir() / "ota" / "state.json").read_text())["state"] == "STAGED"
         second = agent_on_device(device_side, device).start()
         assert http_json(f"{second.url}/v1/status")["model"]["release"] in (1, 2)  # serving at once
         assert operator.thread is not None

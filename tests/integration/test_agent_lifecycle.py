@@ -73,7 +73,7 @@ def test_tampered_bundle_is_refused_by_install(tmp_path, convert_dir) -> None:
     proc = run_agent_cli("install", "--config", str(device.config), str(bad))
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    assert not (device.data_dir / "slots" / "a" / "bundle.edgepkg").exists()
+    assert not (device.model_dir() / "slots" / "a" / "bundle.edgepkg").exists()
 
 
 def payload_offset(device, bundle: Path, variant_id: str | None) -> tuple[int, int]:
@@ -100,9 +100,9 @@ def test_corrupted_active_bundle_starts_on_last_good_one(tmp_path, convert_dir, 
     device.write_config(unseal=unseal)
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
     install(device, device.bundle(convert_dir, version="2.0.0", release=2))
-    store = json.loads((device.data_dir / "store.json").read_text())
+    store = json.loads((device.model_dir() / "store.json").read_text())
     assert store["active"] == "b" and store["previous"] == "a"
-    broken = device.data_dir / "slots" / "b" / "bundle.edgepkg"
+    broken = device.model_dir() / "slots" / "b" / "bundle.edgepkg"
     # Rot inside the fp32 variant, which the agent loads at start: decryption must catch it
     # (start-up does not re-hash the file; GCM and the signed plaintext hash do the work).
     offset, length = payload_offset(device, broken, "onnx-fp32")
@@ -159,7 +159,7 @@ def test_a_helper_that_cannot_start_still_gets_the_model_served(tmp_path, conver
 def test_rot_in_a_payload_not_loaded_at_start_is_reported_by_the_background_check(tmp_path, convert_dir) -> None:
     device = make_device(tmp_path / "dev")
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
-    bundle = device.data_dir / "slots" / "a" / "bundle.edgepkg"
+    bundle = device.model_dir() / "slots" / "a" / "bundle.edgepkg"
     offset, length = payload_offset(device, bundle, None)  # only the OTA smoke test reads it
     rot(bundle, offset + length // 2)
     with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:

@@ -17,15 +17,12 @@ from pathlib import Path
 import pytest
 from edgesdk.agent.ota.states import UpdateState
 
-from edgesdk.fleet.deployments import DeploymentStore
-from edgesdk.fleet.rollout import RolloutController, RolloutPlan
 from edgesdk.keys import load_publisher_private_key
-from edgesdk.mqtt.client import ClientOptions, MqttClient
 from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, Device, agent_env, run_agent_cli
 from tests.faulty_agent import faulty_agent_argv, faulty_agent_env
 from tests.mqtt_helpers import Collector
-from tests.ota_helpers import PROFILE, OtaBundles, build_ota_bundles, make_mqtt_device
+from tests.ota_helpers import PROFILE, Operator, OtaBundles, build_ota_bundles, make_mqtt_device
 
 pytestmark = pytest.mark.slow
 
@@ -58,61 +55,6 @@ def infer(agent: AgentProcess) -> list[float]:
         return json.loads(response.read())["outputs"]["logits"]
 
 
-class Operator:
-    def __init__(self, root: Path, bundles: OtaBundles, broker_url: str) -> None:
-        self.client = MqttClient(
-            ClientOptions(client_id=f"op-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
-        )
-        self.client.start()
-        assert self.client.wait_connected(10)
-        self.ctl = RolloutController(
-            DeploymentStore(root / "fleet.sqlite3"),
-            self.client,
-            "edgesdk",
-            load_publisher_private_key(bundles.operator_key),
-            poll_s=0.05,
-        ).start()
-        self.result: dict[str, str] = {}
-
-    def push(
-        self,
-        bundle: Path,
-        health: HealthCriteria,
-        artifact_urls: tuple[str, ...] = (),
-        *,
-        mqtt_fallback: bool = True,
-        chunk_size: int = 32 * 1024,
-    ) -> str:
-        # max_failures 100%: the controller only waits for the device's final word here.
-        plan = RolloutPlan(
-            canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=health.probation_s, wave_timeout_s=240
-        )
-        message = self.ctl.create(
-            bundle,
-            ["dev-1"],
-            plan,
-            health=health,
-            chunk_size=chunk_size,
-            artifact_urls=artifact_urls,
-            mqtt_fallback=mqtt_fallback,
-        )
-        self.thread = threading.Thread(
-            target=lambda: self.result.setdefault("state", self.ctl.run(message.deployment_id))
-        )
-        self.thread.start()
-        return message.deployment_id
-
-    def device_row(self, deployment_id: str):
-        self.ctl._drain_statuses()
-        return self.ctl.store.devices(deployment_id)[0]
-
-    def close(self) -> None:
-        self.ctl.stop()
-        if hasattr(self, "thread"):
-            self.thread.join(30)
-        self.client.stop()
-
-
 KILL_TABLE = [
     # (state the agent is killed in, deployment health, final state, release serving at the end)
     ("DOWNLOADING", HealthCriteria(probation_s=1), "COMMITTED", 2),
@@ -139,7 +81,7 @@ def test_sigkill_at_every_persisted_state(
         deployment_id = operator.push(bundles.v2, health)
         first.proc.wait(120)
         assert first.proc.returncode == -9, first.log()  # killed by the fault plan, in that state
-        state_file = json.loads((device.data_dir / "ota" / "state.json").read_text())
+        state_file = json.loads((device.model_dir() / "ota" / "state.json").read_text())
         assert state_file["state"] == kill_at
         second = AgentProcess(device).start()
         # Serving again at once: the old or the new model, never none.
@@ -176,7 +118,7 @@ def test_disk_full_fails_the_update_and_the_old_model_serves_on(
         status = api_get(agent, "/v1/status")
         assert status["model"]["release"] == 1 and status["updates"]["state"] == "FAILED"
         assert len(infer(agent)) == 1
-        assert not list((device.data_dir / "ota").glob("*.part")), "download leftovers not cleaned up"
+        assert not list((device.model_dir() / "ota").glob("*.part")), "download leftovers not cleaned up"
     finally:
         operator.close()
         agent.stop()
@@ -263,7 +205,7 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
                 refusals.stop()
             (refusal,) = [s for s in refusals.json("ota/status") if s["deployment_id"] == "rogue-1"]
             assert refusal["state"] == "FAILED" and "refused" in refusal["reason"], refusal
-            assert not (device.data_dir / "ota" / "rogue-1.part").exists()
+            assert not (device.model_dir() / "ota" / "rogue-1.part").exists()
             status = api_get(agent, "/v1/status")
             assert status["model"]["release"] == 2
             assert status["updates"]["deployment_id"] == deployment_id

@@ -72,29 +72,29 @@ def device_on_release_2(tmp_path, convert_dir):
 
 def test_fresh_device_installs_its_first_release(tmp_path, convert_dir) -> None:
     device = make_device(tmp_path / "dev")
-    assert not (device.data_dir / "rollback_floor").exists()
+    assert not (device.model_dir() / "rollback_floor").exists()
     installed(device, device.bundle(convert_dir, version="1.0.0", release=1))
-    assert (device.data_dir / "rollback_floor").stat().st_size > 0  # the commit recorded the floor
+    assert (device.model_dir() / "rollback_floor").stat().st_size > 0  # the commit recorded the floor
 
 
 def test_store_json_corrupted_then_older_release_is_refused(device_on_release_2) -> None:
     device, old = device_on_release_2
-    (device.data_dir / "store.json").write_text("{")
+    (device.model_dir() / "store.json").write_text("{")
     assert_refused(install(device, old), "release 1 is below this device's rollback floor 2")
 
 
 def test_store_json_deleted_then_older_release_is_refused(device_on_release_2) -> None:
     device, old = device_on_release_2
-    (device.data_dir / "store.json").unlink()
+    (device.model_dir() / "store.json").unlink()
     assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
 
 
 def test_floor_file_deleted_the_slots_still_hold_the_floor(device_on_release_2) -> None:
     device, old = device_on_release_2
-    (device.data_dir / "rollback_floor").unlink()
+    (device.model_dir() / "rollback_floor").unlink()
     assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
     # Two files gone (floor record and store.json): the slots' committed records still hold it.
-    (device.data_dir / "store.json").unlink()
+    (device.model_dir() / "store.json").unlink()
     assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
 
 
@@ -103,7 +103,7 @@ def test_every_record_gone_but_slots_present_installs_are_refused_and_reported(
 ) -> None:
     device, old = device_on_release_2
     for lost in ("rollback_floor", "store.json", "slots/a/committed", "slots/b/committed"):
-        (device.data_dir / lost).unlink()
+        (device.model_dir() / lost).unlink()
     # Not reset to "no floor": even a newer release is refused, since nothing says what is safe.
     newer = device.bundle(convert_dir, version="3.0.0", release=3)
     for bundle in (old, newer):
