@@ -300,7 +300,10 @@ def create_app(context: ApiContext) -> FastAPI:
 
     # -- artifacts (devices) ----------------------------------------------------------------
 
-    @app.api_route("/artifacts/{name}", methods=["GET", "HEAD"], tags=["artifacts"])
+    # GET and HEAD registered apart: one api_route with both gives the OpenAPI document two
+    # operations with the same id (FastAPI warns; schema-driven clients need them unique).
+    @app.head("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_head")
+    @app.get("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_get")
     def artifact(name: str) -> FileResponse:
         """A bundle of a running rollout, with Range (devices resume with it). No token: devices
         have none, the bundle is encrypted to its devices, and they trust the signed hash, not
