@@ -10,10 +10,11 @@ seconds, the devices' phases spread evenly over the interval. They talk to one m
 
 1. **telemetry** (``--steps``): for each fleet size, a fresh broker, database and service; all
    devices connect (time reported), a warm-up interval, then ``--duration`` seconds measured.
-   End-to-end latency = when a row is first seen in PostgreSQL (a poller process reading new
-   rows every 0.1 s, so ±0.1 s) minus the report's ``ts`` (set when the device built it).
+   End-to-end latency = when the row was written in PostgreSQL (a ``stored_at`` column the
+   benchmark adds to its throwaway database, default ``clock_timestamp()``: the insert's time,
+   a few ms before its commit) minus the report's ``ts`` (set when the device built it).
    Lost = reports the devices enqueued minus distinct rows stored after the outboxes drained.
-   CPU per component (broker, service + workers, PostgreSQL, simulators, poller) as % of one
+   CPU per component (broker, service + workers, PostgreSQL, simulators) as % of one
    core over the measured window: what saturates first.
 2. **ingest** (``--ingest-workers 1,2,4``): raw ingest throughput per worker count, rounds
    interleaved (1,2,4 then 4,2,1): publisher processes offer ``--ingest-messages`` telemetry
@@ -155,41 +156,6 @@ def sim_main(index: int, broker_url: str, devices: list[str], root: str, interva
             return
 
 
-# -- the latency poller -------------------------------------------------------------------------
-def poller_main(db_url: str, conn: Any) -> None:
-    """Read new telemetry rows every 0.1 s; latency = first seen − the report's ts."""
-    import sqlalchemy as sa
-
-    from edgesdk.fleet.service import schema
-    from edgesdk.fleet.service.database import open_engine
-
-    engine = open_engine(db_url)
-    table = schema.telemetry
-    last_id = 0
-    window_from = float("inf")
-    latencies: list[float] = []
-    rows = 0
-    while True:
-        if conn.poll():
-            command = conn.recv()
-            if command == "measure":
-                window_from, latencies = time.time(), []
-            elif command == "stats":
-                conn.send({"rows": rows, "latencies": latencies})
-            elif command == "stop":
-                engine.dispose()
-                return
-        with engine.connect() as db:
-            found = db.execute(sa.select(table.c.id, table.c.ts).where(table.c.id > last_id)).all()
-        now = time.time()
-        for row in found:
-            last_id = max(last_id, row.id)
-            if row.ts >= window_from:
-                latencies.append(now - row.ts)
-        rows += len(found)
-        time.sleep(0.1)
-
-
 # -- a raw publisher (ingest throughput) --------------------------------------------------------
 def publisher_main(broker_url: str, index: int, messages: int, devices: int, conn: Any) -> None:
     from edgesdk.mqtt.client import ClientOptions, MqttClient
@@ -204,9 +170,7 @@ def publisher_main(broker_url: str, index: int, messages: int, devices: int, con
     payloads = []
     for n in range(messages):
         device = f"pub{index}-{n % devices:04d}"
-        report = Telemetry(
-            device_id=device, msg_id=f"{device}-{n}", seq=n, ts=datetime.now(timezone.utc), **snapshot
-        )
+        report = Telemetry(device_id=device, msg_id=f"{device}-{n}", seq=n, ts=datetime.now(timezone.utc), **snapshot)
         payloads.append((f"edgesdk/devices/{device}/telemetry", report.model_dump_json().encode()))
     conn.send("ready")
     conn.recv()
@@ -227,7 +191,9 @@ class Stack:
     def __init__(self, root: Path, cluster: Any, key: Path, workers: int, name: str) -> None:
         self.root = root / name
         self.root.mkdir(parents=True)
-        self.broker = MosquittoBroker(data_dir=self.root / "mosquitto", persistence=False, max_queued_messages=1_000_000)
+        self.broker = MosquittoBroker(
+            data_dir=self.root / "mosquitto", persistence=False, max_queued_messages=1_000_000
+        )
         self.broker.start()
         self.db_url = cluster.create_database(name)
         argv = [sys.executable, "-m", "edgesdk.cli.main", "fleet", "serve", "--broker", self.broker.url]
@@ -245,6 +211,27 @@ class Stack:
                 raise SystemExit(f"fleet serve exited:\n{text[-3000:]}")
             time.sleep(0.2)
         time.sleep(1.0)
+        self._sql(
+            "ALTER TABLE telemetry ADD COLUMN stored_at double precision DEFAULT extract(epoch from clock_timestamp())"
+        )
+
+    def _sql(self, statement: str, **params: Any) -> list[Any]:
+        import sqlalchemy as sa
+
+        from edgesdk.fleet.service.database import open_engine
+
+        engine = open_engine(self.db_url)
+        try:
+            with engine.begin() as db:
+                result = db.execute(sa.text(statement), params)
+                return list(result.all()) if result.returns_rows else []
+        finally:
+            engine.dispose()
+
+    def latencies(self, start: float, end: float) -> list[float]:
+        """Seconds from each report's ``ts`` to its row's insert, for reports built in [start, end)."""
+        rows = self._sql("SELECT stored_at - ts FROM telemetry WHERE ts >= :a AND ts < :b", a=start, b=end)
+        return [float(r[0]) for r in rows]
 
     def rows(self) -> int:
         import sqlalchemy as sa
@@ -307,9 +294,6 @@ def telemetry_step(n: int, args: argparse.Namespace, root: Path, cluster: Any, k
         proc = ctx.Process(target=sim_main, args=(i, stack.broker.url, devices, str(outboxes), args.interval, child))
         proc.start()
         sims.append((proc, parent))
-    poll_parent, poll_child = ctx.Pipe()
-    poller = ctx.Process(target=poller_main, args=(stack.db_url, poll_child))
-    poller.start()
     result: dict[str, Any] = {"devices": n, "processes": args.processes, "workers": args.serve_workers}
     try:
         t0 = time.monotonic()
@@ -332,32 +316,35 @@ def telemetry_step(n: int, args: argparse.Namespace, root: Path, cluster: Any, k
             "service+workers": _tree(stack.service.pid),
             "postgresql": [p for p in psutil.process_iter() if p.name().startswith("postgres")],
             "simulators": [psutil.Process(p.pid) for p, _ in sims],
-            "poller": [psutil.Process(poller.pid)],
         }
         before = {k: _cpu(v) for k, v in groups.items()}
-        poll_parent.send("measure")
-        w0 = time.monotonic()
+        w0, wall0 = time.monotonic(), time.time()
         time.sleep(args.duration)
-        window = time.monotonic() - w0
+        window, wall1 = time.monotonic() - w0, time.time()
         after = {k: _cpu(v) for k, v in groups.items()}
-        poll_parent.send("stats")
-        polled = poll_parent.recv()
-        latencies = polled["latencies"]
-        result["poller_rows"] = polled["rows"]
         for _, pipe in sims:
             pipe.send("pause")
             pipe.recv()
         stats: list[dict[str, Any]] = []
-        drain_deadline = time.monotonic() + args.grace
+        # Wait for the backlog (outboxes, the broker's queues) to be stored: as long as rows keep
+        # coming, up to --grace seconds without progress; only what never arrives is lost.
+        paused = time.monotonic()
+        last_progress, last_stored = paused, -1
         while True:
             for _, pipe in sims:
                 pipe.send("stats")
             stats = [pipe.recv() for _, pipe in sims]
             sent = sum(s["sent"] for s in stats)
             stored = stack.rows()
-            if (stored >= sent and sum(s["outbox"] for s in stats) == 0) or time.monotonic() > drain_deadline:
+            if stored > last_stored:
+                last_progress, last_stored = time.monotonic(), stored
+            if stored >= sent and sum(s["outbox"] for s in stats) == 0:
+                break
+            if time.monotonic() - last_progress > args.grace or time.monotonic() - paused > args.drain_max:
                 break
             time.sleep(1.0)
+        result["backlog_drain_s"] = round(time.monotonic() - paused, 1)
+        latencies = stack.latencies(wall0, wall1)
         result.update(
             {
                 "window_s": round(window, 1),
@@ -384,8 +371,6 @@ def telemetry_step(n: int, args: argparse.Namespace, root: Path, cluster: Any, k
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
-        poll_parent.send("stop")
-        poller.join(10)
         stack.stop()
         shutil.rmtree(outboxes, ignore_errors=True)
     return result
@@ -395,7 +380,9 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def ingest_round(workers: int, args: argparse.Namespace, root: Path, cluster: Any, key: Path, tag: str) -> dict[str, Any]:
+def ingest_round(
+    workers: int, args: argparse.Namespace, root: Path, cluster: Any, key: Path, tag: str
+) -> dict[str, Any]:
     stack = Stack(root, cluster, key, workers, f"ingest_w{workers}_{tag}")
     ctx = mp.get_context("spawn")
     per = args.ingest_messages // args.publishers
@@ -447,7 +434,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4, help="simulator processes")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between a device's reports")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per step")
-    parser.add_argument("--grace", type=float, default=60.0, help="seconds to wait for outboxes to drain")
+    parser.add_argument(
+        "--grace", type=float, default=30.0, help="stop waiting for the backlog after this long without progress"
+    )
+    parser.add_argument("--drain-max", type=float, default=900.0, help="longest wait for the backlog to be stored")
     parser.add_argument("--connect-timeout", type=float, default=300.0)
     parser.add_argument("--serve-workers", type=int, default=2, help="ingest workers in the telemetry part")
     parser.add_argument("--ingest-workers", default="1,2,4")

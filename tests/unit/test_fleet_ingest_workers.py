@@ -74,6 +74,32 @@ def test_two_ingests_on_one_database_store_a_message_once(tmp_path: Path) -> Non
         engine.dispose()
 
 
+def test_a_last_will_marks_the_device_offline_though_its_ts_is_older(tmp_path: Path) -> None:
+    engine = open_engine(f"sqlite:///{tmp_path / 'w.sqlite3'}")
+    migrate(engine)
+    ingest = Ingest(engine, "edgesdk", SqlRolloutStore(engine)).start()
+
+    def presence(online: bool, second: int) -> bytes:
+        ts = datetime(2026, 1, 1, 12, 0, second, tzinfo=timezone.utc).isoformat()
+        return json.dumps({"device_id": "d1", "online": online, "ts": ts, "groups": ["g"]}).encode()
+
+    def online() -> bool:
+        assert ingest.drain(10)
+        with engine.connect() as db:
+            return bool(db.execute(sa.select(schema.devices.c.online)).scalar())
+
+    ingest.handle("edgesdk/devices/d1/presence", presence(True, 10))  # connected at :10
+    assert online()
+    ingest.handle("edgesdk/devices/d1/presence", presence(False, 5))  # its Will, built at :05 when the link started
+    assert not online()
+    ingest.handle("edgesdk/devices/d1/presence", presence(True, 8))  # a stale online arriving late
+    assert not online()
+    ingest.handle("edgesdk/devices/d1/presence", presence(True, 20))  # back
+    assert online()
+    ingest.stop()
+    engine.dispose()
+
+
 def test_a_receipt_of_an_earlier_connection_is_never_sent() -> None:
     client = MqttClient(ClientOptions(client_id="t", broker_url="mqtt://127.0.0.1:1", manual_ack=True))
     sent: list[int] = []

@@ -259,7 +259,7 @@ class Ingest:
             stored_telemetry = self._insert(db, self._telemetry_insert, [_telemetry_row(m) for m in telemetry])
             stored_events = self._insert(db, self._event_insert, [_event_row(m) for m in events])
             stored_history = self._insert(db, self._history_insert, [_history_row(m) for m in statuses])
-            for announcement in sorted(presence, key=lambda p: (p.device_id, p.ts)):
+            for announcement in sorted(presence, key=lambda p: p.device_id):  # stable: arrival order per device
                 self._apply_presence(db, announcement)
             self._apply_telemetry(db, telemetry)
             self._apply_ota_states(db, statuses)
@@ -302,6 +302,12 @@ class Ingest:
 
     def _apply_presence(self, db: Any, presence: Presence) -> None:
         table = schema.devices
+        if not presence.online:
+            # Offline always applies, whatever its ts: a Last Will is built when the device's link
+            # starts, so it is *older* than the online presence it follows. Presence comes on one
+            # plain subscription, in the order the broker published it.
+            db.execute(table.update().where(table.c.device_id == presence.device_id).values(online=False))
+            return
         ts = presence.ts.timestamp()
         values: dict[str, Any] = {
             "online": presence.online,
@@ -313,7 +319,7 @@ class Ingest:
                 values[name] = getattr(presence, name)
         if presence.model is not None:
             values.update(_model_columns(presence.model))
-        newer = table.c.presence_ts.is_(None) | (table.c.presence_ts <= ts)  # an older one arriving late: no
+        newer = table.c.presence_ts.is_(None) | (table.c.presence_ts <= ts)  # an older online arriving late: no
         db.execute(table.update().where((table.c.device_id == presence.device_id) & newer).values(**values))
 
     def _apply_telemetry(self, db: Any, telemetry: list[Telemetry]) -> None:
