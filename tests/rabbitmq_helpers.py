@@ -78,6 +78,13 @@ class RabbitCluster:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
     def start(self) -> RabbitCluster:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> RabbitCluster:
         for index, port in enumerate(self.mqtt_ports):
             node = self.root / f"node{index}"
             node.mkdir()
@@ -101,7 +108,7 @@ class RabbitCluster:
             )
         for index in range(len(self.names)):
             pid_file = self.root / f"node{index}" / "rabbitmq.pid"
-            waited = self.ctl(index, "wait", str(pid_file), "--timeout", "240", timeout=300)
+            waited = self.ctl(index, "wait", str(pid_file), "--timeout", "600", timeout=660)
             if waited.returncode != 0:
                 raise RuntimeError(f"RabbitMQ node {self.names[index]} did not start: {waited.stderr or waited.stdout}")
         for index in range(1, len(self.names)):
@@ -130,12 +137,19 @@ class RabbitCluster:
         raise RuntimeError(f"RabbitMQ's MQTT listener on {port} never opened")
 
     def stop(self) -> None:
-        for index in range(len(self.names)):
+        """Stop every node (also after a failed start): ``rabbitmqctl stop``, then SIGKILL the
+        Erlang VM named by each node's pid file and the launcher's process group."""
+        for index in range(len(self._processes)):
             try:
-                self.ctl(index, "stop", timeout=60)
+                self.ctl(index, "stop", timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        for process in self._processes:
+        for index, process in enumerate(self._processes):
+            pid_file = self.root / f"node{index}" / "rabbitmq.pid"
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)  # the VM: it outlives its launcher
+            except (OSError, ValueError):
+                pass
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
