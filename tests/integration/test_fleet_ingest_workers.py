@@ -171,8 +171,11 @@ def test_workers_share_the_stream_and_a_killed_worker_loses_nothing(
         tail = [(f"edgesdk/devices/{d}/telemetry", _telemetry(d, seq)) for seq in range(80, 100) for d in devices]
         publish(broker, tail, "test-tail")
         _wait_stored(engine, 5000, serve)
-        time.sleep(1.5)  # counters are persisted every second
+        deadline = time.monotonic() + 30  # counters are persisted about every second
         after = read_counters(engine, "test")
+        while after["telemetry"] - before.get("telemetry", 0) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = read_counters(engine, "test")
         assert after["telemetry"] - before.get("telemetry", 0) == 1000
         assert after["messages"] - before["messages"] == 1000, (before, after)
     finally:

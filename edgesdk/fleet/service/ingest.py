@@ -194,7 +194,11 @@ class Ingest:
 
     def _write_loop(self) -> None:
         while True:
-            batch: list[Any] = [self._queue.get()]
+            try:
+                batch: list[Any] = [self._queue.get(timeout=_COUNTERS_EVERY_S)]
+            except queue.Empty:
+                self._flush_counters()  # idle: the last batch's counts are persisted too
+                continue
             deadline = time.monotonic() + self._flush_s
             while len(batch) < self._batch_max and batch[-1] is not _STOP:
                 remaining = deadline - time.monotonic()
