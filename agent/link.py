@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError, LinkError
-from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings, WillMessage
+from edgesdk.mqtt.client import ClientOptions, MqttClient, NetworkLoop, TlsSettings, WillMessage
 from edgesdk.mqtt.forwarder import QueueForwarder
 from edgesdk.mqtt.queue import MessageQueue
 from edgesdk.protocol import topics
@@ -92,6 +92,7 @@ class AgentLink:
         events: EventSource | None = None,
         keyring: Keyring | None = None,
         running_models: RunningModelsSource | None = None,
+        loop: NetworkLoop | None = None,  # share one network thread (the fleet simulator); None: its own
     ) -> None:
         self.config = config
         self.telemetry = telemetry
@@ -119,7 +120,7 @@ class AgentLink:
             config.data_dir / "mqtt" / "outbox.sqlite3",
             max_bytes=int(self.mqtt.queue_max_mb * 1024 * 1024),
         )
-        self.client = MqttClient(self._client_options(config))
+        self.client = MqttClient(self._client_options(config), loop=loop)
         self.client.on_connected = self._on_connected
         self.client.on_message = self._on_message
         self.forwarder = QueueForwarder(self.queue, self.client)

@@ -29,6 +29,7 @@ FLEET_COMMANDS: dict[str, str] = {
     "enroll": "edgesdk.cli.enroll_cmd:enroll",
     "serve": "edgesdk.cli.fleet_serve_cmd:serve",
     "submit": "edgesdk.cli.fleet_serve_cmd:submit",
+    "ingest": "edgesdk.cli.fleet_ingest_cmd:ingest",
 }
 
 COLUMNS = (

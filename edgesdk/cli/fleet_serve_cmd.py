@@ -22,7 +22,7 @@ from edgesdk.cli.fleet_cmd import broker_options
 from edgesdk.cli.fleet_rollout_cmd import OPERATOR_KEY_ENV, _operator_key
 from edgesdk.cli.output import console, json_option, print_json
 from edgesdk.cli.rollout_options import RolloutArgs, rollout_options
-from edgesdk.errors import UsageError
+from edgesdk.errors import FleetServiceError, UsageError
 
 DB_ENV = "EDGESDK_FLEET_SERVICE_DB"
 
@@ -41,6 +41,21 @@ _data_dir_option = click.option(
     show_default=True,
     help="Where the default SQLite database lives.",
 )
+
+
+def share_group_options(fn: Any) -> Any:
+    """``--share-group NAME`` and ``--no-shared-subscriptions`` (brokers without them)."""
+    fn = click.option(
+        "--no-shared-subscriptions",
+        is_flag=True,
+        help="Plain subscriptions, for brokers without MQTT 5 shared subscriptions (one ingest process only).",
+    )(fn)
+    return click.option(
+        "--share-group",
+        default="edgesdk-fleet",
+        show_default=True,
+        help="MQTT shared-subscription group ($share/GROUP/...) the ingest processes join.",
+    )(fn)
 
 
 def _db_url(db_url: str | None, data_dir: Path) -> str:
@@ -77,6 +92,19 @@ def _db_url(db_url: str | None, data_dir: Path) -> str:
     default=None,
     help="Enrollment registry that API approvals are written to (default DATA_DIR/enrollment.json).",
 )
+@click.option(
+    "--workers",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Ingest worker processes sharing the device subscriptions (0: ingest in this process; >0 needs PostgreSQL).",
+)
+@share_group_options
+@click.option(
+    "--instance",
+    default=None,
+    help="Name of this process when several serve one fleet (each needs its own; one leader drives rollouts).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -89,6 +117,10 @@ def serve(
     api_bind: str | None,
     artifact_url: str | None,
     registry: Path | None,
+    workers: int,
+    share_group: str,
+    no_shared_subscriptions: bool,
+    instance: str | None,
     **params: Any,
 ) -> None:
     """Run the fleet service: ingest device messages into a database and drive rollouts."""
@@ -100,7 +132,8 @@ def serve(
 
     from edgesdk.cli.fleet_cmd import client_options_from
     from edgesdk.fleet.service.retention import Retention
-    from edgesdk.fleet.service.service import FleetService, ServiceSettings, service_client_id
+    from edgesdk.fleet.service.service import FleetService, ServiceSettings, check_scaling, service_client_id
+    from edgesdk.fleet.service.workers import check_name
 
     retention = Retention(
         raw_retention_s=_duration(raw_retention, "--raw-retention"),
@@ -116,12 +149,16 @@ def serve(
         api_bind=api_bind,
         artifact_url=artifact_url,
         registry_path=registry or data_dir / "enrollment.json",
+        workers=workers,
+        share_group=None if no_shared_subscriptions else check_name(share_group, "--share-group"),
+        instance=check_name(instance, "--instance") if instance is not None else None,
     )
+    check_scaling(settings, settings.db_url)
     if api_bind is not None:
         from edgesdk.fleet.service.api_server import parse_bind
 
         parse_bind(api_bind)  # a bad value fails before the broker is touched
-    options = client_options_from(params, service_client_id(params["namespace"]))
+    options = client_options_from(params, service_client_id(params["namespace"], settings.instance))
     # A persistent session: statuses devices publish while the service restarts wait for it.
     options = replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -134,6 +171,8 @@ def serve(
     click.echo(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}", nl=True)
     sys.stdout.flush()
     service.serve_forever()
+    if service.lost_leadership:
+        raise FleetServiceError("fleet service stopped: it lost the leader lock (its database connection); restart it")
 
 
 @serve.group("token")

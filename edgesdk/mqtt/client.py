@@ -124,6 +124,14 @@ class ClientOptions:
     backoff_max_s: float = 30.0
     max_inflight: int = 100
     connect_timeout_s: float = 5.0
+    #: Acknowledge inbound QoS 1 messages only when the application says so (``on_delivery``
+    #: and :meth:`MqttClient.acknowledge`): a consumer that acks after its database commit
+    #: loses nothing when it is killed, the broker redelivers what was not acknowledged.
+    manual_ack: bool = False
+    #: MQTT 5 Receive Maximum: how many unacknowledged QoS 1 messages the broker may have in
+    #: flight to us (None: the protocol's default, 65,535). A consumer that acks in batches
+    #: needs at least a batch's worth.
+    receive_maximum: int | None = None
 
 
 @dataclass
@@ -141,7 +149,20 @@ class ClientStats:
     reason_history: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """What acknowledging one inbound message takes: its packet id and QoS on the connection
+    (``generation``) it arrived on. A receipt from an earlier connection is not sent: the broker
+    redelivers that message on the new connection (a fresh receipt), and the old packet id may
+    by then name another message."""
+
+    mid: int
+    qos: int
+    generation: int
+
+
 MessageHandler = Callable[[str, bytes], None]
+DeliveryHandler = Callable[[str, bytes, Receipt], None]
 AckHandler = Callable[[int, bool], None]
 ConnectHandler = Callable[[bool], None]
 DisconnectHandler = Callable[[str], None]
@@ -168,6 +189,7 @@ class MqttClient:
         self.protocol: Literal["5", "3.1.1"] = "3.1.1" if options.protocol == "3.1.1" else "5"
         self.stats = ClientStats()
         self.on_message: MessageHandler | None = None
+        self.on_delivery: DeliveryHandler | None = None  # with manual_ack: the handler acks later
         self.on_published: AckHandler | None = None
         self.on_connected: ConnectHandler | None = None
         self.on_disconnected: DisconnectHandler | None = None
@@ -179,6 +201,7 @@ class MqttClient:
         self._attempt = 0
         self._next_attempt = 0.0
         self._connack_seen = False
+        self._generation = 0  # connections made so far (receipts name theirs)
         self._v5_silent_closes = 0
         self._rng = random.Random()
         self._own_loop = loop is None
@@ -254,6 +277,20 @@ class MqttClient:
         self.stats.published += 1
         return int(info.mid)
 
+    def acknowledge(self, receipts: list[Receipt]) -> None:
+        """Send the PUBACKs of ``receipts`` (in their order; any thread). Receipts of an earlier
+        connection are skipped (see :class:`Receipt`)."""
+        wanted = [r for r in receipts if r.qos > 0]
+        if not wanted:
+            return
+
+        def send() -> None:
+            for receipt in wanted:
+                if receipt.generation == self._generation and self._connected.is_set():
+                    self._paho.ack(receipt.mid, receipt.qos)
+
+        self._loop.call(send)
+
     # -- paho plumbing --------------------------------------------------------------------------
     def _make_paho(self) -> paho.Client:
         opts = self.options
@@ -267,6 +304,7 @@ class MqttClient:
             reconnect_on_failure=False,
         )
         client.max_inflight_messages_set(opts.max_inflight)
+        client.manual_ack_set(opts.manual_ack)
         client.max_queued_messages_set(0)
         client.connect_timeout = opts.connect_timeout_s
         if opts.username is not None:
@@ -309,6 +347,8 @@ class MqttClient:
             if self.protocol == "5":
                 props = Properties(PacketTypes.CONNECT)
                 props.SessionExpiryInterval = self.options.session_expiry_s
+                if self.options.receive_maximum is not None:
+                    props.ReceiveMaximum = self.options.receive_maximum
                 self._paho.connect(
                     self.address.host,
                     self.address.port,
@@ -345,6 +385,7 @@ class MqttClient:
             return
         self._attempt = 0
         self._v5_silent_closes = 0
+        self._generation += 1
         self.stats.connects += 1
         with self._lock:
             subscriptions = list(self._subscriptions.items())
@@ -373,8 +414,17 @@ class MqttClient:
 
     def _handle_message(self, _client: Any, _userdata: Any, message: Any) -> None:
         self.stats.messages_in += 1
+        receipt = Receipt(int(message.mid), int(message.qos), self._generation)
+        if self.options.manual_ack and self.on_delivery is not None:
+            try:
+                self.on_delivery(str(message.topic), bytes(message.payload), receipt)
+            except Exception:  # noqa: BLE001 - a handler bug must not stop the loop; not acked: redelivered
+                log.exception("%s: MQTT delivery handler failed", self.options.client_id)
+            return
         if self.on_message is not None:
             self._guard(self.on_message, str(message.topic), bytes(message.payload))
+        if self.options.manual_ack:
+            self.acknowledge([receipt])
 
     def _handle_publish(self, _client: Any, _userdata: Any, mid: int, reason_code: Any, _props: Any) -> None:
         ok = not reason_code.is_failure

@@ -1,18 +1,26 @@
 """From the broker into the database: presence, telemetry, events, OTA statuses, enrollment.
 
-``handle(topic, payload)`` runs on the MQTT network thread. A payload that does not parse as
-the schema its topic names is counted (``malformed``) and dropped; one whose ``device_id``
-differs from the id in its topic (a device speaking for another) is counted (``impersonating``)
-and dropped; a message seen before (QoS 1 redelivers; store-and-forward replays) is counted
-(``duplicates``) and dropped, by an in-memory window and then by unique keys in the tables.
-None of these ever raises.
+``handle(topic, payload, receipt)`` runs on the MQTT network thread. A payload that does not
+parse as the schema its topic names is counted (``malformed``) and dropped; one whose
+``device_id`` differs from the id in its topic (a device speaking for another) is counted
+(``impersonating``) and dropped. Everything else goes through a bounded queue to one writer
+thread that stores it in batches, one transaction each (a full queue blocks the network
+thread, which slows the broker down instead of dropping).
 
-OTA statuses and enrollment requests are written before ``handle`` returns, so before the
-client acknowledges them (paho sends PUBACK after the callback): a service killed right after
-cannot lose one. Presence, telemetry and events go through a bounded queue to one writer
-thread that inserts them in batches (a full queue blocks the network thread, which slows the
-broker down instead of dropping); a kill can lose the last batch, which telemetry tolerates
-(retained latest value, the next report comes).
+**Acknowledged only after commit.** The service's client acks by hand (``manual_ack``): the
+receipts of a batch are handed back (``acknowledge``) only once its transaction committed, so
+a worker killed at any point loses nothing the broker considers delivered — what it had not
+acknowledged waits in its persistent session and comes again at its restart.
+
+**De-duplicated by the database, across workers.** Several ingest processes may share the
+subscriptions (MQTT 5 shared subscriptions), and QoS 1 redelivers and store-and-forward replays
+come to any of them. Telemetry, events and OTA history are inserted with ``ON CONFLICT DO
+NOTHING`` on their ``(device_id, msg_id)`` unique keys; the rows that came back are what is
+counted as stored, the rest as ``duplicates``. Device rows are only ever moved forward by
+conditional updates (newest presence by ``ts``, newest telemetry by ``seq``, ``last_seen`` by
+maximum), taken in device-id order so two workers never deadlock on them; a deadlock or lost
+connection is retried, a batch the database refuses as data is split and the refused messages
+are counted (``unstorable``) and acknowledged, so one bad message cannot wedge the stream.
 """
 
 from __future__ import annotations
@@ -22,13 +30,13 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.service import schema
@@ -39,8 +47,12 @@ from edgesdk.schemas.messages import EnrollRequest, Event, OtaStatus, Presence, 
 
 log = logging.getLogger(__name__)
 
-_DEDUP_WINDOW = 65536
 _STOP = object()
+_RETRY_S = (0.05, 0.2, 1.0)  # waits between attempts of a batch before it is split
+_COUNTERS_EVERY_S = 1.0
+
+#: Hands a batch's receipts back to the MQTT client once the batch is committed.
+Acknowledge = Callable[[list[Any]], None]
 
 
 @dataclass
@@ -51,6 +63,7 @@ class IngestCounters:
     malformed: int = 0
     impersonating: int = 0
     duplicates: int = 0
+    unstorable: int = 0
     telemetry: int = 0
     events: int = 0
     presence: int = 0
@@ -72,6 +85,7 @@ class Ingest:
         namespace: str,
         store: SqlRolloutStore,
         *,
+        acknowledge: Acknowledge | None = None,
         batch_max: int = 1000,
         flush_s: float = 0.1,
         queue_max: int = 20000,
@@ -81,133 +95,75 @@ class Ingest:
         self.store = store
         self.counters = IngestCounters()
         self._persisted = IngestCounters()
+        self._acknowledge = acknowledge or (lambda _receipts: None)
         self._batch_max = batch_max
         self._flush_s = flush_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
-        self._seen: deque[tuple[str, str]] = deque(maxlen=_DEDUP_WINDOW)
-        self._seen_set: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._writer: threading.Thread | None = None
         self._enqueued = 0
         self._written = 0
-        self._telemetry_insert = insert_ignoring_duplicates(engine, schema.telemetry)
-        self._event_insert = insert_ignoring_duplicates(engine, schema.events)
-        self._history_insert = insert_ignoring_duplicates(engine, schema.ota_history)
-        self._handlers: dict[str, tuple[type[BaseModel], Callable[[Any], None]]] = {
-            topics.PRESENCE: (Presence, self._queue_item),
-            topics.TELEMETRY: (Telemetry, self._queue_item),
-            topics.EVENTS: (Event, self._queue_item),
-            topics.OTA_STATUS: (OtaStatus, self._ota_status),
-            topics.ENROLL: (EnrollRequest, self._enroll),
+        self._counters_at = 0.0
+        self._telemetry_insert = insert_ignoring_duplicates(engine, schema.telemetry).returning(
+            schema.telemetry.c.msg_id
+        )
+        self._event_insert = insert_ignoring_duplicates(engine, schema.events).returning(schema.events.c.msg_id)
+        self._history_insert = insert_ignoring_duplicates(engine, schema.ota_history).returning(
+            schema.ota_history.c.msg_id
+        )
+        self._device_insert = insert_ignoring_duplicates(engine, schema.devices)
+        self._enroll_insert = insert_ignoring_duplicates(engine, schema.enrollment_requests)
+        self._models: dict[str, type[BaseModel]] = {
+            topics.PRESENCE: Presence,
+            topics.TELEMETRY: Telemetry,
+            topics.EVENTS: Event,
+            topics.OTA_STATUS: OtaStatus,
+            topics.ENROLL: EnrollRequest,
         }
 
-    def filters(self) -> list[str]:
-        """The subscriptions this ingest needs (QoS 1)."""
-        return [topics.all_devices_filter(self.namespace, suffix) for suffix in self.SUFFIXES]
+    def filters(self, suffixes: tuple[str, ...] | None = None, *, share_group: str | None = None) -> list[str]:
+        """The subscriptions (QoS 1) for ``suffixes`` (default: all); with ``share_group``, MQTT 5
+        shared subscriptions (``$share/GROUP/…``): the broker hands each message to one member."""
+        plain = [topics.all_devices_filter(self.namespace, s) for s in (suffixes or self.SUFFIXES)]
+        return [f"$share/{share_group}/{f}" for f in plain] if share_group else plain
 
     # -- the network thread -----------------------------------------------------------------
 
-    def handle(self, topic: str, payload: bytes) -> bool:
-        """Take one message; True when it was one of ours (parsed or counted)."""
+    def handle(self, topic: str, payload: bytes, receipt: Any = None) -> bool:
+        """Take one message; True when it was one of ours (queued or counted). ``receipt`` is
+        acknowledged once the message is committed (at once when it is dropped)."""
         parsed = topics.parse_topic(self.namespace, topic)
-        if parsed is None or parsed.scope != "devices" or parsed.suffix not in self._handlers:
+        if parsed is None or parsed.scope != "devices" or parsed.suffix not in self._models:
             return False
-        model, handler = self._handlers[parsed.suffix]
         with self._lock:
             self.counters.messages += 1
         try:
-            message: Any = model.model_validate_json(payload)
+            message: Any = self._models[parsed.suffix].model_validate_json(payload)
         except ValidationError as exc:
             self._count("malformed")
             log.debug("ignored malformed %s from %s: %s", parsed.suffix, parsed.name, exc)
+            self._ack([receipt])
             return True
         if message.device_id != parsed.name:
             self._count("impersonating")
             log.warning(
                 "ignored %s on the topic of %r claiming device %r", parsed.suffix, parsed.name, message.device_id
             )
+            self._ack([receipt])
             return True
-        msg_id = getattr(message, "msg_id", None)
-        if msg_id is not None and self._duplicate(parsed.name, msg_id):
-            self._count("duplicates")
-            return True
-        try:
-            handler(message)
-        except EdgeSDKError as exc:  # the database refused: log, keep the service up
-            log.error("could not store %s from %s: %s", parsed.suffix, parsed.name, exc)
+        with self._lock:
+            self._enqueued += 1
+        self._queue.put((message, receipt))  # blocks when full: back-pressure, never a silent drop
         return True
 
     def _count(self, name: str, by: int = 1) -> None:
         with self._lock:
             setattr(self.counters, name, getattr(self.counters, name) + by)
 
-    def _duplicate(self, device_id: str, msg_id: str) -> bool:
-        key = (device_id, msg_id)
-        with self._lock:
-            if key in self._seen_set:
-                return True
-            if len(self._seen) == self._seen.maxlen:
-                self._seen_set.discard(self._seen[0])
-            self._seen.append(key)
-            self._seen_set.add(key)
-        return False
-
-    def _queue_item(self, message: Any) -> None:
-        with self._lock:
-            self._enqueued += 1
-        self._queue.put(message)  # blocks when full: back-pressure, never a silent drop
-
-    def _ota_status(self, status: OtaStatus) -> None:
-        with Transaction(self.engine, self.store.where) as db:
-            db.execute(
-                self._history_insert,
-                [
-                    {
-                        "device_id": status.device_id,
-                        "deployment_id": status.deployment_id,
-                        "msg_id": status.msg_id,
-                        "ts": status.ts.timestamp(),
-                        "state": status.state,
-                        "reason": status.reason,
-                        "progress": status.progress,
-                        "model_release": status.model.release if status.model else None,
-                    }
-                ],
-            )
-            devices = schema.devices
-            values = {"ota_state": status.state, "ota_deployment_id": status.deployment_id}
-            known = db.execute(sa.select(devices.c.device_id).where(devices.c.device_id == status.device_id)).first()
-            ts = status.ts.timestamp()
-            if known is None:
-                db.execute(
-                    devices.insert().values(
-                        device_id=status.device_id, groups="[]", first_seen=time.time(), last_seen=ts, **values
-                    )
-                )
-            else:
-                db.execute(devices.update().where(devices.c.device_id == status.device_id).values(**values))
-        self.store.record_status(status)
-        self._count("ota_status")
-
-    def _enroll(self, request: EnrollRequest) -> None:
-        table = schema.enrollment_requests
-        with Transaction(self.engine, self.store.where) as db:
-            row = db.execute(sa.select(table.c.key_id).where(table.c.device_id == request.device_id)).first()
-            values = {
-                "public_key": request.public_key,
-                "key_id": request.key_id,
-                "profile": request.profile,
-                "agent_version": request.agent_version,
-                "hostname": request.hostname,
-                "requested": request.ts.timestamp(),
-            }
-            if row is None:
-                db.execute(table.insert().values(device_id=request.device_id, status="pending", **values))
-            elif row.key_id != request.key_id:  # a new key asks again: it must be approved again
-                db.execute(
-                    table.update().where(table.c.device_id == request.device_id).values(status="pending", **values)
-                )
-        self._count("enroll_requests")
+    def _ack(self, receipts: list[Any]) -> None:
+        wanted = [r for r in receipts if r is not None]
+        if wanted:
+            self._acknowledge(wanted)
 
     # -- the writer thread ------------------------------------------------------------------
 
@@ -217,12 +173,12 @@ class Ingest:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write (and acknowledge) what is queued, then stop the writer."""
         if self._writer is not None:
             self._queue.put(_STOP)
             self._writer.join(timeout)
             self._writer = None
-        self._flush_counters()
+        self._flush_counters(force=True)
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far is written (tests, benchmarks)."""
@@ -238,111 +194,212 @@ class Ingest:
 
     def _write_loop(self) -> None:
         while True:
-            batch: list[Any] = [self._queue.get()]
+            try:
+                batch: list[Any] = [self._queue.get(timeout=_COUNTERS_EVERY_S)]
+            except queue.Empty:
+                self._flush_counters()  # idle: the last batch's counts are persisted too
+                continue
             deadline = time.monotonic() + self._flush_s
-            while len(batch) < self._batch_max:
+            while len(batch) < self._batch_max and batch[-1] is not _STOP:
                 remaining = deadline - time.monotonic()
                 try:
-                    batch.append(
-                        self._queue.get(timeout=max(remaining, 0.0)) if remaining > 0 else self._queue.get_nowait()
-                    )
+                    batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(item is _STOP for item in batch)
+            stop = batch[-1] is _STOP
             items = [item for item in batch if item is not _STOP]
             if items:
-                try:
-                    self._write_batch(items)
-                except EdgeSDKError as exc:
-                    log.error("dropped a batch of %d device messages: %s", len(items), exc)
-            with self._lock:
-                self._written += len(items)
-            self._flush_counters()
+                self._store(items)
+                with self._lock:
+                    self._written += len(items)
+            self._flush_counters(force=stop)
             if stop:
                 return
+
+    def _store(self, items: list[tuple[Any, Any]]) -> None:
+        """Commit ``items`` and acknowledge them: retried while the database is unreachable or
+        deadlocked; a batch it refuses is split so only the refused messages are dropped."""
+        messages = [m for m, _ in items]
+        receipts = [r for _, r in items]
+        attempt = 0
+        while True:
+            try:
+                self._write_batch(messages)
+                self._ack(receipts)
+                return
+            except EdgeSDKError as exc:
+                transient = _transient(exc)
+                if transient and attempt >= len(_RETRY_S):
+                    # The database is away: keep the messages unacknowledged and keep trying (the
+                    # queue fills, the network thread blocks, the broker holds the rest).
+                    log.error("fleet database unavailable, retrying a batch of %d: %s", len(items), exc)
+                    time.sleep(_RETRY_S[-1])
+                    continue
+                if transient:
+                    time.sleep(_RETRY_S[attempt])
+                    attempt += 1
+                    continue
+                if len(items) == 1:
+                    self._count("unstorable")
+                    log.error("dropped a device message the database refuses: %s", exc)
+                    self._ack(receipts)
+                    return
+                break
+        half = len(items) // 2
+        self._store(items[:half])
+        self._store(items[half:])
 
     def _write_batch(self, items: list[Any]) -> None:
         telemetry = [m for m in items if isinstance(m, Telemetry)]
         events = [m for m in items if isinstance(m, Event)]
         presence = [m for m in items if isinstance(m, Presence)]
+        statuses = [m for m in items if isinstance(m, OtaStatus)]
+        requests = [m for m in items if isinstance(m, EnrollRequest)]
         with Transaction(self.engine, self.store.where) as db:
-            now = time.time()
-            seen = {m.device_id: m.ts.timestamp() for m in items}
-            self._ensure_devices(db, seen, now)
-            for announcement in sorted(presence, key=lambda p: p.ts):
+            seen: dict[str, float] = {}
+            for m in items:
+                seen[m.device_id] = max(seen.get(m.device_id, 0.0), m.ts.timestamp())
+            self._touch_devices(db, seen)
+            stored_telemetry = self._insert(db, self._telemetry_insert, [_telemetry_row(m) for m in telemetry])
+            stored_events = self._insert(db, self._event_insert, [_event_row(m) for m in events])
+            stored_history = self._insert(db, self._history_insert, [_history_row(m) for m in statuses])
+            for announcement in sorted(presence, key=lambda p: p.device_id):  # stable: arrival order per device
                 self._apply_presence(db, announcement)
-            if telemetry:
-                db.execute(self._telemetry_insert, [_telemetry_row(m) for m in telemetry])
-                newest: dict[str, Telemetry] = {}
-                for report in telemetry:
-                    if report.device_id not in newest or report.seq > newest[report.device_id].seq:
-                        newest[report.device_id] = report
-                for report in newest.values():
-                    self._apply_telemetry(db, report)
-            if events:
-                db.execute(
-                    self._event_insert,
-                    [
-                        {
-                            "device_id": m.device_id,
-                            "msg_id": m.msg_id,
-                            "seq": m.seq,
-                            "ts": m.ts.timestamp(),
-                            "event": m.event,
-                            "detail": json.dumps(m.detail),
-                        }
-                        for m in events
-                    ],
-                )
-        self._count("telemetry", len(telemetry))
-        self._count("events", len(events))
-        self._count("presence", len(presence))
+            self._apply_telemetry(db, telemetry)
+            self._apply_ota_states(db, statuses)
+            for request in requests:
+                self._enroll(db, request)
+        for status in statuses:  # its own transaction; a kill before it is redelivered (not acked)
+            self.store.record_status(status)
+        with self._lock:
+            c = self.counters
+            c.telemetry += stored_telemetry
+            c.events += stored_events
+            c.ota_status += stored_history
+            stored = stored_telemetry + stored_events + stored_history
+            c.duplicates += len(telemetry) + len(events) + len(statuses) - stored
+            c.presence += len(presence)
+            c.enroll_requests += len(requests)
 
-    def _ensure_devices(self, db: Any, seen: dict[str, float], now: float) -> None:
+    def _insert(self, db: Any, statement: Any, rows: list[dict[str, Any]]) -> int:
+        """Insert ``rows``, skipping duplicates; how many were new."""
+        if not rows:
+            return 0
+        return len(db.execute(statement, rows).all())
+
+    def _touch_devices(self, db: Any, seen: dict[str, float]) -> None:
+        """Create unknown devices and move ``last_seen`` forward, in device-id order."""
         table = schema.devices
-        known = {r.device_id for r in db.execute(sa.select(table.c.device_id).where(table.c.device_id.in_(seen)))}
-        missing = [d for d in seen if d not in known]
-        if missing:
-            db.execute(
-                table.insert(),
-                [{"device_id": d, "groups": "[]", "first_seen": now, "last_seen": seen[d]} for d in missing],
-            )
+        order = sorted(seen)
+        now = time.time()
+        db.execute(
+            self._device_insert,
+            [{"device_id": d, "groups": "[]", "first_seen": now, "last_seen": seen[d]} for d in order],
+        )
+        newer = sa.bindparam("seen_ts", type_=sa.Float)
+        db.execute(
+            table.update()
+            .where((table.c.device_id == sa.bindparam("device")) & (table.c.last_seen < newer))
+            .values(last_seen=newer),
+            [{"device": d, "seen_ts": seen[d]} for d in order],
+        )
 
     def _apply_presence(self, db: Any, presence: Presence) -> None:
         table = schema.devices
+        if not presence.online:
+            # Offline always applies, whatever its ts: a Last Will is built when the device's link
+            # starts, so it is *older* than the online presence it follows. Presence comes on one
+            # plain subscription, in the order the broker published it.
+            db.execute(table.update().where(table.c.device_id == presence.device_id).values(online=False))
+            return
         ts = presence.ts.timestamp()
-        row = db.execute(
-            sa.select(table.c.presence_ts, table.c.last_seen).where(table.c.device_id == presence.device_id)
-        ).first()
-        if row is not None and row.presence_ts is not None and row.presence_ts > ts:
-            return  # an older presence arriving late
         values: dict[str, Any] = {
             "online": presence.online,
             "groups": json.dumps(sorted(presence.groups)),
             "presence_ts": ts,
-            "last_seen": max(ts, row.last_seen if row is not None else ts),
         }
         for name in ("profile", "agent_version", "public_key"):
             if getattr(presence, name) is not None:
                 values[name] = getattr(presence, name)
         if presence.model is not None:
             values.update(_model_columns(presence.model))
-        db.execute(table.update().where(table.c.device_id == presence.device_id).values(**values))
+        newer = table.c.presence_ts.is_(None) | (table.c.presence_ts <= ts)  # an older online arriving late: no
+        db.execute(table.update().where((table.c.device_id == presence.device_id) & newer).values(**values))
 
-    def _apply_telemetry(self, db: Any, message: Telemetry) -> None:
+    def _apply_telemetry(self, db: Any, telemetry: list[Telemetry]) -> None:
+        newest: dict[str, Telemetry] = {}
+        for report in telemetry:
+            if report.device_id not in newest or report.seq > newest[report.device_id].seq:
+                newest[report.device_id] = report
+        if not newest:
+            return
         table = schema.devices
-        row = db.execute(
-            sa.select(table.c.telemetry_seq, table.c.last_seen).where(table.c.device_id == message.device_id)
-        ).first()
-        ts = message.ts.timestamp()
-        values: dict[str, Any] = {"last_seen": max(ts, row.last_seen if row is not None else ts)}
-        if row is None or row.telemetry_seq is None or message.seq >= row.telemetry_seq:
-            values["telemetry_seq"] = message.seq
-            if message.model is not None:
-                values.update(_model_columns(message.model))
-        db.execute(table.update().where(table.c.device_id == message.device_id).values(**values))
+        seq = sa.bindparam("report_seq", type_=sa.BigInteger)
+        match = (table.c.device_id == sa.bindparam("device")) & (
+            table.c.telemetry_seq.is_(None) | (table.c.telemetry_seq <= seq)
+        )
+        with_model = [r for r in newest.values() if r.model is not None]
+        without_model = [r for r in newest.values() if r.model is None]
+        if with_model:
+            columns = _model_columns(with_model[0].model)
+            db.execute(
+                table.update()
+                .where(match)
+                .values(telemetry_seq=seq, **{name: sa.bindparam(f"m_{name}") for name in columns}),
+                [
+                    {"device": r.device_id, "report_seq": r.seq}
+                    | {f"m_{k}": v for k, v in _model_columns(r.model).items()}
+                    for r in sorted(with_model, key=lambda r: r.device_id)
+                ],
+            )
+        if without_model:
+            db.execute(
+                table.update().where(match).values(telemetry_seq=seq),
+                [
+                    {"device": r.device_id, "report_seq": r.seq}
+                    for r in sorted(without_model, key=lambda r: r.device_id)
+                ],
+            )
 
-    def _flush_counters(self) -> None:
+    def _apply_ota_states(self, db: Any, statuses: list[OtaStatus]) -> None:
+        newest: dict[str, OtaStatus] = {}
+        for status in statuses:
+            if status.device_id not in newest or status.ts >= newest[status.device_id].ts:
+                newest[status.device_id] = status
+        table = schema.devices
+        for device_id in sorted(newest):
+            status = newest[device_id]
+            db.execute(
+                table.update()
+                .where(table.c.device_id == device_id)
+                .values(ota_state=status.state, ota_deployment_id=status.deployment_id)
+            )
+
+    def _enroll(self, db: Any, request: EnrollRequest) -> None:
+        table = schema.enrollment_requests
+        values = {
+            "public_key": request.public_key,
+            "key_id": request.key_id,
+            "profile": request.profile,
+            "agent_version": request.agent_version,
+            "hostname": request.hostname,
+            "requested": request.ts.timestamp(),
+        }
+        created = db.execute(self._enroll_insert.values(device_id=request.device_id, status="pending", **values))
+        if created.rowcount == 1:
+            return
+        # Known device: a new key asks again and must be approved again; the same key changes nothing.
+        db.execute(
+            table.update()
+            .where((table.c.device_id == request.device_id) & (table.c.key_id != request.key_id))
+            .values(status="pending", **values)
+        )
+
+    def _flush_counters(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._counters_at < _COUNTERS_EVERY_S:
+            return
+        self._counters_at = now
         with self._lock:
             current = self.counters.as_dict()
             deltas = {
@@ -357,16 +414,27 @@ class Ingest:
             log.error("ingest counters not persisted: %s", exc)
 
 
+def _transient(exc: BaseException) -> bool:
+    """A lost connection or a deadlock (worth retrying), not data the database refuses."""
+    cause = exc.__cause__
+    if isinstance(cause, OperationalError):
+        return True
+    return isinstance(cause, DBAPIError) and bool(cause.connection_invalidated)
+
+
 def add_counters(engine: Any, where: str, deltas: dict[str, int]) -> None:
-    """Add ``deltas`` to the persisted counters of the same names."""
+    """Add ``deltas`` to the persisted counters of the same names (safe from several workers:
+    rows are created with ``ON CONFLICT DO NOTHING`` and incremented in name order)."""
     table = schema.service_counters
+    names = sorted(deltas)
     with Transaction(engine, where) as db:
-        existing = {r.name for r in db.execute(sa.select(table.c.name).where(table.c.name.in_(deltas)))}
-        for name, delta in deltas.items():
-            if name in existing:
-                db.execute(table.update().where(table.c.name == name).values(value=table.c.value + delta))
-            else:
-                db.execute(table.insert().values(name=name, value=delta))
+        db.execute(insert_ignoring_duplicates(engine, table), [{"name": n, "value": 0} for n in names])
+        db.execute(
+            table.update()
+            .where(table.c.name == sa.bindparam("counter"))
+            .values(value=table.c.value + sa.bindparam("by")),
+            [{"counter": n, "by": deltas[n]} for n in names],
+        )
 
 
 def read_counters(engine: Any, where: str) -> dict[str, int]:
@@ -384,6 +452,30 @@ def _model_columns(model: Any) -> dict[str, Any]:
         "model_sha256": model.sha256,
         "precision": model.precision,
         "runtime": model.runtime,
+    }
+
+
+def _event_row(message: Event) -> dict[str, Any]:
+    return {
+        "device_id": message.device_id,
+        "msg_id": message.msg_id,
+        "seq": message.seq,
+        "ts": message.ts.timestamp(),
+        "event": message.event,
+        "detail": json.dumps(message.detail),
+    }
+
+
+def _history_row(status: OtaStatus) -> dict[str, Any]:
+    return {
+        "device_id": status.device_id,
+        "deployment_id": status.deployment_id,
+        "msg_id": status.msg_id,
+        "ts": status.ts.timestamp(),
+        "state": status.state,
+        "reason": status.reason,
+        "progress": status.progress,
+        "model_release": status.model.release if status.model else None,
     }
 
 

@@ -2,10 +2,15 @@
 
 Start-up order matters for resuming: migrate the database, then connect with the service's
 *fixed* client id and a persistent session (QoS 1 statuses published while the service was
-down are waiting at the broker), deliver any commands a decision owed when the previous
-process died (``deliver_follow_ups``), then drive every deployment that is PENDING or
-IN_PROGRESS in its own thread (``RolloutController.run`` resumes at the stored wave). New
-deployments are rows in the database (``submit``); the service picks them up at its next poll.
+down are waiting at the broker). Then, once this process is the leader (``leader.py``: always
+on SQLite; the holder of a PostgreSQL advisory lock otherwise), deliver any commands a
+decision owed when the previous leader died (``deliver_follow_ups``) and drive every deployment
+that is PENDING or IN_PROGRESS in its own thread (``RolloutController.run`` resumes at the
+stored wave). New deployments are rows in the database (``submit``); the leader picks them up
+at its next poll. A leader that loses its lock stops at once (``lost_leadership``).
+
+The ingest runs in this process (``workers=0``) or in N worker processes (``workers.py``)
+that share the busy subscriptions; presence is always ingested here (it is retained).
 """
 
 from __future__ import annotations
@@ -19,13 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgesdk.errors import EdgeSDKError, LinkError
+from edgesdk.errors import EdgeSDKError, LinkError, UsageError
 from edgesdk.fleet.deployments import IN_PROGRESS, PENDING
 from edgesdk.fleet.rollout import RolloutController
 from edgesdk.fleet.service.database import migrate, open_engine, safe_url
 from edgesdk.fleet.service.ingest import Ingest
+from edgesdk.fleet.service.leader import Leadership
 from edgesdk.fleet.service.retention import Retention, downsample, prune
 from edgesdk.fleet.service.store import SqlRolloutStore
+from edgesdk.fleet.service.workers import (
+    DEFAULT_SHARE_GROUP,
+    SHARED_SUFFIXES,
+    WorkerPool,
+    WorkerSettings,
+    attach,
+    ingest_client_options,
+)
+from edgesdk.protocol import topics
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +64,9 @@ class ServiceSettings:
     # Base URL devices fetch bundles from (the API's /artifacts, or a proxy/CDN in front of it);
     # None: http://HOST:PORT/artifacts of the API. Only with the API on.
     artifact_url: str | None = None
+    workers: int = 0  # ingest worker processes; 0: ingest in this process
+    share_group: str | None = DEFAULT_SHARE_GROUP  # None: plain subscriptions (one ingest only)
+    instance: str | None = None  # names this process when several serve one fleet
 
 
 def _reachable(host: str) -> str:
@@ -58,10 +76,26 @@ def _reachable(host: str) -> str:
     return socket.getfqdn() if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - compared, not bound
 
 
-def service_client_id(namespace: str) -> str:
-    """The service's MQTT client id: fixed per namespace, so its persistent session (and the
-    statuses queued in it while the service was down) survives a restart."""
-    return f"edgesdk-fleet-service-{namespace.replace('/', '-')}"
+def service_client_id(namespace: str, instance: str | None = None) -> str:
+    """The service's MQTT client id: fixed per namespace (and ``instance``, when several
+    processes serve one fleet), so its persistent session (and the statuses queued in it while
+    the service was down) survives a restart."""
+    return f"edgesdk-fleet-service-{namespace.replace('/', '-')}" + (f"-{instance}" if instance else "")
+
+
+def check_scaling(settings: ServiceSettings, db_url: str) -> None:
+    """Refuse, in one line, a worker count the database or the broker setting cannot carry."""
+    if settings.workers < 0:
+        raise UsageError(f"bad --workers {settings.workers}: 0 (ingest in the service) or more worker processes")
+    if settings.workers > 0 and not db_url.startswith("postgresql"):
+        raise UsageError(
+            f"--workers {settings.workers} needs a PostgreSQL --db: SQLite is one process (got {db_url.split(':')[0]})"
+        )
+    if settings.workers > 0 and settings.share_group is None:
+        raise UsageError(
+            f"--workers {settings.workers} needs shared subscriptions: drop --no-shared-subscriptions "
+            "(a broker without them, e.g. RabbitMQ 3.x, carries one ingest)"
+        )
 
 
 class FleetService:
@@ -88,6 +122,11 @@ class FleetService:
         self.api: Any = None
         self._runners: dict[str, threading.Thread] = {}
         self._retry_after: dict[str, float] = {}
+        self.leadership: Leadership | None = None
+        self.leading = False
+        self.lost_leadership = False
+        self.pool: WorkerPool | None = None
+        self._checked_lead = 0.0
         self._stop = threading.Event()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -95,12 +134,15 @@ class FleetService:
     def start(self) -> FleetService:
         from edgesdk.mqtt.client import MqttClient
 
+        check_scaling(self.settings, self.settings.db_url)
         self.engine = open_engine(self.settings.db_url)
         revision = migrate(self.engine)
         log.info("fleet database %s at schema revision %s", safe_url(self.engine), revision)
         self.store = SqlRolloutStore(self.engine)
-        self.ingest = Ingest(self.engine, self.settings.namespace, self.store).start()
-        self.client = MqttClient(self.client_options)
+        self.leadership = Leadership(self.engine, self.settings.namespace)
+        self.client = MqttClient(ingest_client_options(self.client_options))
+        self.ingest = Ingest(self.engine, self.settings.namespace, self.store, acknowledge=self.client.acknowledge)
+        self.ingest.start()
         self.controller = RolloutController(
             self.store,
             self.client,
@@ -109,19 +151,27 @@ class FleetService:
             on_progress=self._progress,
             poll_s=self.settings.poll_s,
         )
-        self.client.on_message = self._on_message  # the service owns the client: ingest first
-        for topic_filter in self.ingest.filters():
-            self.client.subscribe(topic_filter, qos=1)
-        self.client.subscribe(self.controller.chunks.request_filter, qos=0)
+        # The service owns the client: the ingest first, then the controller (chunk requests).
+        attach(self.client, self.ingest, self._ingest_filters(), fallback=self.controller.handle_message)
         self.client.start()
         if not self.client.wait_connected(self.settings.connect_timeout_s):
             reason = self.client.stats.last_error or f"no answer in {self.settings.connect_timeout_s:g} s"
             self.client.stop(graceful=False)
             self.ingest.stop()
             raise LinkError(f"cannot connect to broker {self.client_options.broker_url}: {reason}")
-        owed = self.controller.deliver_follow_ups()
-        if owed:
-            log.info("delivered %d command(s) owed by decisions of the previous run", owed)
+        if self.settings.share_group is not None:
+            for suffix in SHARED_SUFFIXES:  # a session from before shared subscriptions still has these
+                self.client.unsubscribe(topics.all_devices_filter(self.settings.namespace, suffix))
+        if self.settings.workers > 0:
+            worker = WorkerSettings(
+                db_url=self.settings.db_url,
+                worker_id=f"{self.settings.instance}-" if self.settings.instance else "w",
+                namespace=self.settings.namespace,
+                share_group=self.settings.share_group or DEFAULT_SHARE_GROUP,
+                connect_timeout_s=self.settings.connect_timeout_s,
+            )
+            self.pool = WorkerPool(self.settings.workers, worker, self.client_options).start()
+        self._lead()
         if self.settings.api_bind is not None:
             from edgesdk.fleet.service.api import ApiContext, create_app
             from edgesdk.fleet.service.api_server import ApiServer
@@ -144,12 +194,49 @@ class FleetService:
         """Drive deployments and run maintenance until :meth:`stop` (or a signal handler) asks."""
         next_maintenance = time.monotonic()
         while not self._stop.is_set():
-            self._drive_deployments()
-            if time.monotonic() >= next_maintenance:
-                self.maintenance()
-                next_maintenance = time.monotonic() + self.settings.maintenance_interval_s
+            if self.pool is not None:
+                self.pool.check()
+            self._lead()
+            if self.lost_leadership:
+                break
+            if self.leading:
+                self._drive_deployments()
+                if time.monotonic() >= next_maintenance:
+                    self.maintenance()
+                    next_maintenance = time.monotonic() + self.settings.maintenance_interval_s
             self._stop.wait(self.settings.poll_s)
         self._shutdown()
+
+    def _ingest_filters(self) -> list[str]:
+        assert self.ingest is not None
+        group = self.settings.share_group
+        if group is None:
+            return self.ingest.filters()
+        presence = self.ingest.filters((topics.PRESENCE,))  # retained: never through a shared subscription
+        if self.settings.workers > 0:
+            return presence
+        return presence + self.ingest.filters(SHARED_SUFFIXES, share_group=group)
+
+    def _lead(self) -> None:
+        """Become the leader when the lock is free; notice at once when a held lock is gone."""
+        if self.leadership is None or self.controller is None or self.client is None:
+            return
+        if self.leading:
+            now = time.monotonic()
+            if now - self._checked_lead >= 1.0:
+                self._checked_lead = now
+                if not self.leadership.still_held():
+                    log.error("no longer the leader (the lock's database connection is gone); stopping")
+                    self.lost_leadership = True
+            return
+        if not self.leadership.acquire():
+            return
+        self.leading = True
+        log.info("leader of namespace %s: driving rollouts", self.settings.namespace)
+        self.client.subscribe(self.controller.chunks.request_filter, qos=0)  # only the leader has bundles
+        owed = self.controller.deliver_follow_ups()
+        if owed:
+            log.info("delivered %d command(s) owed by decisions of the previous leader", owed)
 
     def stop(self) -> None:
         """Ask ``serve_forever`` to return; running deployments stay IN_PROGRESS (resumable)."""
@@ -162,20 +249,18 @@ class FleetService:
             self.controller.stop()
         for runner in self._runners.values():
             runner.join(30)
+        if self.pool is not None:
+            self.pool.stop()
         if self.ingest is not None:
             self.ingest.stop()
         if self.client is not None:
             self.client.stop()
+        if self.leadership is not None:
+            self.leadership.release()
         if self.engine is not None:
             self.engine.dispose()
 
     # -- work -------------------------------------------------------------------------------
-
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        if self.ingest is not None and self.ingest.handle(topic, payload):
-            return
-        if self.controller is not None:
-            self.controller.handle_message(topic, payload)  # chunk requests
 
     def _progress(self, event: str, info: dict[str, Any]) -> None:
         log.info("rollout %s %s", event, json.dumps(info, default=str))
