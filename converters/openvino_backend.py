@@ -142,13 +142,6 @@ _PTQ_OPTIONS: dict[str, Callable[[Any], dict[str, Any]]] = {
         "fast_bias_correction": False,
         "preset": nncf.QuantizationPreset.MIXED,
     },
-    # + NNCF's channel alignment (off by default): rescales conv pairs so their per-channel
-    # ranges match, the cross-layer equalization the data-free quantization paper asks for.
-    "nncf-ptq-channel-alignment": lambda nncf: {
-        "fast_bias_correction": False,
-        "preset": nncf.QuantizationPreset.MIXED,
-        "advanced_parameters": nncf.AdvancedQuantizationParameters(disable_channel_alignment=False),
-    },
     # SmoothQuant and transformer-aware scopes (no quantizers on LayerNorm, Softmax inputs...).
     "nncf-ptq-transformer": lambda nncf: {"model_type": nncf.ModelType.TRANSFORMER},
 }

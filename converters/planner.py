@@ -31,7 +31,6 @@ STATIC_INT8 = {
     "static-int8-full-integer",
     "nncf-ptq",
     "nncf-ptq-bias-correction",
-    "nncf-ptq-channel-alignment",
     "nncf-ptq-transformer",
 }
 

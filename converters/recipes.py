@@ -112,7 +112,7 @@ RECIPES: dict[str, dict[Family, tuple[str, ...]]] = {
     },
     "openvino": {
         Family.TRANSFORMER: ("nncf-ptq-transformer", "nncf-weights-int8"),
-        Family.CONVNET: ("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-channel-alignment"),
+        Family.CONVNET: ("nncf-ptq", "nncf-ptq-bias-correction"),
         Family.OTHER: ("nncf-ptq", "nncf-weights-int8"),
     },
     "tflite": {
@@ -134,7 +134,6 @@ RECIPE_NOTES: dict[str, str] = {
     "weight-only-int8": "ORT MatMulNBits 8-bit weights, block 128, int8 compute (accuracy_level 4)",
     "nncf-ptq": "NNCF post-training quantization, fast bias correction",
     "nncf-ptq-bias-correction": "NNCF post-training quantization, full bias correction, mixed preset",
-    "nncf-ptq-channel-alignment": "NNCF post-training quantization, channel alignment (CLE-like), full bias correction, mixed",
     "nncf-ptq-transformer": "NNCF post-training quantization, ModelType.TRANSFORMER (SmoothQuant)",
     "nncf-weights-int8": "NNCF compress_weights INT8_ASYM (weights only, float activations)",
     "static-int8-full-integer": "ai-edge-quantizer / litert static int8, int8 I/O",

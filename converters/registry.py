@@ -78,13 +78,7 @@ CONVERTERS: dict[str, ConverterEntry] = {
             format=ModelFormat.OPENVINO,
             runtime=RuntimeName.OPENVINO,
             precisions=(FP32, FP16, INT8),
-            int8_methods=(
-                "nncf-ptq",
-                "nncf-ptq-bias-correction",
-                "nncf-ptq-channel-alignment",
-                "nncf-ptq-transformer",
-                "nncf-weights-int8",
-            ),  # fmt: skip
+            int8_methods=("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-transformer", "nncf-weights-int8"),
             packages=("openvino", "nncf"),
             extra="convert-openvino",
             # .tflite through OpenVINO's TFLite frontend; an IR read as it is.
