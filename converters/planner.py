@@ -199,8 +199,9 @@ def make_plan(
             options: dict[str, str] = {}
             if runtime == RuntimeName.OPENVINO:
                 options["device"] = "CPU"
-                if precision == Precision.FP32:
-                    # This CPU may run fp32 IR in bf16 unless told: parity needs f32.
+                if precision in (Precision.FP32, Precision.INT8):
+                    # This CPU may run fp32 IR (and int8 IR's float parts) in bf16 unless told:
+                    # parity needs f32, and int8 is timed against fp32 on the same float path.
                     options["INFERENCE_PRECISION_HINT"] = "f32"
             plan.variants.append(
                 PlannedVariant(converter, fmt, runtime, precision, methods, options, numeric_validation=numeric)

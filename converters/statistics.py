@@ -53,6 +53,23 @@ def bootstrap_mean_lower(values: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, see
     return float(np.percentile(means, 5))
 
 
+def cluster_bootstrap_lower(
+    values: np.ndarray, groups: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0
+) -> float:
+    """Lower 95 % bound of the mean when samples come in correlated groups (views of one photo):
+    whole groups are resampled, so the bound is as wide as the number of *groups* warrants."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    groups = np.asarray(groups).ravel()
+    names, index = np.unique(groups, return_inverse=True)
+    if names.size <= 1:
+        return float(values.mean()) if values.size else 0.0
+    sums = np.bincount(index, weights=values, minlength=names.size)
+    counts = np.bincount(index, minlength=names.size).astype(np.float64)
+    picks = np.random.default_rng(seed).integers(0, names.size, size=(rounds, names.size))
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    return float(np.percentile(means, 5))
+
+
 def samples_needed_for_agreement(gate: float, observed: float = 1.0, z: float = Z_95, limit: int = 1_000_000) -> int:
     """Fewest samples at which agreement ``observed`` has a Wilson lower bound ≥ ``gate``.
 

@@ -29,6 +29,23 @@ DEFAULT_GATES: dict[str, float] = {"top1": 0.99, "cosine": 0.99, "max_abs": 1e-3
 
 EMBEDDING_NAMES = ("emb", "feature", "hidden", "pool", "vector", "encod")
 
+#: Host timings run every runtime on one thread, one stream: on a shared host a runtime that
+#: spreads over all cores is timed on whatever the other jobs leave, so its ratios are noise;
+#: one thread each is the same budget for every variant, fp32 and int8 alike.
+HOST_TIMING_THREADS = 1
+
+
+def host_options(runtime: str, options: Mapping[str, str] | None) -> dict[str, str]:
+    """``options`` plus the single-thread settings of ``runtime`` (explicit options win)."""
+    threads = str(HOST_TIMING_THREADS)
+    fair = {
+        "onnxruntime": {"intra_op_num_threads": threads},
+        # LATENCY + one stream: one infer request gets the threads (THROUGHPUT would split them).
+        "openvino": {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": "1", "PERFORMANCE_HINT": "LATENCY"},
+        "litert": {"num_threads": threads},
+    }.get(runtime, {})
+    return {**fair, **(options or {})}
+
 
 def choose_metric(outputs: list[TensorSpec]) -> Metric:
     """top-1 agreement for classifiers ([batch, classes] float logits), cosine for anything else.
@@ -145,7 +162,7 @@ def validate_numeric(
     blobs = {name: path.read_bytes() for name, path in files.items()}
     with _PeakRss() as rss:
         started = time.perf_counter()
-        model = load_variant(runtime, blobs, options=options)
+        model = load_variant(runtime, blobs, options=host_options(runtime, options))
         load_ms = (time.perf_counter() - started) * 1000
         in_specs = {s.name: s for s in model.inputs}
         out_specs = {s.name: s for s in model.outputs}
@@ -203,7 +220,7 @@ def validate_numeric(
             latency_p50_ms=round(float(np.median(latencies)), 4),
             latency_p95_ms=round(float(np.percentile(latencies, 95)), 4),
             peak_rss_mb=round(rss.growth_mb, 2),
-            note=f"batch 1 on this host ({runtime}); peak RSS is growth during load + validation",
+            note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + validation",
         ),
         inputs=inputs,
         outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
@@ -224,7 +241,9 @@ def latency_side_by_side(
 
     models, feeds = {}, {}
     for variant_id, (runtime, files, options) in variants.items():
-        model = load_variant(runtime, {n: p.read_bytes() for n, p in files.items()}, options=options)
+        model = load_variant(
+            runtime, {n: p.read_bytes() for n, p in files.items()}, options=host_options(runtime, options)
+        )
         specs = {s.name: s for s in model.inputs}
         one = (layout or InputLayout()).feed(subset(sample, 1))
         feeds[variant_id] = {k: _quantize(v, specs[k]) for k, v in one.items()}

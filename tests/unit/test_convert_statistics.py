@@ -7,6 +7,7 @@ import pytest
 from edgesdk.converters.statistics import (
     bootstrap_mean_lower,
     check_disjoint,
+    cluster_bootstrap_lower,
     minimum_samples_sentence,
     per_sample,
     read_gate,
@@ -57,6 +58,16 @@ def test_bootstrap_bound_is_below_the_mean_and_narrows_with_more_samples() -> No
     assert bootstrap_mean_lower(few) == bootstrap_mean_lower(few)  # seeded: reproducible
     reading = read_gate("cosine", float(few.mean()), 0.99, few)
     assert reading.lower_bound is not None and reading.lower_bound < reading.value
+
+
+def test_views_of_one_photo_widen_the_bound_to_what_the_photos_warrant() -> None:
+    # 40 photos, 8 views each; 4 photos disagree on every view: 90 % either way.
+    agree = np.repeat(np.r_[np.zeros(4), np.ones(36)], 8)
+    photos = np.repeat(np.arange(40), 8)
+    clustered = cluster_bootstrap_lower(agree, photos)
+    assert clustered < bootstrap_mean_lower(agree) < 0.9  # 320 "independent" samples claim too much
+    assert clustered == pytest.approx(cluster_bootstrap_lower(agree[::8], photos[::8]), abs=0.01)
+    assert cluster_bootstrap_lower(agree, np.arange(agree.size)) == pytest.approx(bootstrap_mean_lower(agree), abs=0.01)
 
 
 def test_per_sample_values_are_what_the_score_averages() -> None:
