@@ -25,9 +25,10 @@ from edgesdk.agent.events import EventBus
 from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
+from edgesdk.agent.install_profiling import InstallProfiler
 from edgesdk.agent.keyring import KeyFiles
 from edgesdk.agent.metrics import InferenceStats, Metrics
-from edgesdk.agent.profiling import load_measurements, load_saved
+from edgesdk.agent.profiling import SavedMeasurements, load_saved
 from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.store import ModelStore
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
@@ -72,6 +73,7 @@ class Agent:
         except OSError as exc:
             raise ConfigError(f"data_dir {str(self.data_dir)!r} cannot be created: {exc.strerror or exc}") from exc
         self.events = EventBus()
+        self.measurements = SavedMeasurements(self.data_dir)  # edge-agent profile's figures
         stats = InferenceStats()
         self.server = ModelServer(
             profile=self.profile,
@@ -81,7 +83,7 @@ class Agent:
             observe=stats.observe,
             count_error=stats.count_error,
             batching=config.api.batching,
-            measured=lambda: load_measurements(self.data_dir),
+            measured=self.measurements.current,
         )
         self.store = ModelStore(self.data_dir)
         self.device_key_path = self._device_key_path()
@@ -106,7 +108,15 @@ class Agent:
             min_dwell_s=config.governor.min_dwell_s,
             enabled=config.governor.enabled,
         )
-        self.metrics = Metrics(self.server, stats=stats, governor=self.governor)
+        self.metrics = Metrics(self.server, stats=stats, governor=self.governor, measured=self.measurements.current)
+        self.profiler = InstallProfiler(
+            config,
+            serving=lambda: (m.name, m.release) if (m := self.server.model) is not None else None,
+            committed=lambda: self.store.committed,
+            measured=self.measurements.current,
+            on_measured=self._follow_measured_ladder,
+            emit=self.events.emit,
+        )
         self.api: ApiApp | None = None
         self.http: HttpServer | None = None
         self.grpc: GrpcServer | None = None  # only when api.grpc.enabled
@@ -391,6 +401,17 @@ class Agent:
         except Exception:  # noqa: BLE001 - runs from a signal; the model serving now must stay up
             log.exception("reload failed; the model loaded before keeps serving")
 
+    def _follow_measured_ladder(self, figures: Any) -> None:
+        """After profiling at install: load the model again when the measured ladder drops a step
+        it loaded (the swap is atomic; the model loaded now serves until the new load is in)."""
+        model = self.server.model
+        if model is None or (model.name, model.release) != (figures.model, figures.release) or not self.store.committed:
+            return
+        dropped = [v.id for v in model.ladder if v.id not in figures.speed_ladder]
+        if dropped:
+            log.info("measured here: %s not a speed step; loading the model with the measured ladder", dropped)
+            self.load_installed()
+
     # -- status -------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -420,6 +441,7 @@ class Agent:
             "updates": self.updates.status() if self.updates is not None else None,
             "trust": self.trust.status() if self.trust is not None else None,
             "measured": load_saved(self.data_dir),  # edge-agent profile's figures, if it ran
+            "profiling": self.profiler.status(),  # profiling at install: running, done, failed (why)
         }
 
     def _status_model(self) -> dict[str, Any] | None:
@@ -634,6 +656,8 @@ class Agent:
             self._loop.add_signal_handler(sig, self._stop.set)
         self._loop.add_signal_handler(signal.SIGHUP, lambda: self._loop.run_in_executor(None, self.reload))  # type: ignore[union-attr]
         self._start_hooks()
+        self.events.subscribe(self.profiler.on_event)
+        self.profiler.consider("start")
         # The port file says "ready": written once every part (link, updater) has started.
         atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
         atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
@@ -664,6 +688,7 @@ class Agent:
             log.warning("stopped with requests still running after %.0f s", api_config.request_timeout_s)
         self.http.close_idle()
         self._stop_hooks()
+        self.profiler.stop()
         self.governor.stop()
         self.api.close()
         (self.data_dir / PORT_FILE).unlink(missing_ok=True)

@@ -27,12 +27,14 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from edgesdk.agent.ports import GovernorReadout, OutboxGauge, Serving
 
 from edgesdk.errors import AgentError
+from edgesdk.schemas.measurements import DeviceMeasurements
 from edgesdk.schemas.messages import RunningModel
 
 log = logging.getLogger("edgesdk.agent.metrics")
@@ -189,12 +191,14 @@ class Metrics:
         *,
         stats: InferenceStats | None = None,
         governor: GovernorReadout | None = None,
+        measured: Callable[[], DeviceMeasurements | None] | None = None,
         window_s: float = 60.0,
         max_samples: int = 8192,
     ) -> None:
         self.serving = serving
         self.stats = stats or InferenceStats(window_s=window_s, max_samples=max_samples)
         self.governor = governor
+        self.measured = measured or (lambda: None)  # what on-device profiling measured, for telemetry
         self.requests = RequestsInFlight()
         self.outbox: OutboxGauge | None = None
         self.started = time.monotonic()
@@ -280,6 +284,7 @@ class Metrics:
             else "unknown",
             "governor_state": self.governor.state if self.governor is not None else None,
             "switch_count": self.serving.switch_count if self.serving is not None else 0,
+            "measured": figures.summary() if (figures := self.measured()) is not None else None,
         }
 
     def prometheus(self) -> str:

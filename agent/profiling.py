@@ -107,6 +107,33 @@ RUNTIME_MODULES = {
     "tflite_runtime": "tflite_runtime.interpreter",
     "openvino": "openvino",
 }
+#: The distributions that install each runtime, the usual one first (Jetson's is NVIDIA's GPU build).
+RUNTIME_DISTRIBUTIONS = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
+    "litert": ("ai-edge-litert",),
+    "tflite_runtime": ("tflite-runtime",),
+    "openvino": ("openvino",),
+}
+
+
+def installed_mb(runtime: str) -> float | None:
+    """Disk the runtime's installed distribution takes: the sizes of the files pip recorded for it
+    (its RECORD), or None when it is not installed as a distribution here."""
+    from importlib import metadata
+
+    for name in RUNTIME_DISTRIBUTIONS.get(runtime, ()):
+        try:
+            files = metadata.distribution(name).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        total = 0
+        for file in files:
+            try:
+                total += Path(str(file.locate())).stat().st_size
+            except OSError:
+                continue  # RECORD lists a file that is gone (or a __pycache__ never written)
+        return round(total / 2**20, 2)
+    return None
 
 
 def measure_runtime_imports(
@@ -115,6 +142,7 @@ def measure_runtime_imports(
     rss_mb: Callable[[], float] = _rss_mb,
     clock: Callable[[], float] = time.perf_counter,
     import_module: Callable[[str], object] = importlib.import_module,
+    disk_mb: Callable[[str], float | None] = installed_mb,
 ) -> list[RuntimeFootprint]:
     """Import each runtime once, timed, with the resident memory it added (a missing one is skipped:
     its variants then fail to load and say why)."""
@@ -132,7 +160,10 @@ def measure_runtime_imports(
             continue
         footprints.append(
             RuntimeFootprint(
-                runtime=runtime, import_ms=round((clock() - started) * 1000.0, 3), rss_mb=round(rss_mb() - before, 2)
+                runtime=runtime,
+                import_ms=round((clock() - started) * 1000.0, 3),
+                rss_mb=round(rss_mb() - before, 2),
+                installed_mb=disk_mb(runtime),
             )
         )
     return footprints
@@ -205,7 +236,9 @@ class _Opened:
         self.served.loaded.close()
 
 
-def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS) -> DeviceMeasurements:
+def profile_installed(
+    agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS, emulated: bool = False
+) -> DeviceMeasurements:
     """Profile the agent's active bundle (verified again, decrypted in memory) and save the figures."""
     from edgesdk.agent.serving import ServedVariant, gate_passed
 
@@ -237,6 +270,7 @@ def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = D
         device_id=agent.config.device_id,
         profile=agent.profile.name,
         machine=platform.machine(),
+        emulated=emulated,
         model=manifest.model.name,
         version=manifest.model.version,
         release=manifest.model.release,
@@ -272,6 +306,27 @@ def load_measurements(data_dir: Path) -> DeviceMeasurements | None:
     except (OSError, EdgeSDKError) as exc:
         log.warning("measurements %s ignored: %s", path, exc)
         return None
+
+
+class SavedMeasurements:
+    """``measurements.json``, read again only when the file changed: telemetry asks every tick,
+    and the profiling child (or ``edge-agent profile``) rewrites it behind the daemon's back."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / MEASUREMENTS_FILE
+        self._key: tuple[int, int] | None = None
+        self._value: DeviceMeasurements | None = None
+
+    def current(self) -> DeviceMeasurements | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            self._key, self._value = None, None
+            return None
+        key = (stat.st_mtime_ns, stat.st_size)
+        if key != self._key:
+            self._key, self._value = key, load_measurements(self.path.parent)
+        return self._value
 
 
 def load_saved(data_dir: Path) -> dict[str, Any] | None:
