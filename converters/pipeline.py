@@ -525,7 +525,7 @@ def convert(
         built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
-        run.decisions += assign_roles(shipped, profile)
+        run.decisions += assign_roles(shipped, profile, model=source.name)
         if not shipped:
             grouped: dict[tuple[str, str], list[str]] = {}
             for r in run.rejected:
