@@ -104,14 +104,14 @@ def golden_feeds(golden: Mapping[str, np.ndarray], batch: int = 1) -> dict[str, 
 RUNTIME_MODULES = {
     "onnxruntime": "onnxruntime",
     "litert": "ai_edge_litert.interpreter",
-    "tflite_runtime": "tflite_runtime.interpreter",
+    "tflite-runtime": "tflite_runtime.interpreter",
     "openvino": "openvino",
 }
 #: The distributions that install each runtime, the usual one first (Jetson's is NVIDIA's GPU build).
 RUNTIME_DISTRIBUTIONS = {
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
     "litert": ("ai-edge-litert",),
-    "tflite_runtime": ("tflite-runtime",),
+    "tflite-runtime": ("tflite-runtime",),
     "openvino": ("openvino",),
 }
 
