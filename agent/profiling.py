@@ -4,8 +4,9 @@ this device, and derive the precision ladder from what was measured.
 Host timings (and the profile's expectations) can be wrong for a given board: an int8 variant
 that runs slower than fp16 *here* (onnxruntime's dynamic int8 on some CPUs, an unfused QDQ
 graph) is no speed step, and stepping down to it when hot would cost accuracy for nothing. So
-each runtime is imported first (timed, with the resident memory it adds: its footprint on this
-board), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
+each runtime the profile lists (and any other the variants use) is imported first (timed, with
+the resident memory it adds and the disk its distribution takes: its footprint on this board,
+which the planner counts against the board's budgets), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
 resident memory it added), warmed up, then run a fixed number of times on the bundle's golden input; the ladder
 keeps a lower precision only when its fastest variant beat the step above it.
 
@@ -261,7 +262,13 @@ def profile_installed(
         return _Opened(ServedVariant(meta, decrypt_and_load(verified, variant_id, agent.device_key, load)))
 
     disable_vendor_telemetry()  # before any runtime is imported, as the agent does
-    footprints = measure_runtime_imports([str(getattr(v.runtime, "value", v.runtime)) for v in variants.values()])
+    # Every runtime the profile lists (the planner counts their footprints against the board's
+    # budgets: converters/runtime_footprint.py), then any other the bundle's variants use. One
+    # process: a library two runtimes share is counted for the first.
+    listed = [r.runtime.value for r in agent.profile.runtimes]
+    footprints = measure_runtime_imports(
+        [*listed, *(str(getattr(v.runtime, "value", v.runtime)) for v in variants.values())]
+    )
     measured, failed = measure_variants(list(variants.values()), open_variant, feeds, warmup=warmup, runs=runs)
     if not measured:
         raise AgentError("no variant could be timed here: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))

@@ -386,6 +386,7 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
     """``edge-agent profile`` on the device side: each variant timed there (which is faster under
     emulation means nothing; that the served ladder follows what was measured does)."""
     from edgesdk.keys import generate_device_key, generate_publisher_key
+    from edgesdk.profiles import get_profile
 
     publisher_key, publisher_pub = generate_publisher_key(lane_root / "publisher")
     device = lane_device(lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile)
@@ -396,15 +397,22 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
     _install_on_device(device_side, device, device.bundle(onnx_fp32_int8, version="1.0.0", release=1))
     proc = device_side.run(
         device_side.venv_python, "-m", "edgesdk.agent.cli", "profile", "--config", str(device.config),
-        "--warmup", "2", "--runs", "10", "--json", env={"HOME": str(device.root / "home")},
+        "--warmup", "2", "--runs", "10", "--json", *(("--emulated",) if device_side.mode == "chroot" else ()),
+        env={"HOME": str(device.root / "home")},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(proc.stdout)
     print(f"profile on the device side: {json.dumps(figures['variants'])}")
+    print(f"runtime footprints on the device side: {json.dumps(figures['runtimes'])}")
     assert figures["machine"] == ("aarch64" if device_side.mode == "chroot" else figures["machine"])
+    assert figures["emulated"] is (device_side.mode == "chroot")
     assert {v["variant"] for v in figures["variants"]} == {"onnx-fp32", "onnx-int8"}
-    (footprint,) = figures["runtimes"]  # imported before the first variant, so it carries no library
-    assert footprint["runtime"] == "onnxruntime" and footprint["rss_mb"] > 0 and footprint["import_ms"] > 0
+    # Every runtime of the profile, imported before the first variant (so no variant carries a
+    # library), with the disk its aarch64 wheel takes there.
+    footprints = {r["runtime"]: r for r in figures["runtimes"]}
+    assert set(footprints) == {r.runtime.value for r in get_profile(device_side.profile).runtimes}
+    assert all(r["rss_mb"] > 0 and r["import_ms"] > 0 and r["installed_mb"] > 1 for r in footprints.values())
+    _footprints_reach_the_planner(lane_root, device_side.profile, proc.stdout, footprints)
     assert all(v["p50_ms"] > 0 and v["runs"] == 10 and v["load_ms"] > 0 for v in figures["variants"])
     assert figures["speed_ladder"][0] == "onnx-fp32"
     assert set(figures["speed_ladder"]) | set(figures["not_steps"]) == {"onnx-fp32", "onnx-int8"}
@@ -412,6 +420,27 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
         status = http_json(f"{agent.url}/v1/status")
     assert status["measured"]["speed_ladder"] == figures["speed_ladder"]
     assert status["governor"]["ladder"] == figures["speed_ladder"]  # the governor steps through what was measured
+
+
+def _footprints_reach_the_planner(lane_root: Path, profile_name: str, document: str, footprints: dict) -> None:
+    """The operator's side: the figures into the profile's measured: section, and the planner
+    counting them (this board has room for all three runtimes: each is planned, with its figures)."""
+    from edgesdk.converters.planner import make_plan
+
+    from edgesdk.profiles import get_profile
+    from edgesdk.schemas.common import RuntimeName
+
+    (lane_root / "measurements.json").write_text(document)
+    out = lane_root / "profiles"
+    imported = edgesdk("profiles", "import-measurements", str(lane_root / "measurements.json"), "--out", str(out))
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    profile = get_profile(profile_name, [out])
+    assert len(profile.measured) == 1 and profile.measured[0].machine == "aarch64"
+    plan = make_plan(profile, "onnx", has_calibration=True, host_runtimes=tuple(RuntimeName))
+    for runtime, figures in footprints.items():
+        line = f"runtime {runtime} on {profile_name}: {figures['installed_mb']:.0f} MB installed"
+        assert any(d.startswith(line) for d in plan.decisions), plan.decisions
+    assert not any("does not fit" in r.reason for r in plan.rejected), plan.rejected
 
 
 def test_sigkill_mid_update_then_the_new_model_serves(

@@ -66,8 +66,10 @@ def test_a_committed_model_is_profiled_in_the_background_and_again_after_an_upda
         assert (measured["model"], measured["release"]) == ("digits", 1)
         assert {m["variant"] for m in measured["variants"]} == {"onnx-fp32", "onnx-int8"}
         assert all(m["runs"] == 5 and m["warmup"] == 1 for m in measured["variants"])
-        assert [r["runtime"] for r in measured["runtimes"]] == ["onnxruntime"]
-        assert measured["runtimes"][0]["installed_mb"] > 1  # the wheel's files, as pip recorded them
+        # Every runtime of the profile installed here, onnxruntime at least, with its footprint.
+        footprints = {r["runtime"]: r for r in measured["runtimes"]}
+        assert "onnxruntime" in footprints and set(footprints) <= {"litert", "onnxruntime", "openvino"}
+        assert footprints["onnxruntime"]["installed_mb"] > 1  # the wheel's files, as pip recorded them
         assert status["profiling"]["speed_ladder"] == measured["speed_ladder"]
         profiled = [e for e in status["recent_events"] if e["event"] == "profiled"]
         assert profiled and profiled[-1]["release"] == 1 and "p50_ms.onnx-fp32" in profiled[-1]
