@@ -31,6 +31,7 @@ from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.runtimes.base import LoadedModel
+from edgesdk.runtimes.execution import ExecutionRequest
 from edgesdk.schemas.agent_config import BatchingConfig
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
@@ -341,7 +342,9 @@ class ModelServer:
         for group in groups:
             for rank, meta in enumerate(group):
                 # Only the runtime keeps the plaintext bytes (if it needs them at all).
-                load = functools.partial(load_variant, meta.runtime, options=self._options_for(meta))
+                load = functools.partial(
+                    load_variant, meta.runtime, options=self._options_for(meta), execution=self._execution_for(meta)
+                )
                 try:
                     model = open_variant(verified_bundle, meta.id, device_key, load)
                 except IntegrityError as exc:
@@ -356,7 +359,7 @@ class ModelServer:
                     choices.did_not_load(meta, exc)
                     continue
                 loaded.append((meta, model))
-                choices.loaded(meta, rank)
+                choices.loaded(meta, rank, getattr(model, "execution", None))
                 for other in group[rank + 1 :]:
                     choices.passed_over(other, meta)
                 break  # one variant per precision
@@ -405,16 +408,14 @@ class ModelServer:
         return True
 
     def _options_for(self, meta: Variant) -> dict[str, str] | None:
-        options = dict(self.runtime_options)
-        if self.profile is not None:
-            support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
-            if (
-                support
-                and support.execution_providers
-                and str(getattr(meta.runtime, "value", meta.runtime)) == "onnxruntime"
-            ):
-                options.setdefault("providers", ",".join(support.execution_providers))
-        return options or None
+        return dict(self.runtime_options) or None
+
+    def _execution_for(self, meta: Variant) -> ExecutionRequest | None:
+        """The profile's providers, devices or delegates for the variant's runtime, preferred first."""
+        if self.profile is None:
+            return None
+        support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
+        return ExecutionRequest.of(support.execution_providers) if support is not None else None
 
     def serve(
         self,

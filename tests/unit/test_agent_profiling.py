@@ -113,7 +113,7 @@ def test_saved_figures_round_trip_and_a_bad_file_is_ignored(tmp_path) -> None:
 def test_the_server_loads_only_the_measured_steps_of_the_same_model(monkeypatch, release, expected) -> None:
     import edgesdk.runtimes as runtimes
 
-    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None: FakeModel(1.0))
+    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None, execution=None: FakeModel(1.0))
     manifest = SimpleNamespace(
         model=SimpleNamespace(name="m", version="1.0.0", release=release),
         variants=[variant("fp32", "fp32"), variant("fp16", "fp16"), variant("int8", "int8")],
