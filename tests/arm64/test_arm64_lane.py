@@ -328,7 +328,7 @@ def test_enrolls_updates_over_mqtt_and_serves_each_runtime_like_the_host(
             assert (device_logits.argmax(1) == host_logits.argmax(1)).all(), runtime
             served[runtime] = f"{model['variant']} (max |diff| {np.abs(device_logits - host_logits).max():.2g})"
             # Where it runs: the profile's provider, device or delegate, which this board's CPU has.
-            (choice,) = [c for c in http_json(f"{url}/v1/status")["variants"] if c["loaded"]]
+            (choice,) = [c for c in http_json(f"{url}/v1/status")["variants"] if c["id"] == model["variant"]]
             wanted = next(r for r in get_profile(device_side.profile).runtimes if r.runtime.value == runtime)
             assert choice["execution"]["using"][0] == wanted.execution_providers[0], choice
             assert choice["execution"]["fallback"] is None, choice
