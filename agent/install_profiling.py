@@ -3,7 +3,10 @@
 When: at the **end of probation** (the update's ``COMMITTED``), not while it runs. Probation
 judges the new model on this device's real traffic (error rate, p95 latency SLO, drift):
 profiling beside it would take the CPU and memory that evidence is measured with, and could
-fail a good update (or pass a slow one). A model that is rolled back is not worth timing either.
+fail a good update (or pass a slow one). Memory too: during probation the previous model stays
+loaded beside the new one, which is what the unit's ``MemoryMax`` is sized for
+(edgesdk/image/unit_limits.py); after the commit the child's one variant at a time fits where the
+previous model was. A model that is rolled back is not worth timing either.
 The same happens when the daemon serves a committed model this device never measured (a
 sideload with ``edge-agent install``, an agent upgraded from one without profiling, a profiling
 run that a restart cut short).
