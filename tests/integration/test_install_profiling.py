@@ -150,3 +150,35 @@ def test_nothing_is_profiled_on_probation_or_when_switched_off(tmp_path) -> None
     assert on_probation.consider("model_loaded") is False and on_probation.status()["state"] == "idle"
     off = profiler(committed=True, on=False)
     assert off.consider("start") is False and off.status() == {"state": "off"}
+
+
+def test_an_update_is_profiled_when_it_commits_not_when_it_loads_on_probation(tmp_path) -> None:
+    from edgesdk.agent.install_profiling import InstallProfiler
+
+    from edgesdk.schemas.agent_config import AgentConfig
+
+    config = AgentConfig(device_id="d", profile="rpi5-8gb", data_dir=tmp_path, profiling=FAST)
+    committed = [False]
+    started: list[str] = []
+
+    def command() -> list[str]:
+        started.append("child")
+        return [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"]
+
+    profiler = InstallProfiler(
+        config,
+        serving=lambda: ("digits", 4),
+        committed=lambda: committed[0],
+        measured=lambda: None,
+        on_measured=lambda figures: None,
+        emit=lambda name, detail: None,
+        command=command,
+    )
+    profiler.on_event("model_loaded", {"model": "digits", "release": 4})  # activated, on probation
+    profiler.on_event("ota_state", {"state": "PROBATION"})
+    assert started == [] and profiler.status()["state"] == "idle"
+    committed[0] = True
+    profiler.on_event("ota_state", {"state": "COMMITTED"})
+    profiler.stop(timeout=60)
+    assert started == ["child"] and profiler.status()["trigger"] == "ota_state"
+    assert profiler.status()["reason"] in ("the profiling child exited with 3", "the profiling child exited with -9")
