@@ -193,11 +193,27 @@ class InstallProfiler:
             thread.join(timeout)
 
 
+def _die_with_the_agent() -> None:
+    """Linux: SIGKILL this child when the daemon dies (a SIGKILLed agent leaves no orphan profiling
+    on, holding decrypted models and the CPU); elsewhere the timeout ends it."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the daemon died before the call: nobody is waiting for the figures
+        os._exit(1)
+
+
 def main() -> int:
     """The child: the agent's config (JSON) on stdin; time the installed model; exit 0 when saved."""
     from edgesdk.agent.hardening import harden_process
 
     harden_process()  # it holds decrypted models too: no core file
+    _die_with_the_agent()
     try:
         config = AgentConfig.model_validate_json(sys.stdin.buffer.read())
         os.nice(config.profiling.nice)
