@@ -119,8 +119,14 @@ def key(config_path: Path | None) -> None:
 @_config_option
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--runs", type=click.IntRange(min=1), default=50, show_default=True, help="Timed runs per variant.")
+@click.option(
+    "--emulated",
+    is_flag=True,
+    help="Mark the figures as measured under emulation (the arm64 lane): the planner then takes sizes "
+    "and memory from them, never speed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def profile(config_path: Path | None, warmup: int, runs: int, as_json: bool) -> None:
+def profile(config_path: Path | None, warmup: int, runs: int, emulated: bool, as_json: bool) -> None:
     """Time every variant of the installed model on this device (load, latency, memory)."""
     config = _load(config_path)
     from edgesdk.agent.daemon import Agent
@@ -130,13 +136,14 @@ def profile(config_path: Path | None, warmup: int, runs: int, as_json: bool) -> 
     setup_logging("warning", "text")
     # A running agent shows the saved figures in /v1/status and orders its ladder by them at
     # its next load of this model (start, SIGHUP after an install, or an update).
-    result = profile_installed(Agent(config), warmup=warmup, runs=runs)
+    result = profile_installed(Agent(config), warmup=warmup, runs=runs, emulated=emulated)
     if as_json:
         click.echo(result.model_dump_json())
         return
     click.echo(f"{result.model} {result.version} on {result.device_id} ({result.profile}, {result.machine})")
     for r in result.runtimes:
-        click.echo(f"  runtime {r.runtime:<12} import {r.import_ms:9.1f} ms  rss {r.rss_mb:+7.1f} MB")
+        disk = f"  installed {r.installed_mb:7.1f} MB" if r.installed_mb is not None else ""
+        click.echo(f"  runtime {r.runtime:<12} import {r.import_ms:9.1f} ms  rss {r.rss_mb:+7.1f} MB{disk}")
     for m in result.variants:
         click.echo(
             f"  {m.variant:<20} load {m.load_ms:9.1f} ms  rss {m.rss_mb:+7.1f} MB  "

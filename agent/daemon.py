@@ -25,12 +25,13 @@ from edgesdk.agent.events import EventBus
 from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
+from edgesdk.agent.install_profiling import InstallProfiler
 from edgesdk.agent.keyring import KeyFiles
 from edgesdk.agent.memory_budget import MemoryBudget
 from edgesdk.agent.metrics import InferenceStats, Metrics
 from edgesdk.agent.model_set import ModelEntry, ModelSet
 from edgesdk.agent.model_stores import ModelStores, NamedModelStore
-from edgesdk.agent.profiling import load_measurements, load_saved
+from edgesdk.agent.profiling import SavedMeasurements, load_saved
 from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.systemd_notify import Watchdog, notify_ready, notify_stopping
 
@@ -75,6 +76,7 @@ class Agent:
         except OSError as exc:
             raise ConfigError(f"data_dir {str(self.data_dir)!r} cannot be created: {exc.strerror or exc}") from exc
         self.events = EventBus()
+        self.measurements = SavedMeasurements(self.data_dir)  # edge-agent profile's figures
         stats = InferenceStats()
         # The default model's server: the one the API is given (it hands requests naming
         # another model to that model's server, agent/model_set.py).
@@ -97,7 +99,7 @@ class Agent:
             self.keyring.check_files()
         default_name = config.default_model or self.stores.default
         self.governor = self._make_governor(self.server, pinned=default_name in self.pins)
-        self.metrics = Metrics(self.server, stats=stats, governor=self.governor)
+        self.metrics = Metrics(self.server, stats=stats, governor=self.governor, measured=self.measurements.current)
         self.models = ModelSet(
             self.stores,
             self.server,
@@ -111,6 +113,16 @@ class Agent:
         )
         self.metrics.attach_models(self.models)
         self._governors_running = False
+        # Profiling at install (agent/install_profiling.py) times the default model once it
+        # commits; the other models keep their host ladder until `edge-agent profile` measures them.
+        self.profiler = InstallProfiler(
+            config,
+            serving=self._default_serving_key,
+            committed=self._default_committed,
+            measured=self.measurements.current,
+            on_measured=self._follow_measured_ladder,
+            emit=self.events.emit,
+        )
         self.api: ApiApp | None = None
         self.http: HttpServer | None = None
         self.grpc: GrpcServer | None = None  # only when api.grpc.enabled
@@ -136,7 +148,7 @@ class Agent:
             observe=stats.observe,
             count_error=stats.count_error,
             batching=config.api.batching,
-            measured=lambda: load_measurements(self.data_dir),
+            measured=self.measurements.current,
         )
 
     def _make_governor(self, server: ModelServer, *, pinned: bool) -> Governor:
@@ -467,6 +479,28 @@ class Agent:
         except Exception:  # noqa: BLE001 - runs from a signal; the models serving now must stay up
             log.exception("reload failed; the models loaded before keep serving")
 
+    def _default_serving_key(self) -> tuple[str, int] | None:
+        model = self.server.model
+        return (model.name, model.release) if model is not None else None
+
+    def _default_committed(self) -> Any:
+        entry = self.models.default_entry()
+        return entry.store.committed if entry is not None else None
+
+    def _follow_measured_ladder(self, figures: Any) -> None:
+        """After profiling at install: load the model again when the measured ladder drops a step
+        it loaded (the swap is atomic; the model loaded now serves until the new load is in)."""
+        model = self.server.model
+        entry = self.models.default_entry()
+        if model is None or entry is None or (model.name, model.release) != (figures.model, figures.release):
+            return
+        if not entry.store.committed:
+            return
+        dropped = [v.id for v in model.ladder if v.id not in figures.speed_ladder]
+        if dropped:
+            log.info("measured here: %s not a speed step; loading the model with the measured ladder", dropped)
+            self._open_installed([entry])
+
     # -- status -------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -495,6 +529,7 @@ class Agent:
             "updates": default.updates.status() if default is not None and default.updates is not None else None,
             "trust": self.trust.status() if self.trust is not None else None,
             "measured": load_saved(self.data_dir),  # edge-agent profile's figures, if it ran
+            "profiling": self.profiler.status(),  # profiling at install: running, done, failed (why)
         }
 
     def _status_entry(self, entry: ModelEntry) -> dict[str, Any]:
@@ -773,6 +808,8 @@ class Agent:
             self._loop.add_signal_handler(sig, self._stop.set)
         self._loop.add_signal_handler(signal.SIGHUP, lambda: self._loop.run_in_executor(None, self.reload))  # type: ignore[union-attr]
         self._start_hooks()
+        self.events.subscribe(self.profiler.on_event)
+        self.profiler.consider("start")
         # The port file says "ready": written once every part (link, updater) has started.
         atomic_write_bytes(self.data_dir / PORT_FILE, f"{self.port}\n".encode(), mode=0o644)
         atomic_write_bytes(self.data_dir / PID_FILE, f"{os.getpid()}\n".encode(), mode=0o644)
@@ -803,6 +840,7 @@ class Agent:
             log.warning("stopped with requests still running after %.0f s", api_config.request_timeout_s)
         self.http.close_idle()
         self._stop_hooks()
+        self.profiler.stop()
         for governor in self._governors():
             governor.stop()
         self.api.close()

@@ -34,6 +34,7 @@ import numpy as np
 from edgesdk.agent.ports import GovernorReadout, ModelsReadout, OutboxGauge, Serving
 
 from edgesdk.errors import AgentError
+from edgesdk.schemas.measurements import DeviceMeasurements
 from edgesdk.schemas.messages import RunningModel
 
 log = logging.getLogger("edgesdk.agent.metrics")
@@ -190,12 +191,14 @@ class Metrics:
         *,
         stats: InferenceStats | None = None,
         governor: GovernorReadout | None = None,
+        measured: Callable[[], DeviceMeasurements | None] | None = None,
         window_s: float = 60.0,
         max_samples: int = 8192,
     ) -> None:
         self.serving = serving
         self.stats = stats or InferenceStats(window_s=window_s, max_samples=max_samples)
         self.governor = governor
+        self.measured = measured or (lambda: None)  # what on-device profiling measured, for telemetry
         self.requests = RequestsInFlight()
         self.outbox: OutboxGauge | None = None
         self.models: ModelsReadout | None = None  # every model of the device (attach_models)
@@ -287,6 +290,7 @@ class Metrics:
             "governor_state": self.governor.state if self.governor is not None else None,
             "switch_count": self.serving.switch_count if self.serving is not None else 0,
             **self._models_snapshot(),
+            "measured": figures.summary() if (figures := self.measured()) is not None else None,
         }
 
     def _models_snapshot(self) -> dict[str, Any]:

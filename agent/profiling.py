@@ -4,8 +4,9 @@ this device, and derive the precision ladder from what was measured.
 Host timings (and the profile's expectations) can be wrong for a given board: an int8 variant
 that runs slower than fp16 *here* (onnxruntime's dynamic int8 on some CPUs, an unfused QDQ
 graph) is no speed step, and stepping down to it when hot would cost accuracy for nothing. So
-each runtime is imported first (timed, with the resident memory it adds: its footprint on this
-board), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
+each runtime the profile lists (and any other the variants use) is imported first (timed, with
+the resident memory it adds and the disk its distribution takes: its footprint on this board,
+which the planner counts against the board's budgets), then each variant is loaded (decrypt + runtime session, in memory, timed, with the
 resident memory it added), warmed up, then run a fixed number of times on the bundle's golden input; the ladder
 keeps a lower precision only when its fastest variant beat the step above it.
 
@@ -104,9 +105,36 @@ def golden_feeds(golden: Mapping[str, np.ndarray], batch: int = 1) -> dict[str, 
 RUNTIME_MODULES = {
     "onnxruntime": "onnxruntime",
     "litert": "ai_edge_litert.interpreter",
-    "tflite_runtime": "tflite_runtime.interpreter",
+    "tflite-runtime": "tflite_runtime.interpreter",
     "openvino": "openvino",
 }
+#: The distributions that install each runtime, the usual one first (Jetson's is NVIDIA's GPU build).
+RUNTIME_DISTRIBUTIONS = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"),
+    "litert": ("ai-edge-litert",),
+    "tflite-runtime": ("tflite-runtime",),
+    "openvino": ("openvino",),
+}
+
+
+def installed_mb(runtime: str) -> float | None:
+    """Disk the runtime's installed distribution takes: the sizes of the files pip recorded for it
+    (its RECORD), or None when it is not installed as a distribution here."""
+    from importlib import metadata
+
+    for name in RUNTIME_DISTRIBUTIONS.get(runtime, ()):
+        try:
+            files = metadata.distribution(name).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        total = 0
+        for file in files:
+            try:
+                total += Path(str(file.locate())).stat().st_size
+            except OSError:
+                continue  # RECORD lists a file that is gone (or a __pycache__ never written)
+        return round(total / 2**20, 2)
+    return None
 
 
 def measure_runtime_imports(
@@ -115,6 +143,7 @@ def measure_runtime_imports(
     rss_mb: Callable[[], float] = _rss_mb,
     clock: Callable[[], float] = time.perf_counter,
     import_module: Callable[[str], object] = importlib.import_module,
+    disk_mb: Callable[[str], float | None] = installed_mb,
 ) -> list[RuntimeFootprint]:
     """Import each runtime once, timed, with the resident memory it added (a missing one is skipped:
     its variants then fail to load and say why)."""
@@ -132,7 +161,10 @@ def measure_runtime_imports(
             continue
         footprints.append(
             RuntimeFootprint(
-                runtime=runtime, import_ms=round((clock() - started) * 1000.0, 3), rss_mb=round(rss_mb() - before, 2)
+                runtime=runtime,
+                import_ms=round((clock() - started) * 1000.0, 3),
+                rss_mb=round(rss_mb() - before, 2),
+                installed_mb=disk_mb(runtime),
             )
         )
     return footprints
@@ -205,7 +237,9 @@ class _Opened:
         self.served.loaded.close()
 
 
-def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS) -> DeviceMeasurements:
+def profile_installed(
+    agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = DEFAULT_RUNS, emulated: bool = False
+) -> DeviceMeasurements:
     """Profile the agent's active bundle (verified again, decrypted in memory) and save the figures."""
     from edgesdk.agent.serving import ServedVariant, gate_passed
 
@@ -228,7 +262,13 @@ def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = D
         return _Opened(ServedVariant(meta, decrypt_and_load(verified, variant_id, agent.device_key, load)))
 
     disable_vendor_telemetry()  # before any runtime is imported, as the agent does
-    footprints = measure_runtime_imports([str(getattr(v.runtime, "value", v.runtime)) for v in variants.values()])
+    # Every runtime the profile lists (the planner counts their footprints against the board's
+    # budgets: converters/runtime_footprint.py), then any other the bundle's variants use. One
+    # process: a library two runtimes share is counted for the first.
+    listed = [r.runtime.value for r in agent.profile.runtimes]
+    footprints = measure_runtime_imports(
+        [*listed, *(str(getattr(v.runtime, "value", v.runtime)) for v in variants.values())]
+    )
     measured, failed = measure_variants(list(variants.values()), open_variant, feeds, warmup=warmup, runs=runs)
     if not measured:
         raise AgentError("no variant could be timed here: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
@@ -237,6 +277,7 @@ def profile_installed(agent: Any, *, warmup: int = DEFAULT_WARMUP, runs: int = D
         device_id=agent.config.device_id,
         profile=agent.profile.name,
         machine=platform.machine(),
+        emulated=emulated,
         model=manifest.model.name,
         version=manifest.model.version,
         release=manifest.model.release,
@@ -272,6 +313,27 @@ def load_measurements(data_dir: Path) -> DeviceMeasurements | None:
     except (OSError, EdgeSDKError) as exc:
         log.warning("measurements %s ignored: %s", path, exc)
         return None
+
+
+class SavedMeasurements:
+    """``measurements.json``, read again only when the file changed: telemetry asks every tick,
+    and the profiling child (or ``edge-agent profile``) rewrites it behind the daemon's back."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / MEASUREMENTS_FILE
+        self._key: tuple[int, int] | None = None
+        self._value: DeviceMeasurements | None = None
+
+    def current(self) -> DeviceMeasurements | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            self._key, self._value = None, None
+            return None
+        key = (stat.st_mtime_ns, stat.st_size)
+        if key != self._key:
+            self._key, self._value = key, load_measurements(self.path.parent)
+        return self._value
 
 
 def load_saved(data_dir: Path) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
 from edgesdk.runtimes.base import LoadedModel
+from edgesdk.runtimes.execution import ExecutionRequest
 from edgesdk.schemas.agent_config import BatchingConfig
 from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
@@ -344,7 +345,9 @@ class ModelServer:
         for group in groups:
             for rank, meta in enumerate(group):
                 # Only the runtime keeps the plaintext bytes (if it needs them at all).
-                load = functools.partial(load_variant, meta.runtime, options=self._options_for(meta))
+                load = functools.partial(
+                    load_variant, meta.runtime, options=self._options_for(meta), execution=self._execution_for(meta)
+                )
                 try:
                     model = open_variant(verified_bundle, meta.id, device_key, load)
                 except IntegrityError as exc:
@@ -359,7 +362,7 @@ class ModelServer:
                     choices.did_not_load(meta, exc)
                     continue
                 loaded.append((meta, model))
-                choices.loaded(meta, rank)
+                choices.loaded(meta, rank, getattr(model, "execution", None))
                 for other in group[rank + 1 :]:
                     choices.passed_over(other, meta)
                 break  # one variant per precision
@@ -412,12 +415,14 @@ class ModelServer:
         # runtime_spinning): other runtimes would take them as their own (OpenVINO passes every
         # option to compile_model), so they get none.
         onnxruntime = str(getattr(meta.runtime, "value", meta.runtime)) == "onnxruntime"
-        options = dict(self.runtime_options) if onnxruntime else {}
-        if self.profile is not None:
-            support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
-            if support and support.execution_providers and onnxruntime:
-                options.setdefault("providers", ",".join(support.execution_providers))
-        return options or None
+        return (dict(self.runtime_options) if onnxruntime else {}) or None
+
+    def _execution_for(self, meta: Variant) -> ExecutionRequest | None:
+        """The profile's providers, devices or delegates for the variant's runtime, preferred first."""
+        if self.profile is None:
+            return None
+        support = next((r for r in self.profile.runtimes if r.runtime == meta.runtime), None)
+        return ExecutionRequest.of(support.execution_providers) if support is not None else None
 
     def serve(
         self,

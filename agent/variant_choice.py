@@ -30,9 +30,11 @@ class VariantChoice:
     precision: str
     loaded: bool
     reason: str
+    #: What a loaded variant runs on (ExecutionReport.describe()), with the fallback's reason.
+    execution: dict[str, Any] | None = None
 
     def describe(self, active: str | None) -> dict[str, Any]:
-        return {
+        described = {
             "id": self.id,
             "format": self.format,
             "runtime": self.runtime,
@@ -41,6 +43,9 @@ class VariantChoice:
             "active": self.id == active,
             "reason": self.reason,
         }
+        if self.execution is not None:
+            described["execution"] = self.execution
+        return described
 
 
 class VariantChoices:
@@ -51,16 +56,19 @@ class VariantChoices:
         self._variants = list(variants)
         self._by_id: dict[str, VariantChoice] = {}
 
-    def _set(self, meta: Variant, loaded: bool, reason: str) -> None:
+    def _set(self, meta: Variant, loaded: bool, reason: str, execution: dict[str, Any] | None = None) -> None:
         self._by_id[meta.id] = VariantChoice(
-            meta.id, _text(meta.format), _text(meta.runtime), _text(meta.precision), loaded, reason
+            meta.id, _text(meta.format), _text(meta.runtime), _text(meta.precision), loaded, reason, execution
         )
 
-    def loaded(self, meta: Variant, rank: int) -> None:
+    def loaded(self, meta: Variant, rank: int, execution: Any = None) -> None:
+        """``execution``: the loaded model's ExecutionReport, if its backend gives one."""
         why = f"loaded: the {_text(meta.precision)} step of the ladder"
         if self.profile is not None:
             why += f" ({_text(meta.runtime)} is #{rank + 1} of {self.profile.name}'s runtimes that has one)"
-        self._set(meta, True, why)
+        if execution is not None and execution.fallback:
+            why += f"; {execution.fallback}"
+        self._set(meta, True, why, execution.describe() if execution is not None else None)
 
     def failed_gate(self, meta: Variant) -> None:
         self._set(meta, False, "failed its accuracy gate when it was packaged")

@@ -28,6 +28,7 @@ from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_p
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
 from edgesdk.converters.registry import CONVERTERS, get_converter
+from edgesdk.converters.runtime_footprint import runtime_footprints
 from edgesdk.converters.source import calibration_states, load_source, reference_outputs
 from edgesdk.converters.speed_gate import assign_roles, device_arch, host_arch
 from edgesdk.converters.statistics import check_disjoint, minimum_samples_sentence
@@ -525,7 +526,7 @@ def convert(
         built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
-        run.decisions += assign_roles(shipped, profile)
+        run.decisions += assign_roles(shipped, profile, model=source.name)
         if not shipped:
             grouped: dict[tuple[str, str], list[str]] = {}
             for r in run.rejected:
@@ -555,15 +556,21 @@ def convert(
 def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> list[_Built]:
     budget_mb = profile.storage.max_artifact_mb
     ram_mb = profile.memory.model_ram_budget_mb
+    footprints = runtime_footprints(profile)  # what devices measured each runtime's import to take
     kept = []
     for b in built:
         size_mb = _mb(b.artifact.size)
         peak = b.result.measurements.peak_rss_mb
+        footprint = footprints.get(b.planned.runtime.value)
+        runtime_mb = footprint.rss_mb if footprint is not None and footprint.rss_mb is not None else 0.0
         reason = None
         if size_mb > budget_mb:
             reason = f"{b.planned.precision.value} dropped: {size_mb:.1f} MB > artifact budget {budget_mb:g} MB (by {size_mb - budget_mb:.1f} MB)"
-        elif peak is not None and peak > ram_mb:
-            reason = f"{b.planned.precision.value} dropped: peak memory {peak:.0f} MB > RAM budget {ram_mb} MB"
+        elif peak is not None and peak + runtime_mb > ram_mb:
+            with_runtime = f" + {runtime_mb:.0f} MB {b.planned.runtime.value} after import" if runtime_mb else ""
+            reason = (
+                f"{b.planned.precision.value} dropped: peak memory {peak:.0f} MB{with_runtime} > RAM budget {ram_mb} MB"
+            )
         if reason:
             run.rejected.append(RejectedVariant(format=b.planned.format, precision=b.planned.precision, reason=reason))
             run.decisions.append(f"{b.planned.id} {reason}")

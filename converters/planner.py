@@ -2,8 +2,10 @@
 
 It reads the runtimes the device supports (preferred first), the precisions each runs well,
 the accelerators, and what is installed on this host, and returns what to build together
-with a sentence for every choice and every rejection. Budgets are checked after building,
-when sizes and memory are measured (see pipeline).
+with a sentence for every choice and every rejection. A runtime that does not fit the board
+(its footprint, measured on devices of the profile, against the RAM and storage budgets:
+runtime_footprint) is not planned. The model budgets are checked after building, when sizes and
+memory are measured (see pipeline).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from edgesdk.converters.onnx2tf_route import missing_reason
 from edgesdk.converters.recipes import Family, recipes_for
 from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
+from edgesdk.converters.runtime_footprint import runtimes_that_do_not_fit
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
 from edgesdk.schemas.profile import DeviceProfile
@@ -91,6 +94,14 @@ def make_plan(
     """Formats × precision ladder for ``profile``, with the reasoning."""
     plan = Plan()
     device_formats = profile.formats
+    too_big, footprint_lines = runtimes_that_do_not_fit(profile)
+    plan.decisions += footprint_lines
+    if profile.measured:
+        devices = len({m.device_id for m in profile.measured})
+        plan.decisions.append(
+            f"speed: {profile.name}'s measured: section ({len(profile.measured)} set(s) from {devices} device(s)) "
+            "decides the ladder of the models it has, before this host's timings"
+        )
     for wanted in formats or ():
         if wanted not in device_formats:
             plan.reject(
@@ -106,6 +117,10 @@ def make_plan(
             plan.decisions.append(f"{fmt.value}: skipped, not in --formats")
             continue
         ladder = [p for p in LADDER if p in support.precisions]
+        if support.runtime in too_big:
+            for p in ladder:
+                plan.reject(fmt, p, too_big[support.runtime])
+            continue
         for extra in support.precisions:
             if extra not in LADDER:
                 plan.reject(fmt, extra, f"no converter makes {extra.value} yet")

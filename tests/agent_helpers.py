@@ -39,6 +39,9 @@ class Device:
             "log_format": "text",
             "api": {"host": "127.0.0.1", "port": 0},
             "governor": {"source": "psutil", "poll_interval_s": 0.2},
+            # Profiling at install is tested on its own (test_install_profiling.py): elsewhere its
+            # background child would change what a test looks at (the CPU, the ladder it reloads).
+            "profiling": {"on_install": False},
         }
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(settings.get(key), dict):

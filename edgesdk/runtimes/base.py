@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from edgesdk.runtimes.execution import ExecutionRequest
 from edgesdk.schemas.manifest import TensorSpec
 
 
@@ -41,7 +42,15 @@ class RuntimeBackend(Protocol):
         ...
 
     def load(
-        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+        self,
+        model: bytes,
+        *,
+        weights: bytes | None = None,
+        options: Mapping[str, str] | None = None,
+        execution: ExecutionRequest | None = None,
     ) -> LoadedModel:
-        """Load from memory. ``weights`` is the second file of two-file formats (OpenVINO .bin)."""
+        """Load from memory. ``weights`` is the second file of two-file formats (OpenVINO .bin);
+        ``execution`` what to run on, preferred first (the profile's; see runtimes/execution.py).
+        The loaded model's ``execution`` attribute (an ExecutionReport), where it has one, says
+        what it runs on and why not the first choice."""
         ...

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes.execution import ExecutionRequest  # Core ML picks its units from options (compute_units)
 from edgesdk.schemas.manifest import TensorSpec
 
 #: Core ML FeatureType data types (ArrayFeatureType.ArrayDataType) → numpy.
@@ -82,7 +83,12 @@ class CoreMLBackend:
         return coreml_can_predict()
 
     def load(
-        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+        self,
+        model: bytes,
+        *,
+        weights: bytes | None = None,
+        options: Mapping[str, str] | None = None,
+        execution: ExecutionRequest | None = None,
     ) -> CoreMLModel:
         if not coreml_can_predict():
             raise BackendUnavailableError(

@@ -15,16 +15,27 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes.execution import (
+    LITERT_CPU,
+    ExecutionReport,
+    ExecutionRequest,
+    litert_report,
+    open_litert_delegates,
+)
 from edgesdk.schemas.manifest import QuantParams, TensorSpec
 
 
-def _interpreter_class() -> Any:
+def _interpreter_module() -> Any:
     try:
-        from ai_edge_litert.interpreter import Interpreter
+        import ai_edge_litert.interpreter as module
     except ImportError:
         # Old devices: tflite-runtime is the predecessor with the same Interpreter API.
-        from tflite_runtime.interpreter import Interpreter  # type: ignore[no-redef]
-    return Interpreter
+        import tflite_runtime.interpreter as module  # type: ignore[no-redef]
+    return module
+
+
+def _interpreter_class() -> Any:
+    return _interpreter_module().Interpreter
 
 
 def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:
@@ -43,9 +54,11 @@ class LiteRTModel:
     """An interpreter built from bytes. Interpreters are not re-entrant, so ``run`` takes a lock."""
 
     thread_safe = False
+    execution: ExecutionReport | None = None  # the delegate it runs with (set by the backend)
 
-    def __init__(self, interpreter: Any, model: bytes) -> None:
+    def __init__(self, interpreter: Any, model: bytes, delegates: list[Any] | None = None) -> None:
         self._model = model  # the interpreter reads the buffer in place: keep it alive
+        self._delegates = delegates or []  # and uses its delegates: keep them alive with it
         self._interpreter = interpreter
         self._lock = threading.Lock()
         signatures = interpreter.get_signature_list()
@@ -87,6 +100,7 @@ class LiteRTModel:
         with self._lock:
             self._runner = None
             self._interpreter = None
+            self._delegates = []
 
 
 class LiteRTBackend:
@@ -102,18 +116,38 @@ class LiteRTBackend:
         return True
 
     def load(
-        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+        self,
+        model: bytes,
+        *,
+        weights: bytes | None = None,
+        options: Mapping[str, str] | None = None,
+        execution: ExecutionRequest | None = None,
     ) -> LiteRTModel:
         if weights is not None:
             raise RuntimeBackendError("LiteRT loads a single .tflite file (no separate weights)")
         opts = dict(options or {})
         threads = opts.get("num_threads")
         model = bytes(model)  # Interpreter(model_content=...) needs immutable bytes
+        module = _interpreter_module()
+        request = execution or ExecutionRequest()
+        delegates, using, skipped = open_litert_delegates(request, getattr(module, "load_delegate", None))
+        num_threads = int(threads) if threads is not None else None
         try:
-            interpreter = _interpreter_class()(
-                model_content=model, num_threads=int(threads) if threads is not None else None
-            )
-            interpreter.allocate_tensors()
+            try:
+                interpreter = module.Interpreter(
+                    model_content=model, num_threads=num_threads, experimental_delegates=delegates or None
+                )
+                interpreter.allocate_tensors()
+            except (ValueError, RuntimeError) as exc:
+                if not delegates:
+                    raise
+                # The delegate loaded but does not take this model (not compiled for the Edge TPU...).
+                skipped[using[0]] = f"the interpreter did not start with it: {str(exc).splitlines()[0][:200]}"
+                delegates, using = [], (LITERT_CPU,)
+                interpreter = module.Interpreter(model_content=model, num_threads=num_threads)
+                interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise RuntimeBackendError(f"LiteRT could not load the model: {exc}") from exc
-        return LiteRTModel(interpreter, model)
+        loaded = LiteRTModel(interpreter, model, delegates)
+        loaded.execution = litert_report(request, using, skipped)
+        return loaded

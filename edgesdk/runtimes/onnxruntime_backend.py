@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes.execution import ORT_CPU, ExecutionReport, ExecutionRequest, choose_ort_providers, ort_report
 from edgesdk.schemas.manifest import TensorSpec
 
 _ORT_TYPES = {
@@ -33,6 +34,7 @@ class OnnxRuntimeModel:
     """An ``InferenceSession`` created from bytes. ORT sessions are safe to run concurrently."""
 
     thread_safe = True
+    execution: ExecutionReport | None = None  # the providers the session runs on (set by the backend)
 
     def __init__(self, session: object) -> None:
         self._session = session
@@ -94,7 +96,12 @@ class OnnxRuntimeBackend:
         return True
 
     def load(
-        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+        self,
+        model: bytes,
+        *,
+        weights: bytes | None = None,
+        options: Mapping[str, str] | None = None,
+        execution: ExecutionRequest | None = None,
     ) -> OnnxRuntimeModel:
         import onnxruntime as ort
 
@@ -110,12 +117,21 @@ class OnnxRuntimeBackend:
             # Intra-op workers busy-wait after each run for the next one; on a small CPU that
             # spin takes the core the event loop (or the client) needs (BENCHMARKS.md, issue 15).
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning == "1" else "0")
-        wanted = [p for p in opts.pop("providers", "").split(",") if p]
-        available = ort.get_available_providers()
-        providers = [p for p in wanted if p in available] or ["CPUExecutionProvider"]
+        listed = opts.pop("providers", "")  # the older way to ask: a comma-separated option
+        request = execution or ExecutionRequest.of(listed.split(","))
+        providers, skipped = choose_ort_providers(request, ort.get_available_providers())
         try:
             # Bytes in, no file: the plaintext never touches disk.
             session = ort.InferenceSession(model, sess_options=session_options, providers=providers)
         except Exception as exc:  # noqa: BLE001
-            raise RuntimeBackendError(f"onnxruntime could not load the model: {exc}") from exc
-        return OnnxRuntimeModel(session)
+            if providers == [ORT_CPU]:
+                raise RuntimeBackendError(f"onnxruntime could not load the model: {exc}") from exc
+            # An accelerator provider that fails on this model (an op TensorRT cannot build): CPU.
+            skipped[providers[0]] = f"the session did not start on it: {str(exc).splitlines()[0][:200]}"
+            try:
+                session = ort.InferenceSession(model, sess_options=session_options, providers=[ORT_CPU])
+            except Exception as cpu_exc:  # noqa: BLE001
+                raise RuntimeBackendError(f"onnxruntime could not load the model: {cpu_exc}") from cpu_exc
+        loaded = OnnxRuntimeModel(session)
+        loaded.execution = ort_report(request, session.get_providers(), skipped)
+        return loaded

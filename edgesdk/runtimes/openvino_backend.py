@@ -14,6 +14,13 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes.execution import (
+    OPENVINO_CPU,
+    ExecutionReport,
+    ExecutionRequest,
+    choose_openvino_device,
+    openvino_report,
+)
 from edgesdk.schemas.manifest import TensorSpec
 
 _OV_TYPES = {
@@ -42,6 +49,7 @@ class OpenVINOModel:
     """A compiled model; each ``run`` uses its own infer request, so it is thread-safe."""
 
     thread_safe = True
+    execution: ExecutionReport | None = None  # the device(s) it was compiled for (set by the backend)
 
     def __init__(self, compiled: Any, weights: np.ndarray | None) -> None:
         self._weights = weights  # the compiled model may share this buffer: keep it alive
@@ -91,20 +99,49 @@ class OpenVINOBackend:
         return True
 
     def load(
-        self, model: bytes, *, weights: bytes | None = None, options: Mapping[str, str] | None = None
+        self,
+        model: bytes,
+        *,
+        weights: bytes | None = None,
+        options: Mapping[str, str] | None = None,
+        execution: ExecutionRequest | None = None,
     ) -> OpenVINOModel:
         import openvino as ov
 
         opts = dict(options or {})
-        device = opts.pop("device", "CPU")
         core = ov.Core()
+        request = execution or ExecutionRequest()
+        skipped: dict[str, str] = {}
+        if "device" in opts:  # an explicit device (the converter's validation: CPU) wins
+            device = opts.pop("device")
+        elif set(request.preferred) <= {OPENVINO_CPU}:
+            device = OPENVINO_CPU  # no plugin enumeration for a CPU-only profile
+        else:
+            device, skipped = choose_openvino_device(request, core.available_devices)
         buffer = np.frombuffer(weights, dtype=np.uint8) if weights is not None else None
         try:
             if buffer is not None:
                 read = core.read_model(model=bytes(model), weights=ov.Tensor(buffer))
             else:
                 read = core.read_model(model=bytes(model))
-            compiled = core.compile_model(read, device, opts)
+            try:
+                compiled = core.compile_model(read, device, opts)
+            except RuntimeError as exc:
+                if device == OPENVINO_CPU:
+                    raise
+                skipped[device] = f"compiling for it failed: {str(exc).splitlines()[0][:200]}"
+                device = OPENVINO_CPU
+                compiled = core.compile_model(read, device, opts)
         except RuntimeError as exc:
             raise RuntimeBackendError(f"OpenVINO could not load the model on {device}: {exc}") from exc
-        return OpenVINOModel(compiled, buffer)
+        loaded = OpenVINOModel(compiled, buffer)
+        loaded.execution = openvino_report(request, device, _execution_devices(compiled), skipped)
+        return loaded
+
+
+def _execution_devices(compiled: Any) -> list[str]:
+    """The devices a compiled model really runs on (AUTO's choice); [] where the plugin does not say."""
+    try:
+        return [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
+    except (RuntimeError, TypeError):
+        return []

@@ -13,6 +13,7 @@ from functools import cache
 from edgesdk.errors import BackendUnavailableError, RuntimeBackendError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.runtimes.base import LoadedModel, RuntimeBackend
+from edgesdk.runtimes.execution import ExecutionRequest
 from edgesdk.schemas.common import RuntimeName
 
 #: Backend class per runtime, and the package whose presence makes it available.
@@ -86,9 +87,10 @@ def load_model(
     *,
     weights: bytes | None = None,
     options: Mapping[str, str] | None = None,
+    execution: ExecutionRequest | None = None,
 ) -> LoadedModel:
     """Load model bytes into ``runtime``, from memory only."""
-    return get_backend(runtime).load(model, weights=weights, options=options)
+    return get_backend(runtime).load(model, weights=weights, options=options, execution=execution)
 
 
 def _basename_map(files: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -117,6 +119,7 @@ def load_variant(
     runtime: RuntimeName | str,
     files: Mapping[str, bytes],
     options: Mapping[str, str] | None = None,
+    execution: ExecutionRequest | None = None,
 ) -> LoadedModel:
     """Load a variant from its files in memory (file name → bytes), as ``edgesdk convert`` wrote them.
 
@@ -133,9 +136,9 @@ def load_variant(
     if name == RuntimeName.COREML:
         if not any(k.startswith("model.mlpackage/") for k in by_name):
             raise RuntimeBackendError(f"a coreml variant needs model.mlpackage/ files; got {sorted(files)}")
-        return get_backend(name).load(_zip_package(by_name), options=options)
+        return get_backend(name).load(_zip_package(by_name), options=options, execution=execution)
     missing = [f for f in expected if f not in by_name]
     if missing:
         raise RuntimeBackendError(f"a {name.value} variant needs {', '.join(expected)}; missing {', '.join(missing)}")
     weights = by_name.get(expected[1]) if len(expected) > 1 else None
-    return get_backend(name).load(by_name[expected[0]], weights=weights, options=options)
+    return get_backend(name).load(by_name[expected[0]], weights=weights, options=options, execution=execution)

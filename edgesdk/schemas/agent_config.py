@@ -190,6 +190,18 @@ class ModelPolicy(Schema):
     )
 
 
+class ProfilingConfig(Schema):
+    """On-device profiling once a model is proven (docs/devices.md): after an update commits (the
+    end of probation) or a committed model this device never measured is loaded, a low-priority
+    child process times every variant and the governor's ladder follows what it measured."""
+
+    on_install: bool = Field(True, description="profile each newly committed model in the background")
+    warmup: int = Field(5, ge=0, description="untimed runs per variant first")
+    runs: int = Field(50, ge=1, description="timed runs per variant")
+    nice: int = Field(10, ge=0, le=19, description="the profiling child's niceness: serving keeps the CPU first")
+    timeout_s: float = Field(1800.0, gt=0, description="a profiling run that takes longer is stopped and reported")
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -216,6 +228,7 @@ class AgentConfig(Schema):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
     ota: OtaConfig = Field(default_factory=OtaConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
     runtime_threads: int | None = Field(
         None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
     )

@@ -38,6 +38,9 @@ class RuntimeFootprint(Schema):
     runtime: str
     import_ms: float = Field(ge=0)
     rss_mb: float = Field(description="resident memory the import added")
+    installed_mb: float | None = Field(
+        None, ge=0, description="disk the runtime's installed distribution takes (its files, as pip installed them)"
+    )
 
 
 class DeviceMeasurements(Schema):
@@ -48,6 +51,11 @@ class DeviceMeasurements(Schema):
     device_id: str
     profile: str
     machine: str = Field(description="platform.machine() of the device, e.g. aarch64")
+    emulated: bool = Field(
+        False,
+        description="measured under emulation (qemu-user: the arm64 lane): sizes and memory hold, timings do not, "
+        "so the planner never takes speed from it",
+    )
     model: str
     version: str
     release: int
@@ -59,3 +67,28 @@ class DeviceMeasurements(Schema):
         "precision is a step only when it measured faster than the step above it"
     )
     not_steps: dict[str, str] = Field(default_factory=dict, description="variant id -> why it is not a step")
+
+    def summary(self) -> MeasuredSummary:
+        """The figures telemetry carries: median latency per variant and the ladder they give."""
+        return MeasuredSummary(
+            model=self.model,
+            release=self.release,
+            measured_at=self.measured_at,
+            p50_ms={m.variant: m.p50_ms for m in self.variants},
+            load_ms={m.variant: m.load_ms for m in self.variants},
+            rss_mb={m.variant: m.rss_mb for m in self.variants},
+            speed_ladder=list(self.speed_ladder),
+        )
+
+
+class MeasuredSummary(Schema):
+    """What telemetry says of the device's own measurements (the whole document stays on the device,
+    in ``/v1/status`` and ``measurements.json``, for ``edgesdk profiles import-measurements``)."""
+
+    model: str
+    release: int
+    measured_at: datetime
+    p50_ms: dict[str, float] = Field(default_factory=dict, description="variant id -> median latency")
+    load_ms: dict[str, float] = Field(default_factory=dict)
+    rss_mb: dict[str, float] = Field(default_factory=dict)
+    speed_ladder: list[str] = Field(default_factory=list)

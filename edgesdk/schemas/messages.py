@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.manifest import SEMVER_PATTERN, SHA256_PATTERN, KeySlot
+from edgesdk.schemas.measurements import MeasuredSummary
 
 
 class RunningModel(Schema):
@@ -86,6 +87,9 @@ class Telemetry(Schema):
     power_source: Literal["ac", "battery", "unknown"] = "unknown"
     governor_state: str | None = None
     switch_count: int = 0
+    measured: MeasuredSummary | None = Field(
+        None, description="what edge-agent profile (at install, or on demand) measured on this device"
+    )
     dropped_messages: int = Field(
         0, ge=0, description="messages the MQTT outbox dropped (oldest first) to stay within its disk quota"
     )

@@ -42,6 +42,11 @@ class Memory(Schema):
 class Storage(Schema):
     storage_gb: float = Field(gt=0, description="typical storage (SD card, eMMC, NVMe)")
     max_artifact_mb: float = Field(gt=0, description="largest single model artifact we may ship")
+    runtime_budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description="disk the agent's runtimes may take (their installed wheels); None: the whole storage_gb",
+    )
 
 
 class Accelerator(Schema):

@@ -217,6 +217,28 @@ def test_image_installs_offline_and_every_agent_import_works(device_side: Device
     assert imported.returncode == 0, imported.stderr[-3000:]
     facts = json.loads(imported.stdout.strip().splitlines()[-1])
     assert facts == {"machine": "aarch64", "python": device_side.python}
+    # Beyond the list: every module of the device side imports there, offline (a module whose
+    # optional extra is not in this image may fail only for that extra: gRPC, off by default).
+    walk = (
+        "import importlib, json, pkgutil\n"
+        "from edgesdk.offline import disable_vendor_telemetry\n"
+        "disable_vendor_telemetry()\n"
+        "import edgesdk.agent, edgesdk.runtimes, edgesdk.protocol\n"
+        "failed, done = {}, 0\n"
+        "for package in (edgesdk.agent, edgesdk.runtimes, edgesdk.protocol):\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        try:\n"
+        "            importlib.import_module(info.name); done += 1\n"
+        "        except ImportError as exc:\n"
+        "            failed[info.name] = str(exc)\n"
+        "print(json.dumps({'imported': done, 'failed': failed}))"
+    )
+    walked = device_side.run(device_side.venv_python, "-c", walk, offline=True)
+    assert walked.returncode == 0, walked.stderr[-3000:]
+    result = json.loads(walked.stdout.strip().splitlines()[-1])
+    print(f"device-side modules imported offline: {result['imported']}, not: {result['failed']}")
+    assert result["imported"] > 50 and "edgesdk.agent.install_profiling" not in result["failed"]
+    assert all("grpc" in error for error in result["failed"].values()), result["failed"]
     check = device_side.run(device_side.venv_python, "-m", "pip", "check", offline=True)
     assert check.returncode == 0, check.stdout + check.stderr
     freeze = device_side.run(device_side.venv_python, "-m", "pip", "freeze", offline=True).stdout
@@ -306,6 +328,11 @@ def test_enrolls_updates_over_mqtt_and_serves_each_runtime_like_the_host(
             np.testing.assert_allclose(device_logits, host_logits, atol=ATOL[runtime], err_msg=f"{runtime} on arm64")
             assert (device_logits.argmax(1) == host_logits.argmax(1)).all(), runtime
             served[runtime] = f"{model['variant']} (max |diff| {np.abs(device_logits - host_logits).max():.2g})"
+            # Where it runs: the profile's provider, device or delegate, which this board's CPU has.
+            (choice,) = [c for c in http_json(f"{url}/v1/status")["variants"] if c["id"] == model["variant"]]
+            wanted = next(r for r in get_profile(device_side.profile).runtimes if r.runtime.value == runtime)
+            assert choice["execution"]["using"][0] == wanted.execution_providers[0], choice
+            assert choice["execution"]["fallback"] is None, choice
         print(f"served on the device side, equal to this machine's within {ATOL}: {served}")
         log = agent.log()
         # Opened in the unseal helper (the default): the daemon itself never decrypted.
@@ -387,6 +414,7 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
     """``edge-agent profile`` on the device side: each variant timed there (which is faster under
     emulation means nothing; that the served ladder follows what was measured does)."""
     from edgesdk.keys import generate_device_key, generate_publisher_key
+    from edgesdk.profiles import get_profile
 
     publisher_key, publisher_pub = generate_publisher_key(lane_root / "publisher")
     device = lane_device(lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile)
@@ -397,15 +425,22 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
     _install_on_device(device_side, device, device.bundle(onnx_fp32_int8, version="1.0.0", release=1))
     proc = device_side.run(
         device_side.venv_python, "-m", "edgesdk.agent.cli", "profile", "--config", str(device.config),
-        "--warmup", "2", "--runs", "10", "--json", env={"HOME": str(device.root / "home")},
+        "--warmup", "2", "--runs", "10", "--json", *(("--emulated",) if device_side.mode == "chroot" else ()),
+        env={"HOME": str(device.root / "home")},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(proc.stdout)
     print(f"profile on the device side: {json.dumps(figures['variants'])}")
+    print(f"runtime footprints on the device side: {json.dumps(figures['runtimes'])}")
     assert figures["machine"] == ("aarch64" if device_side.mode == "chroot" else figures["machine"])
+    assert figures["emulated"] is (device_side.mode == "chroot")
     assert {v["variant"] for v in figures["variants"]} == {"onnx-fp32", "onnx-int8"}
-    (footprint,) = figures["runtimes"]  # imported before the first variant, so it carries no library
-    assert footprint["runtime"] == "onnxruntime" and footprint["rss_mb"] > 0 and footprint["import_ms"] > 0
+    # Every runtime of the profile, imported before the first variant (so no variant carries a
+    # library), with the disk its aarch64 wheel takes there.
+    footprints = {r["runtime"]: r for r in figures["runtimes"]}
+    assert set(footprints) == {r.runtime.value for r in get_profile(device_side.profile).runtimes}
+    assert all(r["rss_mb"] > 0 and r["import_ms"] > 0 and r["installed_mb"] > 1 for r in footprints.values())
+    _footprints_reach_the_planner(lane_root, device_side.profile, proc.stdout, footprints)
     assert all(v["p50_ms"] > 0 and v["runs"] == 10 and v["load_ms"] > 0 for v in figures["variants"])
     assert figures["speed_ladder"][0] == "onnx-fp32"
     assert set(figures["speed_ladder"]) | set(figures["not_steps"]) == {"onnx-fp32", "onnx-int8"}
@@ -413,6 +448,27 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
         status = http_json(f"{agent.url}/v1/status")
     assert status["measured"]["speed_ladder"] == figures["speed_ladder"]
     assert status["governor"]["ladder"] == figures["speed_ladder"]  # the governor steps through what was measured
+
+
+def _footprints_reach_the_planner(lane_root: Path, profile_name: str, document: str, footprints: dict) -> None:
+    """The operator's side: the figures into the profile's measured: section, and the planner
+    counting them (this board has room for all three runtimes: each is planned, with its figures)."""
+    from edgesdk.converters.planner import make_plan
+
+    from edgesdk.profiles import get_profile
+    from edgesdk.schemas.common import RuntimeName
+
+    (lane_root / "measurements.json").write_text(document)
+    out = lane_root / "profiles"
+    imported = edgesdk("profiles", "import-measurements", str(lane_root / "measurements.json"), "--out", str(out))
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    profile = get_profile(profile_name, [out])
+    assert len(profile.measured) == 1 and profile.measured[0].machine == "aarch64"
+    plan = make_plan(profile, "onnx", has_calibration=True, host_runtimes=tuple(RuntimeName))
+    for runtime, figures in footprints.items():
+        line = f"runtime {runtime} on {profile_name}: {figures['installed_mb']:.0f} MB installed"
+        assert any(d.startswith(line) for d in plan.decisions), plan.decisions
+    assert not any("does not fit" in r.reason for r in plan.rejected), plan.rejected
 
 
 def test_sigkill_mid_update_then_the_new_model_serves(

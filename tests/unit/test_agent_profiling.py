@@ -113,7 +113,7 @@ def test_saved_figures_round_trip_and_a_bad_file_is_ignored(tmp_path) -> None:
 def test_the_server_loads_only_the_measured_steps_of_the_same_model(monkeypatch, release, expected) -> None:
     import edgesdk.runtimes as runtimes
 
-    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None: FakeModel(1.0))
+    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None, execution=None: FakeModel(1.0))
     manifest = SimpleNamespace(
         model=SimpleNamespace(name="m", version="1.0.0", release=release),
         variants=[variant("fp32", "fp32"), variant("fp16", "fp16"), variant("int8", "int8")],
@@ -138,8 +138,45 @@ def test_runtime_imports_are_measured_once_each_and_a_missing_one_is_skipped() -
 
     footprints = measure_runtime_imports(
         ["onnxruntime", "onnxruntime", "openvino", "coreml"], rss_mb=lambda: next(rss),
-        clock=lambda: next(ticks) * 0.5, import_module=fake_import,
+        clock=lambda: next(ticks) * 0.5, import_module=fake_import, disk_mb=lambda runtime: 42.5,
     )  # fmt: skip
     assert imported == ["onnxruntime"]  # once; coreml has no module to time here
     (ort,) = footprints
-    assert (ort.runtime, ort.import_ms, ort.rss_mb) == ("onnxruntime", 500.0, 50.0)
+    assert (ort.runtime, ort.import_ms, ort.rss_mb, ort.installed_mb) == ("onnxruntime", 500.0, 50.0, 42.5)
+
+
+def test_installed_size_is_the_distribution_files_and_none_when_not_installed() -> None:
+    from edgesdk.agent.profiling import installed_mb
+
+    pytest.importorskip("onnxruntime")
+    assert installed_mb("onnxruntime") > 1  # the wheel's native library alone is tens of MB
+    assert installed_mb("coreml") is None  # no distribution to measure
+
+
+def test_saved_figures_are_read_again_only_when_the_file_changes(tmp_path) -> None:
+    import os
+
+    from edgesdk.agent.profiling import SavedMeasurements
+
+    saved = SavedMeasurements(tmp_path)
+    assert saved.current() is None
+    save(tmp_path, device_measurements(["fp32", "fp16"]))
+    first = saved.current()
+    assert first is not None and saved.current() is first  # not parsed again
+    save(tmp_path, device_measurements(["fp32"]))
+    os.utime(tmp_path / "measurements.json", ns=(1, 1))  # a rewrite within the clock's resolution
+    assert saved.current().speed_ladder == ["fp32"]
+
+
+def test_telemetry_carries_the_measured_summary(tmp_path) -> None:
+    from edgesdk.agent.metrics import Metrics
+
+    from edgesdk.schemas.messages import Telemetry
+
+    figures = device_measurements(["fp32", "fp16"])
+    snapshot = Metrics(measured=lambda: figures).snapshot()
+    telemetry = Telemetry(device_id="d", msg_id="m", seq=0, ts=datetime.now(timezone.utc), **snapshot)
+    assert telemetry.measured is not None
+    assert telemetry.measured.p50_ms == {"fp32": 4.0, "fp16": 2.0, "int8": 3.0}
+    assert telemetry.measured.speed_ladder == ["fp32", "fp16"] and telemetry.measured.release == figures.release
+    assert Metrics().snapshot()["measured"] is None

@@ -227,7 +227,7 @@ def test_swap_loads_only_gated_variants_and_keeps_serving_on_failure(monkeypatch
 
     loaded: list[str] = []
 
-    def fake_load_variant(runtime, files, options=None):
+    def fake_load_variant(runtime, files, options=None, execution=None):
         loaded.append(files["model.onnx"].decode())
         if files["model.onnx"] == b"bad":
             from edgesdk.errors import RuntimeBackendError
@@ -278,7 +278,7 @@ def test_a_damaged_bundle_is_not_served_in_part(monkeypatch) -> None:
 
     made: list[FakeModel] = []
 
-    def fake_load_variant(runtime, files, options=None):
+    def fake_load_variant(runtime, files, options=None, execution=None):
         made.append(FakeModel(1.0))
         made[-1].closed = False
         made[-1].close = lambda model=made[-1]: setattr(model, "closed", True)
@@ -359,7 +359,7 @@ def test_size_only_and_unvalidated_variants_are_not_governor_steps(monkeypatch) 
     # never ran "off": the agent loads neither onto the ladder while a speed step exists.
     import edgesdk.runtimes as runtimes
 
-    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None: FakeModel(1.0))
+    monkeypatch.setattr(runtimes, "load_variant", lambda runtime, files, options=None, execution=None: FakeModel(1.0))
     roles = {"fp32": "reference", "fp16": "speed", "int8": "size-only"}
     variants = [variant(v, v).model_copy(update={"ladder_role": r}) for v, r in roles.items()]
     off = variant("coreml-fp16", "fp16", passed=None, runtime="coreml", fmt="coreml")

@@ -14,7 +14,7 @@ from tests.unit.test_agent_serving import FakeModel, variant
 def test_each_variant_is_loaded_or_says_why_not(monkeypatch) -> None:
     import edgesdk.runtimes as runtimes
 
-    def fake_load_variant(runtime, files, options=None):
+    def fake_load_variant(runtime, files, options=None, execution=None):
         if runtime == "litert":
             raise BackendUnavailableError("runtime 'litert' is not installed: pip install 'edgesdk[litert]'")
         return FakeModel(1.0)
@@ -45,3 +45,30 @@ def test_each_variant_is_loaded_or_says_why_not(monkeypatch) -> None:
     assert not any(c["loaded"] for vid, c in choices.items() if vid != "onnx-fp32")
     (described,) = server.describe_models()
     assert described["bundle_variants"] == list(choices.values())
+
+
+def test_the_profiles_providers_are_asked_for_and_a_cpu_fallback_says_why(monkeypatch) -> None:
+    import edgesdk.runtimes as runtimes
+    from edgesdk.runtimes.execution import ExecutionRequest, choose_ort_providers, ort_report
+
+    asked: list[ExecutionRequest | None] = []
+
+    def fake_load_variant(runtime, files, options=None, execution=None):
+        asked.append(execution)
+        model = FakeModel(1.0)
+        # What the real backend reports on a CPU-only onnxruntime (tests/unit/test_runtime_execution.py).
+        providers, skipped = choose_ort_providers(execution, ["CPUExecutionProvider"])
+        model.execution = ort_report(execution, providers, skipped)
+        return model
+
+    monkeypatch.setattr(runtimes, "load_variant", fake_load_variant)
+    manifest = SimpleNamespace(
+        model=SimpleNamespace(name="m", version="1.0.0", release=1), variants=[variant("onnx-fp32", "fp32")]
+    )
+    server = ModelServer(profile=get_profile("jetson-orin-nano-8gb"))
+    server.swap(SimpleNamespace(manifest=manifest, sha256="b" * 64), "key", decrypt=lambda b, vid, key: {})
+    assert asked == [ExecutionRequest(("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"))]
+    (choice,) = server.describe_variant_choices()
+    assert choice["loaded"] and "running on CPUExecutionProvider, not TensorrtExecutionProvider" in choice["reason"]
+    assert choice["execution"]["using"] == ["CPUExecutionProvider"]
+    assert set(choice["execution"]["skipped"]) == {"TensorrtExecutionProvider", "CUDAExecutionProvider"}
