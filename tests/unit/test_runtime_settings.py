@@ -51,7 +51,7 @@ def test_only_onnxruntime_variants_get_the_runtime_settings(monkeypatch) -> None
 
     seen: dict[str, object] = {}
 
-    def fake_load_variant(runtime, files, options=None):  # type: ignore[no-untyped-def]
+    def fake_load_variant(runtime, files, options=None, execution=None):  # type: ignore[no-untyped-def]
         seen[str(getattr(runtime, "value", runtime))] = options
         return FakeModel(1.0)
 

@@ -101,5 +101,5 @@ class Leadership:
         try:
             connection.invalidate()  # never back to the pool: the session (and its lock) must end
             connection.close()
-        except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is gone either way
-            pass
+        except Exception as exc:  # noqa: BLE001 - a broken connection may fail to close; it is gone either way
+            log.debug("closing the leader's connection failed (%s); it is dropped either way", exc)
