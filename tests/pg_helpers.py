@@ -11,6 +11,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -89,3 +91,19 @@ def _user_exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+@contextmanager
+def throwaway_cluster() -> Iterator[PostgresCluster]:
+    """A started cluster, stopped afterwards; a visible skip where the server binaries are missing
+    (for module-scoped ``postgres`` fixtures)."""
+    import pytest
+
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; scripts/test installs postgresql")
+    cluster = PostgresCluster(bin_dir).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -32,7 +32,7 @@ from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto  # noqa: E402
 from edgesdk.mqtt.client import ClientOptions, MqttClient  # noqa: E402
 from edgesdk.schemas.messages import Telemetry  # noqa: E402
 from tests.bundle_helpers import make_keys, write_convert_dir  # noqa: E402
-from tests.pg_helpers import PostgresCluster, find_pg_bin  # noqa: E402
+from tests.pg_helpers import throwaway_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -50,12 +50,8 @@ def broker(tmp_path_factory: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def postgres() -> Any:
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; scripts/test installs postgresql")
-    cluster = PostgresCluster(bin_dir).start()
-    yield cluster
-    cluster.stop()
+    with throwaway_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from edgesdk.fleet.service.submit import submit_deployment  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto  # noqa: E402
 from tests.agent_helpers import AgentProcess, run_agent_cli  # noqa: E402
 from tests.ota_helpers import OtaBundles, build_ota_bundles, make_mqtt_device  # noqa: E402
-from tests.pg_helpers import PostgresCluster, find_pg_bin  # noqa: E402
+from tests.pg_helpers import throwaway_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -100,12 +100,8 @@ def fleet(digits, tmp_path_factory) -> Any:
 
 @pytest.fixture(scope="module")
 def postgres() -> Any:
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not installed; scripts/test installs postgresql")
-    cluster = PostgresCluster(bin_dir).start()
-    yield cluster
-    cluster.stop()
+    with throwaway_cluster() as cluster:
+        yield cluster
 
 
 _databases = itertools.count()
