@@ -87,7 +87,15 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twi
     with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
         (served,) = client.get("/v1/models").json()["models"]
         choices = {c["id"]: c for c in served["bundle_variants"]}
-        assert choices["tflite-fp32"]["active"] and choices["tflite-int8"]["loaded"]
+        assert choices["tflite-fp32"]["active"]
+        # Whether the dynamic int8 is a speed step depends on timings (the converter's on this
+        # host, then the agent's own at install), which a loaded machine can flip: either it is
+        # loaded, or the reason it is not names the timing that decided.
+        int8_choice = choices["tflite-int8"]
+        if int8.ladder_role == "size-only":
+            assert int8_choice["reason"].startswith("a size step only"), int8_choice
+        else:
+            assert int8_choice["loaded"] or int8_choice["reason"].startswith("not a step on this device"), int8_choice
         assert choices["openvino-fp32"]["reason"].startswith("tflite-fp32 serves fp32 (litert comes first")
         response = client.post(
             "/v1/models/basic_pitch/infer", json={"inputs": {"input_2": golden["input_2"][:1].tolist()}}
