@@ -8,26 +8,21 @@ installed (their dependencies pin TensorFlow), so nothing of theirs is imported.
 
 from __future__ import annotations
 
-import os
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from edgesdk.workloads.wheels import wheel_dirs
+
 WAKEWORD = ("pymicro_wakeword", "pymicro_wakeword/models/")
 BASIC_PITCH = ("basic_pitch", "basic_pitch/saved_models/icassp_2022/")
-
-
-def _wheel_dirs() -> list[Path]:
-    dirs = [Path(p) for p in os.environ.get("EDGESDK_WHEELS", "").split(os.pathsep) if p]
-    return [*dirs, Path(sys.prefix) / "wheels"]
 
 
 def extract(package: tuple[str, str], name: str, into: Path) -> Path:
     """``name`` (e.g. ``okay_nabu.tflite``) from the package's wheel into ``into``; skip if absent."""
     prefix, folder = package
-    for directory in _wheel_dirs():
+    for directory in wheel_dirs():
         for wheel in sorted(directory.glob(f"{prefix}-*.whl")):
             with zipfile.ZipFile(wheel) as archive:
                 if folder + name in archive.namelist():

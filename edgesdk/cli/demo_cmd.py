@@ -175,6 +175,16 @@ def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
             for r in summary["rollouts"]
         ],
     )
+    second = summary.get("second_model") or {}
+    if second.get("skipped"):
+        click.echo(f"second model:      skipped ({second['skipped']})")
+    elif second:
+        answered = sum(d["second_model_requests"] for d in summary["devices"])
+        failed = sum(d["second_model_failed_requests"] for d in summary["devices"])
+        click.echo(
+            f"second model:      {second['name']} ({second['variant']}) beside digits on every device: "
+            f"{answered} requests, {failed} failed through the digits rollouts"
+        )
     service = summary.get("service") or {}
     if service:
         # The service stopped with the demo; its database and token outlive it only in a kept work dir.

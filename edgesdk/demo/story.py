@@ -7,10 +7,13 @@ REST API and dashboard on a loopback port) and N ``edge-agent run`` processes (o
 MQTT link, a scripted sensor trace each), enroll them from their announced keys, package
 v1/v2/v3 encrypted to the approved keys and signed. Every rollout is handed to the service over
 its REST API (upload the bundle, create the deployment) and the demo only reads its state:
-deliver v1 over the air, send traffic through each local API, watch one device step its
-precision down and back up through a heat wave, push v2 as a canary rollout, then push v3 whose
-canary breaks the latency SLO in probation and is rolled back automatically by the service
-(the rollout aborts before the other devices get it).
+deliver v1 over the air, send traffic through each local API, install a second model beside it
+on every device (pymicro-wakeword's real ``okay_nabu.tflite`` keyword spotter, shipped as it is
+and served by LiteRT) and send it traffic too, watch one device step its precision down and back
+up through a heat wave, push v2 as a canary rollout, then push v3 whose canary breaks the
+latency SLO in probation and is rolled back automatically by the service (the rollout aborts
+before the other devices get it). The second model keeps answering through every update of the
+first: its failed requests are part of the summary.
 
 Everything the steps start is stopped in ``finally`` — normal end, error or Ctrl-C.
 """
@@ -81,6 +84,8 @@ class DemoResult:
     heat: dict[str, Any] = field(default_factory=dict)
     reports: dict[str, str] = field(default_factory=dict)
     service: dict[str, str] = field(default_factory=dict)  # dashboard URL, token file, database
+    #: The model served beside digits: its name, variant, rollout; or ``skipped`` with the reason.
+    second_model: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -106,6 +111,7 @@ class Demo:
         self.service: Any = None  # edgesdk.demo.fleet_service.DemoService once it answers
         self.collector: Collector | None = None
         self.traffic: TrafficGenerator | None = None
+        self.second_traffic: TrafficGenerator | None = None  # to the second model
         self.agent_urls: dict[str, str] = {}
         self.hot_device = ""
         self._timeline_lock = threading.Lock()
@@ -138,6 +144,7 @@ class Demo:
             bundles = self.package(convert_v1, convert_v3, keys, registry)
             self.push("v1", bundles["v1"], canary=0.0, expect="SUCCEEDED")
             self.serve(digits)
+            self.add_second_model(keys, registry)
             self.heat_wave()
             self.push("v2", bundles["v2"], canary=1.0 / self.options.agents, expect="SUCCEEDED")
             self.push("v3", bundles["v3"], canary=1.0 / self.options.agents, expect="ABORTED")
@@ -512,6 +519,72 @@ class Demo:
             lines.append(f"{device} {stats.accuracy:.0%}")
         self._step("inference", began, "local API answers, accuracy " + ", ".join(lines))
 
+    def add_second_model(self, keys: dict[str, Path], registry: Path) -> None:
+        """Install a second real model on every device beside digits, over the air, and send it
+        traffic: pymicro-wakeword's ``okay_nabu.tflite`` (int8, streaming), shipped as it is and
+        served by LiteRT. Skipped, and said so, where its wheel or LiteRT is missing."""
+        from edgesdk.bundle import package_bundle
+        from edgesdk.converters.pipeline import convert
+        from edgesdk.fleet.enrollment import recipients_from_registry
+        from edgesdk.workloads import wakeword
+
+        began = time.monotonic()
+        frames = wakeword.feature_frames(64)
+        out = self.work / "convert-wakeword"
+        try:
+            source = wakeword.wakeword_tflite(self.work / "model")
+            report = convert(
+                source,
+                self.options.profile,
+                out,
+                validation={wakeword.INPUT_NAME: frames[:16]},
+                as_is=True,
+                name=wakeword.MODEL_NAME,
+            )
+        except EdgeSDKError as exc:  # no wheel (ModelError), no LiteRT here: the demo goes on with one model
+            self._skip_second_model(str(exc))
+            return
+        if not report.variants:
+            self._skip_second_model("; ".join(f"{r.id}: {r.reason}" for r in report.rejected) or "no variant")
+            return
+        variant = report.variants[0]
+        bundle = package_bundle(
+            out,
+            name=wakeword.MODEL_NAME,
+            version="1.0.0",
+            release=1,
+            publisher_key=keys["publisher_key"],
+            recipients=recipients_from_registry(registry),
+            out=self.work / "bundles" / f"{wakeword.MODEL_NAME}-1.0.0.edgepkg",
+        )
+        self._step(
+            "second model",
+            began,
+            f"{wakeword.MODEL_NAME}.tflite from pymicro-wakeword shipped as-is: {variant.id}, "
+            f"{variant.size / 1024:.0f} KiB, validated in {variant.runtime.value}",
+        )
+        self.push("wakeword", bundle, canary=0.0, expect="SUCCEEDED")
+        # The agent's public signature is float: real values, quantized by the agent with the model's parameters.
+        quant = variant.inputs[0].quantization
+        real = frames[16:].astype(np.float32)
+        if quant is not None:
+            real = (real - quant.zero_point[0]) * np.float32(quant.scale[0])
+        self.second_traffic = TrafficGenerator(
+            self.agent_urls,
+            real,
+            None,
+            model=wakeword.MODEL_NAME,
+            input_name=wakeword.INPUT_NAME,
+            output_name=wakeword.OUTPUT_NAME,
+            batch=1,
+            rate_hz=10.0,
+        ).start()
+        self.result.second_model = {"name": wakeword.MODEL_NAME, "variant": variant.id, "size": variant.size}
+
+    def _skip_second_model(self, reason: str) -> None:
+        self.result.second_model = {"skipped": reason}
+        self.say(f"[yellow]![/yellow] second model skipped: {reason}")
+
     def heat_wave(self) -> None:
         """Wait until the hot device has stepped down its ladder and back up to the top.
 
@@ -565,6 +638,8 @@ class Demo:
         began = time.monotonic()
         if self.traffic is not None:
             self.traffic.stop()
+        if self.second_traffic is not None:
+            self.second_traffic.stop()
         if self.collector is not None:
             self.collector.poll_once()
             self.collector.stop()
@@ -575,6 +650,7 @@ class Demo:
             stats = self.traffic.stats[device] if self.traffic is not None else None
             latencies = np.asarray(stats.latencies_ms if stats else [], dtype=np.float64)
             precisions = sorted({s.precision for s in series if s.precision}, key=_rank)
+            second = self.second_traffic.stats[device] if self.second_traffic is not None else None
             self.result.devices.append(
                 {
                     "device_id": device,
@@ -588,6 +664,9 @@ class Demo:
                     "client_p50_ms": float(np.percentile(latencies, 50)) if latencies.size else None,
                     "client_p95_ms": float(np.percentile(latencies, 95)) if latencies.size else None,
                     "max_temperature_c": max((s.temperature_c or 0.0 for s in series), default=None),
+                    # The second model's traffic ran through every later rollout of digits.
+                    "second_model_requests": second.requests if second else 0,
+                    "second_model_failed_requests": second.failures if second else 0,
                 }
             )
         self.result.wall_s = round(time.monotonic() - self.started, 1)
@@ -609,7 +688,7 @@ class Demo:
 
     def cleanup(self) -> None:
         """Stop everything this run started, in reverse order. Never raises."""
-        parts: list[Any] = [self.traffic, self.collector]
+        parts: list[Any] = [self.traffic, self.second_traffic, self.collector]
         for part in parts:
             if part is not None:
                 try:
@@ -693,4 +772,5 @@ def result_json(result: DemoResult) -> dict[str, Any]:
         "heat": result.heat,
         "reports": result.reports,
         "service": result.service,
+        "second_model": result.second_model,
     }

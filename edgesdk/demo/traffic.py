@@ -1,8 +1,9 @@
 """Client traffic against each agent's local inference API, as an application would send it.
 
-One thread per device posts small batches of the digits test split as JSON, over one kept-
-alive connection, at a steady rate; it records the round-trip latency and how many answers
-were right. The agents' probation monitors judge new models on this traffic too.
+One thread per device posts small batches of samples (the digits test split; the wake-word
+spotter's feature chunks) as JSON, over one kept-alive connection, at a steady rate; it records
+the round-trip latency and, where there are labels, how many answers were right. The agents'
+probation monitors judge new models on this traffic too.
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ class DeviceTraffic:
 
 
 class TrafficGenerator:
-    """Sends ``rate_hz`` requests per second of ``batch`` images to every agent until stopped."""
+    """Sends ``rate_hz`` requests per second of ``batch`` samples to every agent until stopped.
+
+    ``labels`` (one per sample) score the answers' argmax; ``None`` only checks that every
+    answer carries ``output_name``."""
 
     def __init__(
         self,
         agents: dict[str, str],
         images: np.ndarray,
-        labels: np.ndarray,
+        labels: np.ndarray | None,
         *,
         model: str = "digits",
         input_name: str = "image",
@@ -77,11 +81,11 @@ class TrafficGenerator:
         stats = self.stats[device]
         parsed = urlparse(url)
         conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port, timeout=10)
-        offset = (hash(device) % len(self.labels)) if len(self.labels) else 0
+        offset = hash(device) % len(self.images)
         path = f"/v1/models/{self.model}/infer"
         while not self._stop.is_set():
             began = time.monotonic()
-            index = (offset + np.arange(self.batch)) % len(self.labels)
+            index = (offset + np.arange(self.batch)) % len(self.images)
             offset += self.batch
             body = json.dumps({"inputs": {self.input_name: self.images[index].tolist()}}).encode()
             try:
@@ -91,12 +95,13 @@ class TrafficGenerator:
                 elapsed_ms = (time.monotonic() - began) * 1000.0
                 if response.status != 200:
                     raise OSError(f"HTTP {response.status}: {payload[:200]!r}")
-                logits = np.asarray(json.loads(payload)["outputs"][self.output_name])
+                answer = np.asarray(json.loads(payload)["outputs"][self.output_name])
                 stats.requests += 1
                 stats.latencies_ms.append(elapsed_ms)
                 stats.finished_at.append(time.monotonic())
-                stats.images += len(index)
-                stats.correct += int((logits.argmax(axis=1) == self.labels[index]).sum())
+                if self.labels is not None:
+                    stats.images += len(index)
+                    stats.correct += int((answer.argmax(axis=1) == self.labels[index]).sum())
             except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
                 stats.failures += 1
                 stats.last_error = str(exc)

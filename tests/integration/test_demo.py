@@ -69,7 +69,9 @@ def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
     assert "fp32" in precisions and len(precisions) >= 2
 
     rollouts = {r["name"]: r for r in summary["rollouts"]}
-    assert [r["state"] for r in summary["rollouts"]] == ["SUCCEEDED", "SUCCEEDED", "ABORTED"]
+    assert [(r["name"], r["state"]) for r in summary["rollouts"]] == [
+        ("v1", "SUCCEEDED"), ("wakeword", "SUCCEEDED"), ("v2", "SUCCEEDED"), ("v3", "ABORTED"),
+    ]  # fmt: skip
     devices = sorted(d["device_id"] for d in summary["devices"])
     assert len(devices) == 3
     assert {d["state"] for d in rollouts["v1"]["devices"]} == {"COMMITTED"}
@@ -97,7 +99,7 @@ def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
         database.close()
     assert states == {r["deployment_id"]: r["state"] for r in summary["rollouts"]}
     created = [(actor, outcome) for actor, action, outcome in audited if action == "deployment.create"]
-    assert len(created) == 3 and all(a.startswith("edgesdk-demo") and o == "ok" for a, o in created), audited
+    assert len(created) == 4 and all(a.startswith("edgesdk-demo") and o == "ok" for a, o in created), audited
     service_log = Path(service["log"]).read_text()
     assert f"deployment {rollouts['v3']['deployment_id']}: ABORTED" in service_log
 
@@ -105,6 +107,18 @@ def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
         assert device["release"] == 2 and device["version"] == "1.1.0", device
         assert device["requests"] > 50 and device["failed_requests"] == 0, device
         assert device["accuracy"] >= 0.95, device
+
+    # A second real model (the wake-word .tflite, as-is, LiteRT) installed over the air beside
+    # digits on every device; its traffic ran through the v2 and v3 rollouts of digits (v3's
+    # rollback included) without one failed request.
+    assert summary["second_model"] == {
+        "name": "okay_nabu",
+        "variant": "tflite-int8",
+        "size": summary["second_model"]["size"],
+    }
+    assert {d["state"] for d in rollouts["wakeword"]["devices"]} == {"COMMITTED"}
+    for device in summary["devices"]:
+        assert device["second_model_requests"] > 50 and device["second_model_failed_requests"] == 0, device
 
     # The heat wave: the hot device stepped down the ladder and came back; the others never moved.
     heat = summary["heat"]
