@@ -100,14 +100,20 @@ class QueueForwarder:
             due = len(self._acked) >= _ACK_BATCH or not self._inflight
         if due:
             self.flush()
+        else:
+            self.client.request_tick()  # the rest of the batch is deleted within _ACK_FLUSH_S
         if len(self._inflight) <= self.window // 2:
             self._pump_now()  # refill in batches: one queue read per half window, not per PUBACK
 
     def _on_tick(self) -> None:
-        if self._acked and time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
-            self.flush()
+        """A requested tick (acknowledged rows waiting) or the client's housekeeping (≤ 1 s)."""
+        if self._acked:
+            if time.monotonic() - self._last_flush >= _ACK_FLUSH_S:
+                self.flush()
+            else:
+                self.client.request_tick()
         if self.client.connected and not self._inflight and self.queue.depth:
-            self._pump_now()
+            self._pump_now()  # nothing in flight but rows waiting (e.g. a refused publish): try again
 
     def flush(self) -> None:
         """Delete every acknowledged row now (also called before a clean shutdown)."""
