@@ -39,7 +39,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.service import schema
+from edgesdk.fleet.service import bulk, schema
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.protocol import topics
@@ -104,14 +104,13 @@ class Ingest:
         self._enqueued = 0
         self._written = 0
         self._counters_at = 0.0
-        self._telemetry_insert = insert_ignoring_duplicates(engine, schema.telemetry).returning(
-            schema.telemetry.c.msg_id
-        )
-        self._event_insert = insert_ignoring_duplicates(engine, schema.events).returning(schema.events.c.msg_id)
-        self._history_insert = insert_ignoring_duplicates(engine, schema.ota_history).returning(
-            schema.ota_history.c.msg_id
-        )
+        # PostgreSQL takes a batch as arrays (one short statement, see bulk.py); SQLite executemany.
+        self._postgres = engine.dialect.name == "postgresql"
+        self._telemetry_insert = self._insert_statement(schema.telemetry, _TELEMETRY_COLUMNS)
+        self._event_insert = self._insert_statement(schema.events, _EVENT_COLUMNS)
+        self._history_insert = self._insert_statement(schema.ota_history, _HISTORY_COLUMNS)
         self._device_insert = insert_ignoring_duplicates(engine, schema.devices)
+        self._device_touch = bulk.insert_or_advance(schema.devices, _TOUCH_COLUMNS, "device_id", "last_seen")
         self._enroll_insert = insert_ignoring_duplicates(engine, schema.enrollment_requests)
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
@@ -120,6 +119,12 @@ class Ingest:
             topics.OTA_STATUS: OtaStatus,
             topics.ENROLL: EnrollRequest,
         }
+
+    def _insert_statement(self, table: sa.Table, names: tuple[str, ...]) -> Any:
+        """New rows only (``ON CONFLICT DO NOTHING``), returning the ``msg_id`` of each one stored."""
+        if self._postgres:
+            return bulk.insert_new(table, names, table.c.msg_id)
+        return insert_ignoring_duplicates(self.engine, table).returning(table.c.msg_id)
 
     def filters(self, suffixes: tuple[str, ...] | None = None, *, share_group: str | None = None) -> list[str]:
         """The subscriptions (QoS 1) for ``suffixes`` (default: all); with ``share_group``, MQTT 5
@@ -260,9 +265,13 @@ class Ingest:
             for m in items:
                 seen[m.device_id] = max(seen.get(m.device_id, 0.0), m.ts.timestamp())
             self._touch_devices(db, seen)
-            stored_telemetry = self._insert(db, self._telemetry_insert, [_telemetry_row(m) for m in telemetry])
-            stored_events = self._insert(db, self._event_insert, [_event_row(m) for m in events])
-            stored_history = self._insert(db, self._history_insert, [_history_row(m) for m in statuses])
+            stored_telemetry = self._insert(
+                db, self._telemetry_insert, _TELEMETRY_COLUMNS, [_telemetry_row(m) for m in telemetry]
+            )
+            stored_events = self._insert(db, self._event_insert, _EVENT_COLUMNS, [_event_row(m) for m in events])
+            stored_history = self._insert(
+                db, self._history_insert, _HISTORY_COLUMNS, [_history_row(m) for m in statuses]
+            )
             for announcement in sorted(presence, key=lambda p: p.device_id):  # stable: arrival order per device
                 self._apply_presence(db, announcement)
             self._apply_telemetry(db, telemetry)
@@ -281,10 +290,12 @@ class Ingest:
             c.presence += len(presence)
             c.enroll_requests += len(requests)
 
-    def _insert(self, db: Any, statement: Any, rows: list[dict[str, Any]]) -> int:
-        """Insert ``rows``, skipping duplicates; how many were new."""
+    def _insert(self, db: Any, statement: Any, names: tuple[str, ...], rows: list[dict[str, Any]]) -> int:
+        """Insert ``rows`` (each with exactly the columns ``names``), skipping duplicates; how many were new."""
         if not rows:
             return 0
+        if self._postgres:
+            return len(db.execute(statement, bulk.arrays(rows, names)).all())
         return len(db.execute(statement, rows).all())
 
     def _touch_devices(self, db: Any, seen: dict[str, float]) -> None:
@@ -292,10 +303,11 @@ class Ingest:
         table = schema.devices
         order = sorted(seen)
         now = time.time()
-        db.execute(
-            self._device_insert,
-            [{"device_id": d, "groups": "[]", "first_seen": now, "last_seen": seen[d]} for d in order],
-        )
+        rows = [{"device_id": d, "groups": "[]", "first_seen": now, "last_seen": seen[d]} for d in order]
+        if self._postgres:
+            db.execute(self._device_touch, bulk.arrays(rows, _TOUCH_COLUMNS))  # locks them in this order
+            return
+        db.execute(self._device_insert, rows)
         newer = sa.bindparam("seen_ts", type_=sa.Float)
         db.execute(
             table.update()
@@ -334,12 +346,15 @@ class Ingest:
         if not newest:
             return
         table = schema.devices
+        with_model = [r for r in newest.values() if r.model is not None]
+        without_model = [r for r in newest.values() if r.model is None]
+        if self._postgres:
+            self._apply_telemetry_arrays(db, with_model, without_model)
+            return
         seq = sa.bindparam("report_seq", type_=sa.BigInteger)
         match = (table.c.device_id == sa.bindparam("device")) & (
             table.c.telemetry_seq.is_(None) | (table.c.telemetry_seq <= seq)
         )
-        with_model = [r for r in newest.values() if r.model is not None]
-        without_model = [r for r in newest.values() if r.model is None]
         if with_model:
             columns = _model_columns(with_model[0].model)
             db.execute(
@@ -360,6 +375,28 @@ class Ingest:
                     for r in sorted(without_model, key=lambda r: r.device_id)
                 ],
             )
+
+    def _apply_telemetry_arrays(self, db: Any, with_model: list[Telemetry], without_model: list[Telemetry]) -> None:
+        """PostgreSQL: each device's newest report in one UPDATE per kind (rows already locked by
+        ``_touch_devices``, in device-id order)."""
+        for reports, names in ((with_model, _TELEMETRY_MODEL_COLUMNS), (without_model, ())):
+            if not reports:
+                continue
+            rows = [
+                {"device_id": r.device_id, "telemetry_seq": r.seq} | (_model_columns(r.model) if names else {})
+                for r in sorted(reports, key=lambda r: r.device_id)
+            ]
+            columns = ("device_id", "telemetry_seq", *names)
+            statement = bulk.update_from(
+                schema.devices,
+                columns,
+                "device_id",
+                {name: name for name in columns[1:]},
+                where=lambda table, batch: (
+                    table.c.telemetry_seq.is_(None) | (table.c.telemetry_seq <= batch.c.telemetry_seq)
+                ),
+            )
+            db.execute(statement, bulk.arrays(rows, columns))
 
     def _apply_ota_states(self, db: Any, statuses: list[OtaStatus]) -> None:
         newest: dict[str, OtaStatus] = {}
@@ -412,6 +449,20 @@ class Ingest:
             add_counters(self.engine, self.store.where, deltas)
         except EdgeSDKError as exc:
             log.error("ingest counters not persisted: %s", exc)
+
+
+#: Columns of the rows built below (``_telemetry_row`` and friends), for the array statements.
+_TELEMETRY_COLUMNS = (
+    "device_id", "msg_id", "seq", "ts", "model_version", "precision", "requests", "p50_ms", "p95_ms", "p99_ms",
+    "throughput_rps", "errors", "temperature_c", "cpu_percent", "rss_mb", "queue_depth", "outbox_depth",
+    "dropped_messages", "governor_state", "power_source",
+)  # fmt: skip
+_EVENT_COLUMNS = ("device_id", "msg_id", "seq", "ts", "event", "detail")
+_HISTORY_COLUMNS = ("device_id", "deployment_id", "msg_id", "ts", "state", "reason", "progress", "model_release")
+_TOUCH_COLUMNS = ("device_id", "groups", "first_seen", "last_seen")
+_TELEMETRY_MODEL_COLUMNS = (
+    "model_name", "model_version", "model_release", "variant", "model_sha256", "precision", "runtime",
+)  # fmt: skip
 
 
 def _transient(exc: BaseException) -> bool:
