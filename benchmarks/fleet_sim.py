@@ -4,8 +4,9 @@
 is a real ``edgesdk.agent.link.AgentLink`` — the agent's own presence (retained, with its Last
 Will), ``telemetry_payload`` and the SQLite store-and-forward outbox (``MessageQueue`` +
 ``QueueForwarder``, outbox files on tmpfs) — with the links of one process sharing one
-``NetworkLoop`` thread; a scheduler calls each link's ``send_telemetry`` every ``--interval``
-seconds, the devices' phases spread evenly over the interval. They talk to one mosquitto;
+``NetworkLoop`` thread; a scheduler has each link's ``send_telemetry`` called every ``--interval``
+seconds, the devices' phases spread evenly over the interval (due reports are handed to the
+network loop's thread in small batches, every 20 ms at most). They talk to one mosquitto;
 ``edgesdk fleet serve --workers W`` ingests into a throwaway PostgreSQL.
 
 1. **telemetry** (``--steps``): for each fleet size, a fresh broker, database and service; all
@@ -108,21 +109,30 @@ def sim_main(index: int, broker_url: str, devices: list[str], root: str, interva
     sent = [0]
     late: list[float] = []
 
+    def send(batch: list[tuple[float, int]]) -> None:
+        # On the network loop's thread: send_telemetry's pump publishes inline, with no wake-up
+        # of the loop and no hand-over of the GIL per report (measured: 0.54 ms of simulator CPU
+        # per report instead of 0.94). The link code is the agent's; only who calls it differs
+        # (a device's own telemetry thread calls it once per interval).
+        for at, i in batch:
+            late.append(time.monotonic() - at)
+            links[i].send_telemetry()
+        sent[0] += len(batch)
+
     def scheduler() -> None:
         start = time.monotonic()
         due = [(start + interval * (i / len(links)), i) for i in range(len(links))]
         heapq.heapify(due)
         while not stopping.is_set():
-            at, i = due[0]
-            wait = at - time.monotonic()
-            if wait > 0:
-                stopping.wait(min(wait, 0.05))
-                continue
-            heapq.heapreplace(due, (at + interval, i))
-            if sending.is_set():
-                late.append(time.monotonic() - at)
-                links[i].send_telemetry()
-                sent[0] += 1
+            now = time.monotonic()
+            batch: list[tuple[float, int]] = []
+            while due[0][0] <= now:
+                at, i = due[0]
+                heapq.heapreplace(due, (at + interval, i))
+                batch.append((at, i))
+            if batch and sending.is_set():
+                loop.call(lambda batch=batch: send(batch))
+            stopping.wait(min(max(due[0][0] - time.monotonic(), 0.0), 0.02))
 
     thread = threading.Thread(target=scheduler, daemon=True)
     thread.start()
