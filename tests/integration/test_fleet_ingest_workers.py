@@ -137,6 +137,22 @@ def _wait_stored(engine: Any, expected: int, serve: Serve, timeout: float = 120)
     raise AssertionError(f"{_stored(engine)} stored of {expected}:\n{serve.text()[-4000:]}")
 
 
+def _settled_counters(engine: Any, quiet_s: float = 2.5, timeout: float = 30) -> dict[str, int]:
+    """The persisted counters once they stopped moving: each worker adds its deltas about every
+    second, and the last batch's when it goes idle."""
+    deadline = time.monotonic() + timeout
+    counters = read_counters(engine, "test")
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = read_counters(engine, "test")
+        if now != counters:
+            counters, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+    return counters
+
+
 def test_workers_share_the_stream_and_a_killed_worker_loses_nothing(
     broker: Any, postgres: Any, operator_key: Path, tmp_path: Path
 ) -> None:
@@ -163,7 +179,7 @@ def test_workers_share_the_stream_and_a_killed_worker_loses_nothing(
         assert _stored(engine) == (4000, 4000)
 
         # Shared, not duplicated: the next 1,000 messages reach the workers 1,000 times in all.
-        before = read_counters(engine, "test")
+        before = _settled_counters(engine)  # the burst's last counts land after its rows
         tail = [(f"edgesdk/devices/{d}/telemetry", _telemetry(d, seq)) for seq in range(80, 100) for d in devices]
         publish(broker, tail, "test-tail")
         _wait_stored(engine, 5000, serve)
