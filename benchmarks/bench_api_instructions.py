@@ -11,7 +11,10 @@ after another (keep-alive, c=1); after a warm-up the counters are zeroed
 dumped (``callgrind_control -d``): every thread of the server process is counted (onnxruntime's
 workers, the agent's pool and scan threads). Instructions, not time: a cache miss or a
 system call's kernel side costs nothing here, so read it beside bench_api.py's wrk figures.
-The digits CNN only (a MobileNetV2 request is its inference, ~1000x the serving work).
+The digits CNN by default; ``--model mobilenet`` counts MobileNetV2 (its peers in their thread
+pool, as in bench_api.py: ~1 s per request under valgrind, so use ``--requests 20``).
+``--keep DIR`` keeps the callgrind dumps, for ``callgrind_annotate`` (where the instructions go,
+by function and library).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from bench_api import (  # noqa: E402
     bodies,
     free_port,
     prepare,
-    runtime_flags,
     wait_port,
 )
 
@@ -96,6 +98,8 @@ def main() -> None:
     default_threads, default_spinning = agent_runtime_defaults()
     parser.add_argument("--runtime-threads", type=int, default=default_threads)
     parser.add_argument("--spinning", choices=["on", "off"], default="on" if default_spinning else "off")
+    parser.add_argument("--model", choices=["digits", "mobilenet"], default="digits")
+    parser.add_argument("--keep", type=Path, help="copy the callgrind dumps here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -114,7 +118,7 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
         workdir = Path(tmp)
-        model = prepare(workdir, ("digits",), runtime)["digits"]
+        model = prepare(workdir, (args.model,), runtime)[args.model]
         # The governor's once-a-second sensor poll is not per-request work, but under valgrind
         # the counted requests take ~100x longer and it would be counted: poll once a minute.
         settings = model["device"].settings
@@ -133,14 +137,13 @@ def main() -> None:
         try:
             agent.start()
             assert agent.proc is not None and agent.port is not None
-            servers["agent"] = (agent.port, agent.proc.pid, "/v1/models/digits/infer")
+            servers["agent"] = (agent.port, agent.proc.pid, f"/v1/models/{args.model}/infer")
             for kind in peer_kinds:
                 port = free_port()
                 proc = subprocess.Popen(
                     valgrind
                     + [sys.executable, str(ROOT / "benchmarks" / "_fair_peers.py"), kind, str(model["onnx"]), str(port)]
-                    + ["--inline"]
-                    + runtime_flags(*runtime),
+                    + model["peer_mode"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -173,6 +176,11 @@ def main() -> None:
             for proc in peers:
                 proc.terminate()
                 proc.wait(60)
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for dump in workdir.glob(f"{out.name}.*"):
+                    shutil.copy(dump, args.keep / dump.name)
+                print("dumps:", " ".join(f"{s}={pid}" for s, (_, pid, _) in servers.items()), "in", args.keep)
     table = []
     for body_name, by_server in results.items():
         cell: dict[str, Any] = {"body": body_name}
