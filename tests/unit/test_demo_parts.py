@@ -121,10 +121,12 @@ def test_process_set_stops_every_group_including_grandchildren(tmp_path: Path, l
     )
     processes = ProcessSet()
     pid = processes.start("stubborn", [sys.executable, str(script)], log_file=tmp_path / "log")
+    pid_file = tmp_path / "grandchild.pid"
     deadline = time.monotonic() + 30
-    while not (tmp_path / "grandchild.pid").exists() and time.monotonic() < deadline:
+    # The file exists a moment before its number is written: wait for the number, not the file.
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    grandchild = int(pid_file.read_text())
     began = time.monotonic()
     processes.stop_all(grace_s=1.0)
     assert time.monotonic() - began < 10
