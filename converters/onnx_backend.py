@@ -112,8 +112,8 @@ class OnnxConverter:
         return ConvertedArtifact({"model.onnx": out}, Precision.INT8, method, notes)
 
 
-def _static(request: ConversionRequest, out: Path, keep: list[str], **options: Any) -> None:
-    """ORT static QDQ, per-channel symmetric weights, asymmetric int8 activations."""
+def _static(request: ConversionRequest, out: Path, keep: list[str], *, u8: bool = False, **options: Any) -> None:
+    """ORT static QDQ, per-channel symmetric weights, asymmetric int8 (``u8``: uint8) activations."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     extra = {"ActivationSymmetric": False, "WeightSymmetric": True, **options.pop("extra_options", {})}
@@ -123,7 +123,7 @@ def _static(request: ConversionRequest, out: Path, keep: list[str], **options: A
         _Calibration(request.calibration or {}, request.source.layout),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
-        activation_type=QuantType.QInt8,
+        activation_type=QuantType.QUInt8 if u8 else QuantType.QInt8,
         weight_type=QuantType.QInt8,
         nodes_to_exclude=keep,
         extra_options=extra,
@@ -135,13 +135,25 @@ def _static_minmax(request: ConversionRequest, out: Path, keep: list[str]) -> No
     _static(request, out, keep)
 
 
-def _static_percentile(request: ConversionRequest, out: Path, keep: list[str]) -> None:
+def _static_percentile(request: ConversionRequest, out: Path, keep: list[str], u8: bool = False) -> None:
     from onnxruntime.quantization import CalibrationMethod
 
     # Min-max ranges are set by the rarest activations; 99.999 % clips them (measured on
     # MobileNetV2: the best of ORT's calibrations, see docs/converters.md).
-    _static(request, out, keep, calibrate_method=CalibrationMethod.Percentile,
+    _static(request, out, keep, u8=u8, calibrate_method=CalibrationMethod.Percentile,
             extra_options={"CalibPercentile": 99.999})  # fmt: skip
+
+
+# uint8 activations (U8S8): onnxruntime's x86 int8 kernels take uint8 activations; with int8
+# ones (S8S8) they convert first. Measured on MobileNetV2, one thread, an AVX-512 VNNI host:
+# 0.54x the fp32 latency with uint8 activations, 0.83x with int8, same agreement (BENCHMARKS.md,
+# issue 17). On x86 *without* VNNI, U8S8 can saturate (vpmaddubsw): validation decides.
+def _static_minmax_u8(request: ConversionRequest, out: Path, keep: list[str]) -> None:
+    _static(request, out, keep, u8=True)
+
+
+def _static_percentile_u8(request: ConversionRequest, out: Path, keep: list[str]) -> None:
+    _static_percentile(request, out, keep, u8=True)
 
 
 def _weight_matmuls(model: Any) -> tuple[list[str], list[str]]:
@@ -254,6 +266,8 @@ def _nncf(request: ConversionRequest, out: Path, keep: list[str]) -> None:
 _INT8_BUILDERS: dict[str, Callable[[ConversionRequest, Path, list[str]], None]] = {
     "static-qdq-per-channel": _static_minmax,
     "static-qdq-percentile": _static_percentile,
+    "static-qdq-u8": _static_minmax_u8,
+    "static-qdq-percentile-u8": _static_percentile_u8,
     "static-qdq-weight-matmuls": _static_weight_matmuls,
     "cle-static-qdq": _cle_static,
     "nncf-qdq": _nncf,
@@ -261,5 +275,5 @@ _INT8_BUILDERS: dict[str, Callable[[ConversionRequest, Path, list[str]], None]] 
     "dynamic-int8-per-channel": _dynamic_per_channel,
     "weight-only-int8": _weight_only,
 }
-_NEEDS_CALIBRATION = {"static-qdq-per-channel", "static-qdq-percentile", "static-qdq-weight-matmuls",
-                      "cle-static-qdq", "nncf-qdq"}  # fmt: skip
+_NEEDS_CALIBRATION = {"static-qdq-per-channel", "static-qdq-percentile", "static-qdq-u8", "static-qdq-percentile-u8",
+                      "static-qdq-weight-matmuls", "cle-static-qdq", "nncf-qdq"}  # fmt: skip

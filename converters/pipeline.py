@@ -24,7 +24,7 @@ from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
 from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
-from edgesdk.converters.planner import STATIC_INT8, Plan, PlannedVariant, make_plan
+from edgesdk.converters.planner import SELF_REPAIRING, STATIC_INT8, Plan, PlannedVariant, make_plan
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
 from edgesdk.converters.registry import CONVERTERS, get_converter
@@ -241,7 +241,7 @@ class _Run:
         from edgesdk.converters.sensitivity import block_rounds
 
         caps = CONVERTERS[planned.converter].capabilities
-        if not caps.supports_repair or method not in STATIC_INT8:
+        if not caps.supports_repair or method not in STATIC_INT8 or method in SELF_REPAIRING:
             return None, ""
         converter = get_converter(planned.converter)
         quantizable = converter.quantizable_layers(self.source)
@@ -309,7 +309,11 @@ class _Run:
         # at the first repair that holds it: every round is a quantization plus a validation.
         failed.sort(key=lambda item: _score(item[1]), reverse=True)
         repairable = [
-            m for m, _ in failed if m in STATIC_INT8 and CONVERTERS[planned.converter].capabilities.supports_repair
+            m
+            for m, _ in failed
+            if m in STATIC_INT8
+            and m not in SELF_REPAIRING
+            and CONVERTERS[planned.converter].capabilities.supports_repair
         ]
         for method, built in failed:
             repaired, tried = (None, "not repaired: another method holds the gate") if candidates else (None, "")

@@ -28,14 +28,21 @@ LADDER = (Precision.FP32, Precision.FP16, Precision.INT8)
 STATIC_INT8 = {
     "static-qdq-per-channel",
     "static-qdq-percentile",
+    "static-qdq-u8",
+    "static-qdq-percentile-u8",
     "static-qdq-weight-matmuls",
     "cle-static-qdq",
     "nncf-qdq",
     "static-int8-full-integer",
     "nncf-ptq",
     "nncf-ptq-bias-correction",
+    "nncf-ptq-accuracy-control",
     "nncf-ptq-transformer",
 }
+
+#: int8 methods that keep layers in float themselves (validated on the calibration samples):
+#: repair does not run them again with more layers kept.
+SELF_REPAIRING = {"nncf-ptq-accuracy-control"}
 
 
 @dataclass(frozen=True)

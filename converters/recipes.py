@@ -105,6 +105,8 @@ RECIPES: dict[str, dict[Family, tuple[str, ...]]] = {
         Family.CONVNET: (
             "static-qdq-per-channel",
             "static-qdq-percentile",
+            "static-qdq-u8",
+            "static-qdq-percentile-u8",
             "nncf-qdq",
             "cle-static-qdq",
         ),
@@ -112,7 +114,7 @@ RECIPES: dict[str, dict[Family, tuple[str, ...]]] = {
     },
     "openvino": {
         Family.TRANSFORMER: ("nncf-ptq-transformer", "nncf-weights-int8"),
-        Family.CONVNET: ("nncf-ptq", "nncf-ptq-bias-correction"),
+        Family.CONVNET: ("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-accuracy-control"),
         Family.OTHER: ("nncf-ptq", "nncf-weights-int8"),
     },
     "tflite": {
@@ -126,6 +128,8 @@ RECIPES: dict[str, dict[Family, tuple[str, ...]]] = {
 RECIPE_NOTES: dict[str, str] = {
     "static-qdq-per-channel": "ORT static QDQ, per-channel weights, min-max calibration",
     "static-qdq-percentile": "ORT static QDQ, per-channel weights, percentile 99.999 calibration",
+    "static-qdq-u8": "ORT static QDQ, per-channel weights, uint8 activations (U8S8), min-max calibration",
+    "static-qdq-percentile-u8": "ORT static QDQ, per-channel weights, uint8 activations (U8S8), percentile 99.999",
     "static-qdq-weight-matmuls": "ORT static QDQ on weight MatMuls only, their outputs left float",
     "cle-static-qdq": "cross-layer equalization (aimet-onnx) then ORT static QDQ per-channel",
     "nncf-qdq": "NNCF post-training QDQ on the ONNX graph",
@@ -134,6 +138,8 @@ RECIPE_NOTES: dict[str, str] = {
     "weight-only-int8": "ORT MatMulNBits 8-bit weights, block 128, int8 compute (accuracy_level 4)",
     "nncf-ptq": "NNCF post-training quantization, fast bias correction",
     "nncf-ptq-bias-correction": "NNCF post-training quantization, full bias correction, mixed preset",
+    "nncf-ptq-accuracy-control": "NNCF accuracy control: ops back to float (at most 12) until top-1 agreement "
+    "with fp32 on the calibration samples drops by at most 0.05",
     "nncf-ptq-transformer": "NNCF post-training quantization, ModelType.TRANSFORMER (SmoothQuant)",
     "nncf-weights-int8": "NNCF compress_weights INT8_ASYM (weights only, float activations)",
     "static-int8-full-integer": "ai-edge-quantizer / litert static int8, int8 I/O",

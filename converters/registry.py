@@ -39,6 +39,8 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=(
                 "static-qdq-per-channel",
                 "static-qdq-percentile",
+                "static-qdq-u8",
+                "static-qdq-percentile-u8",
                 "static-qdq-weight-matmuls",
                 "cle-static-qdq",
                 "nncf-qdq",
@@ -78,7 +80,13 @@ CONVERTERS: dict[str, ConverterEntry] = {
             format=ModelFormat.OPENVINO,
             runtime=RuntimeName.OPENVINO,
             precisions=(FP32, FP16, INT8),
-            int8_methods=("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-transformer", "nncf-weights-int8"),
+            int8_methods=(
+                "nncf-ptq",
+                "nncf-ptq-bias-correction",
+                "nncf-ptq-accuracy-control",
+                "nncf-ptq-transformer",
+                "nncf-weights-int8",
+            ),
             packages=("openvino", "nncf"),
             extra="convert-openvino",
             # .tflite through OpenVINO's TFLite frontend; an IR read as it is.

@@ -63,5 +63,5 @@ def test_mobilenet_v2_to_openvino_reads_its_gate_on_disjoint_photos(edgesdk_cli,
     assert int8.size < 0.30 * shipped["fp32"].size
     assert int8.inputs[0].shape[1:] == [3, 224, 224]
     tried = [t.method for t in report.recipes if t.precision.value == "int8" and t.kept_float == 0]
-    assert set(tried) == {"nncf-ptq", "nncf-ptq-bias-correction"}
+    assert set(tried) == {"nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-accuracy-control"}
     assert int8.ladder_role in ("speed", "size-only") and "host timings (x86_64" in int8.latency_basis

@@ -36,9 +36,12 @@ def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
     ]  # fmt: skip
     assert plan.rejected == []
     onnx_int8 = next(v for v in plan.variants if v.id == "onnx-int8")
-    assert onnx_int8.methods == ("static-qdq-per-channel", "static-qdq-percentile", "nncf-qdq", "cle-static-qdq")
+    assert onnx_int8.methods == (
+        "static-qdq-per-channel", "static-qdq-percentile", "static-qdq-u8", "static-qdq-percentile-u8",
+        "nncf-qdq", "cle-static-qdq",
+    )  # fmt: skip
     openvino_int8 = next(v for v in plan.variants if v.id == "openvino-int8")
-    assert openvino_int8.methods == ("nncf-ptq", "nncf-ptq-bias-correction")
+    assert openvino_int8.methods == ("nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-accuracy-control")
     assert any("keep the faster one" in d for d in plan.decisions)
     ov_fp32 = next(v for v in plan.variants if v.id == "openvino-fp32")
     assert ov_fp32.options["INFERENCE_PRECISION_HINT"] == "f32"

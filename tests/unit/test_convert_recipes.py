@@ -72,7 +72,7 @@ def test_every_recipe_has_a_builder_in_its_backend() -> None:
 
     built = {
         "onnx": set(onnx_backend._INT8_BUILDERS),
-        "openvino": {*openvino_backend._PTQ_OPTIONS, "nncf-weights-int8"},
+        "openvino": {*openvino_backend._PTQ_OPTIONS, openvino_backend.ACCURACY_CONTROL, "nncf-weights-int8"},
     }
     for converter, methods in built.items():
         wanted = {m for family in RECIPES[converter].values() for m in family}
