@@ -40,6 +40,10 @@ def test_mobilenet_v2_to_openvino_reads_its_gate_on_disjoint_photos(edgesdk_cli,
         "convert", "edgesdk.workloads.mobilenet:pretrained_mobilenet_v2", "--profile", "intel-nuc-core-ultra",
         "--formats", "openvino", "--out", str(out), "--calibration", str(mobilenet_data.calibration),
         "--validation", str(mobilenet_data.validation), "--output-names", "logits", "--gate", "0.75",
+        # Two of the convnet recipes: nncf-ptq-accuracy-control would add 4–5 minutes here (it is
+        # built on a tiny convnet in tests/unit/test_convert_accuracy_control.py, measured on this
+        # model in BENCHMARKS.md).
+        "--int8-method", "nncf-ptq", "--int8-method", "nncf-ptq-bias-correction",
         timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -63,5 +67,5 @@ def test_mobilenet_v2_to_openvino_reads_its_gate_on_disjoint_photos(edgesdk_cli,
     assert int8.size < 0.30 * shipped["fp32"].size
     assert int8.inputs[0].shape[1:] == [3, 224, 224]
     tried = [t.method for t in report.recipes if t.precision.value == "int8" and t.kept_float == 0]
-    assert set(tried) == {"nncf-ptq", "nncf-ptq-bias-correction", "nncf-ptq-accuracy-control"}
+    assert set(tried) == {"nncf-ptq", "nncf-ptq-bias-correction"}
     assert int8.ladder_role in ("speed", "size-only") and "host timings (x86_64" in int8.latency_basis
