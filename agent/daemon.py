@@ -599,7 +599,7 @@ class Agent:
         updates: UpdateManager = entry.updates
         return updates
 
-    def _start_link(self) -> None:
+    def _make_link(self) -> None:
         from edgesdk.agent.link import AgentLink
 
         self.link = AgentLink(
@@ -609,28 +609,48 @@ class Agent:
             events=self.events,
             keyring=self.keyring,
             running_models=self.models,
-        ).start()
+        )
         self.metrics.attach_outbox(self.link.queue)
+
+    def _connect_link(self) -> None:
+        """Connect once every handler is subscribed: the client sends its subscriptions before
+        the online presence, so a fleet that sees the device online can send it a deployment
+        (not retained) without it falling between the connection and the subscription."""
+        if self.link is None:
+            return
+        try:
+            self.link.start()
+            from edgesdk.agent.enrollment import announce_enrollment
+
+            announce_enrollment(self, self.link)
+        except EdgeSDKError as exc:
+            log.error("MQTT link did not start: %s (serving goes on offline)", exc)
+            self.problems.append(f"mqtt: {exc}")
 
     def _start_hooks(self) -> None:
         if self.config.mqtt.enabled:
             try:
-                self._start_link()
-                from edgesdk.agent.enrollment import announce_enrollment
-
-                announce_enrollment(self, self.link)
+                self._make_link()
             except ImportError as exc:
                 log.error("mqtt.enabled but the MQTT link is not available: %s", exc)
             except EdgeSDKError as exc:
                 log.error("MQTT link did not start: %s (serving goes on offline)", exc)
                 self.problems.append(f"mqtt: {exc}")
         self._start_trust()
+        updates = self._start_updates()
+        self._connect_link()
+        if updates:
+            self._resume_updates()
+
+    def _start_updates(self) -> bool:
+        """The updater of each model and, with a link, the router of deployments and chunks
+        (subscribed now, sent when the link connects); False when this agent has no OTA."""
         try:
             for entry in self.models.entries():
                 self._updater_for(entry.name)
         except ImportError:
             log.debug("OTA updates not available in this agent")
-            return
+            return False
         default = self.models.default_entry()
         self.updates = default.updates if default is not None else None
         if self.link is not None:
@@ -646,6 +666,9 @@ class Agent:
                 started=lambda: [e.updates for e in self.models.entries() if e.updates is not None],
                 events=self.events,
             )
+        return True
+
+    def _resume_updates(self) -> None:
         for entry in self.models.entries():
             try:
                 entry.updates.resume()

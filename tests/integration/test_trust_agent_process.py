@@ -113,6 +113,13 @@ class Fleet:
         self.threads.append(thread)
         return message.deployment_id
 
+    def online(self, timeout: float = 30) -> None:
+        """Wait for the device's online presence: the agent sends its subscriptions before it,
+        so a deployment published after this reaches it (deployments are not retained)."""
+        assert self.watch.wait_for(
+            lambda: any(p.get("online") is True for p in self.watch.json("presence")), timeout
+        ), self.watch.json("presence")
+
     def deploy(self, deployment) -> None:
         payload = deployment.model_dump_json().encode()
         self.client.publish(device_topic("edgesdk", "dev-1", OTA_DEPLOYMENT), payload, qos=1)
@@ -174,6 +181,7 @@ def test_deployment_signed_with_a_publisher_key_is_refused(tmp_path, bundles, mq
     shipped = write_document(document(bundles, 1), tmp_path / "trust.json")
     device = make_device(tmp_path / "dev", bundles, mqtt_broker.url, shipped)
     with AgentProcess(device) as agent:
+        fleet.online()
         forged = make_deployment(bundles.v2, "by-publisher", bundles.keys.publisher_key, chunk_size=32 * 1024)
         fleet.deploy(forged)
         refused = fleet.final_status("by-publisher")
@@ -239,6 +247,7 @@ def test_expired_trust_document_is_reported_and_refuses_new_content(tmp_path, bu
         assert any("trust document version 1 expired" in p for p in now["problems"]), now["problems"]
         assert now["model"]["release"] == 1  # installed content goes on serving
         assert fleet.event("trust_expired")["detail"]["version"] == 1
+        fleet.online()
         fleet.deploy(make_deployment(bundles.v2, "while-expired", bundles.operator_key, chunk_size=32 * 1024))
         refused = fleet.final_status("while-expired")
         assert refused["state"] == "FAILED" and "expired" in refused["reason"], refused
