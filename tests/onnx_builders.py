@@ -5,11 +5,14 @@
   int64 sample rate; outputs ``prob [batch, 1]`` and the next state ``stateN [2, batch, 8]``.
 - :func:`gated_by_if`: its layers (MatMul, Add, Relu) sit inside the two branches of an
   ``If`` on a 0-d bool input, as a scripted PyTorch model exports them.
+- :func:`tiny_convnet`: Conv → Relu (→ Conv) → GlobalAveragePool → Gemm on ``x [batch, 3, 8, 8]``,
+  for the convnet int8 recipes, with :func:`convnet_source` as the converters' source.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -163,3 +166,56 @@ def rank_unknown_inside(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save_model(model, str(path))
     return path
+
+
+def tiny_convnet(path: Path, *, convs: int = 1, seed: int = 0) -> Path:
+    """logits = Gemm(GlobalAveragePool(conv2?(relu(conv1(x))))): ``convs`` 1 or 2 (8 channels)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+    ]
+    inits = {
+        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+        "b1": rng.standard_normal(8).astype(np.float32),
+    }
+    last = "r1"
+    if convs == 2:
+        nodes.append(helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]))
+        inits["w2"] = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+        inits["b2"] = rng.standard_normal(8).astype(np.float32)
+        last = "c2"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [last], ["g"], name="pool"),
+        helper.make_node("Flatten", ["g"], ["flat"], name="flat"),
+        helper.make_node("Gemm", ["flat", "fc"], ["logits"], name="fc", transB=1),
+    ]
+    inits["fc"] = rng.standard_normal((10, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        nodes,
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def convnet_source(path: Path, example: np.ndarray) -> Any:
+    """The converters' SourceModel of a :func:`tiny_convnet` file, ``example`` its golden input."""
+    from edgesdk.converters.base import SourceModel
+
+    from edgesdk.schemas.manifest import TensorSpec
+
+    return SourceModel(
+        "convnet",
+        str(path),
+        path,
+        [TensorSpec(name="x", dtype="float32", shape=["batch", 3, 8, 8])],
+        [TensorSpec(name="logits", dtype="float32", shape=["batch", 10])],
+        {"x": example},
+    )

@@ -40,41 +40,16 @@ def test_the_recipe_is_searched_for_convnets_and_not_repaired_again() -> None:
 def test_builds_a_tiny_convnet_validated_on_its_calibration_samples(tmp_path) -> None:
     pytest.importorskip("openvino")
     pytest.importorskip("nncf")
-    onnx = pytest.importorskip("onnx")
-    from edgesdk.converters.base import ConversionRequest, SourceModel
+    pytest.importorskip("onnx")
+    from edgesdk.converters.base import ConversionRequest
     from edgesdk.converters.openvino_backend import OpenVINOConverter, float_weight_ops
-    from onnx import TensorProto, helper, numpy_helper
 
     from edgesdk.schemas.common import Precision
-    from edgesdk.schemas.manifest import TensorSpec
+    from tests.onnx_builders import convnet_source, tiny_convnet
 
     rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("GlobalAveragePool", ["c2"], ["g"], name="pool"),
-        helper.make_node("Flatten", ["g"], ["flat"], name="flat"),
-        helper.make_node("Gemm", ["flat", "fc"], ["logits"], name="fc", transB=1),
-    ]
-    inits = {
-        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
-        "b1": rng.standard_normal(8).astype(np.float32),
-        "w2": rng.standard_normal((8, 8, 3, 3)).astype(np.float32),
-        "b2": rng.standard_normal(8).astype(np.float32),
-        "fc": rng.standard_normal((10, 8)).astype(np.float32),
-    }
-    graph = helper.make_graph(
-        nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(a, n) for n, a in inits.items()],
-    )  # fmt: skip
-    path = tmp_path / "convnet.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    source = SourceModel(
-        "convnet", str(path), path, [TensorSpec(name="x", dtype="float32", shape=["batch", 3, 8, 8])],
-        [TensorSpec(name="logits", dtype="float32", shape=["batch", 10])], {"x": np.zeros((1, 3, 8, 8), np.float32)},
-    )  # fmt: skip
+    path = tiny_convnet(tmp_path / "convnet.onnx", convs=2)
+    source = convnet_source(path, np.zeros((1, 3, 8, 8), np.float32))
     calibration = {"x": rng.standard_normal((24, 3, 8, 8)).astype(np.float32)}
     artifact = OpenVINOConverter().convert(
         ConversionRequest(

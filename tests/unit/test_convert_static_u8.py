@@ -4,43 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from edgesdk.converters.base import ConversionRequest, SourceModel
+from edgesdk.converters.base import ConversionRequest
 from edgesdk.converters.onnx_backend import OnnxConverter
 
 from edgesdk.schemas.common import Precision
-from edgesdk.schemas.manifest import TensorSpec
+from tests.onnx_builders import convnet_source, tiny_convnet
 
 onnx = pytest.importorskip("onnx", reason="ONNX int8 recipes need onnx (pip install 'edgesdk[convert]')")
 pytest.importorskip("onnxruntime.quantization")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto  # noqa: E402
 
 
 def _conv_net(tmp_path):
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-        helper.make_node("GlobalAveragePool", ["r1"], ["g"], name="pool"),
-        helper.make_node("Flatten", ["g"], ["flat"], name="flat"),
-        helper.make_node("Gemm", ["flat", "fc"], ["logits"], name="fc", transB=1),
-    ]
-    inits = {
-        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
-        "b1": rng.standard_normal(8).astype(np.float32),
-        "fc": rng.standard_normal((10, 8)).astype(np.float32),
-    }
-    graph = helper.make_graph(
-        nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(a, n) for n, a in inits.items()],
-    )  # fmt: skip
-    path = tmp_path / "convnet.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
-    source = SourceModel(
-        "convnet", str(path), path, [TensorSpec(name="x", dtype="float32", shape=["batch", 3, 8, 8])],
-        [TensorSpec(name="logits", dtype="float32", shape=["batch", 10])], {"x": x},
-    )  # fmt: skip
+    rng = np.random.default_rng(1)
+    path = tiny_convnet(tmp_path / "convnet.onnx")
+    source = convnet_source(path, rng.standard_normal((1, 3, 8, 8)).astype(np.float32))
     return source, {"x": rng.standard_normal((16, 3, 8, 8)).astype(np.float32)}
 
 
