@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.input_spec import InputLayout
+from edgesdk.converters.planner import STATIC_INT8
 from edgesdk.converters.precision_check import check_fp16_onnx
 from edgesdk.converters.registry import CONVERTERS
 from edgesdk.converters.toolchain_errors import native_cause
@@ -275,5 +276,5 @@ _INT8_BUILDERS: dict[str, Callable[[ConversionRequest, Path, list[str]], None]] 
     "dynamic-int8-per-channel": _dynamic_per_channel,
     "weight-only-int8": _weight_only,
 }
-_NEEDS_CALIBRATION = {"static-qdq-per-channel", "static-qdq-percentile", "static-qdq-u8", "static-qdq-percentile-u8",
-                      "static-qdq-weight-matmuls", "cle-static-qdq", "nncf-qdq"}  # fmt: skip
+#: The planner's calibrated int8 methods (STATIC_INT8) that this backend builds.
+_NEEDS_CALIBRATION = STATIC_INT8 & set(_INT8_BUILDERS)

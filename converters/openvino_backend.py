@@ -12,7 +12,7 @@ survive conversion as OpenVINO friendly names).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.registry import CONVERTERS
@@ -20,6 +20,9 @@ from edgesdk.converters.toolchain_errors import native_cause
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
 from edgesdk.schemas.common import Precision
+
+if TYPE_CHECKING:
+    from edgesdk.converters.validate import Metric
 
 _QUANTIZABLE_TYPES = ("Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData")
 
@@ -153,19 +156,19 @@ ACCURACY_CONTROL_MAX_DROP = {"top1": 0.05, "cosine": 0.005}
 ACCURACY_CONTROL_MAX_REVERTS = 12
 
 
-def agreement_per_sample(metric: str, outputs: Sequence[Any], reference: Sequence[Any]) -> list[float]:
-    """Per sample: 1.0/0.0 top-1 agreement, or the cosine of the flattened outputs."""
+def agreement_per_sample(metric: Metric, outputs: Sequence[Any], reference: Sequence[Any]) -> list[float]:
+    """Per sample (one output array each): 1.0/0.0 top-1 agreement, or the cosine of the
+    flattened outputs (``validate.per_sample``, the gate's own metric)."""
     import numpy as np
+    from edgesdk.converters.validate import per_sample
 
-    values = []
-    for out, ref in zip(outputs, reference):
-        got, want = np.asarray(out, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
-        if metric == "top1":
-            values.append(float(got.argmax() == want.argmax()))
-        else:
-            norm = float(np.linalg.norm(got) * np.linalg.norm(want))
-            values.append(float(got @ want / norm) if norm > 0 else 1.0)
-    return values
+    if not outputs:
+        return []
+
+    def rows(arrays: Sequence[Any]) -> Any:
+        return np.stack([np.asarray(a, np.float64).ravel() for a in arrays])
+
+    return [float(v) for v in per_sample(metric, rows(outputs), rows(reference))]
 
 
 def _accuracy_control(nncf: Any, model: Any, request: ConversionRequest, ignored: Any) -> tuple[Any, int]:

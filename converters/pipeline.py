@@ -24,7 +24,7 @@ from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
 from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
-from edgesdk.converters.planner import SELF_REPAIRING, STATIC_INT8, Plan, PlannedVariant, make_plan
+from edgesdk.converters.planner import Plan, PlannedVariant, make_plan, repairable
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
 from edgesdk.converters.registry import CONVERTERS, get_converter
@@ -240,8 +240,7 @@ class _Run:
             return None, ""  # --as-is: nothing to repair
         from edgesdk.converters.sensitivity import block_rounds
 
-        caps = CONVERTERS[planned.converter].capabilities
-        if not caps.supports_repair or method not in STATIC_INT8 or method in SELF_REPAIRING:
+        if not repairable(planned.converter, method):
             return None, ""
         converter = get_converter(planned.converter)
         quantizable = converter.quantizable_layers(self.source)
@@ -308,19 +307,13 @@ class _Run:
         # Repair only when no method holds the gate as is, best-scoring miss first, and stop
         # at the first repair that holds it: every round is a quantization plus a validation.
         failed.sort(key=lambda item: _score(item[1]), reverse=True)
-        repairable = [
-            m
-            for m, _ in failed
-            if m in STATIC_INT8
-            and m not in SELF_REPAIRING
-            and CONVERTERS[planned.converter].capabilities.supports_repair
-        ]
+        to_repair = [m for m, _ in failed if repairable(planned.converter, m)]
         for method, built in failed:
             repaired, tried = (None, "not repaired: another method holds the gate") if candidates else (None, "")
-            if not candidates and repairable and method != repairable[0]:
+            if not candidates and to_repair and method != to_repair[0]:
                 # Each round is a quantization plus a validation (minutes on a real convnet):
                 # only the recipe closest to the gate is repaired.
-                tried = f"not repaired: {repairable[0]} was closer to the gate and was repaired instead"
+                tried = f"not repaired: {to_repair[0]} was closer to the gate and was repaired instead"
             elif not candidates:
                 repaired, tried = self.repair(planned, method or "", built)
             if repaired is not None:

@@ -45,6 +45,18 @@ STATIC_INT8 = {
 SELF_REPAIRING = {"nncf-ptq-accuracy-control"}
 
 
+def repairable(converter: str, method: str) -> bool:
+    """Whether repair may rebuild ``method`` of ``converter`` with more layers kept in float:
+    a calibrated int8 of a converter that supports it, and not one that repairs itself."""
+    entry = CONVERTERS.get(converter)
+    return (
+        entry is not None
+        and entry.capabilities.supports_repair
+        and method in STATIC_INT8
+        and method not in SELF_REPAIRING
+    )
+
+
 @dataclass(frozen=True)
 class PlannedVariant:
     converter: str

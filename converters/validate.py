@@ -68,16 +68,23 @@ def score(metric: Metric, outputs: Mapping[str, np.ndarray], reference: Mapping[
     for name, ref in reference.items():
         out = np.asarray(outputs[name], dtype=np.float64).reshape(ref.shape[0], -1)
         want = np.asarray(ref, dtype=np.float64).reshape(ref.shape[0], -1)
-        if metric == "top1":
-            values.append(float((out.argmax(1) == want.argmax(1)).mean()))
-            break  # the first output is the prediction
-        if metric == "cosine":
-            dot = (out * want).sum(1)
-            norms = np.linalg.norm(out, axis=1) * np.linalg.norm(want, axis=1)
-            values.append(float(np.mean(np.where(norms > 0, dot / np.maximum(norms, 1e-30), 1.0))))
+        if metric in ("top1", "cosine"):
+            values.append(float(per_sample(metric, out, want).mean()))
+            if metric == "top1":
+                break  # the first output is the prediction
         else:
             values.append(float(np.abs(out - want).max()))
     return max(values) if metric == "max_abs" else min(values)
+
+
+def per_sample(metric: Metric, out: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """top1 or cosine per sample of two [samples, values] arrays: 1.0/0.0 top-1 agreement, or
+    the cosine (1.0 where a sample's outputs are all zero)."""
+    if metric == "top1":
+        return (out.argmax(1) == want.argmax(1)).astype(np.float64)
+    dot = (out * want).sum(1)
+    norms = np.linalg.norm(out, axis=1) * np.linalg.norm(want, axis=1)
+    return np.where(norms > 0, dot / np.maximum(norms, 1e-30), 1.0)
 
 
 def passes(metric: Metric, value: float, gate: float) -> bool:
