@@ -69,6 +69,31 @@ def _signature_key(model: bytes) -> str:
     return next(iter(Interpreter(model_content=model).get_signature_list()), SIGNATURE)
 
 
+def _as_signature_dtypes(model: bytes, key: str, samples: Any) -> list[dict[str, np.ndarray]]:
+    """Calibration samples in the dtypes of the model's signature: litert-torch turns int64
+    inputs (token ids) into int32, and the quantizer's calibration refuses the data's int64 —
+    the same cast validation makes before it runs a variant. Integers that do not fit are an error."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    details = Interpreter(model_content=model).get_signature_runner(key).get_input_details()
+    wanted = {name: np.dtype(d["dtype"]) for name, d in details.items()}
+    out = []
+    for sample in samples:
+        cast = {}
+        for name, value in sample.items():
+            value = np.asarray(value)
+            dtype = wanted.get(name, value.dtype)
+            if value.dtype != dtype and dtype.kind in "iu" and value.size:
+                info = np.iinfo(dtype)
+                if value.min() < info.min or value.max() > info.max:
+                    raise ConversionError(
+                        f"calibration input {name!r} has values outside {dtype.name}, the model's input type"
+                    )
+            cast[name] = value.astype(dtype, copy=False)
+        out.append(cast)
+    return out
+
+
 class TFLiteConverter:
     name = "tflite"
     capabilities = CONVERTERS["tflite"].capabilities
@@ -153,10 +178,13 @@ class TFLiteConverter:
                 q = quantizer.Quantizer(model)
                 q.load_quantization_recipe(recipe)
                 if q.need_calibration:
-                    samples = list((layout or InputLayout()).samples(calibration))
-                    result = q.quantize(q.calibrate({_signature_key(model): samples}))  # type: ignore[union-attr]
+                    key = _signature_key(model)
+                    samples = _as_signature_dtypes(model, key, (layout or InputLayout()).samples(calibration))
+                    result = q.quantize(q.calibrate({key: samples}))  # type: ignore[union-attr]
                 else:
                     result = q.quantize()
+        except ConversionError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise ConversionError(f"ai-edge-quantizer failed: {native_cause(str(exc), 'ai-edge-quantizer')}") from exc
         content: bytes = result.quantized_model

@@ -146,3 +146,15 @@ def test_onnx_variants_keep_the_sequence_axis_dynamic(converted) -> None:
         # gets a looser bound here. The point of this test is that length 40 runs at all.
         floor = 0.95 if variant.precision.value == "int8" else 0.99
         assert cosine.min() > floor, (variant.id, cosine)
+
+
+def test_full_integer_tflite_calibrates_on_int64_tokens(converted) -> None:
+    # litert-torch makes the int64 token inputs int32; the calibration data stays int64 in the
+    # .npz. Both int8 recipes must be built and measured (the full-integer one used to fail in
+    # ai-edge-quantizer's calibration: "Got value of type INT64 but expected type INT32").
+    _, report, _ = converted
+    tflite_int8 = {t.method: t for t in report.recipes if t.format.value == "tflite" and t.precision.value == "int8"}
+    assert set(tflite_int8) == {"static-int8-full-integer", "dynamic-int8"}
+    for trial in tflite_int8.values():
+        assert trial.outcome != "failed", trial
+        assert trial.accuracy is not None and trial.size
