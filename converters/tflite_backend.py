@@ -1,7 +1,8 @@
 """TFLite / LiteRT: litert-torch from the PyTorch module, quantized with ai-edge-quantizer.
 
-litert-torch has no dynamic shapes, so the artifact has the static shapes of the example
-input (batch 1; sequence models need one variant per length bucket). Tensor names follow the
+litert-torch's dynamic shapes do not lower our models (Flatten, Embedding: docs/converters.md),
+so the artifact has the static shapes of the example input (batch 1; sequence models would
+need one variant per length bucket). Tensor names follow the
 model: the module is wrapped so the serving signature takes the inputs by name and returns
 the outputs by name. int8 is either full-integer static (int8 I/O, with the quantization
 parameters in the signature) or dynamic (int8 weights, float I/O).
@@ -94,6 +95,10 @@ def _as_signature_dtypes(model: bytes, key: str, samples: Any) -> list[dict[str,
     return out
 
 
+#: Why a variant from a PyTorch module has static shapes (measured: docs/converters.md).
+_NO_DYNAMIC_SHAPES = "litert-torch's dynamic shapes do not lower Flatten or Embedding"
+
+
 class TFLiteConverter:
     name = "tflite"
     capabilities = CONVERTERS["tflite"].capabilities
@@ -142,7 +147,7 @@ class TFLiteConverter:
             if request.source.kind == "tflite"
             else [
                 "static shapes (batch 1): "
-                + ("onnx2tf -ois" if request.source.torch_module is None else "litert-torch has no dynamic shapes")
+                + ("onnx2tf -ois" if request.source.torch_module is None else _NO_DYNAMIC_SHAPES)
             ]
         )
         method: str | None = None
