@@ -1,8 +1,9 @@
 """TFLite / LiteRT: litert-torch from the PyTorch module, quantized with ai-edge-quantizer.
 
 litert-torch's dynamic shapes do not lower our models (Flatten, Embedding: docs/converters.md),
-so the artifact has the static shapes of the example input (batch 1; sequence models would
-need one variant per length bucket). Tensor names follow the
+so the artifact has the static shapes of the example input (batch 1). A model with a named
+sequence axis gets one signature per sequence bucket in the same file, weights shared
+(edgesdk/runtimes/sequence_buckets.py; the runtime pads a request to the next bucket). Tensor names follow the
 model: the module is wrapped so the serving signature takes the inputs by name and returns
 the outputs by name. int8 is either full-integer static (int8 I/O, with the quantization
 parameters in the signature) or dynamic (int8 weights, float I/O).
@@ -10,6 +11,7 @@ parameters in the signature) or dynamic (int8 weights, float I/O).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from edgesdk.converters.registry import CONVERTERS
 from edgesdk.converters.toolchain_errors import native_cause
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
+from edgesdk.runtimes.sequence_buckets import bucket_signature, choose_buckets, used_lengths
 from edgesdk.schemas.common import Precision
 
 SIGNATURE = "serving_default"
@@ -95,6 +98,112 @@ def _as_signature_dtypes(model: bytes, key: str, samples: Any) -> list[dict[str,
     return out
 
 
+@dataclass(frozen=True)
+class _Buckets:
+    """The sequence buckets of a conversion (edgesdk/runtimes/sequence_buckets.py)."""
+
+    axes: dict[str, int] = field(default_factory=dict)  # input → sequence axis (model layout)
+    lengths: tuple[int, ...] = ()  # the bucket lengths below the longest
+    longest: int = 0
+    why_not: str = ""  # when a sequence axis got no buckets: why (for the report)
+
+    def fitting(self, samples: list[dict[str, np.ndarray]], length: int) -> list[dict[str, np.ndarray]]:
+        """Calibration samples of one bucket: those that fit it, cut to its length (all, cut,
+        when none fits: ranges from longer text beat no ranges)."""
+        fit = [s for s in samples if int(used_lengths(s, self.axes)[0]) <= length] or samples
+        return [{k: _cut(np.asarray(v), self.axes.get(k), length) for k, v in s.items()} for s in fit]
+
+    def sentence(self) -> str:
+        if not self.lengths:
+            return self.why_not
+        return (
+            f"sequence buckets {', '.join(str(n) for n in self.lengths)} and {self.longest} (one signature each, "
+            "weights shared; lengths at the 10th/50th/90th percentile of the calibration data's used lengths): "
+            "the agent pads a request with zeros to the shortest that holds it"
+        )
+
+
+_NO_BUCKETS = _Buckets()
+
+
+def _cut(value: np.ndarray, axis: int | None, length: int | None) -> np.ndarray:
+    if axis is None or length is None:
+        return value
+    return np.ascontiguousarray(np.take(value, np.arange(length), axis=axis))
+
+
+def sequence_axes(source: SourceModel) -> dict[str, int]:
+    """Inputs with one named dynamic axis besides the batch (the same name for all: the
+    sequence), when no output has that axis (its length would change with the bucket)."""
+    if not source.layout.is_plain:
+        return {}
+    axes: dict[str, int] = {}
+    names = set()
+    for spec in source.inputs:
+        dynamic = [axis for axis, dim in enumerate(spec.shape) if isinstance(dim, str) and axis != 0]
+        if len(dynamic) > 1:
+            return {}
+        if dynamic:
+            axes[spec.name] = dynamic[0]
+            names.add(spec.shape[dynamic[0]])
+    if len(names) != 1 or any(dim in names for spec in source.outputs for dim in spec.shape):
+        return {}
+    return axes
+
+
+def plan_buckets(source: SourceModel, calibration: Any) -> _Buckets:
+    """Bucket lengths from the calibration data's used lengths (never the validation data,
+    which only measures); none without a sequence axis or data."""
+    axes = sequence_axes(source)
+    if not axes or not calibration or any(name not in calibration for name in axes):
+        return _NO_BUCKETS
+    name, axis = next(iter(axes.items()))
+    longest = int(np.shape(source.example[name])[axis])
+    used = used_lengths({n: np.asarray(calibration[n]) for n in axes}, axes)
+    lengths = choose_buckets(used, longest)
+    if not lengths:
+        return _NO_BUCKETS
+    variant = _pad_variance(source, calibration, axes, used, lengths[0])
+    if variant is not None:
+        return _Buckets(
+            why_not=f"static sequence length {longest}, no buckets: zero padding changes this model's outputs "
+            f"(max |diff| {variant:.3g} on calibration samples cut to {lengths[0]})"
+        )
+    return _Buckets(axes, tuple(lengths), longest)
+
+
+def _pad_variance(
+    source: SourceModel, calibration: Any, axes: dict[str, int], used: np.ndarray, length: int, count: int = 16
+) -> float | None:
+    """Buckets pad with zeros, which is right only for a model that masks them: run the PyTorch
+    module on calibration samples that fit ``length`` at full length and cut to it; the largest
+    difference when it is not within float noise, else None."""
+    import torch
+
+    chosen = np.flatnonzero(used <= length)[:count]
+    if not len(chosen):
+        return None
+    names = [s.name for s in source.inputs]
+    worst = 0.0
+    with torch.no_grad():
+        for index in chosen:
+            full = {n: np.asarray(calibration[n][index : index + 1]) for n in names}
+            cut = {n: _cut(v, axes.get(n), length) for n, v in full.items()}
+            a, b = (_outputs(source.torch_module(*(torch.from_numpy(d[n]) for n in names))) for d in (full, cut))
+            for x, y in zip(a, b):
+                scale = 1.0 + float(np.abs(x).max())
+                worst = max(worst, float(np.abs(x - y).max()) / scale)
+    return worst if worst > 1e-4 else None
+
+
+def _outputs(out: Any) -> list[np.ndarray]:
+    if isinstance(out, dict):
+        out = tuple(out.values())
+    if not isinstance(out, (tuple, list)):
+        out = (out,)
+    return [np.asarray(o.detach().numpy(), dtype=np.float64) for o in out]
+
+
 #: Why a variant from a PyTorch module has static shapes (measured: docs/converters.md).
 _NO_DYNAMIC_SHAPES = "litert-torch's dynamic shapes do not lower Flatten or Embedding"
 
@@ -108,26 +217,44 @@ class TFLiteConverter:
 
     def __init__(self) -> None:
         # One fp32 conversion per source serves fp32, fp16 and every int8 method.
-        self._float_cache: dict[tuple[int, str], bytes] = {}
+        self._float_cache: dict[tuple[int, str], tuple[bytes, _Buckets]] = {}
 
-    def _float_model(self, source: SourceModel) -> bytes:
+    def _float_model(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
         key = (id(source.torch_module), str(source.onnx_path))
         if key not in self._float_cache:
-            self._float_cache = {key: self._convert_float(source)}
+            self._float_cache = {key: self._convert_float(source, calibration)}
         return self._float_cache[key]
 
-    def _convert_float(self, source: SourceModel) -> bytes:
+    def _convert_float(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
         if source.kind == "tflite":
-            return source.onnx_path.read_bytes()  # a float .tflite source is its own fp32 model
+            return source.onnx_path.read_bytes(), _NO_BUCKETS  # a float .tflite source is its own fp32 model
         if source.torch_module is None:  # ONNX source: onnx2tf in its own venv (onnx2tf_route)
-            return onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
+            converted_onnx = onnx2tf_route.convert_onnx(
+                source.onnx_path, source.inputs, source.example, where=source.source
+            )
+            return converted_onnx, _NO_BUCKETS
         import litert_torch
         import torch
 
-        sample = {k: torch.from_numpy(np.array(v)) for k, v in source.example.items()}
+        buckets = plan_buckets(source, calibration)
+        module = _named_module(source)
+
+        def sample(length: int | None = None) -> dict[str, Any]:
+            return {
+                k: torch.from_numpy(np.array(_cut(np.asarray(v), buckets.axes.get(k), length)))
+                for k, v in source.example.items()
+            }
+
         try:
             with quiet_native():
-                converted = litert_torch.convert(_named_module(source), sample_kwargs=sample)
+                if buckets.lengths:
+                    # One signature per bucket in one model: the weights are stored once.
+                    chain = litert_torch.signature(SIGNATURE, module, sample_kwargs=sample())
+                    for length in buckets.lengths:
+                        chain = chain.signature(bucket_signature(length), module, sample_kwargs=sample(length))
+                    converted = chain.convert()
+                else:
+                    converted = litert_torch.convert(module, sample_kwargs=sample())
         except Exception as exc:  # noqa: BLE001 - litert-torch raises many types
             first = native_cause(str(exc).strip() or type(exc).__name__, "litert-torch")
             # litert-torch defines no exception types (a failed lowering is a plain RuntimeError or
@@ -136,12 +263,12 @@ class TFLiteConverter:
                 raise UnsupportedOpError(f"tflite cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"litert-torch conversion of {source.source} failed: {first}") from exc
         content: bytes = converted.model_content()
-        return content
+        return content, buckets
 
     def convert(self, request: ConversionRequest) -> ConvertedArtifact:
         request.workdir.mkdir(parents=True, exist_ok=True)
         out = request.workdir / "model.tflite"
-        fp32 = self._float_model(request.source)
+        fp32, buckets = self._float_model(request.source, request.calibration)
         notes = (
             ["the source .tflite as given"]
             if request.source.kind == "tflite"
@@ -150,6 +277,8 @@ class TFLiteConverter:
                 + ("onnx2tf -ois" if request.source.torch_module is None else _NO_DYNAMIC_SHAPES)
             ]
         )
+        if buckets.sentence():
+            notes.append(buckets.sentence())
         method: str | None = None
         if request.precision == Precision.FP32:
             content = fp32
@@ -162,7 +291,9 @@ class TFLiteConverter:
             if method == "static-int8-full-integer":
                 if not request.calibration:
                     raise ConversionError("tflite full-integer int8 needs calibration data (--calibration)")
-                content = self._quantize(fp32, recipe.static_wi8_ai8(), request.calibration, request.source.layout)
+                content = self._quantize(
+                    fp32, recipe.static_wi8_ai8(), request.calibration, request.source.layout, buckets
+                )
                 notes.append("int8 inputs/outputs: quantize with the TensorSpec quantization parameters")
             elif method == "dynamic-int8":
                 content = self._quantize(fp32, recipe.dynamic_wi8_afp32(), None)
@@ -174,7 +305,12 @@ class TFLiteConverter:
         return ConvertedArtifact({"model.tflite": out}, request.precision, method, notes)
 
     def _quantize(
-        self, model: bytes, recipe: Any, calibration: dict[str, np.ndarray] | Any, layout: InputLayout | None = None
+        self,
+        model: bytes,
+        recipe: Any,
+        calibration: dict[str, np.ndarray] | Any,
+        layout: InputLayout | None = None,
+        buckets: _Buckets | None = None,
     ) -> bytes:
         from ai_edge_quantizer import quantizer
 
@@ -184,8 +320,13 @@ class TFLiteConverter:
                 q.load_quantization_recipe(recipe)
                 if q.need_calibration:
                     key = _signature_key(model)
-                    samples = _as_signature_dtypes(model, key, (layout or InputLayout()).samples(calibration))
-                    result = q.quantize(q.calibrate({key: samples}))  # type: ignore[union-attr]
+                    samples = list((layout or InputLayout()).samples(calibration))
+                    per_signature = {key: _as_signature_dtypes(model, key, samples)}
+                    for length in (buckets or _NO_BUCKETS).lengths:
+                        signature = bucket_signature(length)
+                        fitting = (buckets or _NO_BUCKETS).fitting(samples, length)
+                        per_signature[signature] = _as_signature_dtypes(model, signature, fitting)
+                    result = q.quantize(q.calibrate(per_signature))  # type: ignore[union-attr]
                 else:
                     result = q.quantize()
         except ConversionError:

@@ -163,6 +163,7 @@ def validate_numeric(
 
     ``data`` and ``reference`` are sample-major; ``layout`` says how the model takes them."""
     from edgesdk.runtimes import load_variant
+    from edgesdk.runtimes.sequence_buckets import trim
 
     layout = layout or InputLayout()
 
@@ -175,6 +176,7 @@ def validate_numeric(
         out_specs = {s.name: s for s in model.outputs}
         names = list(reference)
         mapping: dict[str, str] = {}
+        sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
 
         def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             """Float in, float out, by the reference's names: a fed-back state is re-quantized."""
@@ -185,6 +187,10 @@ def validate_numeric(
                         f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
                     )
                 feeds[name] = _quantize(value, in_specs[name])
+            if sequence_axes:
+                # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
+                # its used length, which the runtime pads to the shortest bucket that holds it.
+                feeds = trim(feeds, sequence_axes)
             raw = model.run(feeds)
             if not mapping:
                 # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.

@@ -22,6 +22,7 @@ from edgesdk.runtimes.execution import (
     litert_report,
     open_litert_delegates,
 )
+from edgesdk.runtimes.sequence_buckets import is_bucket, pad
 from edgesdk.schemas.manifest import QuantParams, TensorSpec
 
 
@@ -62,14 +63,75 @@ class LiteRTModel:
         self._interpreter = interpreter
         self._lock = threading.Lock()
         signatures = interpreter.get_signature_list()
-        if not signatures:
+        serving = [key for key in signatures if not is_bucket(key)]
+        if not serving:
             raise RuntimeBackendError("the .tflite model has no signature; export it with a serving signature")
-        self._signature = next(iter(signatures))
+        self._signature = serving[0]
         self._runner = interpreter.get_signature_runner(self._signature)
         # Signatures list names alphabetically; tensor indices keep the model's own order.
         by_index = lambda item: item[1]["index"]  # noqa: E731
         self.inputs = [_spec(n, d) for n, d in sorted(self._runner.get_input_details().items(), key=by_index)]
         self.outputs = [_spec(n, d) for n, d in sorted(self._runner.get_output_details().items(), key=by_index)]
+        #: Sequence buckets (sequence_buckets.py): input → its sequence axis, and (length, runner)
+        #: from the shortest bucket to the serving signature's length. Empty: one static shape.
+        self.sequence_axes: dict[str, int] = {}
+        self._buckets: list[tuple[int, Any]] = []
+        buckets = [key for key in signatures if is_bucket(key)]
+        if buckets:
+            self._read_buckets(interpreter, buckets)
+
+    def _read_buckets(self, interpreter: Any, keys: list[str]) -> None:
+        """The axes where the bucket signatures' inputs differ from the serving one's are the
+        sequence axes; the inputs' specs leave them open (None)."""
+        full = {s.name: s.shape for s in self.inputs}
+        runners = []
+        for key in keys:
+            runner = interpreter.get_signature_runner(key)
+            shapes = {n: list(d["shape"]) for n, d in runner.get_input_details().items()}
+            if set(shapes) != set(full):
+                raise RuntimeBackendError(f"bucket signature {key!r} has inputs {sorted(shapes)}, not {sorted(full)}")
+            for name, shape in shapes.items():
+                differ = [axis for axis, (a, b) in enumerate(zip(shape, full[name])) if a != b]
+                if len(shape) != len(full[name]) or len(differ) > 1:
+                    raise RuntimeBackendError(f"bucket signature {key!r}: input {name!r} {shape} vs {full[name]}")
+                if differ:
+                    self.sequence_axes[name] = differ[0]
+            runners.append((key, runner, shapes))
+        if not self.sequence_axes:
+            return
+        name, axis = next(iter(self.sequence_axes.items()))
+        longest = int(full[name][axis] or 0)
+        self._buckets = sorted((int(shapes[name][axis]), runner) for _, runner, shapes in runners)
+        self._buckets.append((longest, self._runner))
+        self.inputs = [
+            s.model_copy(
+                update={"shape": [None if i == self.sequence_axes.get(s.name) else d for i, d in enumerate(s.shape)]}
+            )
+            for s in self.inputs
+        ]
+
+    @property
+    def bucket_lengths(self) -> list[int]:
+        return [length for length, _ in self._buckets]
+
+    def _bucketed(self, feeds: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
+        """The runner of the shortest bucket that holds the request, and its feeds padded to it."""
+        lengths = {np.shape(feeds[n])[axis] for n, axis in self.sequence_axes.items() if n in feeds}
+        if len(lengths) != 1:
+            raise InferenceInputError(
+                f"inputs {sorted(self.sequence_axes)} must have one sequence length; got {sorted(lengths)}"
+            )
+        (length,) = lengths
+        for bucket, runner in self._buckets:
+            if length <= bucket:
+                padded = {
+                    n: pad(np.asarray(v), self.sequence_axes[n], bucket) if n in self.sequence_axes else v
+                    for n, v in feeds.items()
+                }
+                return runner, padded
+        raise InferenceInputError(
+            f"a sequence of {length} is longer than this model's longest ({self._buckets[-1][0]})"
+        )
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         expected = {s.name: s for s in self.inputs}
@@ -87,11 +149,14 @@ class LiteRTModel:
             got = list(np.shape(value))
             if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
                 raise InferenceInputError(f"input {name!r} must have shape {want}, got {got}")
+        runner = self._runner
+        if self._buckets:
+            runner, feeds = self._bucketed(feeds)
         with self._lock:
             if self._runner is None:
                 raise RuntimeBackendError("the LiteRT model was closed")
             try:
-                out = self._runner(**{k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
+                out = runner(**{k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
             except (ValueError, RuntimeError) as exc:
                 raise RuntimeBackendError(f"LiteRT failed: {exc}") from exc
         return {name: np.array(value) for name, value in out.items()}
@@ -99,6 +164,7 @@ class LiteRTModel:
     def close(self) -> None:
         with self._lock:
             self._runner = None
+            self._buckets = []
             self._interpreter = None
             self._delegates = []
 

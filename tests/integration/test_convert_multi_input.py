@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgesdk.schemas.report import ConversionReport
+from tests import agent_helpers
 
 MODEL = textwrap.dedent(
     '''
@@ -99,7 +100,9 @@ def test_int64_multi_input_model_ships_validated_variants(converted) -> None:
         assert [s.name for s in variant.inputs] == ["input_ids", "attention_mask"]
     onnx_inputs = shipped["onnx-fp32"].inputs
     assert all(s.dtype == "int64" and s.shape == ["batch", "sequence"] for s in onnx_inputs)
-    assert shipped["tflite-fp32"].inputs[0].shape == [1, 16]  # litert-torch: static shapes
+    # litert-torch has static shapes: a signature per sequence bucket, the inputs' length open.
+    assert shipped["tflite-fp32"].inputs[0].shape == [1, None]
+    assert "sequence buckets 8 and 16" in shipped["tflite-fp32"].measurements.note
     golden = np.load(out / "golden.npz")
     assert {"input_ids", "attention_mask", "output:embedding"} <= set(golden.files)
 
@@ -158,3 +161,86 @@ def test_full_integer_tflite_calibrates_on_int64_tokens(converted) -> None:
     for trial in tflite_int8.values():
         assert trial.outcome != "failed", trial
         assert trial.accuracy is not None and trial.size
+
+
+def _torch_embedding(model, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(*(torch.from_numpy(feeds[k].astype(np.int64)) for k in ("input_ids", "attention_mask"))).numpy()
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_tflite_buckets_serve_every_length_up_to_the_longest(converted) -> None:
+    from edgesdk.errors import InferenceInputError
+    from edgesdk.runtimes import load_variant
+
+    out, report, model = converted
+    for variant in report.variants:
+        if variant.format.value != "tflite":
+            continue
+        loaded = load_variant("litert", {f.rsplit("/", 1)[-1]: (out / f).read_bytes() for f in variant.files})
+        assert loaded.bucket_lengths == [8, 16] and loaded.sequence_axes == {"input_ids": 1, "attention_mask": 1}
+        for length in (3, 8, 11, 16):  # the 8 bucket padded and exact, the serving signature padded and exact
+            feeds = _tokens(1, length, length)
+            feeds["attention_mask"][:] = 1
+            feeds["input_ids"] = np.arange(1, length + 1, dtype=np.int64)[None] * 7
+            got = loaded.run({k: v.astype(np.int32) for k, v in feeds.items()})["embedding"]
+            floor = 0.95 if variant.precision.value == "int8" else 0.999
+            assert _cosine(got[0], _torch_embedding(model, feeds)[0]) > floor, (variant.id, length)
+        too_long = {k: np.ones((1, 17), np.int32) for k in ("input_ids", "attention_mask")}
+        with pytest.raises(InferenceInputError, match="sequence of 17 is longer than this model's longest \\(16\\)"):
+            loaded.run(too_long)
+        loaded.close()
+
+
+@pytest.mark.needs_agent_extra
+def test_a_real_agent_serves_short_and_long_sentences_through_the_buckets(converted, tmp_path) -> None:
+    httpx = pytest.importorskip("httpx")
+    out, _, model = converted
+    device = agent_helpers.make_device(tmp_path / "device")
+    bundle = device.bundle(out, version="1.0.0", release=1, name="tiny")
+    installed = agent_helpers.run_agent_cli("install", "--config", str(device.config), str(bundle))
+    assert installed.returncode == 0, installed.stderr
+    with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
+        for length in (5, 12, 16):
+            ids = (np.arange(length, dtype=np.int64)[None] * 13) % 999 + 1
+            feeds = {"input_ids": ids, "attention_mask": np.ones((1, length), np.int64)}
+            response = client.post("/v1/models/tiny/infer", json={"inputs": {k: v.tolist() for k, v in feeds.items()}})
+            assert response.status_code == 200, response.text
+            assert response.headers["x-model-variant"].startswith("tflite-"), response.headers
+            got = np.asarray(response.json()["outputs"]["embedding"], np.float32)
+            assert _cosine(got[0], _torch_embedding(model, feeds)[0]) > 0.95, length
+        too_long = {k: np.ones((1, 17), np.int64).tolist() for k in ("input_ids", "attention_mask")}
+        refused = client.post("/v1/models/tiny/infer", json={"inputs": too_long})
+        assert refused.status_code == 422 and "longer than this model's longest (16)" in refused.text, refused.text
+        assert client.get("/healthz").status_code == 200  # still serving
+
+
+def test_a_model_that_padding_changes_gets_no_buckets(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("litert_torch")
+    from edgesdk.converters import convert
+
+    class Unmasked(torch.nn.Module):
+        """Mean over every position, padding included: zeros at the end change the answer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = torch.nn.Embedding(1000, 16)
+
+        def forward(self, input_ids, attention_mask):
+            return self.embed(input_ids).mean(1) * attention_mask[:, :1].to(torch.float32)
+
+    report = convert(
+        Unmasked().eval(), "rpi5-8gb", tmp_path / "out", calibration=_tokens(48, 32, 0), validation=_tokens(64, 32, 1),
+        formats=["tflite"], precisions=["fp32"], output_names=["embedding"], name="unmasked",
+        dynamic_axes={"input_ids": {1: "sequence"}, "attention_mask": {1: "sequence"}},
+    )  # fmt: skip
+    (variant,) = report.variants
+    assert variant.inputs[0].shape == [1, 32] and variant.accuracy.passed
+    assert "no buckets: zero padding changes this model's outputs" in variant.measurements.note
