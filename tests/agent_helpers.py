@@ -56,6 +56,13 @@ class Device:
         """Where the agent keeps model ``name``'s store and update record (agent/model_stores.py)."""
         return self.data_dir / "models" / name
 
+    def install(self, convert_dir: Path, *, name: str, version: str = "1.0.0", release: int = 1) -> Path:
+        """Package ``convert_dir`` for this device and ``edge-agent install`` it (sideload); the bundle."""
+        bundle = self.bundle(convert_dir, version=version, release=release, name=name)
+        installed = run_agent_cli("install", "--config", str(self.config), str(bundle))
+        assert installed.returncode == 0, installed.stderr
+        return bundle
+
     def bundle(self, convert_dir: Path, *, version: str, release: int, name: str = "digits") -> Path:
         from edgesdk.bundle import package_bundle
 

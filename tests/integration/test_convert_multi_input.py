@@ -202,9 +202,7 @@ def test_a_real_agent_serves_short_and_long_sentences_through_the_buckets(conver
     httpx = pytest.importorskip("httpx")
     out, _, model = converted
     device = agent_helpers.make_device(tmp_path / "device")
-    bundle = device.bundle(out, version="1.0.0", release=1, name="tiny")
-    installed = agent_helpers.run_agent_cli("install", "--config", str(device.config), str(bundle))
-    assert installed.returncode == 0, installed.stderr
+    device.install(out, name="tiny")
     with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
         for length in (5, 12, 16):
             ids = (np.arange(length, dtype=np.int64)[None] * 13) % 999 + 1

@@ -81,9 +81,7 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twi
 
     # Packaged and served by a real agent: rpi5-8gb runs LiteRT first, so the .tflite serves.
     device = agent_helpers.make_device(tmp_path / "device")
-    bundle = device.bundle(out, version="1.0.0", release=1, name="basic_pitch")
-    installed = agent_helpers.run_agent_cli("install", "--config", str(device.config), str(bundle))
-    assert installed.returncode == 0, installed.stderr
+    device.install(out, name="basic_pitch")
     with agent_helpers.AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
         (served,) = client.get("/v1/models").json()["models"]
         choices = {c["id"]: c for c in served["bundle_variants"]}
@@ -132,9 +130,7 @@ def test_a_stateful_int8_tflite_ships_as_is_and_a_real_agent_serves_it(edgesdk_c
     assert_one_line_error(proc, "okay_nabu.tflite is already int8", "--as-is")
 
     device = agent_helpers.make_device(tmp_path / "device")
-    bundle = device.bundle(out, version="1.0.0", release=1, name="okay_nabu")
-    installed = agent_helpers.run_agent_cli("install", "--config", str(device.config), str(bundle))
-    assert installed.returncode == 0, installed.stderr
+    device.install(out, name="okay_nabu")
     # The same frames in the same order through a fresh local interpreter give the same answers.
     local = Interpreter(model_content=model.read_bytes())
     runner = local.get_signature_runner("serving_default")
