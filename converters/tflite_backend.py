@@ -20,7 +20,7 @@ from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, Source
 from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.registry import CONVERTERS
-from edgesdk.converters.toolchain_errors import native_cause
+from edgesdk.converters.toolchain_errors import native_cause, one_line
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
 from edgesdk.runtimes.sequence_buckets import bucket_signature, choose_buckets, used_lengths
@@ -163,7 +163,11 @@ def plan_buckets(source: SourceModel, calibration: Any) -> _Buckets:
     lengths = choose_buckets(used, longest)
     if not lengths:
         return _NO_BUCKETS
-    variant = _pad_variance(source, calibration, axes, used, lengths[0])
+    try:
+        variant = _pad_variance(source, calibration, axes, used, lengths[0])
+    except Exception as exc:  # noqa: BLE001 - the user's module may refuse a shorter sequence in any way
+        return _Buckets(why_not=f"static sequence length {longest}, no buckets: the model did not run cut to "
+                        f"{lengths[0]} ({type(exc).__name__}: {one_line(str(exc))[:200]})")  # fmt: skip
     if variant is not None:
         return _Buckets(
             why_not=f"static sequence length {longest}, no buckets: zero padding changes this model's outputs "

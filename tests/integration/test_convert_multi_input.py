@@ -242,3 +242,30 @@ def test_a_model_that_padding_changes_gets_no_buckets(tmp_path) -> None:
     (variant,) = report.variants
     assert variant.inputs[0].shape == [1, 32] and variant.accuracy.passed
     assert "no buckets: zero padding changes this model's outputs" in variant.measurements.note
+
+
+def test_a_model_that_refuses_a_shorter_sequence_gets_no_buckets(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("litert_torch")
+    from edgesdk.converters import convert
+
+    class FixedLength(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = torch.nn.Embedding(1000, 16)
+
+        def forward(self, input_ids, attention_mask):
+            if input_ids.shape[1] != 32:
+                raise ValueError(f"this model takes 32 tokens, got {input_ids.shape[1]}")
+            weights = attention_mask.to(torch.float32)[..., None]
+            return (self.embed(input_ids) * weights).sum(1)
+
+    report = convert(
+        FixedLength().eval(), "rpi5-8gb", tmp_path / "out", calibration=_tokens(48, 32, 0),
+        validation=_tokens(64, 32, 1), formats=["tflite"], precisions=["fp32"], output_names=["embedding"],
+        name="fixed", dynamic_axes={"input_ids": {1: "sequence"}, "attention_mask": {1: "sequence"}},
+    )  # fmt: skip
+    (variant,) = report.variants
+    assert variant.inputs[0].shape == [1, 32] and variant.accuracy.passed
+    assert "no buckets: the model did not run cut to 16 (ValueError: this model takes 32" in variant.measurements.note
