@@ -164,14 +164,14 @@ def plan_buckets(source: SourceModel, calibration: Any) -> _Buckets:
     if not lengths:
         return _NO_BUCKETS
     try:
-        variant = _pad_variance(source, calibration, axes, used, lengths[0])
+        max_diff = _pad_variance(source, calibration, axes, used, lengths[0])
     except Exception as exc:  # noqa: BLE001 - the user's module may refuse a shorter sequence in any way
         return _Buckets(why_not=f"static sequence length {longest}, no buckets: the model did not run cut to "
                         f"{lengths[0]} ({type(exc).__name__}: {one_line(str(exc))[:200]})")  # fmt: skip
-    if variant is not None:
+    if max_diff is not None:
         return _Buckets(
             why_not=f"static sequence length {longest}, no buckets: zero padding changes this model's outputs "
-            f"(max |diff| {variant:.3g} on calibration samples cut to {lengths[0]})"
+            f"(max |diff| {max_diff:.3g} on calibration samples cut to {lengths[0]})"
         )
     return _Buckets(axes, tuple(lengths), longest)
 
