@@ -276,7 +276,7 @@ def _npy_body_header(body: bytes, what: str) -> tuple[tuple[int, ...], bool, np.
     major = body[6] if len(body) > 6 else 0
     size_end = 10 if major == 1 else 12
     end = size_end + int.from_bytes(body[8:size_end], "little")
-    key = body[:end]
+    key = bytes(body[:end])  # hashable also when the body is a bytearray (a large upload)
     known = _NPY_HEADERS.get(key)
     if known is not None:
         return known

@@ -86,7 +86,8 @@ class Request:
     path: str
     query: str
     headers: dict[str, str]
-    body: bytes = b""
+    #: bytes when it arrived in one read, a bytearray when it was gathered from several.
+    body: bytes | bytearray = b""
     keep_alive: bool = True
     #: Its share of the server's memory budget (None: no body); released once it is answered.
     allowance: Allowance | None = None
@@ -163,7 +164,12 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_count = 0
-        self._body_parts: list[bytes] = []
+        # The body: the parser's one chunk when it came whole (no copy), else a buffer of its
+        # Content-Length filled in place (a list of chunks joined at the end held each large
+        # body twice, and left the allocator fragments of every chunk).
+        self._body: bytes | bytearray = b""
+        self._body_length = 0
+        self._body_filled = 0
         self._rejected: _BadRequest | None = None  # raised in a parser callback
         self._allowance: Allowance | None = None  # the body being read holds this much budget
         # Complete requests (or a final error answer) waiting for the ones before them.
@@ -266,7 +272,9 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers = {}
         self._header_count = 0
-        self._body_parts = []
+        self._body = b""
+        self._body_length = 0
+        self._body_filled = 0
         # _arm("header", ...) written out: this runs for every request.
         self._timer_kind = "header"
         now = self.loop.time()
@@ -295,6 +303,7 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(411, "chunked or encoded bodies are not accepted; send Content-Length")
         raw_length = headers.get("content-length")
         length = int(raw_length) if raw_length else 0  # llhttp has checked the digits and the range
+        self._body_length = length
         if length > self.limits.max_body_bytes:
             # Refused before a single body byte is read.
             self.server.on_oversized()
@@ -316,13 +325,20 @@ class HttpProtocol(asyncio.Protocol):
             self._arm("body", self.limits.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:
-        self._body_parts.append(body)
+        # llhttp never hands over more than Content-Length, so the chunks fit the buffer.
+        filled = self._body_filled
+        if filled == 0 and len(body) == self._body_length:
+            self._body = body
+        else:
+            if filled == 0:
+                self._body = bytearray(self._body_length)
+            self._body[filled : filled + len(body)] = body  # type: ignore[index]
+        self._body_filled = filled + len(body)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
         self._disarm()
-        parts = self._body_parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        body, self._body = self._body, b""
         path, _, query = self._url.partition(b"?")
         request = Request(
             self._parser.get_method().decode("latin-1"),

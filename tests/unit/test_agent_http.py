@@ -20,6 +20,9 @@ from tests.agent_helpers import raw_exchange
 def handler(request: Request, respond: Respond) -> None:
     if request.path == "/boom":
         raise RuntimeError("handler bug")
+    if request.path == "/echo":
+        respond(Response(200, bytes(request.body), content_type="application/octet-stream"))
+        return
     if request.path == "/later":
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, respond, Response(200, b"late"))
@@ -84,6 +87,27 @@ def test_pipelined_keep_alive_requests_answer_in_order(server) -> None:
     bodies = [part.split(b"\r\n\r\n", 1)[1][:40] for part in answer.split(b"HTTP/1.1 ")[1:]]
     assert [b.split(b"HTTP")[0] for b in bodies] == [b"GET /a 0", b"POST /b 3", b"late", b"GET /c 0"]
     assert answer.count(b"Connection: close") == 1
+
+
+def test_a_body_over_several_reads_is_gathered_whole_and_the_next_stays_apart(server) -> None:
+    # A large body comes in many reads and is filled into one buffer of its Content-Length;
+    # the pipelined request after it must get only its own bytes.
+    port, _ = server
+    first, second = bytes(range(256)) * 3, b"tail-body"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(first))
+        for start in range(0, len(first), 200):
+            time.sleep(0.02)  # separate reads on the server
+            sock.sendall(first[start : start + 200])
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(second), second)
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    bodies = [part.split(b"\r\n\r\n", 1)[1] for part in answer.split(b"HTTP/1.1 200")[1:]]
+    assert bodies == [first, second]
 
 
 def test_http10_closes_by_default(server) -> None:
