@@ -296,9 +296,13 @@ def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles
     the signature covers them, the device refuses before it downloads anything."""
     device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
     operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    watch = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/#", client_id="tamper-watch")
+    heard = len(watch.json("presence"))  # a retained presence of an earlier agent, if any
     agent = AgentProcess(device).start()
-    watch = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/ota/status", client_id="tamper-watch")
     try:
+        # A first connect has no broker session yet: a command sent before the agent subscribes
+        # is lost. It sends its subscriptions before its online presence, so wait for that.
+        assert watch.wait_for(lambda: any(p["online"] for p in watch.json("presence")[heard:]), 30), agent.log()
         template = operator.ctl.create(
             bundles.v2,
             ["dev-1"],

@@ -84,7 +84,7 @@ class Wire:
         self._outstanding.discard(header.index)
         if header.index in self.corrupt_once:
             self.corrupt_once.discard(header.index)
-            data = memoryview(b"\x00" + bytes(data)[1:])
+            data = memoryview(bytes([data[0] ^ 0xFF]) + bytes(data)[1:])  # flip, so it always differs
         self.receiver.on_frame(header, data)
 
 
