@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from edgesdk.converters.onnx2tf_route import missing_reason
+from edgesdk.converters import onnx2tf_route, onnx2torch_route
 from edgesdk.converters.recipes import Family, recipes_for
 from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
 from edgesdk.converters.runtime_footprint import runtimes_that_do_not_fit
@@ -21,6 +21,13 @@ from edgesdk.converters.runtime_footprint import runtimes_that_do_not_fit
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
 from edgesdk.schemas.profile import DeviceProfile
 from edgesdk.schemas.report import RejectedVariant
+
+
+def onnx_to_tflite_missing() -> str | None:
+    """None when an ONNX model has a route to TFLite (onnx2torch here, or the onnx2tf venv)."""
+    light, heavy = onnx2torch_route.missing_reason(), onnx2tf_route.missing_reason()
+    return None if light is None or heavy is None else f"{light}, or {heavy}"
+
 
 #: Ladder order: the governor steps down this list.
 LADDER = (Precision.FP32, Precision.FP16, Precision.INT8)
@@ -157,9 +164,10 @@ def make_plan(
                 plan.reject(fmt, p, f"no converter for {fmt.value}")
             continue
         caps = CONVERTERS[converter].capabilities
-        if source_kind not in caps.sources or (source_kind == "onnx" and converter == "tflite" and missing_reason()):
+        no_onnx_route = onnx_to_tflite_missing() if source_kind == "onnx" and converter == "tflite" else None
+        if source_kind not in caps.sources or no_onnx_route:
             route = {
-                ModelFormat.TFLITE: missing_reason() or "",
+                ModelFormat.TFLITE: no_onnx_route or "",
                 ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
             }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
             for p in ladder:

@@ -66,7 +66,8 @@ CONVERTERS: dict[str, ConverterEntry] = {
             int8_methods=("static-int8-full-integer", "dynamic-int8"),
             packages=("litert_torch", "ai_edge_quantizer", "ai_edge_litert"),
             extra="convert-tflite",
-            # ONNX: onnx2tf in its own venv, as a subprocess (converters/onnx2tf_route.py);
+            # ONNX: onnx2torch then litert-torch (converters/onnx2torch_route.py), else onnx2tf
+            # in its own venv, as a subprocess (converters/onnx2tf_route.py);
             # .tflite: the file is the fp32 model, ai-edge-quantizer quantizes it.
             sources=("pytorch", "onnx", "tflite"),
             # Layer names of the .tflite do not map back to the source's: when static int8

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from edgesdk.converters import onnx2tf_route
+from edgesdk.converters import onnx2tf_route, onnx2torch_route
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.quiet import quiet_native
@@ -42,7 +42,8 @@ _FP16_RECIPE = [
 ]
 
 
-def _named_module(source: SourceModel) -> Any:
+def _named_module(source: SourceModel, module: Any = None) -> Any:
+    """``module`` (default: the source's) with its inputs by keyword and outputs as a dict."""
     import torch
 
     input_names = [s.name for s in source.inputs]
@@ -63,7 +64,7 @@ def _named_module(source: SourceModel) -> Any:
                 out = (out,)
             return dict(zip(output_names, out))
 
-    return NamedIO(source.torch_module).eval()
+    return NamedIO(source.torch_module if module is None else module).eval()
 
 
 def _signature_key(model: bytes) -> str:
@@ -222,6 +223,7 @@ class TFLiteConverter:
     def __init__(self) -> None:
         # One fp32 conversion per source serves fp32, fp16 and every int8 method.
         self._float_cache: dict[tuple[int, str], tuple[bytes, _Buckets]] = {}
+        self._routes: dict[str, str] = {}  # an ONNX source's path → the route that converted it
 
     def _float_model(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
         key = (id(source.torch_module), str(source.onnx_path))
@@ -232,11 +234,8 @@ class TFLiteConverter:
     def _convert_float(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
         if source.kind == "tflite":
             return source.onnx_path.read_bytes(), _NO_BUCKETS  # a float .tflite source is its own fp32 model
-        if source.torch_module is None:  # ONNX source: onnx2tf in its own venv (onnx2tf_route)
-            converted_onnx = onnx2tf_route.convert_onnx(
-                source.onnx_path, source.inputs, source.example, where=source.source
-            )
-            return converted_onnx, _NO_BUCKETS
+        if source.torch_module is None:
+            return self._convert_onnx(source), _NO_BUCKETS
         import litert_torch
         import torch
 
@@ -269,6 +268,38 @@ class TFLiteConverter:
         content: bytes = converted.model_content()
         return content, buckets
 
+    def _convert_onnx(self, source: SourceModel) -> bytes:
+        """An ONNX source: onnx2torch then litert-torch (onnx2torch_route) when it is installed
+        and maps the graph; else onnx2tf in its own venv (onnx2tf_route), the fallback."""
+        light = onnx2torch_route.missing_reason()
+        if light is None:
+            try:
+                content = self._convert_onnx_light(source)
+                self._routes[str(source.onnx_path)] = "onnx2torch + litert-torch"
+                return content
+            except (ConversionError, UnsupportedOpError) as exc:
+                light = str(exc)
+        if onnx2tf_route.find_onnx2tf() is None:
+            raise UnsupportedOpError(f"{light}; the fallback, onnx2tf, is not installed: {onnx2tf_route.INSTALL_HINT}")
+        self._routes[str(source.onnx_path)] = "onnx2tf -ois"
+        return onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
+
+    def _convert_onnx_light(self, source: SourceModel) -> bytes:
+        import litert_torch
+        import torch
+
+        module = _named_module(source, onnx2torch_route.onnx_to_torch(source.onnx_path, where=source.source))
+        example = {k: torch.from_numpy(np.array(v)) for k, v in source.example.items()}
+        try:
+            with quiet_native():
+                converted = litert_torch.convert(module, sample_kwargs=example)
+        except Exception as exc:  # noqa: BLE001 - torch.export and litert-torch raise many types
+            cause = native_cause(str(exc).strip() or type(exc).__name__, "litert-torch")
+            raise UnsupportedOpError(
+                f"litert-torch cannot lower {source.source} as onnx2torch reads it: {cause}"
+            ) from exc
+        return bytes(converted.model_content())
+
     def convert(self, request: ConversionRequest) -> ConvertedArtifact:
         request.workdir.mkdir(parents=True, exist_ok=True)
         out = request.workdir / "model.tflite"
@@ -278,7 +309,11 @@ class TFLiteConverter:
             if request.source.kind == "tflite"
             else [
                 "static shapes (batch 1): "
-                + ("onnx2tf -ois" if request.source.torch_module is None else _NO_DYNAMIC_SHAPES)
+                + (
+                    self._routes.get(str(request.source.onnx_path), "onnx")
+                    if request.source.torch_module is None
+                    else _NO_DYNAMIC_SHAPES
+                )
             ]
         )
         if buckets.sentence():

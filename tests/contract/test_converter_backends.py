@@ -128,8 +128,8 @@ def test_keep_float_keeps_layers_in_float(name, built, digits_sources) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_onnx_source_converts_or_is_refused_clearly(name, digits_sources, tmp_path) -> None:
-    from edgesdk.converters import onnx2tf_route
     from edgesdk.converters.base import ConversionRequest
+    from edgesdk.converters.planner import onnx_to_tflite_missing
 
     converter = _converter(name)
     _, onnx_source, _, _, _ = digits_sources
@@ -138,8 +138,8 @@ def test_onnx_source_converts_or_is_refused_clearly(name, digits_sources, tmp_pa
         missing = missing_packages(name, "onnx")
         if missing:
             pytest.skip(f"the ONNX route of {name} needs {', '.join(missing)}")
-        if name == "tflite" and onnx2tf_route.missing_reason():  # a toolchain in its own venv, not a package
-            pytest.skip(f"onnx2tf toolchain not installed: {onnx2tf_route.INSTALL_HINT}")
+        if name == "tflite" and onnx_to_tflite_missing():  # onnx2torch (no-deps install) or onnx2tf's venv
+            pytest.skip(onnx_to_tflite_missing())
         artifact = converter.convert(request)
         assert artifact.size > 0
         source, _, _, validation, reference = digits_sources

@@ -12,7 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from edgesdk.converters import onnx2tf_route
+from edgesdk.converters.planner import onnx_to_tflite_missing
 
 from edgesdk.schemas.report import ConversionReport
 from tests.conftest import assert_one_line_error
@@ -186,7 +186,8 @@ def test_onnx_file_to_rpi5_says_which_formats_it_cannot_reach(edgesdk_cli_module
     proc = edgesdk_cli_module(
         "convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out), "--calibration", str(digits.calibration),
         "--validation", str(digits.validation), "--precisions", "fp32,int8",
-        env={**os.environ, "EDGESDK_ONNX2TF": str(tmp_path / "no-onnx2tf")},  # the ONNX→TFLite toolchain is absent
+        # Neither ONNX→TFLite route: onnx2tf's venv absent, onnx2torch switched off.
+        env={**os.environ, "EDGESDK_ONNX2TF": str(tmp_path / "no-onnx2tf"), "EDGESDK_ONNX2TORCH": "0"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = ConversionReport.model_validate_json((out / "report.json").read_text())
@@ -411,8 +412,8 @@ def test_converted_variants_survive_packaging_into_a_bundle(rpi5_from_pytorch, t
 def test_onnx_file_reaches_every_format_the_device_runs(profile, formats, edgesdk_cli_module, digits, tmp_path) -> None:
     if profile == "apple-m2-mac":
         pytest.importorskip("onnx2coreml")
-    if profile in ("rpi5-8gb", "jetson-orin-nano-8gb") and onnx2tf_route.find_onnx2tf() is not None:
-        formats = formats | {"tflite"}  # the ONNX→TFLite toolchain (its own venv) is installed here
+    if profile in ("rpi5-8gb", "jetson-orin-nano-8gb") and onnx_to_tflite_missing() is None:
+        formats = formats | {"tflite"}  # an ONNX→TFLite route (onnx2torch, or onnx2tf's venv) is here
     out = tmp_path / profile
     proc = edgesdk_cli_module(
         "convert", str(digits.onnx), "--profile", profile, "--out", str(out), "--precisions", "fp32",

@@ -48,11 +48,22 @@ def test_rpi5_pytorch_gets_every_runtime_and_full_ladder() -> None:
 
 
 def test_onnx_input_cannot_reach_tflite_and_says_why(monkeypatch, tmp_path) -> None:
-    monkeypatch.setenv("EDGESDK_ONNX2TF", str(tmp_path / "no-onnx2tf"))  # the route's toolchain is absent
+    monkeypatch.setenv("EDGESDK_ONNX2TF", str(tmp_path / "no-onnx2tf"))  # the heavy route's toolchain is absent
+    monkeypatch.setenv("EDGESDK_ONNX2TORCH", "0")  # and the light route is off
     plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
     assert not any(v.format == ModelFormat.TFLITE for v in plan.variants)
     reasons = [r.reason for r in plan.rejected if r.format == ModelFormat.TFLITE]
-    assert len(reasons) == 3 and all("onnx2tf" in r and "PyTorch" in r for r in reasons)
+    assert len(reasons) == 3 and all("onnx2tf" in r and "onnx2torch" in r and "PyTorch" in r for r in reasons)
+
+
+def test_onnx_input_reaches_tflite_through_onnx2torch_without_onnx2tf(monkeypatch, tmp_path) -> None:
+    from edgesdk.converters.onnx2torch_route import missing_reason
+
+    if missing_reason():  # importorskip would import it, and it imports torchvision
+        pytest.skip(missing_reason())
+    monkeypatch.setenv("EDGESDK_ONNX2TF", str(tmp_path / "no-onnx2tf"))
+    plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert {v.precision for v in plan.variants if v.format == ModelFormat.TFLITE} == set(planner.LADDER)
 
 
 def test_without_calibration_only_data_free_int8_or_a_reason() -> None:
