@@ -24,6 +24,7 @@ onnx2torch 1.5.15 needs four things here, each kept to this module:
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 import types
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import ConversionError, UnsupportedOpError
+
+log = logging.getLogger(__name__)
 
 #: What ``pip`` installs (without dependencies: its torchvision requirement is for two ops).
 PACKAGE = "onnx2torch==1.5.15"
@@ -53,7 +56,8 @@ def missing_reason() -> str | None:
 def _torchvision_importable() -> bool:
     try:
         import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 - absent, or a CUDA build that fails to load its ops
+    except Exception as exc:  # noqa: BLE001 - absent, or a CUDA build that fails to load its ops
+        log.debug("torchvision does not import (%s): onnx2torch gets a stand-in", exc)
         sys.modules.pop("torchvision", None)
         sys.modules.pop("torchvision.ops", None)
         return False

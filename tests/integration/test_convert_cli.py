@@ -313,22 +313,32 @@ def test_existing_output_is_never_overwritten(edgesdk_cli_module, digits, tmp_pa
 
 
 def test_accuracy_aware_repair_keeps_sensitive_layers_in_float(edgesdk_cli_module, digits, tmp_path) -> None:
-    # A gate tighter than plain static int8 reaches on this model: the planner must repair, not drop.
+    # The digits CNN is trained per test session, so how close plain int8 comes to fp32 differs
+    # from one training to the next: read it first, then ask for a hair more than it reaches,
+    # so that plain int8 misses the gate and the planner must repair, not drop.
+    def convert(out, gate: str):
+        return edgesdk_cli_module(
+            "convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out), "--formats", "onnx",
+            "--precisions", "int8", "--int8-method", "static-qdq-per-channel", "--metric", "cosine", "--gate", gate,
+            "--calibration", str(digits.calibration), "--validation", str(digits.validation),
+        )  # fmt: skip
+
+    assert convert(tmp_path / "plain", "0.9").returncode == 0
+    (plain,) = ConversionReport.model_validate_json((tmp_path / "plain" / "report.json").read_text()).variants
+    gate = plain.accuracy.value + 1e-6
+    assert gate < 1.0, plain.accuracy
     out = tmp_path / "repair"
-    proc = edgesdk_cli_module(
-        "convert", str(digits.onnx), "--profile", "rpi5-8gb", "--out", str(out), "--formats", "onnx",
-        "--precisions", "int8", "--int8-method", "static-qdq-per-channel", "--metric", "cosine", "--gate", "0.99994",
-        "--calibration", str(digits.calibration),
-        "--validation", str(digits.validation),
-    )  # fmt: skip
+    proc = convert(out, repr(gate))
     assert proc.returncode == 0, proc.stderr
     report = ConversionReport.model_validate_json((out / "report.json").read_text())
     (variant,) = report.variants
-    assert variant.accuracy.passed and variant.accuracy.value >= 0.99994
+    assert variant.accuracy.passed and variant.accuracy.value >= gate
     repaired = [d for d in report.decisions if "repaired" in d]
-    assert repaired and "/7/Conv" in repaired[0] and "most sensitive" in repaired[0]
-    assert any(d.startswith("int8 sensitivity") for d in report.decisions)
-    assert variant.size > 100_000  # plain int8 is ~66 kB; kept layers stay fp32
+    assert repaired and "most sensitive" in repaired[0], report.decisions
+    ranking = next(d for d in report.decisions if d.startswith("int8 sensitivity"))
+    kept = repaired[0].split("in float (")[1].split(")")[0].split(", ")
+    assert kept and all(name in ranking for name in kept), (kept, ranking)
+    assert variant.size > plain.size + 20_000  # the kept layers stay fp32
 
 
 def _small_profile(folder, max_artifact_mb: float):

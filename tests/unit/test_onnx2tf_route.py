@@ -43,6 +43,7 @@ def test_command_line_fixes_shapes_to_the_example_and_keeps_nchw() -> None:
 
 def test_missing_toolchain_is_a_planner_rejection_that_says_how_to_install(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv(onnx2tf_route.ENV_VAR, str(tmp_path / "no-venv"))
+    monkeypatch.setenv("EDGESDK_ONNX2TORCH", "0")  # the light route off: onnx2tf is the only one left
     plan = make_plan(get_profile("rpi5-8gb"), "onnx", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
     assert not any(v.format == ModelFormat.TFLITE for v in plan.variants)
     reasons = [r.reason for r in plan.rejected if r.format == ModelFormat.TFLITE]
