@@ -222,20 +222,22 @@ class TFLiteConverter:
 
     def __init__(self) -> None:
         # One fp32 conversion per source serves fp32, fp16 and every int8 method.
-        self._float_cache: dict[tuple[int, str], tuple[bytes, _Buckets]] = {}
-        self._routes: dict[str, str] = {}  # an ONNX source's path → the route that converted it
+        # (fp32 model, its sequence buckets, how it was made: the variant's first note)
+        self._float_cache: dict[tuple[int, str], tuple[bytes, _Buckets, str]] = {}
 
-    def _float_model(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
+    def _float_model(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets, str]:
         key = (id(source.torch_module), str(source.onnx_path))
         if key not in self._float_cache:
             self._float_cache = {key: self._convert_float(source, calibration)}
         return self._float_cache[key]
 
-    def _convert_float(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets]:
+    def _convert_float(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets, str]:
         if source.kind == "tflite":
-            return source.onnx_path.read_bytes(), _NO_BUCKETS  # a float .tflite source is its own fp32 model
+            # A float .tflite source is its own fp32 model.
+            return source.onnx_path.read_bytes(), _NO_BUCKETS, "the source .tflite as given"
         if source.torch_module is None:
-            return self._convert_onnx(source), _NO_BUCKETS
+            content, route = self._convert_onnx(source)
+            return content, _NO_BUCKETS, f"static shapes (batch 1): {route}"
         import litert_torch
         import torch
 
@@ -266,23 +268,21 @@ class TFLiteConverter:
                 raise UnsupportedOpError(f"tflite cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"litert-torch conversion of {source.source} failed: {first}") from exc
         content: bytes = converted.model_content()
-        return content, buckets
+        return content, buckets, f"static shapes (batch 1): {_NO_DYNAMIC_SHAPES}"
 
-    def _convert_onnx(self, source: SourceModel) -> bytes:
+    def _convert_onnx(self, source: SourceModel) -> tuple[bytes, str]:
         """An ONNX source: onnx2torch then litert-torch (onnx2torch_route) when it is installed
         and maps the graph; else onnx2tf in its own venv (onnx2tf_route), the fallback."""
         light = onnx2torch_route.missing_reason()
         if light is None:
             try:
-                content = self._convert_onnx_light(source)
-                self._routes[str(source.onnx_path)] = "onnx2torch + litert-torch"
-                return content
+                return self._convert_onnx_light(source), "onnx2torch + litert-torch"
             except (ConversionError, UnsupportedOpError) as exc:
                 light = str(exc)
         if onnx2tf_route.find_onnx2tf() is None:
             raise UnsupportedOpError(f"{light}; the fallback, onnx2tf, is not installed: {onnx2tf_route.INSTALL_HINT}")
-        self._routes[str(source.onnx_path)] = "onnx2tf -ois"
-        return onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
+        converted = onnx2tf_route.convert_onnx(source.onnx_path, source.inputs, source.example, where=source.source)
+        return converted, "onnx2tf -ois"
 
     def _convert_onnx_light(self, source: SourceModel) -> bytes:
         import litert_torch
@@ -303,19 +303,8 @@ class TFLiteConverter:
     def convert(self, request: ConversionRequest) -> ConvertedArtifact:
         request.workdir.mkdir(parents=True, exist_ok=True)
         out = request.workdir / "model.tflite"
-        fp32, buckets = self._float_model(request.source, request.calibration)
-        notes = (
-            ["the source .tflite as given"]
-            if request.source.kind == "tflite"
-            else [
-                "static shapes (batch 1): "
-                + (
-                    self._routes.get(str(request.source.onnx_path), "onnx")
-                    if request.source.torch_module is None
-                    else _NO_DYNAMIC_SHAPES
-                )
-            ]
-        )
+        fp32, buckets, made = self._float_model(request.source, request.calibration)
+        notes = [made]
         if buckets.sentence():
             notes.append(buckets.sentence())
         method: str | None = None
