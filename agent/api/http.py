@@ -15,6 +15,9 @@ free is written out here on purpose, around the C parser:
 * anything llhttp rejects (a TLS ClientHello on the plain port, a bad or overflowing
   Content-Length, request smuggling shapes) is a 400 and the connection closes;
 * an idle keep-alive connection is closed after ``keepalive_timeout_s``;
+* a read that holds exactly a header block the server has parsed before and its body (a
+  keep-alive client repeating its request) is answered without the parser's callbacks, from
+  what the parser made of that block the first time (``KnownHead``);
 * a client that half-closes its sending side still gets the answers it asked for;
 * a handler error is a 500 for that request only, never the end of the server.
 
@@ -56,6 +59,10 @@ _HEADER_NAMES_MAX = 512
 
 # Where the parser is within the current message.
 _IDLE, _HEAD, _BODY = 0, 1, 2
+
+#: Header blocks remembered per server (see ``KnownHead``), and the longest one remembered.
+_KNOWN_HEADS_MAX = 64
+_KNOWN_HEAD_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,26 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownHead:
+    """What llhttp made of one exact header block, which the server accepted whole.
+
+    A client on a keep-alive connection sends the same header block with every request
+    (same method, path, headers, Content-Length): wrk, tritonclient and requests all do. When a
+    read holds exactly such a block and its body, nothing in the block can parse differently
+    the second time (llhttp is between messages, the limits are the server's), so the request
+    is built from this without the parser's eight callbacks into Python, which cost more than
+    the rest of a tiny model's HTTP handling. Only what depends on the moment is done again:
+    the body's share of the memory budget, the timers, the answer."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    length: int
+    keep_alive: bool
 
 
 Respond = Callable[[Response], None]
@@ -184,6 +211,10 @@ class HttpProtocol(asyncio.Protocol):
         self._timer_kind = ""
         self._deadline = 0.0
         self._header_timeout_s = limits.header_timeout_s
+        # The header block (and the read's length) of a read that began a message: remembered
+        # as a KnownHead if that read held exactly that one request (see data_received).
+        self._candidate: tuple[bytes, int] | None = None
+        self._fresh: tuple[bytes, int] | None = None
 
     # -- connection events --------------------------------------------------------------------
 
@@ -222,6 +253,15 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing or self._eof:
             return
+        if self._phase == _IDLE and not self._busy and not self._queue:
+            end = data.find(b"\r\n\r\n") + 4
+            if 4 <= end <= _KNOWN_HEAD_BYTES:
+                head = data[:end]
+                known = self.server.known_heads.get(head)
+                if known is not None and len(data) - end == known.length:
+                    self._answer_known(known, data[end:] if known.length else b"")
+                    return
+                self._candidate = (head, len(data))
         try:
             while data:
                 budget = self.limits.max_header_bytes - self._head_bytes
@@ -246,6 +286,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._fail(_error(rejected.status, str(rejected), rejected.headers))
             else:
                 self._fail(_error(400, f"malformed request: {exc}"))
+        self._candidate = None
         if self._busy:
             # Pipelined requests wait; do not let a client pile up unbounded data meanwhile.
             if self._queued_bytes > self.limits.max_body_bytes + self.limits.max_header_bytes and not self._paused:
@@ -266,6 +307,8 @@ class HttpProtocol(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        # Only the first message a read begins can be the whole read.
+        self._fresh, self._candidate = self._candidate, None
         self._messages += 1
         self._phase = _HEAD
         self._head_bytes = 0
@@ -313,15 +356,12 @@ class HttpProtocol(asyncio.Protocol):
             if not allowance.take_body(length):
                 # Refused before it is read, like an oversized body; unlike one, it fits later.
                 self.server.on_over_budget()
-                self._reject(
-                    503,
-                    f"body of {length} bytes does not fit the agent's memory budget for requests in flight "
-                    f"({self.server.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly",
-                    [("Retry-After", "1")],
-                )
+                self._reject(503, self.server.over_budget_message(length), [("Retry-After", "1")])
             self._allowance = allowance
-            if headers.get("expect", "").lower() == "100-continue":
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+            if "expect" in headers:
+                self._fresh = None  # its answer depends on when the body comes: never remembered
+                if headers["expect"].lower() == "100-continue":
+                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
             self._arm("body", self.limits.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:
@@ -350,8 +390,48 @@ class HttpProtocol(asyncio.Protocol):
             self._allowance,
         )
         self._allowance = None
+        fresh, self._fresh = self._fresh, None
+        if fresh is not None:
+            self._remember(fresh, request)
         self._queue.append(request)
         self._queued_bytes += len(body)
+
+    def _remember(self, fresh: tuple[bytes, int], request: Request) -> None:
+        """Keep what the parser made of ``request``'s header block when its read held exactly
+        that one request, nothing more or less (so the block is all of the head), and nothing
+        in it asks for more than a plain answer (an upgrade, a 100 Continue)."""
+        head, read = fresh
+        known_heads = self.server.known_heads
+        if (
+            read == len(head) + len(request.body)
+            and len(known_heads) < _KNOWN_HEADS_MAX
+            and not self._parser.should_upgrade()
+            and request.method != "CONNECT"
+        ):
+            known_heads[head] = KnownHead(
+                request.method,
+                request.path,
+                request.query,
+                dict(request.headers),
+                len(request.body),
+                request.keep_alive,
+            )
+
+    def _answer_known(self, known: KnownHead, body: bytes) -> None:
+        """A request whose header block the server has parsed before, body and all in one read:
+        what ``on_message_begin`` to ``on_message_complete`` would do, minus the parsing."""
+        allowance = None
+        if known.length:
+            allowance = Allowance(self.server.budget, self.server.decoded_bytes)
+            if not allowance.take_body(known.length):
+                self.server.on_over_budget()
+                self._fail(_error(503, self.server.over_budget_message(known.length), [("Retry-After", "1")]))
+                return
+        self._messages += 1
+        self._disarm()
+        self._dispatch(
+            Request(known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance)
+        )
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
@@ -457,10 +537,11 @@ class HttpProtocol(asyncio.Protocol):
             if answered:
                 return
             answered = True
-            if request.allowance is not None:
-                request.allowance.release()
             keep = request.keep_alive and not self.server.draining and not (self._eof and not self._queue)
             self._send(response, keep_alive=keep, head_only=request.method == "HEAD")
+            # Bookkeeping after the answer is on its way: the client reads it meanwhile.
+            if request.allowance is not None:
+                request.allowance.release()
             if keep and not self._closing:
                 self._busy = False
                 if self._paused:
@@ -505,6 +586,8 @@ class HttpServer:
         self.over_budget = 0
         self.budget = MemoryBudget(limits.inflight_bytes)
         self.decoded_bytes = limits.decoded_bytes
+        #: Header blocks parsed before, by their exact bytes (see KnownHead); bounded.
+        self.known_heads: dict[bytes, KnownHead] = {}
         #: The connection timer fires at least this often (see ``HttpProtocol._arm``).
         self.timer_period_s = min(limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
 
@@ -516,6 +599,12 @@ class HttpServer:
 
     def on_over_budget(self) -> None:
         self.over_budget += 1
+
+    def over_budget_message(self, length: int) -> str:
+        return (
+            f"body of {length} bytes does not fit the agent's memory budget for requests in flight "
+            f"({self.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly"
+        )
 
     def _factory(self) -> HttpProtocol:
         return HttpProtocol(self.handler, self.limits, self)
