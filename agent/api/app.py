@@ -240,8 +240,9 @@ class ApiApp:
                 response = self._answer(request, answer, target)
             finally:
                 requests.count -= 1
-            self._took(time.perf_counter() - started)
-            respond(response)
+            took = time.perf_counter() - started
+            respond(response)  # first: what follows is bookkeeping the client need not wait for
+            self._took(took)
             if self._drained is not None and requests.count == 0:
                 self._drained.set()
             return
