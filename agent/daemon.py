@@ -193,7 +193,8 @@ class Agent:
     def _runtime_options(self) -> dict[str, str]:
         threads = self.config.runtime_threads
         options = {"allow_spinning": "1" if self.config.runtime_spinning else "0"}
-        return {**options, "intra_op_num_threads": str(threads)} if threads else options
+        # Unset: the runtime's default, or one thread for a model that runs faster so (ort_threads).
+        return {**options, "intra_op_num_threads": str(threads) if threads else "auto"}
 
     def _trust(self) -> AgentTrust | None:
         if self.config.trust_document is None:

@@ -131,6 +131,8 @@ class ServedVariant:
             "format": str(getattr(self.meta.format, "value", self.meta.format)),
             "sha256": self.sha256,
             "accuracy": self.meta.accuracy.model_dump(mode="json") if self.meta.accuracy else None,
+            # onnxruntime's intra-op threads and why (edgesdk/runtimes/ort_threads.py); None elsewhere
+            "threads": getattr(self.loaded, "threads", None),
         }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
+from edgesdk.runtimes import ort_threads
 from edgesdk.runtimes.execution import ORT_CPU, ExecutionReport, ExecutionRequest, choose_ort_providers, ort_report
 from edgesdk.schemas.manifest import TensorSpec
 
@@ -35,6 +36,7 @@ class OnnxRuntimeModel:
 
     thread_safe = True
     execution: ExecutionReport | None = None  # the providers the session runs on (set by the backend)
+    threads: str = "onnxruntime default"  # intra-op threads and why (set by the backend; see ort_threads)
 
     def __init__(self, session: object) -> None:
         self._session = session
@@ -110,7 +112,7 @@ class OnnxRuntimeBackend:
         opts = dict(options or {})
         session_options = ort.SessionOptions()
         threads = opts.pop("intra_op_num_threads", None)
-        if threads is not None:
+        if threads is not None and threads != "auto":
             session_options.intra_op_num_threads = int(threads)
         spinning = opts.pop("allow_spinning", None)
         if spinning is not None:
@@ -132,6 +134,15 @@ class OnnxRuntimeBackend:
                 session = ort.InferenceSession(model, sess_options=session_options, providers=[ORT_CPU])
             except Exception as cpu_exc:  # noqa: BLE001
                 raise RuntimeBackendError(f"onnxruntime could not load the model: {cpu_exc}") from cpu_exc
+        threads_note = "onnxruntime default" if threads is None else threads
+        if threads == "auto" and session.get_providers() == [ORT_CPU]:
+            # One thread when that runs this model faster here (a tiny model): ort_threads.py.
+            def one_thread() -> Any:
+                session_options.intra_op_num_threads = 1
+                return ort.InferenceSession(model, sess_options=session_options, providers=[ORT_CPU])
+
+            session, threads_note = ort_threads.choose(session, _session_run(session), one_thread)
         loaded = OnnxRuntimeModel(session)
         loaded.execution = ort_report(request, session.get_providers(), skipped)
+        loaded.threads = threads_note
         return loaded

@@ -230,7 +230,11 @@ class AgentConfig(Schema):
     ota: OtaConfig = Field(default_factory=OtaConfig)
     profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
     runtime_threads: int | None = Field(
-        None, gt=0, description="threads per inference inside the runtime (onnxruntime intra-op); None: runtime default"
+        None,
+        gt=0,
+        description="threads per inference inside the runtime (onnxruntime intra-op); None: the runtime's default, "
+        "or one thread for a model measured to run faster with one at load (a tiny model: the split costs more "
+        "than it saves)",
     )
     runtime_spinning: bool = Field(
         False,

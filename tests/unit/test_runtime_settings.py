@@ -42,7 +42,7 @@ def test_spinning_is_off_by_default_and_threads_follow_the_config() -> None:
         config = AgentConfig(device_id="d", profile="rpi5-8gb", **settings)  # type: ignore[arg-type]
         return Agent._runtime_options(SimpleNamespace(config=config))  # type: ignore[arg-type]
 
-    assert options() == {"allow_spinning": "0"}
+    assert options() == {"allow_spinning": "0", "intra_op_num_threads": "auto"}
     assert options(runtime_spinning=True, runtime_threads=2) == {"allow_spinning": "1", "intra_op_num_threads": "2"}
 
 
