@@ -244,6 +244,15 @@ def decode_answer(content_type: str, data: bytes) -> np.ndarray:
     return np.frombuffer(data, "<f4")
 
 
+def agent_threads(port: int, model_name: str) -> str:
+    """The intra-op threads the agent runs ``model_name``'s active variant with, and why."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as answer:
+        described = json.loads(answer.read())["models"]
+    model = next(m for m in described if m["name"] == model_name)
+    variant = next(v for v in model["variants"] if v["id"] == model["active_variant"])
+    return str(variant.get("threads") or "onnxruntime default")
+
+
 def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> np.ndarray:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
     try:
@@ -325,6 +334,7 @@ def bench(
     samples: dict[tuple[str, str, int, str], list[dict[str, float]]] = {}
     checks: dict[str, float] = {}
     pids: dict[str, dict[str, int]] = {}
+    threads: dict[str, str] = {}
     loads = [load_average()]
     try:
         cells = []
@@ -333,6 +343,12 @@ def bench(
             agents.append(agent)
             ports = {"agent": (agent.port, f"/v1/models/{model_name}/infer")}
             pids[model_name] = {"agent": agent.proc.pid}
+            # Left to the agent (runtime_threads unset), it times the model with one intra-op
+            # thread at load and keeps one when that is faster (a tiny model): the peers get
+            # what it chose, so every server runs the model alike.
+            threads[model_name] = agent_threads(agent.port, model_name)
+            if threads[model_name].startswith("1 (") and "--threads" not in model["peer_mode"]:
+                model = {**model, "peer_mode": [*model["peer_mode"], "--threads", "1"]}
             for kind in ("fastapi", "raw"):
                 proc, port = start_peer(kind, model)
                 peers.append(proc)
@@ -399,6 +415,7 @@ def bench(
         },
         "subset": {"models": list(models), "bodies": list(body_names), "concurrency": list(concurrencies)},
         "answers_max_abs_difference": checks,
+        "agent_threads": threads,
         "load_average": loads,
         "cells": table,
     }
@@ -412,6 +429,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"load average before/after each round: {' | '.join(result['load_average'])}")
     if "runtime" in result:
         print(f"onnxruntime on every server: {result['runtime']}")
+    for model_name, why in result.get("agent_threads", {}).items():
+        print(f"{model_name}: intra-op threads {why} (the peers run the same)")
     header = (
         "| model | body | c | agent req/s | FastAPI req/s | raw req/s | agent p99 ms | FastAPI p99 ms | raw p99 ms "
         "| agent ÷ FastAPI | agent ÷ raw | CPU µs/answer agent / FastAPI / raw | CPU raw ÷ agent |"
