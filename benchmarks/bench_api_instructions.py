@@ -36,6 +36,7 @@ from bench_api import (  # noqa: E402
     BODIES,
     ROOT,
     agent_runtime_defaults,
+    agent_threads,
     bodies,
     free_port,
     prepare,
@@ -138,6 +139,11 @@ def main() -> None:
             agent.start()
             assert agent.proc is not None and agent.port is not None
             servers["agent"] = (agent.port, agent.proc.pid, f"/v1/models/{args.model}/infer")
+            # The peers get the intra-op threads the agent chose for the model (bench_api.py).
+            chosen = agent_threads(agent.port, args.model)
+            print(f"agent's intra-op threads: {chosen}", flush=True)
+            if chosen.startswith("1 (") and "--threads" not in model["peer_mode"]:
+                model = {**model, "peer_mode": [*model["peer_mode"], "--threads", "1"]}
             for kind in peer_kinds:
                 port = free_port()
                 proc = subprocess.Popen(
