@@ -140,11 +140,21 @@ def test_demo_runs_the_whole_story(tmp_path: Path, digits) -> None:
     assert wait_gone(str(workdir)) == {}  # no agent, no broker left behind
 
 
+def _sigint_as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, digits) -> None:
     require_mosquitto()
     workdir, reports = tmp_path / "work", tmp_path / "reports"
     demo = subprocess.Popen(
-        demo_argv(workdir, reports, digits), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        demo_argv(workdir, reports, digits),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As from a terminal: a shell's background job (`(cmd &)`, how CI may be started) inherits
+        # SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all.
+        preexec_fn=_sigint_as_from_a_terminal,
     )
     try:
         deadline = time.monotonic() + 600
