@@ -41,7 +41,8 @@ from edgesdk.agent.api.codec import (
     media_type,
     response_encoding,
 )
-from edgesdk.agent.api.http import Request, Respond, Response, json_response
+from edgesdk.agent.api.http import KnownHead, Request, Respond, Response, json_response
+from edgesdk.agent.api.prepared import prepare
 from edgesdk.agent.metrics import Metrics
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, NoModelError
 
@@ -56,7 +57,7 @@ _INFER_PREFIX_LEN = len(_INFER_PREFIX)
 _INFER_SUFFIX_AT = -len(_INFER_SUFFIX)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
-_INLINE_MAX_BODY = 64 * 1024
+INLINE_MAX_BODY = 64 * 1024
 
 
 #: One protocol's inference: (server, request, what the path named) → the 200 response; raises
@@ -130,7 +131,7 @@ class ApiApp:
         # With dynamic batching a request waits for others in the batcher: never on the loop
         # beside requests in the pool (the loop would wait for a batch it keeps from filling).
         batching = config.batching
-        self._inline_beside_others = not (batching.enabled or any(m.enabled for m in batching.models.values()))
+        self.inline_beside_others = not (batching.enabled or any(m.enabled for m in batching.models.values()))
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 
@@ -140,6 +141,19 @@ class ApiApp:
         return self.requests.count
 
     def handle(self, request: Request, respond: Respond) -> None:
+        """The HTTP server's handler: a request whose header block has a prepared route takes
+        it (agent/api/prepared.py); the others, and whatever that route does not expect, take
+        ``route``."""
+        known = request.known
+        if known is not None:
+            prepared = known.route
+            if prepared is not None:
+                prepared(request, respond)
+                return
+        self.route(request, respond)
+
+    def route(self, request: Request, respond: Respond) -> None:
+        """Every request's generic path: routing, then the route's own checks."""
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
             if request.method == "POST" or self._method_allowed(request, "POST", respond):
@@ -226,8 +240,8 @@ class ApiApp:
         requests = self.requests
         if (
             self.recent_s < self.inline_max_s
-            and len(request.body) <= _INLINE_MAX_BODY
-            and (requests.count == 0 or self._inline_beside_others)
+            and len(request.body) <= INLINE_MAX_BODY
+            and (requests.count == 0 or self.inline_beside_others)
         ):
             # This model answers in well under a millisecond: the two thread hops would cost
             # more than the inference, and blocking the loop this briefly delays nobody. Also
@@ -242,9 +256,10 @@ class ApiApp:
                 requests.count -= 1
             took = time.perf_counter() - started
             respond(response)  # first: what follows is bookkeeping the client need not wait for
-            self._took(took)
-            if self._drained is not None and requests.count == 0:
-                self._drained.set()
+            self.answered_inline(took)
+            known = request.known
+            if known is not None and known.route is None and response.status == 200 and answer is answer_v1:
+                self._prepare(known, request, target)
             return
         requests.count += 1
         future = self.pool.submit(self._work, request, answer, target, time.monotonic())
@@ -256,6 +271,21 @@ class ApiApp:
             loop.call_soon_threadsafe(self._finish, fut, respond, timer)
 
         future.add_done_callback(done)
+
+    def answered_inline(self, took: float) -> None:
+        """Bookkeeping after an answer given on the event loop that took ``took`` seconds."""
+        self._took(took)
+        if self._drained is not None and self.requests.count == 0:
+            self._drained.set()
+
+    def _prepare(self, known: KnownHead, request: Request, model_name: str) -> None:
+        """Give ``known`` (the header block of ``request``, just answered 200 inline) its
+        prepared route, or the generic one when it cannot have one (then for good: what rules
+        one out is the block itself, or the agent's configuration)."""
+        headers = request.headers
+        content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
+        plan = prepare(self, request, model_name, content_type, encoding)
+        known.route = plan if plan is not None else self.route
 
     def infer_from_thread(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer`` under the same admission control, from a thread other than the event
@@ -339,9 +369,13 @@ class ApiApp:
         else:
             self._slow_last = False
         index = self._recent_next
+        evicted = window[index]
         window[index] = took
         self._recent_next = (index + 1) % len(window)
-        self.recent_s = min(window)
+        if took <= self.recent_s:
+            self.recent_s = took  # the new shortest
+        elif evicted == self.recent_s:
+            self.recent_s = min(window)  # the shortest left the window (else it is still there)
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""

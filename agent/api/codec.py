@@ -99,9 +99,9 @@ def decode_request(
     if allowance is None:
         allowance = unlimited_allowance()
     if content_type == JSON or content_type == "":
-        return _decode_json(body, signature, allowance)
+        return decode_json(body, signature, allowance)
     if content_type == NPY:
-        return _decode_npy(body, query, signature, allowance)
+        return decode_npy(body, query, signature, allowance)
     if content_type == NPZ:
         return _decode_npz(body, signature, allowance)
     if content_type in (RAW, "application/octet-stream"):
@@ -162,6 +162,8 @@ def json_shape(value: Any, name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+#: What a JSON body's memory is charged as, in the 413/503 it may get.
+JSON_BODY = "the JSON body (use application/x-npy or raw tensors for large inputs)"
 #: What one JSON number costs once parsed: its Python object (24-32 bytes) and its slot in a
 #: list (8, plus the list's spare room). JSON text costs ~15x its size in memory, not 1x.
 JSON_VALUE_BYTES = 40
@@ -199,14 +201,14 @@ def parse_json(text: bytes) -> Any:
             raise DecodeError("malformed JSON: nested too deep") from None
 
 
-def _decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
+def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
     # Charged before it is allocated, given back once it is garbage (the parsed document, the
     # float64 arrays numpy reads first): requests decoded and waiting for their answer then
     # hold their body and arrays only. (Holding the parse cost until the answer refused ~1 %
     # of 16 clients posting 3 MB MobileNetV2 JSON with 503: ten requests decoded at once while
     # the event loop waited for the GIL to send their answers held 130 of the 128 MiB.)
     temporary = json_parse_cost(body)
-    allowance.take_decoded(temporary, "the JSON body (use application/x-npy or raw tensors for large inputs)")
+    allowance.take_decoded(temporary, JSON_BODY)
     document = parse_json(body)
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
         raise DecodeError('JSON body must be an object {"inputs": {"<name>": [...]}}')
@@ -311,7 +313,7 @@ def _shaped(flat: np.ndarray, shape: tuple[int, ...], fortran: bool) -> np.ndarr
     return array if array.flags.aligned else array.copy()
 
 
-def _decode_npy(body: bytes, query: str, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
+def decode_npy(body: bytes, query: str, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
     names = parse_qs(query).get("input")
     if names:
         name = names[0]
@@ -391,11 +393,11 @@ def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict
 
 def parse_tensor_header(header: str) -> list[tuple[str, np.dtype[Any], tuple[int, ...]]]:
     """``"a=float32[1,8]; b=int64[1]"`` → [(name, dtype, shape)]."""
-    return [(e.name, e.dtype, e.shape) for e in _parse_tensor_header(header)]
+    return [(e.name, e.dtype, e.shape) for e in tensor_entries(header)]
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_tensor_header(header: str) -> tuple[TensorEntry, ...]:
+def tensor_entries(header: str) -> tuple[TensorEntry, ...]:
     # Cached here too (parse_header is): one call per request on the hot path, as before.
     if not header.strip():
         raise DecodeError("raw tensors need an X-Tensors header, e.g. 'X-Tensors: image=float32[1,1,8,8]'")
@@ -408,7 +410,7 @@ def _parse_tensor_header(header: str) -> tuple[TensorEntry, ...]:
 def _decode_raw(body: bytes, header: str) -> dict[str, np.ndarray]:
     feeds: dict[str, np.ndarray] = {}
     offset = 0
-    for name, dtype, shape, count in _parse_tensor_header(header):
+    for name, dtype, shape, count in tensor_entries(header):
         size = count * dtype.itemsize
         if offset + size > len(body):
             raise DecodeError(f"body has {len(body)} bytes; X-Tensors needs at least {offset + size} (at {name!r})")

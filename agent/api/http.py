@@ -98,6 +98,8 @@ class Request:
     keep_alive: bool = True
     #: Its share of the server's memory budget (None: no body); released once it is answered.
     allowance: Allowance | None = None
+    #: The remembered header block it came with, when it has one (see KnownHead.route).
+    known: KnownHead | None = None
 
 
 @dataclass(slots=True)
@@ -106,9 +108,12 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = field(default_factory=list)
+    #: More header lines, formatted already (``Name: value\r\n`` each), sent after ``headers``:
+    #: for answers whose headers repeat (a prepared route's), formatted once, not per answer.
+    head_lines: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KnownHead:
     """What llhttp made of one exact header block, which the server accepted whole.
 
@@ -118,7 +123,11 @@ class KnownHead:
     the second time (llhttp is between messages, the limits are the server's), so the request
     is built from this without the parser's eight callbacks into Python, which cost more than
     the rest of a tiny model's HTTP handling. Only what depends on the moment is done again:
-    the body's share of the memory budget, the timers, the answer."""
+    the body's share of the memory budget, the timers, the answer.
+
+    ``route`` is set by the server's handler, never here: a handler it prepared for every
+    request with this block (agent/api/prepared.py), which such requests are then given to
+    directly. The fields above it never change once the block is remembered."""
 
     method: str
     path: str
@@ -126,6 +135,7 @@ class KnownHead:
     headers: dict[str, str]
     length: int
     keep_alive: bool
+    route: Handler | None = None
 
 
 Respond = Callable[[Response], None]
@@ -135,12 +145,12 @@ Handler = Callable[[Request, Respond], None]
 def _encode_head(response: Response, keep_alive: bool) -> bytes:
     headers = response.headers
     if not headers:
-        extra = ""
+        extra = response.head_lines
     elif len(headers) == 1:  # an inference's X-Model-Variant: no list comprehension (a call) to build
         name, value = headers[0]
-        extra = f"{name}: {value}\r\n"
+        extra = f"{name}: {value}\r\n{response.head_lines}"
     else:
-        extra = "".join([f"{name}: {value}\r\n" for name, value in headers])
+        extra = "".join([f"{name}: {value}\r\n" for name, value in headers]) + response.head_lines
     start = _HEAD_STARTS.get((response.status, response.content_type))
     if start is None:
         start = _head_start(response.status, response.content_type)
@@ -408,14 +418,17 @@ class HttpProtocol(asyncio.Protocol):
             and not self._parser.should_upgrade()
             and request.method != "CONNECT"
         ):
-            known_heads[head] = KnownHead(
-                request.method,
-                request.path,
-                request.query,
-                dict(request.headers),
-                len(request.body),
-                request.keep_alive,
-            )
+            known = known_heads.get(head)  # parsed here all the same when a request was in flight
+            if known is None:
+                known = known_heads[head] = KnownHead(
+                    request.method,
+                    request.path,
+                    request.query,
+                    dict(request.headers),
+                    len(request.body),
+                    request.keep_alive,
+                )
+            request.known = known
 
     def _answer_known(self, known: KnownHead, body: bytes) -> None:
         """A request whose header block the server has parsed before, body and all in one read:
@@ -428,9 +441,12 @@ class HttpProtocol(asyncio.Protocol):
                 self._fail(_error(503, self.server.over_budget_message(known.length), [("Retry-After", "1")]))
                 return
         self._messages += 1
-        self._disarm()
+        self._timer_kind = ""  # _disarm, written out
         self._dispatch(
-            Request(known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance)
+            Request(
+                known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance, known
+            ),
+            known.route or self.handler,
         )
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
@@ -515,7 +531,7 @@ class HttpProtocol(asyncio.Protocol):
                     self._send(item, keep_alive=False)
                     return
                 self._queued_bytes -= len(item.body)
-                self._dispatch(item)
+                self._dispatch(item, self.handler)
         finally:
             self._draining_queue = False
         if not self._busy and not self._closing and not self._queue:
@@ -528,7 +544,7 @@ class HttpProtocol(asyncio.Protocol):
         elif self._phase == _IDLE:
             self._arm("idle", self.limits.keepalive_timeout_s)
 
-    def _dispatch(self, request: Request) -> None:
+    def _dispatch(self, request: Request, handler: Handler) -> None:
         self._busy = True
         answered = False
 
@@ -546,10 +562,15 @@ class HttpProtocol(asyncio.Protocol):
                 self._busy = False
                 if self._paused:
                     self._resume()
-                self._drain()
+                if self._queue:
+                    self._drain()
+                elif self._phase == _IDLE:
+                    # What _drain then _idle do with nothing queued (and no EOF: ``keep``),
+                    # written out: two calls saved on every answer of a keep-alive client.
+                    self._arm("idle", self.limits.keepalive_timeout_s)
 
         try:
-            self.handler(request, respond)
+            handler(request, respond)
         except Exception:  # noqa: BLE001 - one broken request must never take the server down
             log.exception("handler failed on %s %s", request.method, request.path)
             respond(_error(500, "internal error"))

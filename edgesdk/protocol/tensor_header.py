@@ -42,7 +42,6 @@ class TensorEntry(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=256)
 def describe(name: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
     """One entry: ``image=float32[1,1,8,8]`` (``shape`` a tuple, as numpy's ``.shape``).
 

@@ -142,3 +142,28 @@ def test_one_preempted_run_keeps_the_fast_path_two_slow_ones_leave_it() -> None:
     app._took(0.0001)  # until a fast run (in the pool) says otherwise
     assert app.recent_s < app.inline_max_s
     app.close()
+
+
+def test_recent_s_is_always_the_shortest_of_the_last_eight() -> None:
+    """``_took`` keeps the minimum without recomputing it every time: against the definition,
+    on random durations around the thresholds (slow pairs included)."""
+    import random
+
+    app, _ = make_app(FakeModel(1.0), inline_max_ms=1.0)
+    rng = random.Random(7)
+    window: list[float] = [float("inf")] * 8
+    slow_last = False
+    for step in range(5000):
+        took = rng.choice([0.0001, 0.0002, 0.0005, 0.002, 0.02, 0.5]) * rng.uniform(0.5, 1.5)
+        app._took(took)
+        if took > 0.01:  # two slow in a row fill the window (see _took)
+            if slow_last:
+                window = [took] * 8
+                assert app.recent_s == took, step
+                continue
+            slow_last = True
+        else:
+            slow_last = False
+        window = window[1:] + [took]
+        assert app.recent_s == min(window), step
+    app.close()

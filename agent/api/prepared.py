@@ -1,0 +1,315 @@
+"""A route prepared per known header block: a tiny model's inference without its routing.
+
+A keep-alive client repeats one header block with every request (``http.KnownHead``): the same
+path, so the same model; the same Content-Type, Accept and query, so the same encodings; for raw
+tensors the same X-Tensors, so the same input names, dtypes and shapes; the same Content-Length.
+The generic path (``ApiApp.route`` → ``answer_v1``) works all of that out again for each
+request (routing, the model by name, both encodings, the tensor header, the declared shapes
+against the signature): ~25 Python calls, more than a tiny model's run (BENCHMARKS.md, issue 15).
+
+Once the generic path has answered a request of such a block 200 on the event loop (a tiny
+model, see ``inline_max_ms``), the app prepares a :class:`PreparedInfer` for the block with all
+of that resolved. Each later request of the block then does only what depends on its body and
+on the moment: admission (capacity, the inline decision), the body as arrays, the checks that
+depend on the values (NaN/Inf; for JSON and ``.npy``, whose shapes are in the body, the whole
+signature check), the active variant's run, the latency histogram, the answer.
+
+It never answers an error itself. Anything it does not expect (the model swapped, the inline
+conditions not met, capacity full, a body that does not decode, NaN/Inf, a runtime failure) is
+handed untouched to the generic path, the memory a failed decode took given back first, and
+the generic path answers it as it always did: same status code, same error count. So the API
+behaves as the generic path by construction; the plan only makes the plain case shorter. (A
+runtime failure runs the model twice, once here and once to be answered: rare, and the price of
+keeping one error path.)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+from edgesdk.agent.api.budget import Allowance
+from edgesdk.agent.api.codec import (
+    JSON,
+    JSON_BODY,
+    NPY,
+    RAW,
+    DecodeError,
+    check_declared,
+    decode_json,
+    decode_npy,
+    encode_response,
+    json_parse_cost,
+    tensor_entries,
+)
+from edgesdk.agent.api.http import Request, Respond, Response
+from edgesdk.agent.nonfinite import all_finite
+from edgesdk.agent.serving import ServedModel
+
+from edgesdk.errors import InferenceInputError
+
+if TYPE_CHECKING:
+    from edgesdk.agent.api.app import ApiApp
+
+log = logging.getLogger("edgesdk.agent.api")
+
+#: Body → feeds, raising on anything the generic path should answer instead (the plan's
+#: decoders raise InferenceInputError naming the input for what they find themselves).
+Decode = Callable[[bytes, Allowance], dict[str, np.ndarray]]
+#: (outputs, variant id) → (body, the answer's header lines, formatted: ``Response.head_lines``).
+Encode = Callable[[Mapping[str, np.ndarray], str], tuple[bytes, str]]
+
+
+class PreparedInfer:
+    """``POST /v1/models/{name}/infer`` for every request with one header block (see module)."""
+
+    __slots__ = ("app", "server", "model", "decode", "encode", "encoding")
+
+    def __init__(self, app: ApiApp, model: ServedModel, decode: Decode, encode: Encode, encoding: str) -> None:
+        self.app = app
+        self.server = app.server
+        self.model = model
+        self.decode = decode
+        self.encode = encode
+        self.encoding = encoding
+
+    def __call__(self, request: Request, respond: Respond) -> None:
+        app = self.app
+        model = self.model
+        if self.server._model is not model:  # swapped or unloaded: prepare again for what serves now
+            request.known.route = None  # type: ignore[union-attr]  # a plan is only reached through one
+            app.route(request, respond)
+            return
+        requests = app.requests
+        if requests.count >= app.capacity or app.recent_s >= app.inline_max_s:
+            app.route(request, respond)  # a 503, or the pool: the generic path decides
+            return
+        allowance: Allowance = request.allowance  # type: ignore[assignment]  # plans need a body
+        held, decoded = allowance.held, allowance.decoded
+        requests.count += 1
+        try:
+            feeds = self.decode(request.body, allowance)
+            variant = model.active  # taken once: this request finishes on this variant
+            run = variant.loaded.run if variant.takes_public_feeds else variant.run
+            started = perf_counter()
+            outputs = run(feeds)
+            ran = perf_counter() - started
+            body, head_lines = self.encode(outputs, variant.id)
+        except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
+            log.debug("prepared route: %s %s goes to the generic path (%r)", request.method, request.path, exc)
+            requests.count -= 1
+            allowance.rewind(held, decoded)
+            app.route(request, respond)
+            return
+        requests.count -= 1
+        self.server.observe(variant.id, ran)
+        respond(Response(200, body, self.encoding, [], head_lines))
+        # The run's time stands for the whole answer's in the inline decision: what the plan
+        # adds is a few microseconds for the small bodies it takes (the generic path times both).
+        app.answered_inline(ran)
+
+
+def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, encoding: str) -> PreparedInfer | None:
+    """A plan for the requests with ``request``'s header block, which the generic path has just
+    answered 200 inline with these encodings (so its body, of the block's Content-Length, is
+    small enough to be answered inline); None when the block cannot have one (another model
+    than the main one, dynamic batching, no body, an encoding without a plan, raw tensors that
+    are not exactly the model's inputs)."""
+    model = app.server.model
+    if (
+        model is None
+        or model.name != model_name
+        or model.batcher is not None
+        or not app.inline_beside_others
+        or request.allowance is None
+        or not request.body
+    ):
+        return None
+    signature = model.signature
+    decode: Decode
+    if content_type in (RAW, "application/octet-stream"):
+        raw = _raw_decoder(model, request.headers.get("x-tensors", ""), len(request.body))
+        if raw is None:
+            return None
+        decode = raw
+    elif content_type in (JSON, ""):
+        decode = _json_decoder(model)
+
+    elif content_type == NPY:
+        query = request.query
+
+        def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+            feeds = decode_npy(body, query, signature, allowance)
+            signature.check(feeds)
+            return feeds
+
+    else:
+        return None
+    if encoding not in (RAW, JSON, NPY):
+        return None
+    return PreparedInfer(app, model, decode, _encoder(model, encoding, request.query), encoding)
+
+
+def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
+    """``encode_response`` for this model, encoding and query, with the answer's header lines
+    (X-Tensors, X-Model-Variant) formatted once per variant and output shape."""
+    name, version = model.name, model.version
+    formatted: dict[tuple[Any, ...], str] = {}  # (variant id[, raw output layout]) → header lines
+
+    def encode(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+        key: tuple[Any, ...] | None
+        if encoding != RAW:  # the lines name the variant only
+            key = (variant_id,)
+            lines = formatted.get(key)
+            if lines is not None:
+                body, _ = encode_response(
+                    encoding, outputs, model=name, version=version, variant=variant_id, query=query
+                )
+                return body, lines
+        elif len(outputs) == 1:
+            # One output as it came from the runtime (native little-endian, C order: the usual
+            # case; else the generic encoding below): its bytes, and the lines of its layout.
+            ((output, array),) = outputs.items()
+            key = (variant_id, output, array.dtype, array.shape)
+            lines = formatted.get(key)
+            if lines is not None and array.flags.c_contiguous:
+                return array.tobytes(), lines
+            if not _plain_raw(array):
+                key = None
+        else:
+            key = None  # several outputs: their layout is formatted each time
+        body, headers = encode_response(encoding, outputs, model=name, version=version, variant=variant_id, query=query)
+        headers.append(("X-Model-Variant", variant_id))
+        lines = "".join(f"{header}: {value}\r\n" for header, value in headers)
+        if key is not None and len(formatted) < _FORMATTED_MAX:
+            formatted[key] = lines
+        return body, lines
+
+    return encode
+
+
+#: Header lines remembered per plan: variants × output layouts, a handful.
+_FORMATTED_MAX = 64
+#: Input shapes remembered per plan as having passed the signature's check (batch sizes).
+_SHAPES_MAX = 64
+_LITTLE_HOST = sys.byteorder == "little"
+
+
+def _plain_raw(array: np.ndarray) -> bool:
+    """True when ``array``'s bytes are its raw encoding as they are (little-endian, C order)."""
+    return _LITTLE_HOST and array.dtype.isnative and array.flags.c_contiguous
+
+
+def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
+    """The decoder of raw-tensor bodies of ``length`` bytes laid out as ``header`` says, when
+    that is exactly the model's inputs in their dtypes and accepted shapes (then only the
+    values can be wrong: the NaN/Inf scan is all that is left per request)."""
+    signature = model.signature
+    try:
+        entries = tensor_entries(header)
+        for entry in entries:
+            check_declared(signature, entry.name, entry.shape, entry.dtype)
+    except (DecodeError, InferenceInputError) as exc:  # the generic path answers such requests
+        log.debug("no prepared route for X-Tensors %r: %s", header, exc)
+        return None
+    if {e.name for e in entries} != set(signature.by_name) or len(entries) != len(signature.by_name):
+        return None
+    layout: list[tuple[str, Any, tuple[int, ...], int, int, bool]] = []
+    offset = 0
+    for entry in entries:
+        if not entry.dtype.isnative:
+            return None  # a big-endian host swaps bytes per request: the generic path does
+        scan = entry.dtype.kind == "f" and not signature.allow_nonfinite
+        layout.append((entry.name, entry.dtype, entry.shape, entry.elements, offset, scan))
+        offset += entry.elements * entry.dtype.itemsize
+    if offset != length:
+        return None
+    try:
+        # The shapes' full check (rank, fixed axes, passed ones) on arrays of this layout: once.
+        signature.check({n: np.zeros(s, d) for n, d, s, _, _, _ in layout})
+    except InferenceInputError as exc:
+        log.debug("no prepared route for X-Tensors %r: %s", header, exc)
+        return None
+    if len(layout) == 1:
+        ((name, dtype, shape, count, _, scan),) = layout
+
+        def decode_one(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+            array = np.frombuffer(body, dtype, count).reshape(shape)
+            if scan and not all_finite(array):
+                raise InferenceInputError(name)
+            return {name: array}
+
+        return decode_one
+
+    def decode_many(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+        feeds = {}
+        for name, dtype, shape, count, at, scan in layout:
+            array = np.frombuffer(body, dtype, count, at).reshape(shape)
+            if scan and not all_finite(array):
+                raise InferenceInputError(name)
+            feeds[name] = array
+        return feeds
+
+    return decode_many
+
+
+def _json_decoder(model: ServedModel) -> Decode:
+    """The decoder of JSON bodies for this model: ``codec.decode_json`` then the signature's
+    check, written out for float inputs (the usual case): the same document, arrays, memory
+    charged and checks, in fewer calls. Anything else (a NaN or Infinity, which only the
+    generic path's second parser reads; integers for a float input that numpy cannot convert;
+    an unknown or missing name; strings) is raised to the generic path."""
+    signature = model.signature
+    if any(slot.dtype.kind != "f" for slot in signature.inputs):
+
+        def decode_generic(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+            feeds = decode_json(body, signature, allowance)
+            signature.check(feeds)
+            return feeds
+
+        return decode_generic
+    # (name, dtype, the shapes that passed the signature's check, NaN/Inf to be scanned)
+    slots: list[tuple[str, np.dtype[Any], set[tuple[int, ...]], bool]] = [
+        (slot.name, slot.dtype, set(), not signature.allow_nonfinite) for slot in signature.inputs
+    ]
+    count = len(slots)
+
+    def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+        # What decode_json charges: the parsed document while it lives (given back below),
+        # then each input's array and numpy's float64 reading of it, the latter given back too.
+        temporary = json_parse_cost(body)
+        allowance.take_decoded(temporary, JSON_BODY)
+        inputs = orjson.loads(body)["inputs"]
+        if type(inputs) is not dict or len(inputs) != count:
+            raise InferenceInputError("inputs other than the model's")
+        feeds = {}
+        arrays = 0
+        checked = True
+        for name, dtype, passed, scan in slots:
+            raw = np.asarray(inputs[name])
+            if raw.dtype.kind not in "biuf":
+                raise InferenceInputError(name)
+            feed = raw.astype(dtype, copy=False)
+            arrays += feed.nbytes + raw.size * 8
+            if feed is not raw:
+                temporary += raw.nbytes
+            if feed.shape not in passed:
+                checked = False
+            elif scan and not all_finite(feed):
+                raise InferenceInputError(name)
+            feeds[name] = feed
+        allowance.take_decoded(arrays, JSON_BODY)
+        allowance.give_back(temporary)
+        if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
+            signature.check(feeds)
+            for name, _, passed, _ in slots:
+                if len(passed) < _SHAPES_MAX:
+                    passed.add(feeds[name].shape)
+        return feeds
+
+    return decode
