@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Mapping
+from math import isfinite
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,10 @@ import numpy as np
 import orjson
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.codec import (
+    _VECTOR_COUNT_MIN,
     JSON,
     JSON_BODY,
+    JSON_VALUE_BYTES,
     NPY,
     RAW,
     DecodeError,
@@ -47,7 +50,7 @@ from edgesdk.agent.api.codec import (
     json_parse_cost,
     tensor_entries,
 )
-from edgesdk.agent.api.http import Request, Respond, Response
+from edgesdk.agent.api.http import Request, Respond, Response, dumps
 from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.serving import ServedModel
 
@@ -89,11 +92,9 @@ class PreparedInfer:
         if requests.count >= app.capacity or app.recent_s >= app.inline_max_s:
             app.route(request, respond)  # a 503, or the pool: the generic path decides
             return
-        allowance: Allowance = request.allowance  # type: ignore[assignment]  # plans need a body
-        held, decoded = allowance.held, allowance.decoded
         requests.count += 1
         try:
-            feeds = self.decode(request.body, allowance)
+            feeds = self.decode(request.body, request.allowance)  # type: ignore[arg-type]  # plans need a body
             variant = model.active  # taken once: this request finishes on this variant
             run = variant.loaded.run if variant.takes_public_feeds else variant.run
             started = perf_counter()
@@ -103,7 +104,6 @@ class PreparedInfer:
         except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
             log.debug("prepared route: %s %s goes to the generic path (%r)", request.method, request.path, exc)
             requests.count -= 1
-            allowance.rewind(held, decoded)
             app.route(request, respond)
             return
         requests.count -= 1
@@ -138,7 +138,7 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
             return None
         decode = raw
     elif content_type in (JSON, ""):
-        decode = _json_decoder(model)
+        decode = _json_decoder(model, len(request.body))
 
     elif content_type == NPY:
         query = request.query
@@ -160,6 +160,20 @@ def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
     (X-Tensors, X-Model-Variant) formatted once per variant and output shape."""
     name, version = model.name, model.version
     formatted: dict[tuple[Any, ...], str] = {}  # (variant id[, raw output layout]) → header lines
+    if encoding == JSON:
+        variant_lines: dict[str, str] = {}
+
+        def encode_json(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+            # encode_response(JSON, ...) written out (two calls saved); the same document.
+            body = dumps({"model": name, "version": version, "variant": variant_id, "outputs": outputs})
+            lines = variant_lines.get(variant_id)
+            if lines is None:
+                lines = f"X-Model-Variant: {variant_id}\r\n"
+                if len(variant_lines) < _FORMATTED_MAX:
+                    variant_lines[variant_id] = lines
+            return body, lines
+
+        return encode_json
 
     def encode(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
         key: tuple[Any, ...] | None
@@ -236,11 +250,15 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
         log.debug("no prepared route for X-Tensors %r: %s", header, exc)
         return None
     if len(layout) == 1:
-        ((name, dtype, shape, count, _, scan),) = layout
+        ((name, dtype, shape, _, _, scan),) = layout
+        frombuffer, vdot = np.frombuffer, np.vdot
 
         def decode_one(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-            array = np.frombuffer(body, dtype, count).reshape(shape)
-            if scan and not all_finite(array):
+            array = frombuffer(body, dtype).reshape(shape)  # the body is the array: its length is the block's
+            # all_finite's first test written out (a call saved): x·x is finite when every
+            # element is (NaN/Inf propagate, squares cannot cancel); when it is not (NaN, Inf,
+            # or an overflow of huge finite values) all_finite decides exactly.
+            if scan and not isfinite(vdot(array, array)) and not all_finite(array):
                 raise InferenceInputError(name)
             return {name: array}
 
@@ -258,7 +276,7 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
     return decode_many
 
 
-def _json_decoder(model: ServedModel) -> Decode:
+def _json_decoder(model: ServedModel, length: int) -> Decode:
     """The decoder of JSON bodies for this model: ``codec.decode_json`` then the signature's
     check, written out for float inputs (the usual case): the same document, arrays, memory
     charged and checks, in fewer calls. Anything else (a NaN or Infinity, which only the
@@ -272,44 +290,70 @@ def _json_decoder(model: ServedModel) -> Decode:
             signature.check(feeds)
             return feeds
 
-        return decode_generic
+        return _rewinding(decode_generic)
     # (name, dtype, the shapes that passed the signature's check, NaN/Inf to be scanned)
     slots: list[tuple[str, np.dtype[Any], set[tuple[int, ...]], bool]] = [
         (slot.name, slot.dtype, set(), not signature.allow_nonfinite) for slot in signature.inputs
     ]
     count = len(slots)
+    per_value = max(slot.dtype.itemsize for slot in signature.inputs) + 8
+    small = length < _VECTOR_COUNT_MIN  # else json_parse_cost counts the commas vectorized
+    loads, asarray, vdot = orjson.loads, np.asarray, np.vdot
 
     def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-        # What decode_json charges: the parsed document while it lives (given back below),
-        # then each input's array and numpy's float64 reading of it, the latter given back too.
-        temporary = json_parse_cost(body)
-        allowance.take_decoded(temporary, JSON_BODY)
-        inputs = orjson.loads(body)["inputs"]
-        if type(inputs) is not dict or len(inputs) != count:
-            raise InferenceInputError("inputs other than the model's")
-        feeds = {}
-        arrays = 0
-        checked = True
-        for name, dtype, passed, scan in slots:
-            raw = np.asarray(inputs[name])
-            if raw.dtype.kind not in "biuf":
-                raise InferenceInputError(name)
-            feed = raw.astype(dtype, copy=False)
-            arrays += feed.nbytes + raw.size * 8
-            if feed is not raw:
-                temporary += raw.nbytes
-            if feed.shape not in passed:
-                checked = False
-            elif scan and not all_finite(feed):
-                raise InferenceInputError(name)
-            feeds[name] = feed
-        allowance.take_decoded(arrays, JSON_BODY)
-        allowance.give_back(temporary)
-        if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
-            signature.check(feeds)
-            for name, _, passed, _ in slots:
-                if len(passed) < _SHAPES_MAX:
-                    passed.add(feeds[name].shape)
-        return feeds
+        held, decoded = allowance.held, allowance.decoded  # see _rewinding (written out: one call less)
+        try:
+            # What decode_json charges, in one take: the parsed document while it lives, then
+            # each input's array and numpy's float64 reading of it (itemsize + 8 bytes a value).
+            # The values are at most the commas + 1 the document's charge counts, so one take
+            # of both is what decode_json takes in two when every comma separates numbers (a
+            # single input, as here usually), and more otherwise: never less. Given back below:
+            # the document, the float64 readings, what the bound counted in excess.
+            values = body.count(b",") + 1 if small else json_parse_cost(body) // JSON_VALUE_BYTES
+            charged = values * (JSON_VALUE_BYTES + per_value)
+            allowance.take_decoded(charged, JSON_BODY)
+            inputs = loads(body)["inputs"]
+            if type(inputs) is not dict or len(inputs) != count:
+                raise InferenceInputError("inputs other than the model's")
+            feeds = {}
+            kept = 0
+            checked = True
+            for name, dtype, passed, scan in slots:
+                raw = asarray(inputs[name])
+                if raw.dtype.kind not in "biuf":
+                    raise InferenceInputError(name)
+                feed = raw.astype(dtype, copy=False)
+                kept += feed.nbytes
+                if feed.shape not in passed:
+                    checked = False
+                # all_finite's first test written out (see _raw_decoder): astype made it C order.
+                elif scan and not isfinite(vdot(feed, feed)) and not all_finite(feed):
+                    raise InferenceInputError(name)
+                feeds[name] = feed
+            allowance.give_back(charged - kept)
+            if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
+                signature.check(feeds)
+                for name, _, passed, _ in slots:
+                    if len(passed) < _SHAPES_MAX:
+                        passed.add(feeds[name].shape)
+            return feeds
+        except BaseException:
+            allowance.rewind(held, decoded)
+            raise
 
     return decode
+
+
+def _rewinding(decode: Decode) -> Decode:
+    """``decode``, giving back what it took of the request's allowance when it fails: the
+    generic path then decodes the same body within the same limits (its error, not a 413)."""
+
+    def rewinding(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+        held, decoded = allowance.held, allowance.decoded
+        try:
+            return decode(body, allowance)
+        except BaseException:
+            allowance.rewind(held, decoded)
+            raise
+
+    return rewinding

@@ -274,3 +274,18 @@ def test_blocks_without_a_plan_keep_the_generic_route(
     route = agent.known_route()
     assert not isinstance(route, PreparedInfer)
     assert agent.generic == 5
+
+
+def test_integer_inputs_in_json_take_the_generic_decoder_inside_the_plan(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = Agent(loop, monkeypatch)
+    agent.serve(2.0, FakeModel(2.0, dtype="int64"))
+    text = b'{"inputs": {"x": [[1, 2, 3, 4]]}}'
+    for _ in range(4):
+        status, _, body = agent.send(json_request(text))
+        assert status == 200 and json.loads(body)["outputs"]["y"] == [[2, 4, 6, 8]]
+    assert isinstance(agent.known_route(), PreparedInfer) and agent.generic == 2
+    # A fraction for an integer input, in a body of the same length: the generic path's 422.
+    status, _, body = agent.send(json_request(b'{"inputs": {"x": [[1,2,3, 0.5]]}}'))
+    assert status == 422 and b"expected integers" in body, body
