@@ -121,10 +121,10 @@ class ApiApp:
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).
         self.requests = metrics.requests
-        # The shortest of the last eight answers (s, see _took); starts high so the first goes to the pool.
+        # The shortest of the last eight answers (s, see took); starts high so the first goes to the pool.
         self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
-        self._recent = [float("inf")] * 8  # the last answers' durations (see _took)
+        self._recent = [float("inf")] * 8  # the last answers' durations (see took)
         self._recent_next = 0
         self._slow_s = 10 * self.inline_max_s
         self._slow_last = False  # the last answer took over _slow_s
@@ -256,7 +256,9 @@ class ApiApp:
                 requests.count -= 1
             took = time.perf_counter() - started
             respond(response)  # first: what follows is bookkeeping the client need not wait for
-            self.answered_inline(took)
+            # (No drain() wake-up: the count is back where it was before this request, all in
+            # one callback of the loop; drain() is woken by _finish, the pool's answers.)
+            self.took(took)
             known = request.known
             if known is not None and known.route is None and response.status == 200 and answer is answer_v1:
                 self._prepare(known, request, target)
@@ -271,12 +273,6 @@ class ApiApp:
             loop.call_soon_threadsafe(self._finish, fut, respond, timer)
 
         future.add_done_callback(done)
-
-    def answered_inline(self, took: float) -> None:
-        """Bookkeeping after an answer given on the event loop that took ``took`` seconds."""
-        self._took(took)
-        if self._drained is not None and self.requests.count == 0:
-            self._drained.set()
 
     def _prepare(self, known: KnownHead, request: Request, model_name: str) -> None:
         """Give ``known`` (the header block of ``request``, just answered 200 inline) its
@@ -342,10 +338,10 @@ class ApiApp:
             return json_response(504, {"error": "request expired in the queue"})
         started = time.perf_counter()
         response = self._answer(request, answer, target)
-        self._took(time.perf_counter() - started)
+        self.took(time.perf_counter() - started)
         return response
 
-    def _took(self, took: float) -> None:
+    def took(self, took: float) -> None:
         """Fold one answer's duration into ``recent_s``: the shortest of the last eight.
 
         Why the shortest: these are wall-clock times (what blocks the loop, a wait on an

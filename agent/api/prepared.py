@@ -109,7 +109,7 @@ class PreparedInfer:
         respond(Response(200, body, self.encoding, [], head_lines))
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
-        app.answered_inline(ran)
+        app.took(ran)
 
 
 def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, encoding: str) -> PreparedInfer | None:

@@ -131,21 +131,21 @@ def test_drain_waits_for_requests_in_flight() -> None:
 def test_one_preempted_run_keeps_the_fast_path_two_slow_ones_leave_it() -> None:
     app, _ = make_app(FakeModel(1.0), inline_max_ms=1.0)  # slow: over 10 ms
     for _ in range(8):
-        app._took(0.0001)
+        app.took(0.0001)
     assert app.recent_s < app.inline_max_s
-    app._took(0.5)  # one run preempted for half a second (a loaded machine): still inline
+    app.took(0.5)  # one run preempted for half a second (a loaded machine): still inline
     assert app.recent_s < app.inline_max_s
-    app._took(0.0001)
-    app._took(0.5)
-    app._took(0.5)  # slow twice in a row: the model is slow now, the next ones go to the pool
+    app.took(0.0001)
+    app.took(0.5)
+    app.took(0.5)  # slow twice in a row: the model is slow now, the next ones go to the pool
     assert app.recent_s == 0.5
-    app._took(0.0001)  # until a fast run (in the pool) says otherwise
+    app.took(0.0001)  # until a fast run (in the pool) says otherwise
     assert app.recent_s < app.inline_max_s
     app.close()
 
 
 def test_recent_s_is_always_the_shortest_of_the_last_eight() -> None:
-    """``_took`` keeps the minimum without recomputing it every time: against the definition,
+    """``took`` keeps the minimum without recomputing it every time: against the definition,
     on random durations around the thresholds (slow pairs included)."""
     import random
 
@@ -155,8 +155,8 @@ def test_recent_s_is_always_the_shortest_of_the_last_eight() -> None:
     slow_last = False
     for step in range(5000):
         took = rng.choice([0.0001, 0.0002, 0.0005, 0.002, 0.02, 0.5]) * rng.uniform(0.5, 1.5)
-        app._took(took)
-        if took > 0.01:  # two slow in a row fill the window (see _took)
+        app.took(took)
+        if took > 0.01:  # two slow in a row fill the window (see took)
             if slow_last:
                 window = [took] * 8
                 assert app.recent_s == took, step
