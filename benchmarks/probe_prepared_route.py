@@ -14,7 +14,9 @@ difference divided by the extra requests is the per-request count (start-up canc
     .venv/bin/python benchmarks/probe_prepared_route.py [--requests 100]
 
 A probe, not a feature: the lean handler skips the checks a prepared route would do once per
-header block (route, model, encodings, declared shapes), so it bounds what such a route can save.
+header block (route, model, encodings, declared shapes), so it bounded what such a route could
+save before one existed. Since agent/api/prepared.py, the ``agent`` handler takes that route
+itself from the second request on (bench_api_instructions.py counts it in real processes).
 """
 
 from __future__ import annotations

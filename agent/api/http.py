@@ -566,9 +566,13 @@ class HttpProtocol(asyncio.Protocol):
                 if self._queue:
                     self._drain()
                 elif self._phase == _IDLE:
-                    # What _drain then _idle do with nothing queued (and no EOF: ``keep``),
-                    # written out: two calls saved on every answer of a keep-alive client.
-                    self._arm("idle", self.limits.keepalive_timeout_s)
+                    # What _drain, _idle and _arm do with nothing queued (and no EOF: ``keep``),
+                    # written out: three calls saved on every answer of a keep-alive client.
+                    self._timer_kind = "idle"
+                    now = self.loop.time()
+                    self._deadline = now + self.limits.keepalive_timeout_s
+                    if self._timer is None:
+                        self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
 
         try:
             handler(request, respond)
