@@ -165,6 +165,22 @@ def test_idle_keep_alive_connection_is_closed(server) -> None:
         assert 0.4 < time.monotonic() - start < 2
 
 
+def test_a_keep_alive_connection_idle_after_its_answers_is_closed(server) -> None:
+    """The idle timer re-armed by each keep-alive answer (written out in respond)."""
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        for _ in range(3):  # the second and third take the known-header-block path
+            sock.sendall(b"GET /abc HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"GET /abc 0"):
+                chunk = sock.recv(4096)
+                assert chunk, answer
+                answer += chunk
+        start = time.monotonic()
+        assert sock.recv(10) == b""  # closed, nothing more sent
+        assert 0.4 < time.monotonic() - start < 2
+
+
 def test_handler_error_is_a_500_and_the_server_lives(server) -> None:
     port, _ = server
     assert exchange(port, b"GET /boom HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 500")
