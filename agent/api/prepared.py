@@ -46,6 +46,7 @@ from edgesdk.agent.api.codec import (
     decode_json,
     decode_npy,
     encode_response,
+    json_parse_cost,
     tensor_entries,
 )
 from edgesdk.agent.api.http import Request, Respond, Response, dumps
@@ -136,7 +137,7 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
             return None
         decode = raw
     elif content_type in (JSON, ""):
-        decode = _json_decoder(model, len(request.body))
+        decode = _json_decoder(model, len(request.body), request.allowance.max_decoded)
 
     elif content_type == NPY:
         query = request.query
@@ -274,7 +275,7 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
     return decode_many
 
 
-def _json_decoder(model: ServedModel, length: int) -> Decode:
+def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
     """The decoder of JSON bodies for this model: ``codec.decode_json`` then the signature's
     check, written out for float inputs (the usual case): the same document, arrays, memory
     charged and checks, in fewer calls. Anything else (a NaN or Infinity, which only the
@@ -300,8 +301,11 @@ def _json_decoder(model: ServedModel, length: int) -> Decode:
     # per header block, is never less than decode_json's charge and saves counting the commas
     # of each body. (For the inline bodies plans take, 64 KiB at most, the bound is ~1.7 MB,
     # held for the microseconds of the decode.)
-    values = (length + 1) // 2
-    charged = values * (JSON_VALUE_BYTES + max(slot.dtype.itemsize for slot in signature.inputs) + 8)
+    # Where that bound is over the request's cap (a small api.max_decoded_bytes), every request
+    # would be refused here and decoded again by the generic path: the values are counted then.
+    per_value = JSON_VALUE_BYTES + max(slot.dtype.itemsize for slot in signature.inputs) + 8
+    bound = (length + 1) // 2 * per_value
+    fixed: int | None = bound if bound <= max_decoded else None
     loads, asarray, vdot = orjson.loads, np.asarray, np.vdot
 
     def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
@@ -309,7 +313,8 @@ def _json_decoder(model: ServedModel, length: int) -> Decode:
         try:
             # What decode_json charges, in one take and never less: the parsed document while
             # it lives, then each input's array and numpy's float64 reading of it, for every
-            # value the body can hold (see ``charged``). Given back below: all but the arrays.
+            # value the body can hold (see ``bound``). Given back below: all but the arrays.
+            charged = fixed if fixed is not None else json_parse_cost(body) // JSON_VALUE_BYTES * per_value
             allowance.take_decoded(charged, JSON_BODY)
             inputs = loads(body)["inputs"]
             if type(inputs) is not dict or len(inputs) != count:

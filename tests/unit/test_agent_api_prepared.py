@@ -288,3 +288,17 @@ def test_integer_inputs_in_json_take_the_generic_decoder_inside_the_plan(
     # A fraction for an integer input, in a body of the same length: the generic path's 422.
     status, _, body = agent.send(json_request(b'{"inputs": {"x": [[1,2,3, 0.5]]}}'))
     assert status == 422 and b"expected integers" in body, body
+
+
+def test_a_cap_under_the_json_bound_has_the_plan_count_the_values(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With api.max_decoded_bytes under the plan's charge bound for its block (a digit and a
+    comma per value), the plan charges what decode_json would, and still answers itself."""
+    good = json_text(values(0))
+    bound = (len(good) + 1) // 2 * (40 + 4 + 8)
+    agent = Agent(loop, monkeypatch, HttpLimits(max_decoded_bytes=bound - 1))
+    for _ in range(6):
+        assert agent.send(json_request(good))[0] == 200
+    assert isinstance(agent.known_route(), PreparedInfer)
+    assert agent.generic == 2 and agent.http.budget.used == 0
