@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from math import isfinite
 from time import perf_counter
@@ -75,15 +76,17 @@ class PreparedInfer:
     def __init__(self, app: ApiApp, model: ServedModel, decode: Decode, encode: Encode, encoding: str) -> None:
         self.app = app
         self.server = app.server
-        self.model = model
+        # Weakly: a block nobody sends again keeps its plan, and an update's previous model
+        # (its runtime sessions, tens of MB) must not stay in memory for it.
+        self.model = weakref.ref(model)
         self.decode = decode
         self.encode = encode
         self.encoding = encoding
 
     def __call__(self, request: Request, respond: Respond) -> None:
         app = self.app
-        model = self.model
-        if self.server._model is not model:  # swapped or unloaded: prepare again for what serves now
+        model = self.model()
+        if model is None or self.server._model is not model:  # swapped or unloaded: prepare again
             request.known.route = None  # type: ignore[union-attr]  # a plan is only reached through one
             app.route(request, respond)
             return

@@ -7,9 +7,11 @@ generic path, as before, and the plan takes the next plain request again."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import time
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -217,6 +219,21 @@ def test_a_swapped_model_drops_the_plan_and_the_next_is_prepared_for_it(
     assert isinstance(second, PreparedInfer) and second is not first
     assert np.frombuffer(agent.send(raw_request(values(2)))[2], np.float32).tolist() == [9.0] * 4
     assert agent.generic == 3
+
+
+def test_a_plan_does_not_keep_a_replaced_model_in_memory(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The block's plan stays until a request with it comes again, which may be never: it holds
+    its model weakly, so an update's previous model (its runtime sessions) is freed at once."""
+    agent = Agent(loop, monkeypatch)
+    plan = agent.prepared()
+    previous = weakref.ref(agent.server.model)  # type: ignore[arg-type]
+    agent.serve(3.0)
+    gc.collect()
+    assert previous() is None
+    assert agent.known_route() is plan  # still there, and
+    assert np.frombuffer(agent.send(raw_request(values(1)))[2], np.float32).tolist() == [6.0] * 4
 
 
 def test_a_runtime_failure_is_the_generic_paths_500_counted_once(
