@@ -86,7 +86,9 @@ class PreparedInfer:
     def __call__(self, request: Request, respond: Respond) -> None:
         app = self.app
         model = self.model()
-        if model is None or self.server._model is not model:  # swapped or unloaded: prepare again
+        # Swapped or unloaded: prepare again for what serves now. (The server's attribute, not
+        # its ``model`` property: no Python call on the hot path.)
+        if model is None or self.server._model is not model:
             request.known.route = None  # type: ignore[union-attr]  # a plan is only reached through one
             app.route(request, respond)
             return
