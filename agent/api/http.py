@@ -419,7 +419,7 @@ class HttpProtocol(asyncio.Protocol):
             and not self._parser.should_upgrade()
             and request.method != "CONNECT"
         ):
-            known = known_heads.get(head)  # parsed here all the same when a request was in flight
+            known = known_heads.get(head)  # never replaced: its route (see KnownHead) stays
             if known is None:
                 known = known_heads[head] = KnownHead(
                     request.method,
