@@ -14,7 +14,8 @@ system call's kernel side costs nothing here, so read it beside bench_api.py's w
 The digits CNN by default; ``--model mobilenet`` counts MobileNetV2 (its peers in their thread
 pool, as in bench_api.py: ~1 s per request under valgrind, so use ``--requests 20``).
 ``--keep DIR`` keeps the callgrind dumps, for ``callgrind_annotate`` (where the instructions go,
-by function and library).
+by function and library); with ``--cache-sim`` they also hold simulated cache misses (valgrind's
+model of this machine's caches, not the hardware's counters, which this VM does not expose).
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def main() -> None:
     parser.add_argument("--spinning", choices=["on", "off"], default="on" if default_spinning else "off")
     parser.add_argument("--model", choices=["digits", "mobilenet"], default="digits")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps here")
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="also simulate the caches (valgrind --cache-sim=yes): the dumps kept with --keep then "
+        "hold each server's simulated cache misses (I1mr, D1mr, D1mw, ILmr, DLmr, DLmw) beside Ir",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -135,6 +142,8 @@ def main() -> None:
         # Instrumentation off until the counted requests: a server starts ~5x slower than
         # natively instead of ~50x (the agent took 9 minutes to start at load 10 with it on).
         valgrind = [VALGRIND, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p"]
+        if args.cache_sim:
+            valgrind.append("--cache-sim=yes")
         servers: dict[str, tuple[int, int, str]] = {}
         agent = AgentProcess(
             model["device"],
