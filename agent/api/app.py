@@ -57,7 +57,7 @@ _INFER_PREFIX_LEN = len(_INFER_PREFIX)
 _INFER_SUFFIX_AT = -len(_INFER_SUFFIX)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
-INLINE_MAX_BODY = 64 * 1024
+_INLINE_MAX_BODY = 64 * 1024
 
 
 #: One protocol's inference: (server, request, what the path named) → the 200 response; raises
@@ -141,19 +141,9 @@ class ApiApp:
         return self.requests.count
 
     def handle(self, request: Request, respond: Respond) -> None:
-        """The HTTP server's handler: a request whose header block has a prepared route takes
-        it (agent/api/prepared.py); the others, and whatever that route does not expect, take
-        ``route``."""
-        known = request.known
-        if known is not None:
-            prepared = known.route
-            if prepared is not None:
-                prepared(request, respond)
-                return
-        self.route(request, respond)
-
-    def route(self, request: Request, respond: Respond) -> None:
-        """Every request's generic path: routing, then the route's own checks."""
+        """The HTTP server's handler: every request's generic path (routing, then the route's
+        own checks). Requests whose header block has a prepared route (agent/api/prepared.py)
+        are given to that by the HTTP server instead; it hands back here what it does not expect."""
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
             if request.method == "POST" or self._method_allowed(request, "POST", respond):
@@ -240,7 +230,7 @@ class ApiApp:
         requests = self.requests
         if (
             self.recent_s < self.inline_max_s
-            and len(request.body) <= INLINE_MAX_BODY
+            and len(request.body) <= _INLINE_MAX_BODY
             and (requests.count == 0 or self.inline_beside_others)
         ):
             # This model answers in well under a millisecond: the two thread hops would cost
@@ -281,7 +271,7 @@ class ApiApp:
         headers = request.headers
         content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
         plan = prepare(self, request, model_name, content_type, encoding)
-        known.route = plan if plan is not None else self.route
+        known.route = plan if plan is not None else self.handle
 
     def infer_from_thread(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer`` under the same admission control, from a thread other than the event

@@ -3,7 +3,7 @@
 A keep-alive client repeats one header block with every request (``http.KnownHead``): the same
 path, so the same model; the same Content-Type, Accept and query, so the same encodings; for raw
 tensors the same X-Tensors, so the same input names, dtypes and shapes; the same Content-Length.
-The generic path (``ApiApp.route`` → ``answer_v1``) works all of that out again for each
+The generic path (``ApiApp.handle`` → ``answer_v1``) works all of that out again for each
 request (routing, the model by name, both encodings, the tensor header, the declared shapes
 against the signature): ~25 Python calls, more than a tiny model's run (BENCHMARKS.md, issue 15).
 
@@ -43,7 +43,6 @@ from edgesdk.agent.api.codec import (
     NPY,
     RAW,
     DecodeError,
-    check_declared,
     decode_json,
     decode_npy,
     encode_response,
@@ -90,11 +89,11 @@ class PreparedInfer:
         # its ``model`` property: no Python call on the hot path.)
         if model is None or self.server._model is not model:
             request.known.route = None  # type: ignore[union-attr]  # a plan is only reached through one
-            app.route(request, respond)
+            app.handle(request, respond)
             return
         requests = app.requests
         if requests.count >= app.capacity or app.recent_s >= app.inline_max_s:
-            app.route(request, respond)  # a 503, or the pool: the generic path decides
+            app.handle(request, respond)  # a 503, or the pool: the generic path decides
             return
         requests.count += 1
         try:
@@ -108,7 +107,7 @@ class PreparedInfer:
         except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
             log.debug("prepared route: %s %s goes to the generic path (%r)", request.method, request.path, exc)
             requests.count -= 1
-            app.route(request, respond)
+            app.handle(request, respond)
             return
         requests.count -= 1
         self.server.observe(variant.id, ran)
@@ -161,35 +160,29 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
 
 def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
     """``encode_response`` for this model, encoding and query, with the answer's header lines
-    (X-Tensors, X-Model-Variant) formatted once per variant and output shape."""
+    (X-Tensors, X-Model-Variant) formatted once per variant and, for raw tensors, output layout."""
     name, version = model.name, model.version
-    formatted: dict[tuple[Any, ...], str] = {}  # (variant id[, raw output layout]) → header lines
-    if encoding == JSON:
-        variant_lines: dict[str, str] = {}
+    formatted: dict[tuple[Any, ...], str] = {}  # (variant id, raw output layout) → header lines
+    by_variant: dict[str, str] = {}  # variant id → its header line (JSON, .npy)
 
-        def encode_json(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
-            # encode_response(JSON, ...) written out (two calls saved); the same document.
-            body = dumps({"model": name, "version": version, "variant": variant_id, "outputs": outputs})
-            lines = variant_lines.get(variant_id)
-            if lines is None:
-                lines = f"X-Model-Variant: {variant_id}\r\n"
-                if len(variant_lines) < _FORMATTED_MAX:
-                    variant_lines[variant_id] = lines
-            return body, lines
+    def variant_lines(variant_id: str) -> str:
+        lines = f"X-Model-Variant: {variant_id}\r\n"
+        if len(by_variant) < _FORMATTED_MAX:
+            by_variant[variant_id] = lines
+        return lines
 
-        return encode_json
+    def encode_json(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+        # encode_response(JSON, ...) written out (two calls saved); the same document.
+        body = dumps({"model": name, "version": version, "variant": variant_id, "outputs": outputs})
+        return body, by_variant.get(variant_id) or variant_lines(variant_id)
 
-    def encode(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
-        key: tuple[Any, ...] | None
-        if encoding != RAW:  # the lines name the variant only
-            key = (variant_id,)
-            lines = formatted.get(key)
-            if lines is not None:
-                body, _ = encode_response(
-                    encoding, outputs, model=name, version=version, variant=variant_id, query=query
-                )
-                return body, lines
-        elif len(outputs) == 1:
+    def encode_npy(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+        body, _ = encode_response(NPY, outputs, model=name, version=version, variant=variant_id, query=query)
+        return body, by_variant.get(variant_id) or variant_lines(variant_id)
+
+    def encode_raw(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+        key: tuple[Any, ...] | None = None  # several outputs: their layout is formatted each time
+        if len(outputs) == 1:
             # One output as it came from the runtime (native little-endian, C order: the usual
             # case; else the generic encoding below): its bytes, and the lines of its layout.
             ((output, array),) = outputs.items()
@@ -199,16 +192,14 @@ def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
                 return array.tobytes(), lines
             if not _plain_raw(array):
                 key = None
-        else:
-            key = None  # several outputs: their layout is formatted each time
-        body, headers = encode_response(encoding, outputs, model=name, version=version, variant=variant_id, query=query)
+        body, headers = encode_response(RAW, outputs, model=name, version=version, variant=variant_id, query=query)
         headers.append(("X-Model-Variant", variant_id))
         lines = "".join(f"{header}: {value}\r\n" for header, value in headers)
         if key is not None and len(formatted) < _FORMATTED_MAX:
             formatted[key] = lines
         return body, lines
 
-    return encode
+    return {JSON: encode_json, NPY: encode_npy, RAW: encode_raw}[encoding]
 
 
 #: Header lines remembered per plan: variants × output layouts, a handful.
@@ -230,12 +221,8 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
     signature = model.signature
     try:
         entries = tensor_entries(header)
-        for entry in entries:
-            check_declared(signature, entry.name, entry.shape, entry.dtype)
-    except (DecodeError, InferenceInputError) as exc:  # the generic path answers such requests
+    except DecodeError as exc:  # the generic path answers such requests
         log.debug("no prepared route for X-Tensors %r: %s", header, exc)
-        return None
-    if {e.name for e in entries} != set(signature.by_name) or len(entries) != len(signature.by_name):
         return None
     layout: list[tuple[str, Any, tuple[int, ...], int, int, bool]] = []
     offset = 0
@@ -248,7 +235,8 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
     if offset != length:
         return None
     try:
-        # The shapes' full check (rank, fixed axes, passed ones) on arrays of this layout: once.
+        # The signature's whole check (names, dtypes, shapes) on arrays of this layout, once:
+        # of sizes the body's (just checked), which the generic path has just accepted.
         signature.check({n: np.zeros(s, d) for n, d, s, _, _, _ in layout})
     except InferenceInputError as exc:
         log.debug("no prepared route for X-Tensors %r: %s", header, exc)
