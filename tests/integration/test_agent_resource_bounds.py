@@ -213,3 +213,51 @@ def test_many_bombs_at_once_get_4xx_or_503_and_the_agent_answers_healthz(agent, 
     assert grown < MAX_PEAK_GROWTH + 64 * MiB, (
         f"peak RSS grew {grown / MiB:.0f} MiB"
     )  # the budget, plus the bound above
+
+
+def _keep_alive_exchange(sock: socket.socket, request: bytes) -> tuple[int, bytes]:
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split()[1]), body
+
+
+def test_bad_bodies_behind_a_repeated_header_block_get_the_usual_answers(agent) -> None:
+    """A keep-alive client repeating one header block has its requests answered by a route
+    prepared for that block (agent/api/prepared.py): bodies of the same length that are no
+    JSON, hold NaN, strings, a wrong shape or another input's name get the generic path's
+    400/422, and the same connection goes on being answered."""
+    image = np.zeros((1, 1, 8, 8), np.float32)
+    good = json.dumps({"inputs": {"image": image.tolist()}}).encode()
+
+    def request(body: bytes) -> bytes:
+        assert len(body) == len(good)
+        head = f"POST /v1/models/digits/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len(good)}\r\n\r\n"
+        return head.encode() + body
+
+    def padded(text: bytes) -> bytes:
+        return text[:-1] + b" " * (len(good) - len(text)) + text[-1:]
+
+    attacks = {
+        b"[" + b"," * (len(good) - 1): (400, b"malformed JSON"),
+        good.replace(b"0.0", b"NaN", 1): (422, b"NaN"),
+        good.replace(b"0.0", b'"0"', 1): (422, b"values must be numbers"),
+        padded(json.dumps({"inputs": {"image": [[0.0, 1.0]]}}).encode()): (422, b"rank"),
+        good.replace(b'"image"', b'"other"'): (422, b"other"),
+    }
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+        for _ in range(20):  # the block is remembered, then answered inline, then prepared
+            assert _keep_alive_exchange(sock, request(good))[0] == 200
+        for body, (status, says) in attacks.items():
+            answer = _keep_alive_exchange(sock, request(body))
+            assert answer[0] == status and says in answer[1], (body[:60], answer)
+            assert _keep_alive_exchange(sock, request(good))[0] == 200

@@ -1,0 +1,64 @@
+"""Where a MobileNetV2-sized JSON body's decode goes, in process (issue 15, BENCHMARKS.md).
+
+One 1×3×224×224 float32 input written as bench_api.py writes it (``json.dumps`` of
+``tolist()``, ~3 MB); best of ``--repeats`` timings, in ms, of the agent's ``decode_json``, its
+parts, and what the raw peer does (``np.asarray(orjson.loads(body)[...], dtype=float32)``).
+
+    .venv/bin/python benchmarks/probe_json_decode.py [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgesdk.agent.api.budget import unlimited_allowance  # noqa: E402
+from edgesdk.agent.api.codec import decode_json, json_parse_cost  # noqa: E402
+from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
+
+
+def best_ms(work: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+    body = json.dumps({"inputs": {"input": x.tolist()}}).encode()
+    signature = Signature([TensorSlot("input", np.dtype("float32"), (1, 3, 224, 224))], [], allow_nonfinite=False)
+    values = orjson.loads(body)["inputs"]["input"]
+    float64 = np.asarray(values)
+    rows = {
+        "agent: decode_json (whole)": lambda: decode_json(body, signature, unlimited_allowance()),
+        "  the memory charge's comma count": lambda: json_parse_cost(body),
+        "  orjson.loads": lambda: orjson.loads(body),
+        "  np.asarray (float64)": lambda: np.asarray(values),
+        "  .astype(float32)": lambda: float64.astype(np.float32),
+        "np.asarray(dtype=float32) (the raw peer's)": lambda: np.asarray(values, dtype=np.float32),
+        "raw peer: loads + asarray(float32) (whole)": lambda: np.asarray(
+            orjson.loads(body)["inputs"]["input"], dtype=np.float32
+        ),
+    }
+    print(f"body: {len(body):,} bytes; best of {args.repeats}\n\n| step | ms |\n| --- | ---: |")
+    for label, work in rows.items():
+        print(f"| {label} | {best_ms(work, args.repeats):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
