@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.http import dumps
+from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.signature import Signature
 
 from edgesdk.errors import AgentError, InferenceInputError
@@ -188,17 +189,39 @@ _COMMA = ord(",")
 
 def parse_json(text: bytes) -> Any:
     """JSON text → Python values with orjson; DecodeError (400) when it is not JSON."""
+    return _parse_json(text)[0]
+
+
+def _parse_json(text: bytes) -> tuple[Any, bool]:
+    """(``parse_json(text)``, whether orjson read it: strict JSON, no NaN, Infinity or integer
+    beyond 64 bits)."""
     try:
-        return orjson.loads(text)
+        return orjson.loads(text), True
     except orjson.JSONDecodeError:
         # Strict JSON has no NaN/Infinity, but Python's json.dumps writes them: read that
         # dialect too, so such an input gets its 422 (NaN or Inf), not a 400.
         try:
-            return json.loads(text)
+            return json.loads(text), False
         except (ValueError, UnicodeDecodeError) as exc:
             raise DecodeError(f"malformed JSON: {exc}") from exc
         except RecursionError:  # orjson stops at 1024 levels; the stdlib parser would recurse on
             raise DecodeError("malformed JSON: nested too deep") from None
+
+
+def only_key_strings(text: bytes, keys: int) -> bool:
+    """True when JSON ``text``, parsed already and found to hold ``keys`` object keys, holds no
+    other string: exactly two quotes per key, none left (an escaped quote in a key, a string
+    value or another key adds quotes; no string has fewer than two). Then its values are
+    numbers, booleans, nulls, lists and (empty) objects only, and numpy may read them straight
+    into a float dtype (it would parse strings into numbers: "1.5" → 1.5). Found with memchr
+    (``bytes.find``): a 3 MB MobileNetV2 body in ~0.1 ms, ~20x faster than ``bytes.count``."""
+    find = text.find
+    at = -1
+    for _ in range(2 * keys):
+        at = find(b'"', at + 1)
+        if at < 0:
+            return False
+    return find(b'"', at + 1) < 0
 
 
 def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict[str, np.ndarray]:
@@ -209,23 +232,30 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
     # the event loop waited for the GIL to send their answers held 130 of the 128 MiB.)
     temporary = json_parse_cost(body)
     allowance.take_decoded(temporary, JSON_BODY)
-    document = parse_json(body)
+    document, strict = _parse_json(body)
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
         raise DecodeError('JSON body must be an object {"inputs": {"<name>": [...]}}')
+    inputs = document["inputs"]
+    # Numbers only (see only_key_strings; orjson has read no NaN and no huge integer): a float
+    # input is read straight into its dtype, as a hand-written server would, saving numpy's
+    # float64 reading and its conversion (~1 ms of a 3 MB MobileNetV2 body's 16).
+    numbers_only = strict and len(document) == 1 and only_key_strings(body, 1 + len(inputs))
     feeds: dict[str, np.ndarray] = {}
-    for name, value in document["inputs"].items():
+    for name, value in inputs.items():
         slot = signature.by_name.get(name)
         if slot is None:
             raise InferenceInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
         nbytes = check_declared(signature, name, json_shape(value, name))
         # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
-        allowance.take_decoded(nbytes + nbytes // slot.dtype.itemsize * 8, f"input {name!r}")
-        try:
-            raw = np.asarray(value)
-        except (ValueError, TypeError) as exc:
-            raise DecodeError(f"input {name!r}: not a rectangular array of numbers ({exc})") from exc
-        if raw.dtype.kind not in "biuf":
-            raise InferenceInputError(f"input {name!r}: values must be numbers (got {raw.dtype.kind!r} data)")
+        reading = nbytes // slot.dtype.itemsize * 8
+        allowance.take_decoded(nbytes + reading, f"input {name!r}")
+        if numbers_only and slot.dtype.kind == "f":
+            feed = _float_feed(value, slot.dtype)
+            if feed is not None:
+                feeds[name] = feed
+                temporary += reading  # charged (the general reading may follow), never allocated
+                continue
+        raw = _numbers(value, name)
         if slot.dtype.kind in "iu" and raw.dtype.kind == "f":
             if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
                 raise InferenceInputError(f"input {name!r}: expected integers ({slot.dtype.name}), got fractions")
@@ -238,6 +268,31 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
             temporary += raw.nbytes
     allowance.give_back(temporary)  # the parsed numbers are freed as this returns
     return feeds
+
+
+def _float_feed(value: Any, dtype: np.dtype[Any]) -> np.ndarray | None:
+    """``value`` (numbers only) read straight into float ``dtype``; None where that is not the
+    whole story, for the general reading to answer as it always has: a null (numpy reads it as
+    NaN), an overflow to Inf (1e39 for float32), ragged lists or an object in a list."""
+    try:
+        feed = np.asarray(value, dtype)
+    except (ValueError, TypeError):
+        return None
+    # all_finite's first test (agent/nonfinite.py): x·x is finite when every element is.
+    if math.isfinite(np.vdot(feed, feed)) or all_finite(feed):
+        return feed
+    return None
+
+
+def _numbers(value: Any, name: str) -> np.ndarray:
+    """``value`` as numpy reads nested lists (numbers as int64/float64), refusing anything else."""
+    try:
+        raw = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"input {name!r}: not a rectangular array of numbers ({exc})") from exc
+    if raw.dtype.kind not in "biuf":
+        raise InferenceInputError(f"input {name!r}: values must be numbers (got {raw.dtype.kind!r} data)")
+    return raw
 
 
 def _npy_header(stream: Any, what: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:

@@ -47,6 +47,7 @@ from edgesdk.agent.api.codec import (
     decode_npy,
     encode_response,
     json_parse_cost,
+    only_key_strings,
     tensor_entries,
 )
 from edgesdk.agent.api.http import Request, Respond, Response, dumps
@@ -207,6 +208,8 @@ _FORMATTED_MAX = 64
 #: Input shapes remembered per plan as having passed the signature's check (batch sizes).
 _SHAPES_MAX = 64
 _LITTLE_HOST = sys.byteorder == "little"
+#: Longest JSON body whose quotes a plan counts with ``bytes.count`` (faster than memchr below ~3 KB).
+_COUNT_QUOTES_MAX = 2048
 
 
 def _plain_raw(array: np.ndarray) -> bool:
@@ -270,12 +273,12 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
 
 def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
     """The decoder of JSON bodies for this model: ``codec.decode_json`` then the signature's
-    check, written out for float inputs (the usual case): the same document, arrays, memory
-    charged and checks, in fewer calls. Anything else (a NaN or Infinity, which only the
-    generic path's second parser reads; integers for a float input that numpy cannot convert;
-    an unknown or missing name; strings) is raised to the generic path."""
+    check, written out for float inputs (the usual case): the same arrays, memory charged and
+    checks, in fewer calls. Anything else (a NaN or Infinity, which only the generic path's
+    second parser reads; a null; an unknown or missing name; strings) is raised to the generic
+    path."""
     signature = model.signature
-    if any(slot.dtype.kind != "f" for slot in signature.inputs):
+    if signature.allow_nonfinite or any(slot.dtype.kind != "f" for slot in signature.inputs):
 
         def decode_generic(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
             feeds = decode_json(body, signature, allowance)
@@ -283,9 +286,9 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
             return feeds
 
         return _rewinding(decode_generic)
-    # (name, dtype, the shapes that passed the signature's check, NaN/Inf to be scanned)
-    slots: list[tuple[str, np.dtype[Any], set[tuple[int, ...]], bool]] = [
-        (slot.name, slot.dtype, set(), not signature.allow_nonfinite) for slot in signature.inputs
+    # (name, dtype, the shapes that passed the signature's check)
+    slots: list[tuple[str, np.dtype[Any], set[tuple[int, ...]]]] = [
+        (slot.name, slot.dtype, set()) for slot in signature.inputs
     ]
     count = len(slots)
     # decode_json charges JSON_VALUE_BYTES per value the body may hold (commas + 1) for the
@@ -293,44 +296,50 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
     # most (length + 1) // 2 values (a digit and a comma each): charging that bound, known once
     # per header block, is never less than decode_json's charge and saves counting the commas
     # of each body. (For the inline bodies plans take, 64 KiB at most, the bound is ~1.7 MB,
-    # held for the microseconds of the decode.)
+    # held for the microseconds of the answer: the HTTP server releases the allowance once it
+    # has sent it, so nothing is given back here.)
     # Where that bound is over the request's cap (a small api.max_decoded_bytes), every request
     # would be refused here and decoded again by the generic path: the values are counted then.
     per_value = JSON_VALUE_BYTES + max(slot.dtype.itemsize for slot in signature.inputs) + 8
     bound = (length + 1) // 2 * per_value
     fixed: int | None = bound if bound <= max_decoded else None
+    keys = 1 + count  # "inputs" and each input's name: the body's only strings (only_key_strings)
+    # Their quotes counted: bytes.count for a short body (one call, ~0.5 ns a byte), memchr for
+    # a longer one (only_key_strings: a few calls, ~16 bytes a ns).
+    quotes = 2 * keys if length <= _COUNT_QUOTES_MAX else None
     loads, asarray, vdot = orjson.loads, np.asarray, np.vdot
 
     def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
         held, decoded = allowance.held, allowance.decoded  # see _rewinding (written out: one call less)
         try:
-            # What decode_json charges, in one take and never less: the parsed document while
-            # it lives, then each input's array and numpy's float64 reading of it, for every
-            # value the body can hold (see ``bound``). Given back below: all but the arrays.
+            # What decode_json charges, in one take and never less (see ``bound``).
             charged = fixed if fixed is not None else json_parse_cost(body) // JSON_VALUE_BYTES * per_value
             allowance.take_decoded(charged, JSON_BODY)
-            inputs = loads(body)["inputs"]
-            if type(inputs) is not dict or len(inputs) != count:
-                raise InferenceInputError("inputs other than the model's")
+            document = loads(body)
+            inputs = document["inputs"]
+            if (
+                type(inputs) is not dict
+                or len(inputs) != count
+                or len(document) != 1
+                or (body.count(b'"') != quotes if quotes is not None else not only_key_strings(body, keys))
+            ):
+                raise InferenceInputError("a document other than the model's inputs as numbers")
             feeds = {}
-            kept = 0
             checked = True
-            for name, dtype, passed, scan in slots:
-                raw = asarray(inputs[name])
-                if raw.dtype.kind not in "biuf":
-                    raise InferenceInputError(name)
-                feed = raw.astype(dtype, copy=False)
-                kept += feed.nbytes
+            for name, dtype, passed in slots:
+                # Numbers only: read straight into the input's dtype (decode_json's reading).
+                # A null reads as NaN and an overflow as Inf: the scan sends both to the generic
+                # path, which answers them as it always has.
+                feed = asarray(inputs[name], dtype)
                 if feed.shape not in passed:
                     checked = False
-                # all_finite's first test written out (see _raw_decoder): astype made it C order.
-                elif scan and not isfinite(vdot(feed, feed)) and not all_finite(feed):
+                # all_finite's first test written out (see _raw_decoder).
+                elif not isfinite(vdot(feed, feed)) and not all_finite(feed):
                     raise InferenceInputError(name)
                 feeds[name] = feed
-            allowance.give_back(charged - kept)
             if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
                 signature.check(feeds)
-                for name, _, passed, _ in slots:
+                for name, _, passed in slots:
                     if len(passed) < _SHAPES_MAX:
                         passed.add(feeds[name].shape)
             return feeds

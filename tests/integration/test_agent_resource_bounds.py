@@ -234,8 +234,8 @@ def _keep_alive_exchange(sock: socket.socket, request: bytes) -> tuple[int, byte
 def test_bad_bodies_behind_a_repeated_header_block_get_the_usual_answers(agent) -> None:
     """A keep-alive client repeating one header block has its requests answered by a route
     prepared for that block (agent/api/prepared.py): bodies of the same length that are no
-    JSON, hold NaN, strings, a wrong shape or another input's name get the generic path's
-    400/422, and the same connection goes on being answered."""
+    JSON, hold NaN, strings, nulls, objects, a float32 overflow, a wrong shape or another
+    input's name get the generic path's 400/422, and the same connection goes on being answered."""
     image = np.zeros((1, 1, 8, 8), np.float32)
     good = json.dumps({"inputs": {"image": image.tolist()}}).encode()
 
@@ -251,6 +251,11 @@ def test_bad_bodies_behind_a_repeated_header_block_get_the_usual_answers(agent) 
         b"[" + b"," * (len(good) - 1): (400, b"malformed JSON"),
         good.replace(b"0.0", b"NaN", 1): (422, b"NaN"),
         good.replace(b"0.0", b'"0"', 1): (422, b"values must be numbers"),
+        # What a float32 reading would take for NaN (null), fail on ({}) or overflow to Inf.
+        good.replace(b"0.0, ", b"null,", 1): (422, b"values must be numbers"),
+        good.replace(b"0.0, ", b"{},  ", 1): (422, b"values must be numbers"),
+        good.replace(b"0.0, ", b"1e39,", 1): (422, b"NaN"),
+        good.replace(b"0.0, ", b"true,", 1): (200, b'"outputs"'),  # a number to numpy, both ways
         padded(json.dumps({"inputs": {"image": [[0.0, 1.0]]}}).encode()): (422, b"rank"),
         good.replace(b'"image"', b'"other"'): (422, b"other"),
     }

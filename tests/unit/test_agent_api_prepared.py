@@ -198,6 +198,19 @@ def test_nan_and_a_broken_body_are_answered_by_the_generic_path_and_the_plan_sta
     # A number written as a string (numpy would read it as one): the generic path's 422.
     status, _, body = json_agent.send(json_request(good.replace(b"1.000", b'"1.0"', 1)))
     assert status == 422 and b"values must be numbers" in body, body
+    # A null and an object, which the plan's float32 reading would take for NaN or fail on:
+    # the generic path's 422; an overflow of float32 (finite in JSON): its NaN/Inf 422.
+    for value, says in ((b" null", b"values must be numbers"), (b"   {}", b"values must be numbers")):
+        status, _, body = json_agent.send(json_request(good.replace(b"1.000", value, 1)))
+        assert status == 422 and says in body, (value, body)
+    status, _, body = json_agent.send(json_request(good.replace(b"1.000", b" 1e39", 1)))
+    assert status == 422 and b"NaN or Inf" in body, body
+    errors = json_agent.metrics.errors()
+    # Booleans are numbers to numpy either way (1 and 0): answered, by the plan.
+    generic = json_agent.generic
+    status, _, body = json_agent.send(json_request(good.replace(b"1.000", b" true", 1)))
+    assert status == 200 and json.loads(body)["outputs"]["y"][0][:2] == [2.0, 2.0], body
+    assert json_agent.generic == generic and json_agent.metrics.errors() == errors
     # A shape the model does not take, in a body of the same length: the generic path's 422.
     wrong = json.dumps({"inputs": {"x": [[1.0, 2.0, 3.0]]}}).encode()
     wrong = wrong[:-1] + b" " * (len(good) - len(wrong)) + b"}"
