@@ -45,37 +45,12 @@ def main() -> None:
     from edgesdk.agent.api.app import ApiApp
     from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer
     from edgesdk.agent.api.prepared import PreparedInfer
-    from edgesdk.agent.metrics import InferenceStats, Metrics
-    from edgesdk.agent.serving import ModelServer
-    from probe_prepared_route import FakeTransport
+    from edgesdk.agent.metrics import Metrics
+    from probe_prepared_route import FakeTransport, digits_served
 
-    from edgesdk.offline import disable_vendor_telemetry
-    from edgesdk.runtimes import load_model
     from edgesdk.schemas.agent_config import ApiConfig
-    from edgesdk.schemas.manifest import Variant
-    from edgesdk.workloads.digits import prepare_digits
 
-    disable_vendor_telemetry()
-    digits = prepare_digits(ROOT / ".pytest_cache" / "d" / "edgesdk-digits-v1")
-    onnx = Path(digits.onnx).read_bytes()
-    x = np.ascontiguousarray(np.load(digits.validation)["image"][:1], np.float32)
-    loaded = load_model("onnxruntime", onnx, options={"intra_op_num_threads": "1"})
-    meta = Variant(
-        id="onnx-fp32",
-        format="onnx",  # type: ignore[arg-type]
-        precision="fp32",  # type: ignore[arg-type]
-        runtime="onnxruntime",  # type: ignore[arg-type]
-        payload="onnx-fp32",
-        size=len(onnx),
-        sha256="0" * 64,
-        encrypted_size=len(onnx),
-        encrypted_sha256="0" * 64,
-        inputs=loaded.inputs,
-        outputs=loaded.outputs,
-    )
-    stats = InferenceStats()
-    server = ModelServer(observe=stats.observe, count_error=stats.count_error)
-    server.serve(name="digits", version="1.0.0", release=1, variants=[(meta, loaded)])
+    digits, x, loaded, server, stats = digits_served()
     name = loaded.inputs[0].name
     dims = ",".join(map(str, x.shape))
     bodies = {

@@ -56,19 +56,15 @@ class FakeTransport:
         pass
 
 
-def serve(mode: str, requests: int) -> None:
-    """Answer ``requests`` identical requests with ``mode``'s handler (after a warm-up)."""
+def digits_served() -> tuple[Any, Any, Any, Any, Any]:
+    """(digits files, one input, the onnxruntime model with one intra-op thread, a ModelServer
+    serving it as "digits", its InferenceStats): the agent's serving side without the daemon."""
     import numpy as np
-    import uvloop
-    from _fair_peers import RawProtocol, make_work
-    from edgesdk.agent.api.app import ApiApp
-    from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer, Request, Respond, Response
-    from edgesdk.agent.metrics import InferenceStats, Metrics
+    from edgesdk.agent.metrics import InferenceStats
     from edgesdk.agent.serving import ModelServer
 
     from edgesdk.offline import disable_vendor_telemetry
     from edgesdk.runtimes import load_model
-    from edgesdk.schemas.agent_config import ApiConfig
     from edgesdk.schemas.manifest import Variant
     from edgesdk.workloads.digits import prepare_digits
 
@@ -93,6 +89,21 @@ def serve(mode: str, requests: int) -> None:
     stats = InferenceStats()
     server = ModelServer(observe=stats.observe, count_error=stats.count_error)
     server.serve(name="digits", version="1.0.0", release=1, variants=[(meta, loaded)])
+    return digits, x, loaded, server, stats
+
+
+def serve(mode: str, requests: int) -> None:
+    """Answer ``requests`` identical requests with ``mode``'s handler (after a warm-up)."""
+    import numpy as np
+    import uvloop
+    from _fair_peers import RawProtocol, make_work
+    from edgesdk.agent.api.app import ApiApp
+    from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer, Request, Respond, Response
+    from edgesdk.agent.metrics import Metrics
+
+    from edgesdk.schemas.agent_config import ApiConfig
+
+    digits, x, loaded, server, stats = digits_served()
     input_name, output_names = loaded.inputs[0].name, [o.name for o in loaded.outputs]
     dims = ",".join(map(str, x.shape))
     body = x.tobytes()
