@@ -46,6 +46,7 @@ from edgesdk.agent.api.codec import (
     decode_json,
     decode_npy,
     encode_response,
+    float_feed,
     json_parse_cost,
     only_key_strings,
     tensor_entries,
@@ -219,8 +220,6 @@ _FORMATTED_MAX = 64
 #: Input shapes remembered per plan as having passed the signature's check (batch sizes).
 _SHAPES_MAX = 64
 _LITTLE_HOST = sys.byteorder == "little"
-#: Longest JSON body whose quotes a plan counts with ``bytes.count`` (faster than memchr below ~3 KB).
-_COUNT_QUOTES_MAX = 2048
 
 
 def _plain_raw(array: np.ndarray) -> bool:
@@ -315,10 +314,7 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
     bound = (length + 1) // 2 * per_value
     fixed: int | None = bound if bound <= max_decoded else None
     keys = 1 + count  # "inputs" and each input's name: the body's only strings (only_key_strings)
-    # Their quotes counted: bytes.count for a short body (one call, ~0.5 ns a byte), memchr for
-    # a longer one (only_key_strings: a few calls, ~16 bytes a ns).
-    quotes = 2 * keys if length <= _COUNT_QUOTES_MAX else None
-    loads, asarray, vdot = orjson.loads, np.asarray, np.vdot
+    loads = orjson.loads
 
     def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
         held, decoded = allowance.held, allowance.decoded  # see _rewinding (written out: one call less)
@@ -332,21 +328,20 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
                 type(inputs) is not dict
                 or len(inputs) != count
                 or len(document) != 1
-                or (body.count(b'"') != quotes if quotes is not None else not only_key_strings(body, keys))
+                or not only_key_strings(body, keys)
             ):
                 raise InferenceInputError("a document other than the model's inputs as numbers")
             feeds = {}
             checked = True
             for name, dtype, passed in slots:
-                # Numbers only: read straight into the input's dtype (decode_json's reading).
-                # A null reads as NaN and an overflow as Inf: the scan sends both to the generic
-                # path, which answers them as it always has.
-                feed = asarray(inputs[name], dtype)
+                # Numbers only: read straight into the input's dtype, as decode_json reads them;
+                # None for what it leaves to the general reading (a null, an overflow to Inf,
+                # ragged lists, NaN), which the generic path answers as it always has.
+                feed = float_feed(inputs[name], dtype)
+                if feed is None:
+                    raise InferenceInputError(name)
                 if feed.shape not in passed:
                     checked = False
-                # all_finite's first test written out (see _raw_decoder).
-                elif not isfinite(vdot(feed, feed)) and not all_finite(feed):
-                    raise InferenceInputError(name)
                 feeds[name] = feed
             if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
                 signature.check(feeds)

@@ -139,7 +139,12 @@ def _strings(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def test_only_key_strings_agrees_with_a_walk_of_the_parsed_document() -> None:
+@pytest.mark.parametrize("count_below", [0, 1 << 20], ids=["memchr", "bytes.count"])
+def test_only_key_strings_agrees_with_a_walk_of_the_parsed_document(
+    monkeypatch: pytest.MonkeyPatch, count_below: int
+) -> None:
+    # Both ways of finding the quotes: memchr (long bodies) and one count (short ones).
+    monkeypatch.setattr(codec, "_COUNT_QUOTES_MAX", count_below)
     rng = random.Random(15)
     seen = {True: 0, False: 0}
     for _ in range(3000):
