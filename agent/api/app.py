@@ -143,7 +143,7 @@ class ApiApp:
     def handle(self, request: Request, respond: Respond) -> None:
         """The HTTP server's handler: every request's generic path (routing, then the route's
         own checks). Requests whose header block has a prepared route (agent/api/prepared.py)
-        are given to that by the HTTP server instead; it hands back here what it does not expect."""
+        are answered by that first when it can; the HTTP server brings here what it declines."""
         path = request.path
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
             if request.method == "POST" or self._method_allowed(request, "POST", respond):
@@ -250,7 +250,7 @@ class ApiApp:
             # one callback of the loop; drain() is woken by _finish, the pool's answers.)
             self.took(took)
             known = request.known
-            if known is not None and known.route is None and response.status == 200 and answer is answer_v1:
+            if known is not None and not known.settled and response.status == 200 and answer is answer_v1:
                 self._prepare(known, request, target)
             return
         requests.count += 1
@@ -266,12 +266,12 @@ class ApiApp:
 
     def _prepare(self, known: KnownHead, request: Request, model_name: str) -> None:
         """Give ``known`` (the header block of ``request``, just answered 200 inline) its
-        prepared route, or the generic one when it cannot have one (then for good: what rules
-        one out is the block itself, or the agent's configuration)."""
+        prepared route, or settle that it has none (for good: what rules one out is the block
+        itself, or the agent's configuration; a plan whose model is swapped unsettles it)."""
         headers = request.headers
         content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
-        plan = prepare(self, request, model_name, content_type, encoding)
-        known.route = plan if plan is not None else self.handle
+        known.route = prepare(self, request, model_name, content_type, encoding)
+        known.settled = True
 
     def infer_from_thread(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer`` under the same admission control, from a thread other than the event

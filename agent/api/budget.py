@@ -114,17 +114,6 @@ class Allowance:
                 budget.used -= size
                 self.held -= size
 
-    def rewind(self, held: int, decoded: int) -> None:
-        """Back to an earlier ``held`` and ``decoded`` (read before a decode that failed): what
-        that decode took is given back and no longer counts against the per-request cap, so
-        decoding the same body again meets the same limits (agent/api/prepared.py)."""
-        budget = self.budget
-        with budget.lock:
-            if not self.released and self.held > held:
-                budget.used -= self.held - held
-                self.held = held
-            self.decoded = decoded
-
     def release(self) -> None:
         """Give everything back (idempotent)."""
         budget = self.budget

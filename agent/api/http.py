@@ -17,7 +17,8 @@ free is written out here on purpose, around the C parser:
 * an idle keep-alive connection is closed after ``keepalive_timeout_s``;
 * a read that holds exactly a header block the server has parsed before and its body (a
   keep-alive client repeating its request) is answered without the parser's callbacks, from
-  what the parser made of that block the first time (``KnownHead``);
+  what the parser made of that block the first time (``KnownHead``), and, when the handler has
+  given that block an inline route (``InlineRoute``), without a Request or Response at all;
 * a client that half-closes its sending side still gets the answers it asked for;
 * a handler error is a 500 for that request only, never the end of the server.
 
@@ -35,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import httptools
@@ -126,9 +127,10 @@ class KnownHead:
     the rest of a tiny model's HTTP handling. Only what depends on the moment is done again:
     the body's share of the memory budget, the timers, the answer.
 
-    ``route`` is set by the server's handler, never here: a handler it prepared for every
-    request with this block (agent/api/prepared.py), which such requests are then given to
-    directly. The fields above it never change once the block is remembered."""
+    ``route`` and ``settled`` are the server's handler's, never set here: the route it
+    prepared for every request with this block (agent/api/prepared.py), which answers such
+    requests before any Request is made, and whether it has decided (a block may have no route
+    for good). The fields above them never change once the block is remembered."""
 
     method: str
     path: str
@@ -136,7 +138,27 @@ class KnownHead:
     headers: dict[str, str]
     length: int
     keep_alive: bool
-    route: Handler | None = None
+    route: InlineRoute | None = None
+    settled: bool = False
+
+
+class InlineRoute(Protocol):
+    """What a handler prepares for one known header block (``KnownHead.route``): it answers a
+    request of that block from its body alone, on the spot, or declines.
+
+    Why: a tiny model's inference takes tens of microseconds, and the Request, its memory
+    allowance, the ``respond`` callback, the Response and its head formatting cost several more
+    on every answer (BENCHMARKS.md, issue 15, seventh session). A route that knows its answer's
+    status (200), content type and most of its header lines hands back only what changes."""
+
+    #: The answer's head up to the Content-Length value (``head_start(200, content type)``).
+    head: str
+
+    def answer(self, body: bytes) -> tuple[bytes, str] | None:
+        """The 200 answer's body and its further header lines (``Name: value\r\n`` each), or
+        None: then the request goes to the server's handler as any other, which answers it
+        (errors included) the way it always does."""
+        ...
 
 
 Respond = Callable[[Response], None]
@@ -160,6 +182,11 @@ def _encode_head(response: Response, keep_alive: bool) -> bytes:
 
 #: (status, content type) → the head up to the Content-Length value; a handful of pairs.
 _HEAD_STARTS: dict[tuple[int, str], str] = {}
+
+
+def head_start(status: int, content_type: str) -> str:
+    """The head of an answer with this status and content type, up to the Content-Length value."""
+    return _HEAD_STARTS.get((status, content_type)) or _head_start(status, content_type)
 
 
 def _head_start(status: int, content_type: str) -> str:
@@ -433,7 +460,19 @@ class HttpProtocol(asyncio.Protocol):
 
     def _answer_known(self, known: KnownHead, body: bytes) -> None:
         """A request whose header block the server has parsed before, body and all in one read:
-        what ``on_message_begin`` to ``on_message_complete`` would do, minus the parsing."""
+        what ``on_message_begin`` to ``on_message_complete`` would do, minus the parsing; or,
+        when the block has an inline route that answers it, only the answer."""
+        route = known.route
+        if route is not None:
+            try:
+                answer = route.answer(body)
+            except Exception:  # noqa: BLE001 - a broken route must not take the connection down
+                log.exception("inline route for %s %s failed; the handler answers", known.method, known.path)
+                answer = None
+            if answer is not None:
+                self._messages += 1
+                self._send_inline(route.head, answer, known.keep_alive)
+                return
         allowance = None
         if known.length:
             allowance = Allowance(self.server.budget, self.server.decoded_bytes)
@@ -446,9 +485,33 @@ class HttpProtocol(asyncio.Protocol):
         self._dispatch(
             Request(
                 known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance, known
-            ),
-            known.route or self.handler,
+            )
         )
+
+    def _send_inline(self, start: str, answer: tuple[bytes, str], keep_alive: bool) -> None:
+        """An inline route's answer (see ``_answer_known``): what ``respond`` and ``_send`` do for
+        a 200 with nothing queued, no EOF and no allowance held (the route held and gave back
+        its own), written out for the one case."""
+        body, lines = answer
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        keep = keep_alive and not self.server.draining
+        head = f"{start}{len(body)}\r\n{lines}{'' if keep else _CLOSE}\r\n".encode("latin-1")
+        if len(body) < _COALESCE_BYTES:
+            transport.write(head + body)
+        else:
+            transport.writelines((head, body))
+        if keep:
+            self._timer_kind = "idle"  # _arm("idle", ...) written out
+            now = self.loop.time()
+            self._deadline = now + self.limits.keepalive_timeout_s
+            if self._timer is None:
+                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+        else:
+            self._closing = True
+            self._stop_timer()
+            transport.close()
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
@@ -532,7 +595,7 @@ class HttpProtocol(asyncio.Protocol):
                     self._send(item, keep_alive=False)
                     return
                 self._queued_bytes -= len(item.body)
-                self._dispatch(item, self.handler)
+                self._dispatch(item)
         finally:
             self._draining_queue = False
         if not self._busy and not self._closing and not self._queue:
@@ -545,7 +608,7 @@ class HttpProtocol(asyncio.Protocol):
         elif self._phase == _IDLE:
             self._arm("idle", self.limits.keepalive_timeout_s)
 
-    def _dispatch(self, request: Request, handler: Handler) -> None:
+    def _dispatch(self, request: Request) -> None:
         self._busy = True
         answered = False
 
@@ -575,7 +638,7 @@ class HttpProtocol(asyncio.Protocol):
                         self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
 
         try:
-            handler(request, respond)
+            self.handler(request, respond)
         except Exception:  # noqa: BLE001 - one broken request must never take the server down
             log.exception("handler failed on %s %s", request.method, request.path)
             respond(_error(500, "internal error"))

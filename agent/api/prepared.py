@@ -10,14 +10,18 @@ against the signature): ~25 Python calls, more than a tiny model's run (BENCHMAR
 Once the generic path has answered a request of such a block 200 on the event loop (a tiny
 model, see ``inline_max_ms``), the app prepares a :class:`PreparedInfer` for the block with all
 of that resolved. Each later request of the block then does only what depends on its body and
-on the moment: admission (capacity, the inline decision), the body as arrays, the checks that
-depend on the values (NaN/Inf; for JSON and ``.npy``, whose shapes are in the body, the whole
-signature check), the active variant's run, the latency histogram, the answer.
+on the moment: admission (capacity, the inline decision, its share of the memory budget), the
+body as arrays, the checks that depend on the values (NaN/Inf; for JSON and ``.npy``, whose
+shapes are in the body, the whole signature check), the active variant's run, the latency
+histogram, the answer. The plan is the block's ``http.InlineRoute``: the HTTP server asks it
+before making a Request, so an answered request never has a Request, an Allowance, a
+``respond`` callback or a Response (each costs on every answer of a tiny model).
 
 It never answers an error itself. Anything it does not expect (the model swapped, the inline
-conditions not met, capacity full, a body that does not decode, NaN/Inf, a runtime failure) is
-handed untouched to the generic path, the memory a failed decode took given back first, and
-the generic path answers it as it always did: same status code, same error count. So the API
+conditions not met, capacity or the memory budget full, a body that does not decode, NaN/Inf,
+a runtime failure) is declined, all it held given back first, and the HTTP server hands the
+request to the generic path, which answers it as it always did: same status code, same error
+count. So the API
 behaves as the generic path by construction; the plan only makes the plain case shorter. (A
 runtime failure runs the model twice, once here and once to be answered: rare, and the price of
 keeping one error path.)
@@ -51,7 +55,7 @@ from edgesdk.agent.api.codec import (
     only_key_strings,
     tensor_entries,
 )
-from edgesdk.agent.api.http import Request, Respond, Response, dumps
+from edgesdk.agent.api.http import KnownHead, Request, dumps, head_start
 from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.serving import ServedModel
 
@@ -64,59 +68,104 @@ log = logging.getLogger("edgesdk.agent.api")
 
 #: Body → feeds, raising on anything the generic path should answer instead (the plan's
 #: decoders raise InferenceInputError naming the input for what they find themselves).
-Decode = Callable[[bytes, Allowance], dict[str, np.ndarray]]
+Decode = Callable[[bytes, Allowance | None], dict[str, np.ndarray]]
 #: (outputs, variant id) → (body, the answer's header lines, formatted: ``Response.head_lines``).
 Encode = Callable[[Mapping[str, np.ndarray], str], tuple[bytes, str]]
 
 
 class PreparedInfer:
-    """``POST /v1/models/{name}/infer`` for every request with one header block (see module)."""
+    """``POST /v1/models/{name}/infer`` for every request with one header block (see module):
+    the block's ``http.InlineRoute``, which the HTTP server asks before it makes a Request."""
 
-    __slots__ = ("app", "server", "model", "decode", "encode", "encoding")
+    __slots__ = (
+        "app",
+        "server",
+        "model",
+        "known",
+        "decode",
+        "encode",
+        "head",
+        "budget",
+        "max_decoded",
+        "hold",
+        "allowances",
+    )
 
-    def __init__(self, app: ApiApp, model: ServedModel, decode: Decode, encode: Encode, encoding: str) -> None:
+    def __init__(
+        self,
+        app: ApiApp,
+        model: ServedModel,
+        known: KnownHead,
+        decode: Decode,
+        encode: Encode,
+        encoding: str,
+        limits: Allowance,
+        hold: int,
+        allowances: bool,
+    ) -> None:
         self.app = app
         self.server = app.server
         # Weakly: a block nobody sends again keeps its plan, and an update's previous model
         # (its runtime sessions, tens of MB) must not stay in memory for it.
         self.model = weakref.ref(model)
+        self.known = known
         self.decode = decode
         self.encode = encode
-        self.encoding = encoding
+        self.head = head_start(200, encoding)
+        # The HTTP server's memory budget and per-request cap (those of the request it was
+        # prepared from): a request it answers holds its share of that budget itself.
+        self.budget = limits.budget
+        self.max_decoded = limits.max_decoded
+        #: Bytes held of the server's memory budget while a request is answered: its body, and
+        #: for decoders that allocate a known bound (JSON of float inputs) that bound.
+        self.hold = hold
+        #: Whether ``decode`` charges what it finds itself (an Allowance per request: ``.npy``,
+        #: the generic JSON reading); else it is given None.
+        self.allowances = allowances
 
-    def __call__(self, request: Request, respond: Respond) -> None:
+    def answer(self, body: bytes) -> tuple[bytes, str] | None:
         app = self.app
         model = self.model()
-        # Swapped or unloaded: prepare again for what serves now. (The server's attribute, not
-        # its ``model`` property: no Python call on the hot path.)
+        # Swapped or unloaded: the generic path answers, and prepares again for what serves
+        # now. (The server's attribute, not its ``model`` property: no Python call here.)
         if model is None or self.server._model is not model:
-            request.known.route = None  # type: ignore[union-attr]  # a plan is only reached through one
-            app.handle(request, respond)
-            return
+            self.known.route = None
+            self.known.settled = False
+            return None
         requests = app.requests
         if requests.count >= app.capacity or app.recent_s >= app.inline_max_s:
-            app.handle(request, respond)  # a 503, or the pool: the generic path decides
-            return
+            return None  # a 503, or the pool: the generic path decides
+        budget, hold = self.budget, self.hold
+        with budget.lock:  # Allowance.take_body, written out (the generic path answers a 503)
+            if budget.used + hold > budget.capacity:
+                return None
+            budget.used += hold
+        allowance = Allowance(budget, self.max_decoded) if self.allowances else None
         requests.count += 1
         try:
-            feeds = self.decode(request.body, request.allowance)  # type: ignore[arg-type]  # plans need a body
+            feeds = self.decode(body, allowance)
             variant = model.active  # taken once: this request finishes on this variant
             run = variant.loaded.run if variant.takes_public_feeds else variant.run
             started = perf_counter()
             outputs = run(feeds)
             ran = perf_counter() - started
-            body, head_lines = self.encode(outputs, variant.id)
+            answer = self.encode(outputs, variant.id)
         except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
-            log.debug("prepared route: %s %s goes to the generic path (%r)", request.method, request.path, exc)
+            log.debug("prepared route: %s goes to the generic path (%r)", self.known.path, exc)
+            return None
+        finally:
+            # Everything back before the answer leaves: the generic path, when it answers
+            # instead, takes its own share within the same limits.
             requests.count -= 1
-            app.handle(request, respond)
-            return
-        requests.count -= 1
+            with budget.lock:
+                budget.used -= hold
+            if allowance is not None:
+                allowance.release()
         self.server.observe(variant.id, ran)
-        respond(Response(200, body, self.encoding, [], head_lines))
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
         app.took(ran)
+        return answer
 
 
 def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, encoding: str) -> PreparedInfer | None:
@@ -136,28 +185,35 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
     ):
         return None
     signature = model.signature
+    length = len(request.body)
     decode: Decode
+    hold, allowances = length, False  # the body; decoders that allocate say more below
     if content_type in (RAW, "application/octet-stream"):
-        raw = _raw_decoder(model, request.headers.get("x-tensors", ""), len(request.body))
+        raw = _raw_decoder(model, request.headers.get("x-tensors", ""), length)
         if raw is None:
             return None
-        decode = raw
+        decode = raw  # views of the body: nothing more to hold
     elif content_type in (JSON, ""):
-        decode = _json_decoder(model, len(request.body), request.allowance.max_decoded)
-
+        decode, bound = _json_decoder(model, length, request.allowance.max_decoded)
+        if bound is None:
+            allowances = True  # it charges what each body needs
+        else:
+            hold += bound
     elif content_type == NPY:
         query = request.query
+        allowances = True
 
-        def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-            feeds = decode_npy(body, query, signature, allowance)
+        def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+            feeds = decode_npy(body, query, signature, allowance)  # type: ignore[arg-type]  # allowances=True
             signature.check(feeds)
             return feeds
 
     else:
         return None
-    if encoding not in (RAW, JSON, NPY):
+    if encoding not in (RAW, JSON, NPY) or request.known is None:
         return None
-    return PreparedInfer(app, model, decode, _encoder(model, encoding, request.query), encoding)
+    encode = _encoder(model, encoding, request.query)
+    return PreparedInfer(app, model, request.known, decode, encode, encoding, request.allowance, hold, allowances)
 
 
 def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
@@ -258,7 +314,7 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
         ((name, dtype, shape, _, _, scan),) = layout
         frombuffer, vdot = np.frombuffer, np.vdot
 
-        def decode_one(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+        def decode_one(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
             array = frombuffer(body, dtype).reshape(shape)  # the body is the array: its length is the block's
             # all_finite's first test written out (a call saved): x·x is finite when every
             # element is (NaN/Inf propagate, squares cannot cancel); when it is not (NaN, Inf,
@@ -269,7 +325,7 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
 
         return decode_one
 
-    def decode_many(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
+    def decode_many(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
         feeds = {}
         for name, dtype, shape, count, at, scan in layout:
             array = np.frombuffer(body, dtype, count, at).reshape(shape)
@@ -281,21 +337,22 @@ def _raw_decoder(model: ServedModel, header: str, length: int) -> Decode | None:
     return decode_many
 
 
-def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
-    """The decoder of JSON bodies for this model: ``codec.decode_json`` then the signature's
-    check, written out for float inputs (the usual case): the same arrays, memory charged and
-    checks, in fewer calls. Anything else (a NaN or Infinity, which only the generic path's
-    second parser reads; a null; an unknown or missing name; strings) is raised to the generic
-    path."""
+def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> tuple[Decode, int | None]:
+    """The decoder of JSON bodies for this model, and the bound of what it allocates for one
+    body of ``length`` bytes (None: it charges each body's own needs to the request's
+    Allowance). ``codec.decode_json`` then the signature's check, written out for float inputs
+    (the usual case): the same arrays and checks, in fewer calls. Anything else (a NaN or
+    Infinity, which only the generic path's second parser reads; a null; an unknown or missing
+    name; strings) is raised to the generic path."""
     signature = model.signature
     if signature.allow_nonfinite or any(slot.dtype.kind != "f" for slot in signature.inputs):
 
-        def decode_generic(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-            feeds = decode_json(body, signature, allowance)
+        def decode_generic(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+            feeds = decode_json(body, signature, allowance)  # type: ignore[arg-type]  # bound None
             signature.check(feeds)
             return feeds
 
-        return _rewinding(decode_generic)
+        return decode_generic, None
     # (name, dtype, the shapes that passed the signature's check)
     slots: list[tuple[str, np.dtype[Any], set[tuple[int, ...]]]] = [
         (slot.name, slot.dtype, set()) for slot in signature.inputs
@@ -303,69 +360,43 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> Decode:
     count = len(slots)
     # decode_json charges JSON_VALUE_BYTES per value the body may hold (commas + 1) for the
     # document, then itemsize + 8 per value of each input. A body of ``length`` bytes holds at
-    # most (length + 1) // 2 values (a digit and a comma each): charging that bound, known once
+    # most (length + 1) // 2 values (a digit and a comma each): holding that bound, known once
     # per header block, is never less than decode_json's charge and saves counting the commas
     # of each body. (For the inline bodies plans take, 64 KiB at most, the bound is ~1.7 MB,
-    # held for the microseconds of the answer: the HTTP server releases the allowance once it
-    # has sent it, so nothing is given back here.)
+    # held for the microseconds of the answer.)
     # Where that bound is over the request's cap (a small api.max_decoded_bytes), every request
-    # would be refused here and decoded again by the generic path: the values are counted then.
+    # would be refused and decoded again by the generic path: the values are counted then.
     per_value = JSON_VALUE_BYTES + max(slot.dtype.itemsize for slot in signature.inputs) + 8
-    bound = (length + 1) // 2 * per_value
-    fixed: int | None = bound if bound <= max_decoded else None
+    bound: int | None = (length + 1) // 2 * per_value
+    if bound is not None and bound > max_decoded:
+        bound = None
     keys = 1 + count  # "inputs" and each input's name: the body's only strings (only_key_strings)
     loads = orjson.loads
 
-    def decode(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-        held, decoded = allowance.held, allowance.decoded  # see _rewinding (written out: one call less)
-        try:
-            # What decode_json charges, in one take and never less (see ``bound``).
-            charged = fixed if fixed is not None else json_parse_cost(body) // JSON_VALUE_BYTES * per_value
-            allowance.take_decoded(charged, JSON_BODY)
-            document = loads(body)
-            inputs = document["inputs"]
-            if (
-                type(inputs) is not dict
-                or len(inputs) != count
-                or len(document) != 1
-                or not only_key_strings(body, keys)
-            ):
-                raise InferenceInputError("a document other than the model's inputs as numbers")
-            feeds = {}
-            checked = True
-            for name, dtype, passed in slots:
-                # Numbers only: read straight into the input's dtype, as decode_json reads them;
-                # None for what it leaves to the general reading (a null, an overflow to Inf,
-                # ragged lists, NaN), which the generic path answers as it always has.
-                feed = float_feed(inputs[name], dtype)
-                if feed is None:
-                    raise InferenceInputError(name)
-                if feed.shape not in passed:
-                    checked = False
-                feeds[name] = feed
-            if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
-                signature.check(feeds)
-                for name, _, passed in slots:
-                    if len(passed) < _SHAPES_MAX:
-                        passed.add(feeds[name].shape)
-            return feeds
-        except BaseException:
-            allowance.rewind(held, decoded)
-            raise
+    def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+        if allowance is not None:  # no bound held for it: what decode_json charges
+            allowance.take_decoded(json_parse_cost(body) // JSON_VALUE_BYTES * per_value, JSON_BODY)
+        document = loads(body)
+        inputs = document["inputs"]
+        if type(inputs) is not dict or len(inputs) != count or len(document) != 1 or not only_key_strings(body, keys):
+            raise InferenceInputError("a document other than the model's inputs as numbers")
+        feeds = {}
+        checked = True
+        for name, dtype, passed in slots:
+            # Numbers only: read straight into the input's dtype, as decode_json reads them;
+            # None for what it leaves to the general reading (a null, an overflow to Inf,
+            # ragged lists, NaN), which the generic path answers as it always has.
+            feed = float_feed(inputs[name], dtype)
+            if feed is None:
+                raise InferenceInputError(name)
+            if feed.shape not in passed:
+                checked = False
+            feeds[name] = feed
+        if not checked:  # a shape not seen yet: the whole check (NaN/Inf included), then remembered
+            signature.check(feeds)
+            for name, _, passed in slots:
+                if len(passed) < _SHAPES_MAX:
+                    passed.add(feeds[name].shape)
+        return feeds
 
-    return decode
-
-
-def _rewinding(decode: Decode) -> Decode:
-    """``decode``, giving back what it took of the request's allowance when it fails: the
-    generic path then decodes the same body within the same limits (its error, not a 413)."""
-
-    def rewinding(body: bytes, allowance: Allowance) -> dict[str, np.ndarray]:
-        held, decoded = allowance.held, allowance.decoded
-        try:
-            return decode(body, allowance)
-        except BaseException:
-            allowance.rewind(held, decoded)
-            raise
-
-    return rewinding
+    return decode, bound

@@ -300,9 +300,59 @@ def test_blocks_without_a_plan_keep_the_generic_route(
         ).encode() + body
     statuses = [agent.send(request)[0] for _ in range(5)]
     assert statuses == [200] * 5
-    route = agent.known_route()
-    assert not isinstance(route, PreparedInfer)
+    (known,) = agent.http.known_heads.values()
+    assert known.route is None and known.settled  # decided once, not asked again
     assert agent.generic == 5
+
+
+@pytest.mark.parametrize("encoding", ["raw", "json", "npy"])
+def test_a_plan_holds_its_share_of_the_memory_budget_while_it_answers(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """The body (and for JSON the bound of the arrays read from it) is held from before decoding
+    until the answer is made, as the request's allowance holds it on the generic path; nothing
+    after."""
+    agent = Agent(loop, monkeypatch)
+    model = agent.serve(2.0)
+    make = {"raw": raw_request, "npy": npy_request, "json": lambda x: json_request(json_text(x))}[encoding]
+    for i in range(3):
+        assert agent.send(make(values(i)))[0] == 200
+    assert isinstance(agent.known_route(), PreparedInfer) and agent.generic == 2
+    held: list[int] = []
+    real_run = model.run
+    monkeypatch.setattr(model, "run", lambda feeds: (held.append(agent.http.budget.used), real_run(feeds))[1])
+    request = make(values(4))
+    body_length = len(request) - request.index(b"\r\n\r\n") - 4
+    assert agent.send(request)[0] == 200 and agent.generic == 2
+    assert len(held) == 1 and held[0] >= body_length
+    if encoding == "json":  # and the bound of the arrays read from it
+        assert held[0] >= body_length + values(4).size * 4
+    assert agent.http.budget.used == 0
+
+
+def test_a_full_memory_budget_is_the_generic_paths_503_counted_once(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = Agent(loop, monkeypatch)
+    plan = agent.prepared()
+    budget = agent.http.budget
+    budget.used = budget.capacity - 1  # other requests hold all but one byte
+    status, headers, body = agent.send(raw_request(values(5)))
+    assert status == 503 and headers["retry-after"] == "1" and b"memory budget" in body
+    assert budget.refused == 1 and agent.http.over_budget == 1 and agent.generic == 2
+    assert agent.transport.closed  # as for any body refused before it is read
+    assert agent.known_route() is plan and budget.used == budget.capacity - 1  # nothing kept
+
+
+def test_a_plans_answer_closes_the_connection_when_the_server_drains(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = Agent(loop, monkeypatch)
+    agent.prepared()
+    agent.http.draining = True
+    status, headers, _ = agent.send(raw_request(values(7)))
+    assert status == 200 and headers["connection"] == "close" and agent.generic == 2
+    assert agent.transport.closed
 
 
 def test_integer_inputs_in_json_take_the_generic_decoder_inside_the_plan(

@@ -186,3 +186,41 @@ def test_connection_close_is_remembered_and_honoured(loop) -> None:
     again.server.known_heads.update(conn.server.known_heads)
     answer = again.feed(request(extra="Connection: close\r\n"))
     assert b"Connection: close\r\n" in answer and again.transport.closed
+
+
+class Route:
+    """An inline route (http.InlineRoute) that answers with the body reversed, declines bodies
+    starting with ``no`` and raises on bodies starting with ``boom``."""
+
+    head = http_module.head_start(200, "text/plain")
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def answer(self, body: bytes) -> tuple[bytes, str] | None:
+        self.asked += 1
+        if body.startswith(b"boom"):
+            raise RuntimeError("broken route")
+        if body.startswith(b"no"):
+            return None
+        return body[::-1], "X-Route: inline\r\n"
+
+
+def test_an_inline_route_answers_its_block_without_a_request_and_declines_to_the_handler(loop) -> None:
+    conn = Connection(loop)
+    conn.feed(request(b"hello"))
+    (known,) = conn.server.known_heads.values()
+    known.route = route = Route()
+    answer = conn.feed(request(b"hello"))
+    assert answer == b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Route: inline\r\n\r\nolleh"
+    assert len(conn.seen) == 1 and route.asked == 1  # the handler never saw it
+    # Declined, or the route broke: the handler answers the same request, and the connection lives.
+    for body in (b"nope!", b"boom!"):
+        assert conn.feed(request(body)).endswith(b"b'" + body + b"'")
+    assert [r.body for r in conn.seen[1:]] == [b"nope!", b"boom!"] and route.asked == 3
+    assert not conn.transport.closed and conn.server.budget.used == 0
+    assert conn.feed(request(b"abcde")).endswith(b"\r\n\r\nedcba")
+    # Draining: the inline answer says so and closes, as the handler's answers do.
+    conn.server.draining = True
+    answer = conn.feed(request(b"hello"))
+    assert b"\r\nConnection: close\r\n\r\nolleh" in answer and conn.transport.closed
