@@ -160,6 +160,12 @@ class InlineRoute(Protocol):
         (errors included) the way it always does."""
         ...
 
+    def answered(self) -> None:
+        """Called once the answer ``answer`` gave is written (never after a None): bookkeeping
+        the client need not wait for (a tiny model's client at concurrency 1 waits for nothing
+        else)."""
+        ...
+
 
 Respond = Callable[[Response], None]
 Handler = Callable[[Request, Respond], None]
@@ -471,7 +477,10 @@ class HttpProtocol(asyncio.Protocol):
                 answer = None
             if answer is not None:
                 self._messages += 1
-                self._send_inline(route.head, answer, known.keep_alive)
+                try:
+                    self._send_inline(route.head, answer, known.keep_alive)
+                finally:
+                    route.answered()  # its bookkeeping, after the answer is on its way
                 return
         allowance = None
         if known.length:

@@ -89,6 +89,9 @@ class PreparedInfer:
         "max_decoded",
         "hold",
         "allowances",
+        "_variant",
+        "_ran",
+        "_allowance",
     )
 
     def __init__(
@@ -122,6 +125,11 @@ class PreparedInfer:
         #: Whether ``decode`` charges what it finds itself (an Allowance per request: ``.npy``,
         #: the generic JSON reading); else it is given None.
         self.allowances = allowances
+        # The request being answered, from ``answer`` to ``answered`` (one at a time: both run
+        # on the event loop, back to back, around the HTTP server's write).
+        self._variant = ""
+        self._ran = 0.0
+        self._allowance: Allowance | None = None
 
     def answer(self, body: bytes) -> tuple[bytes, str] | None:
         app = self.app
@@ -152,20 +160,31 @@ class PreparedInfer:
             answer = self.encode(outputs, variant.id)
         except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
             log.debug("prepared route: %s goes to the generic path (%r)", self.known.path, exc)
+            # All back: the generic path takes its own share, within the same limits.
+            self._allowance = allowance
+            self._finish()
             return None
-        finally:
-            # Everything back before the answer leaves: the generic path, when it answers
-            # instead, takes its own share within the same limits.
-            requests.count -= 1
-            with budget.lock:
-                budget.used -= hold
-            if allowance is not None:
-                allowance.release()
-        self.server.observe(variant.id, ran)
+        self._variant, self._ran, self._allowance = variant.id, ran, allowance
+        return answer
+
+    def answered(self) -> None:
+        """Once the answer is on its way: what the client need not wait for."""
+        self._finish()
+        ran = self._ran
+        self.server.observe(self._variant, ran)
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
-        app.took(ran)
-        return answer
+        self.app.took(ran)
+
+    def _finish(self) -> None:
+        """The request no longer counts, nor holds its memory."""
+        self.app.requests.count -= 1
+        budget = self.budget
+        with budget.lock:
+            budget.used -= self.hold
+        if self._allowance is not None:
+            self._allowance.release()
+            self._allowance = None
 
 
 def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, encoding: str) -> PreparedInfer | None:

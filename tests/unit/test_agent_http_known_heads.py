@@ -194,8 +194,10 @@ class Route:
 
     head = http_module.head_start(200, "text/plain")
 
-    def __init__(self) -> None:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
         self.asked = 0
+        self.answered_after: list[bytes] = []  # what had been written when answered() came
 
     def answer(self, body: bytes) -> tuple[bytes, str] | None:
         self.asked += 1
@@ -205,12 +207,15 @@ class Route:
             return None
         return body[::-1], "X-Route: inline\r\n"
 
+    def answered(self) -> None:
+        self.answered_after.append(bytes(self.conn.transport.sent[-5:]))
+
 
 def test_an_inline_route_answers_its_block_without_a_request_and_declines_to_the_handler(loop) -> None:
     conn = Connection(loop)
     conn.feed(request(b"hello"))
     (known,) = conn.server.known_heads.values()
-    known.route = route = Route()
+    known.route = route = Route(conn)
     answer = conn.feed(request(b"hello"))
     assert answer == b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Route: inline\r\n\r\nolleh"
     assert len(conn.seen) == 1 and route.asked == 1  # the handler never saw it
@@ -220,6 +225,7 @@ def test_an_inline_route_answers_its_block_without_a_request_and_declines_to_the
     assert [r.body for r in conn.seen[1:]] == [b"nope!", b"boom!"] and route.asked == 3
     assert not conn.transport.closed and conn.server.budget.used == 0
     assert conn.feed(request(b"abcde")).endswith(b"\r\n\r\nedcba")
+    assert route.answered_after == [b"olleh", b"edcba"]  # once per answer, after it was written
     # Draining: the inline answer says so and closes, as the handler's answers do.
     conn.server.draining = True
     answer = conn.feed(request(b"hello"))
