@@ -21,10 +21,9 @@ It never answers an error itself. Anything it does not expect (the model swapped
 conditions not met, capacity or the memory budget full, a body that does not decode, NaN/Inf,
 a runtime failure) is declined, all it held given back first, and the HTTP server hands the
 request to the generic path, which answers it as it always did: same status code, same error
-count. So the API
-behaves as the generic path by construction; the plan only makes the plain case shorter. (A
-runtime failure runs the model twice, once here and once to be answered: rare, and the price of
-keeping one error path.)
+count. So the API behaves as the generic path by construction; the plan only makes the plain
+case shorter. (A runtime failure runs the model twice, once here and once to be answered: rare,
+and the price of keeping one error path.)
 """
 
 from __future__ import annotations
@@ -200,7 +199,9 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
         or model.batcher is not None
         or not app.inline_beside_others
         or request.allowance is None
+        or request.known is None
         or not request.body
+        or encoding not in (RAW, JSON, NPY)
     ):
         return None
     signature = model.signature
@@ -228,8 +229,6 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
             return feeds
 
     else:
-        return None
-    if encoding not in (RAW, JSON, NPY) or request.known is None:
         return None
     encode = _encoder(model, encoding, request.query)
     return PreparedInfer(app, model, request.known, decode, encode, encoding, request.allowance, hold, allowances)
@@ -386,9 +385,7 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> tuple[De
     # Where that bound is over the request's cap (a small api.max_decoded_bytes), every request
     # would be refused and decoded again by the generic path: the values are counted then.
     per_value = JSON_VALUE_BYTES + max(slot.dtype.itemsize for slot in signature.inputs) + 8
-    bound: int | None = (length + 1) // 2 * per_value
-    if bound is not None and bound > max_decoded:
-        bound = None
+    bound = (length + 1) // 2 * per_value
     keys = 1 + count  # "inputs" and each input's name: the body's only strings (only_key_strings)
     loads = orjson.loads
 
@@ -418,4 +415,4 @@ def _json_decoder(model: ServedModel, length: int, max_decoded: int) -> tuple[De
                     passed.add(feeds[name].shape)
         return feeds
 
-    return decode, bound
+    return decode, (bound if bound <= max_decoded else None)
