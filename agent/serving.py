@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ import numpy as np
 from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
-from edgesdk.agent.signature import Signature, dequantize, quantize
+from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
 from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
@@ -64,6 +65,12 @@ class ServedVariant:
         self.outputs = self._merge_quantization(loaded.outputs, meta.outputs)
         # Non-thread-safe runtimes (a LiteRT interpreter) run one request at a time.
         self._lock: threading.Lock | None = None if loaded.thread_safe else threading.Lock()
+        # Large float inputs are NaN/Inf-scanned on another core during the run when a run
+        # leaves one idle, else before the run (see DEFERRED_SCAN_MIN_BYTES). A model from a
+        # backend that does not say (an older plugin) is scanned before the run.
+        self.scan_min_bytes: float = (
+            DEFERRED_SCAN_MIN_BYTES if getattr(loaded, "cores_free_while_running", False) else math.inf
+        )
         self._in_adapters = [(s.name, np.dtype(s.dtype), s) for s in self.inputs]
         self._out_specs = [s for s in self.outputs if s.quantization is not None]
         self._plain = all(s.quantization is None for s in self.inputs)
@@ -572,14 +579,15 @@ class ModelServer:
             model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
         if model.batcher is not None:
             return self._infer_batched(model, model.batcher, feeds)
+        variant = model.active  # taken once: this request finishes on this variant
         try:
-            # Everything but the NaN/Inf scan of large float inputs, which is returned instead.
-            deferred = model.signature.check_deferring_scans(feeds)
+            # Everything but the NaN/Inf scan of large float inputs when the variant's run leaves
+            # a core idle to scan them on (those are returned instead).
+            deferred = model.signature.check_deferring_scans(feeds, variant.scan_min_bytes)
         except InferenceInputError:
             self.count_error("bad_input")
             raise
-        if deferred is None:  # nothing left to scan (small inputs, or NaN/Inf allowed)
-            variant = model.active  # taken once: this request finishes on this variant
+        if deferred is None:  # nothing left to scan (scanned already, or NaN/Inf allowed)
             start = time.perf_counter()
             try:
                 outputs = variant.run_checked(feeds)
@@ -599,7 +607,6 @@ class ModelServer:
         scan = self.scans.submit(deferred)
         if scan is None:  # no thread can take it (interpreter shutting down): scan here, first
             self._refuse_nonfinite(first_nonfinite(deferred))
-        variant = model.active
         start = time.perf_counter()
         try:
             outputs = variant.run_checked(feeds)

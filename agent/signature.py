@@ -31,6 +31,12 @@ from edgesdk.schemas.manifest import TensorSpec
 # all with cold caches), where a small input costs less to scan in place (digits: 256 bytes,
 # ~1 µs). A cold read runs at ~10-20 GB/s here, so the two break even near 130-260 KB: at
 # 256 KiB and up deferring clearly wins, and everything smaller keeps the simpler in-line path.
+# Only where the run leaves a core idle (an accelerator runs it, or fewer runtime threads than
+# cores: ``LoadedModel.cores_free_while_running``): where the runtime's threads take every core
+# (onnxruntime's default) the scan thread preempts one of them, and its polling (SCAN_POLL_S)
+# does so ~10 times per MobileNetV2 answer: measured with wrk at c=1, 13 involuntary context
+# switches per answer against 2.6 with the scan before the run, and in process ~2-4 % more CPU
+# per call for no gain in latency (BENCHMARKS.md, issue 15, eighth session).
 DEFERRED_SCAN_MIN_BYTES = 256 * 1024
 #: Shapes remembered per input as having passed the shape check (batch sizes, lengths).
 _PASSED_SHAPES_MAX = 64

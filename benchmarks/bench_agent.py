@@ -308,6 +308,7 @@ class _TimedModel:
         self.model = model
         self.last = 0.0
         self.thread_safe = model.thread_safe
+        self.cores_free_while_running = model.cores_free_while_running
 
     def run(self, feeds: Any) -> Any:
         start = time.perf_counter()

@@ -22,6 +22,10 @@ class LoadedModel(Protocol):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     thread_safe: bool
+    #: True when a run leaves a CPU core idle (an accelerator runs it, or fewer runtime threads
+    #: than cores): the agent then NaN/Inf-scans large inputs on that core during the run
+    #: instead of before it (agent/signature.py). Backends that do not know say False.
+    cores_free_while_running: bool
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one inference; inputs and outputs by tensor name."""

@@ -54,6 +54,7 @@ class CoreMLModel:
     """An ``MLModel`` loaded from a package directory (Core ML itself cannot load from memory)."""
 
     thread_safe = False
+    cores_free_while_running = False  # not known here (the compute units are Core ML's choice): scan before the run
 
     def __init__(self, model: Any, package_dir: Path) -> None:
         self._model = model

@@ -55,6 +55,7 @@ class LiteRTModel:
     """An interpreter built from bytes. Interpreters are not re-entrant, so ``run`` takes a lock."""
 
     thread_safe = False
+    cores_free_while_running = False  # not known here (delegates, XNNPACK's own threads): scan before the run
     execution: ExecutionReport | None = None  # the delegate it runs with (set by the backend)
 
     def __init__(self, interpreter: Any, model: bytes, delegates: list[Any] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ class OnnxRuntimeModel:
     """An ``InferenceSession`` created from bytes. ORT sessions are safe to run concurrently."""
 
     thread_safe = True
+    cores_free_while_running = False  # set by the backend (see _cores_free)
     execution: ExecutionReport | None = None  # the providers the session runs on (set by the backend)
     threads: str = "onnxruntime default"  # intra-op threads and why (set by the backend; see ort_threads)
 
@@ -85,6 +87,17 @@ def _session_run(session: Any) -> Any:
     if native is not None and hasattr(native, "run") and session.get_providers() == ["CPUExecutionProvider"]:
         return native.run
     return session.run
+
+
+def _cores_free(session: Any) -> bool:
+    """Whether a run of ``session`` leaves a CPU core idle: it runs on an accelerator (the
+    calling thread waits), or on fewer intra-op threads than this machine has cores. With its
+    default (0: one thread per physical core) onnxruntime's workers take every core for the
+    run, and anything else the process does then preempts one of them."""
+    if session.get_providers()[0] != ORT_CPU:
+        return True
+    threads = session.get_session_options().intra_op_num_threads
+    return 0 < threads < (os.cpu_count() or 1)
 
 
 class OnnxRuntimeBackend:
@@ -145,4 +158,5 @@ class OnnxRuntimeBackend:
         loaded = OnnxRuntimeModel(session)
         loaded.execution = ort_report(request, session.get_providers(), skipped)
         loaded.threads = threads_note
+        loaded.cores_free_while_running = _cores_free(session)
         return loaded

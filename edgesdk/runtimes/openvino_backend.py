@@ -49,6 +49,7 @@ class OpenVINOModel:
     """A compiled model; each ``run`` uses its own infer request, so it is thread-safe."""
 
     thread_safe = True
+    cores_free_while_running = False  # OpenVINO's CPU plugin takes every core for a latency-hinted run
     execution: ExecutionReport | None = None  # the device(s) it was compiled for (set by the backend)
 
     def __init__(self, compiled: Any, weights: np.ndarray | None) -> None:

@@ -1,6 +1,7 @@
 """The NaN/Inf scan of large float inputs, run on the scan thread while the model runs.
 
-Inputs of DEFERRED_SCAN_MIN_BYTES or more are scanned concurrently with the model's run; the
+Inputs of DEFERRED_SCAN_MIN_BYTES or more are scanned concurrently with the model's run when
+the run leaves a core free (``LoadedModel.cores_free_while_running``), else before it; the
 request must end exactly as if they had been scanned first: the same InferenceInputError,
 counted as bad_input, never the outputs of a bad input. Everything else (names, dtypes, shapes,
 small inputs) is still refused before the model runs.
@@ -31,6 +32,8 @@ class RecordingModel:
     """y = x * 2; counts its runs (without keeping the inputs); can fail or take its time."""
 
     thread_safe = True
+    # Its run sleeps (as one on an accelerator waits): the scan may use the idle core meanwhile.
+    cores_free_while_running = True
 
     def __init__(self, *, dtype: str = "float32", quant: QuantParams | None = None, delay: float = 0.005) -> None:
         self.inputs = [TensorSpec(name="x", dtype=dtype, shape=["batch", 4], quantization=quant)]
@@ -106,6 +109,47 @@ def test_inputs_below_the_threshold_are_still_scanned_before_the_run() -> None:
     with pytest.raises(InferenceInputError, match=NAN_MESSAGE):
         server.infer("m", {"x": x})
     assert model.runs == 0 and errors == ["bad_input"]
+
+
+class BusyCoresModel(RecordingModel):
+    """A runtime whose threads take every core while it runs (onnxruntime's default)."""
+
+    cores_free_while_running = False
+
+
+class UnsaidModel:
+    """A LoadedModel from a backend that predates ``cores_free_while_running``: no such attribute."""
+
+    thread_safe = True
+
+    def __init__(self) -> None:
+        self.recording = RecordingModel()
+        self.inputs, self.outputs = self.recording.inputs, self.recording.outputs
+
+    @property
+    def runs(self) -> int:
+        return self.recording.runs
+
+    def run(self, feeds):
+        return self.recording.run(feeds)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("model_class", [BusyCoresModel, UnsaidModel], ids=["says-no-free-core", "says-nothing"])
+def test_large_inputs_are_scanned_before_the_run_when_it_leaves_no_core_free(model_class) -> None:
+    model = model_class()
+    assert getattr(model, "cores_free_while_running", False) is False
+    server, errors = serve(model)
+    server.scans = NoScans()  # type: ignore[assignment]
+    x = big()
+    x[ROWS // 2, 1] = np.nan
+    with pytest.raises(InferenceInputError, match=NAN_MESSAGE):
+        server.infer("m", {"x": x})
+    assert model.runs == 0 and errors == ["bad_input"]
+    outputs = server.infer("m", {"x": big(2.0)})
+    np.testing.assert_array_equal(outputs["y"], big(4.0))
 
 
 def test_shape_and_dtype_errors_on_a_large_input_are_raised_before_the_model_runs() -> None:

@@ -108,3 +108,23 @@ def test_onnxruntime_auto_threads_report_what_the_session_got() -> None:
     import numpy as np
 
     assert loaded.run({"x": np.array([[-1, 2, -3, 4]], np.float32)})["y"].tolist() == [[0, 2, 0, 4]]
+
+
+@pytest.mark.parametrize(
+    "threads, cpus, free",
+    [(None, 2, False), ("2", 2, False), ("1", 2, True), ("1", 1, False), ("3", 4, True), ("4", 4, False)],
+    ids=["default", "every-core", "one-of-two", "one-of-one", "three-of-four", "four-of-four"],
+)
+def test_onnxruntime_says_whether_a_run_leaves_a_core_free(
+    monkeypatch: pytest.MonkeyPatch, threads: str | None, cpus: int, free: bool
+) -> None:
+    """The agent NaN/Inf-scans large inputs beside the run only where a core is idle meanwhile:
+    onnxruntime's default threads take every core, so only fewer threads than cores leave one."""
+    pytest.importorskip("onnxruntime")
+    from edgesdk.runtimes import load_model, onnxruntime_backend
+    from tests.unit.test_runtime_settings import _tiny_onnx
+
+    monkeypatch.setattr(onnxruntime_backend.os, "cpu_count", lambda: cpus)
+    options = {"intra_op_num_threads": threads} if threads else {}
+    loaded = load_model("onnxruntime", _tiny_onnx(), options=options)
+    assert loaded.cores_free_while_running is free
