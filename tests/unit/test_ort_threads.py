@@ -3,6 +3,9 @@ what was measured, and anything that cannot be measured keeps onnxruntime's defa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -124,7 +127,19 @@ def test_onnxruntime_says_whether_a_run_leaves_a_core_free(
     from edgesdk.runtimes import load_model, onnxruntime_backend
     from tests.unit.test_runtime_settings import _tiny_onnx
 
-    monkeypatch.setattr(onnxruntime_backend.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(onnxruntime_backend, "usable_cpus", lambda: cpus)
     options = {"intra_op_num_threads": threads} if threads else {}
     loaded = load_model("onnxruntime", _tiny_onnx(), options=options)
     assert loaded.cores_free_while_running is free
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_usable_cpus_are_the_affinity_not_the_machine() -> None:
+    """A process held to one CPU (a container's cpuset, taskset) has one core to spare, not
+    os.cpu_count()'s: checked in a child process pinned to one CPU."""
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from edgesdk.runtimes.onnxruntime_backend import usable_cpus; print(usable_cpus())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "1"
