@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,21 +90,13 @@ def _session_run(session: Any) -> Any:
 
 def _cores_free(session: Any) -> bool:
     """Whether a run of ``session`` leaves a CPU core idle: it runs on an accelerator (the
-    calling thread waits), or on fewer intra-op threads than the CPUs this process may use. With its
-    default (0: one thread per physical core) onnxruntime's workers take every core for the
-    run, and anything else the process does then preempts one of them."""
+    calling thread waits), or on fewer intra-op threads than the CPUs this process may use.
+    With its default (0: one thread per physical core) onnxruntime's workers take every core
+    for the run, and anything else the process does then preempts one of them."""
     if session.get_providers()[0] != ORT_CPU:
         return True
     threads = session.get_session_options().intra_op_num_threads
-    return 0 < threads < usable_cpus()
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's cpuset, ``taskset``), not
-    all the machine has."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
+    return 0 < threads < ort_threads.usable_cpus()
 
 
 class OnnxRuntimeBackend:

@@ -79,7 +79,7 @@ def median_run_s(run: Callable[[Any, Any, Any], Any], names: list[str], feeds: d
 def choose(session: Any, run: Callable[[Any, Any, Any], Any], one_thread: Callable[[], Any]) -> tuple[Any, str]:
     """(the session to serve with, why): ``session`` (the runtime's default threads) or the one
     ``one_thread()`` makes, whichever ran the model faster here."""
-    if (os.cpu_count() or 1) < 2:
+    if usable_cpus() < 2:
         return session, "onnxruntime default (one core)"
     feeds = zero_feeds(session)
     if feeds is None:
@@ -98,6 +98,14 @@ def choose(session: Any, run: Callable[[Any, Any, Any], Any], one_thread: Callab
     if single_s <= default_s:
         return single, f"1 ({timing})"
     return session, f"onnxruntime default ({timing})"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's cpuset, ``taskset``), not
+    all the machine has."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _native_run(session: Any) -> Callable[[Any, Any, Any], Any]:

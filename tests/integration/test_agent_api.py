@@ -167,6 +167,25 @@ def test_bad_requests_get_a_clear_4xx(client, kwargs, status, needle) -> None:
     assert client.get("/healthz").status_code == 200
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+def test_a_large_input_with_one_nonfinite_value_is_refused_and_serving_goes_on(client, bad) -> None:
+    """Inputs of 256 KiB and more are scanned where this machine's runtime threads leave room:
+    beside the run or before it (LoadedModel.cores_free_while_running). Either way one NaN/Inf
+    in the last element of a 1,100-image batch (282 KB) gets the 422, and the agent serves on."""
+    from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES
+
+    images = np.random.default_rng(7).random((1100, 1, 8, 8), dtype=np.float32)
+    assert images.nbytes >= DEFERRED_SCAN_MIN_BYTES
+    headers = {"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[1100,1,8,8]"}
+    poisoned = images.copy()
+    poisoned[-1, 0, -1, -1] = bad
+    refused = client.post("/v1/models/digits/infer", content=poisoned.tobytes(), headers=headers)
+    assert refused.status_code == 422 and "NaN or Inf" in refused.json()["error"], refused.text
+    served = client.post("/v1/models/digits/infer", content=images.tobytes(), headers=headers)
+    assert served.status_code == 200 and served.headers["x-tensors"] == "logits=float32[1100,10]"
+    assert np.isfinite(np.frombuffer(served.content, "<f4")).all()
+
+
 def test_unknown_model_route_and_method(client) -> None:
     unknown = client.post("/v1/models/cats/infer", json={"inputs": {}})
     assert unknown.status_code == 404 and "cats" in unknown.json()["error"]

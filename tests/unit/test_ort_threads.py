@@ -92,7 +92,7 @@ def test_what_cannot_be_timed_keeps_the_default(session: FakeSession, reason: st
 
 
 def test_one_core_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ort_threads.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(ort_threads, "usable_cpus", lambda: 1)
     session = FakeSession(0.0)
     chosen, why, _ = _choose(session, None)
     assert chosen is session and session.runs == 0 and "one core" in why
@@ -124,10 +124,10 @@ def test_onnxruntime_says_whether_a_run_leaves_a_core_free(
     """The agent NaN/Inf-scans large inputs beside the run only where a core is idle meanwhile:
     onnxruntime's default threads take every core, so only fewer threads than cores leave one."""
     pytest.importorskip("onnxruntime")
-    from edgesdk.runtimes import load_model, onnxruntime_backend
+    from edgesdk.runtimes import load_model
     from tests.unit.test_runtime_settings import _tiny_onnx
 
-    monkeypatch.setattr(onnxruntime_backend, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(ort_threads, "usable_cpus", lambda: cpus)
     options = {"intra_op_num_threads": threads} if threads else {}
     loaded = load_model("onnxruntime", _tiny_onnx(), options=options)
     assert loaded.cores_free_while_running is free
@@ -139,7 +139,7 @@ def test_usable_cpus_are_the_affinity_not_the_machine() -> None:
     os.cpu_count()'s: checked in a child process pinned to one CPU."""
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from edgesdk.runtimes.onnxruntime_backend import usable_cpus; print(usable_cpus())"
+        "from edgesdk.runtimes.ort_threads import usable_cpus; print(usable_cpus())"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "1"
