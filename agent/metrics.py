@@ -11,12 +11,15 @@ only when someone asks.
 
 For Prometheus, each variant also counts its latencies into fixed histogram buckets
 (``LATENCY_BUCKETS_S``): cumulative since start, so a fleet can ``rate()`` and aggregate them
-(``histogram_quantile`` over many devices), which rolling quantiles cannot do. Counting is a
-bisect into 16 bounds, one list increment and one float add on the inference thread: ~90 ns,
-of which writing the recording out in ``observe`` (no method call) and deriving the total from
-the buckets win back ~30 ns (``Metrics.observe`` ~265 ns vs ~207 ns before, 2-core VM). Folding
-samples into the buckets lazily measured only ~40 ns cheaper than that and needs a bound check
-and a lock on the hot path, so it was not worth its complexity.
+(``histogram_quantile`` over many devices), which rolling quantiles cannot do.
+
+``observe`` only queues the sample (variant, seconds, time: one deque append, thread-safe);
+every reader, and ``observe`` itself each ``_SETTLE_EVERY`` samples, first folds what is queued
+into the windows and buckets in bulk (``settle``: deque extends and one numpy bucket count).
+Measured on a micro-benchmark with warm caches, folding lazily had saved only ~40 ns of a
+~265 ns ``observe`` (bisect, two appends, the sum); under wrk, where the kernel and the client
+leave the caches cold between answers, recording each sample as it came cost the tiny model's
+answer ~1.5 µs of ~80 µs of CPU (BENCHMARKS.md, issue 15, ninth session).
 """
 
 from __future__ import annotations
@@ -25,9 +28,8 @@ import logging
 import os
 import threading
 import time
-from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     5.0,
     10.0,
 )
+
+_BUCKET_BOUNDS = np.asarray(LATENCY_BUCKETS_S)
+#: Samples ``observe`` queues before it folds them itself (readers fold what is there first).
+_SETTLE_EVERY = 256
 
 # Bound once: observe() runs per request, and a module attribute lookup there is measurable.
 _monotonic = time.monotonic
@@ -101,24 +107,56 @@ class InferenceStats:
         self._windows: dict[str, LatencyWindow] = {}
         self._errors: Counter[str] = Counter()
         self._lock = threading.Lock()
+        # (variant id, seconds, monotonic time) queued by observe, folded by settle.
+        self._unsettled: deque[tuple[str, float, float]] = deque()
+        self._settle_lock = threading.Lock()
 
     # -- recording (hot path) -------------------------------------------------------------------
 
     def observe(self, variant_id: str, seconds: float) -> None:
-        """One successful inference of ``variant_id`` that took ``seconds``."""
+        """One successful inference of ``variant_id`` that took ``seconds``: queued, folded by
+        the next reader or every ``_SETTLE_EVERY`` samples (see the module docstring)."""
+        unsettled = self._unsettled
+        unsettled.append((variant_id, seconds, _monotonic()))
+        if len(unsettled) >= _SETTLE_EVERY:
+            self.settle()
+
+    def settle(self) -> None:
+        """Fold the samples ``observe`` queued into each variant's window and buckets. Safe from
+        any thread: one settles at a time, each taking the samples queued when it began
+        (appends meanwhile wait for the next); the windows' order of times does not matter
+        (``recent`` filters them)."""
+        with self._settle_lock:
+            unsettled = self._unsettled
+            pop = unsettled.popleft
+            samples = [pop() for _ in range(len(unsettled))]
+            if not samples:
+                return
+            variant_ids, seconds, times = zip(*samples)
+            if variant_ids.count(variant_ids[0]) == len(variant_ids):  # the usual case: one variant
+                self._fold(variant_ids[0], seconds, times)
+                return
+            by_variant: dict[str, tuple[list[float], list[float]]] = {}
+            for variant_id, took, when in samples:
+                durations, whens = by_variant.setdefault(variant_id, ([], []))
+                durations.append(took)
+                whens.append(when)
+            for variant_id, (durations, whens) in by_variant.items():
+                self._fold(variant_id, durations, whens)
+
+    def _fold(self, variant_id: str, seconds: Sequence[float], times: Sequence[float]) -> None:
         window = self._windows.get(variant_id)
         if window is None:
             with self._lock:
                 window = self._windows.setdefault(variant_id, LatencyWindow(self.max_samples))
-        # Written out here rather than in a LatencyWindow method: the saved call pays back part
-        # of the histogram's bisect (see the module docstring for the measurement).
-        window.times.append(_monotonic())
-        window.seconds.append(seconds)
-        # bisect_left: the first bound >= seconds, i.e. Prometheus' "le" (less than or equal).
-        # A lost increment under a race between pool threads is harmless for counters of this
-        # kind, and the exported _count is the buckets' sum, so the histogram stays consistent.
-        window.bucket_counts[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-        window.sum_s += seconds
+        window.times.extend(times)
+        window.seconds.extend(seconds)
+        # searchsorted "left": the first bound >= seconds, i.e. Prometheus' "le" (less than or equal).
+        counts = np.bincount(np.searchsorted(_BUCKET_BOUNDS, seconds, side="left"), minlength=len(_BUCKET_BOUNDS) + 1)
+        buckets = window.bucket_counts
+        for index in np.flatnonzero(counts).tolist():
+            buckets[index] += int(counts[index])
+        window.sum_s += sum(seconds)
 
     def count_error(self, kind: str) -> None:
         """One failed request, by kind (bad_input, not_found, overload, timeout, runtime, ...)."""
@@ -128,6 +166,7 @@ class InferenceStats:
     # -- reading ----------------------------------------------------------------------------------
 
     def latency(self) -> dict[str, dict[str, Any]]:
+        self.settle()
         since = time.monotonic() - self.window_s
         stats: dict[str, dict[str, Any]] = {}
         for variant_id, window in list(self._windows.items()):
@@ -145,6 +184,7 @@ class InferenceStats:
         return stats
 
     def throughput_rps(self) -> float:
+        self.settle()
         now = time.monotonic()
         span = min(self.window_s, max(now - self.started, 1e-3))
         since = now - span
@@ -152,6 +192,7 @@ class InferenceStats:
         return round(count / span, 3)
 
     def totals(self) -> dict[str, int]:
+        self.settle()
         return {variant_id: w.total for variant_id, w in list(self._windows.items())}
 
     def errors(self) -> dict[str, int]:
@@ -160,6 +201,7 @@ class InferenceStats:
 
     def windows(self) -> list[tuple[str, LatencyWindow]]:
         """Each variant's latency window, by variant id (a copy of the mapping, safe to iterate)."""
+        self.settle()
         return sorted(self._windows.items())
 
 

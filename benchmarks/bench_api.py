@@ -253,6 +253,18 @@ def agent_threads(port: int, model_name: str) -> str:
     return str(variant.get("threads") or "onnxruntime default")
 
 
+def matched_to_agent(model: dict[str, Any], threads: str) -> dict[str, Any]:
+    """``model`` with its peers' flags matched to the intra-op ``threads`` the agent runs it
+    with (``agent_threads``). Left to the agent (runtime_threads unset), it times the model with
+    one intra-op thread at load and keeps one when that is faster (a tiny model): the peers get
+    what it chose, so every server runs the model alike (with onnxruntime's default, two
+    threads here, the digits CNN costs a peer ~10 % more CPU per answer, and a dozen futex
+    calls per answer)."""
+    if threads.startswith("1 (") and "--threads" not in model["peer_mode"]:
+        return {**model, "peer_mode": [*model["peer_mode"], "--threads", "1"]}
+    return model
+
+
 def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> np.ndarray:
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
     try:
@@ -343,12 +355,8 @@ def bench(
             agents.append(agent)
             ports = {"agent": (agent.port, f"/v1/models/{model_name}/infer")}
             pids[model_name] = {"agent": agent.proc.pid}
-            # Left to the agent (runtime_threads unset), it times the model with one intra-op
-            # thread at load and keeps one when that is faster (a tiny model): the peers get
-            # what it chose, so every server runs the model alike.
             threads[model_name] = agent_threads(agent.port, model_name)
-            if threads[model_name].startswith("1 (") and "--threads" not in model["peer_mode"]:
-                model = {**model, "peer_mode": [*model["peer_mode"], "--threads", "1"]}
+            model = matched_to_agent(model, threads[model_name])
             for kind in ("fastapi", "raw"):
                 proc, port = start_peer(kind, model)
                 peers.append(proc)

@@ -67,6 +67,8 @@ def main() -> None:
         env["PYTHONPATH"] = str(args.other_tree.resolve())
         agents.append(AgentProcess(device, env=env).start())
         servers["other agent"] = (agents[1].port, path, agents[1].proc.pid)
+    # The peer runs the model with the intra-op threads the agent chose, as in bench_api.py.
+    model = bench_api.matched_to_agent(model, bench_api.agent_threads(agents[0].port, args.model))
     peer, port = bench_api.start_peer("raw", model)
     servers["raw"] = (port, "/infer", peer.pid)
     body, headers = bench_api.bodies(model["x"])[args.body]

@@ -58,6 +58,8 @@ _INFER_SUFFIX_AT = -len(_INFER_SUFFIX)
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Bodies above this always go to the pool (decoding alone could block the loop).
 _INLINE_MAX_BODY = 64 * 1024
+#: Answers in a row at or over inline_max_s that send a tiny model's next requests to the pool.
+_INLINE_RUNS = 8
 
 
 #: One protocol's inference: (server, request, what the path named) → the 200 response; raises
@@ -121,13 +123,12 @@ class ApiApp:
         # Running + waiting, counted only on the event loop thread; the metrics' own counter,
         # so /metrics and telemetry report exactly what admission control sees (queue_depth).
         self.requests = metrics.requests
-        # The shortest of the last eight answers (s, see took); starts high so the first goes to the pool.
-        self.recent_s = float("inf")
         self.inline_max_s = config.inline_max_ms / 1000.0
-        self._recent = [float("inf")] * 8  # the last answers' durations (see took)
-        self._recent_next = 0
+        # Slow answers still allowed before the pool takes over (see took); 0 until a run is
+        # measured, so the first goes to the pool.
+        self.inline_left = 0
         self._slow_s = 10 * self.inline_max_s
-        self._slow_last = False  # the last answer took over _slow_s
+        self._slow_last = False  # the last slow answer took over _slow_s
         # With dynamic batching a request waits for others in the batcher: never on the loop
         # beside requests in the pool (the loop would wait for a batch it keeps from filling).
         batching = config.batching
@@ -229,7 +230,7 @@ class ApiApp:
             return
         requests = self.requests
         if (
-            self.recent_s < self.inline_max_s
+            self.inline_left
             and len(request.body) <= _INLINE_MAX_BODY
             and (requests.count == 0 or self.inline_beside_others)
         ):
@@ -332,7 +333,11 @@ class ApiApp:
         return response
 
     def took(self, took: float) -> None:
-        """Fold one answer's duration into ``recent_s``: the shortest of the last eight.
+        """Fold one answer's duration into the inline decision: a tiny model is answered on the
+        loop while one of the last eight answers took under ``inline_max_s``. ``inline_left``
+        counts down the slow answers since the last fast one (the shortest of the last eight
+        is under the threshold while it is above 0), so a fast answer, nearly every one, is
+        one comparison and one store.
 
         Why the shortest: these are wall-clock times (what blocks the loop, a wait on an
         accelerator included), and on a loaded machine a tiny model's run is often preempted
@@ -345,23 +350,17 @@ class ApiApp:
         through the pool (in process, one client, load ~8: 137 of 5,000 requests through the
         pool with one slow run enough, 41 with two in a row). (A race between pool threads
         only blurs this; it decides a fast path.)"""
-        window = self._recent
-        if took > self._slow_s:
-            if self._slow_last:
-                window[:] = [took] * len(window)
-                self.recent_s = took
-                return
-            self._slow_last = True
-        else:
-            self._slow_last = False
-        index = self._recent_next
-        evicted = window[index]
-        window[index] = took
-        self._recent_next = (index + 1) % len(window)
-        if took <= self.recent_s:
-            self.recent_s = took  # the new shortest
-        elif evicted == self.recent_s:
-            self.recent_s = min(window)  # the shortest left the window (else it is still there)
+        if took < self.inline_max_s:
+            self.inline_left = _INLINE_RUNS
+            return
+        very_slow = took > self._slow_s
+        # The answer before was slow too when the count is down (a fast one refills it), and
+        # _slow_last says whether it was far over: two in a row, the pool from now on.
+        if very_slow and self._slow_last and self.inline_left < _INLINE_RUNS:
+            self.inline_left = 0
+        elif self.inline_left:
+            self.inline_left -= 1
+        self._slow_last = very_slow
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
         """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""

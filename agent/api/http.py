@@ -478,7 +478,28 @@ class HttpProtocol(asyncio.Protocol):
             if answer is not None:
                 self._messages += 1
                 try:
-                    self._send_inline(route.head, answer, known.keep_alive)
+                    # What ``respond`` and ``_send`` do for a 200 with nothing queued, no EOF
+                    # and no allowance held (the route held and gave back its own), written
+                    # out for the one case.
+                    transport = self.transport
+                    if transport is not None and not transport.is_closing():
+                        answer_body, lines = answer
+                        keep = known.keep_alive and not self.server.draining
+                        head = f"{route.head}{len(answer_body)}\r\n{lines}{'' if keep else _CLOSE}\r\n"
+                        if len(answer_body) < _COALESCE_BYTES:
+                            transport.write(head.encode("latin-1") + answer_body)
+                        else:
+                            transport.writelines((head.encode("latin-1"), answer_body))
+                        if keep:
+                            self._timer_kind = "idle"  # _arm("idle", ...) written out
+                            now = self.loop.time()
+                            self._deadline = now + self.limits.keepalive_timeout_s
+                            if self._timer is None:
+                                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+                        else:
+                            self._closing = True
+                            self._stop_timer()
+                            transport.close()
                 finally:
                     route.answered()  # its bookkeeping, after the answer is on its way
                 return
@@ -496,31 +517,6 @@ class HttpProtocol(asyncio.Protocol):
                 known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance, known
             )
         )
-
-    def _send_inline(self, start: str, answer: tuple[bytes, str], keep_alive: bool) -> None:
-        """An inline route's answer (see ``_answer_known``): what ``respond`` and ``_send`` do for
-        a 200 with nothing queued, no EOF and no allowance held (the route held and gave back
-        its own), written out for the one case."""
-        body, lines = answer
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        keep = keep_alive and not self.server.draining
-        head = f"{start}{len(body)}\r\n{lines}{'' if keep else _CLOSE}\r\n".encode("latin-1")
-        if len(body) < _COALESCE_BYTES:
-            transport.write(head + body)
-        else:
-            transport.writelines((head, body))
-        if keep:
-            self._timer_kind = "idle"  # _arm("idle", ...) written out
-            now = self.loop.time()
-            self._deadline = now + self.limits.keepalive_timeout_s
-            if self._timer is None:
-                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
-        else:
-            self._closing = True
-            self._stop_timer()
-            transport.close()
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.

@@ -164,7 +164,9 @@ def test_a_repeated_block_is_answered_by_its_plan_exactly_as_by_the_generic_path
     # Byte for byte what the generic path answered to the same request (i = 1 and 8 send the same).
     assert answers[8] == answers[1]
     assert agent.metrics.requests.count == 0
-    assert agent.app.recent_s < 1.0  # the plan's answers fed the inline decision
+    agent.app.inline_left = 1  # seven slow answers in a row: the plan's next fast one counts
+    assert agent.send(make(values(3)))[0] == 200 and agent.generic == 2
+    assert agent.app.inline_left == 8  # the plan's answers feed the inline decision
     assert sum(agent.metrics.errors().values()) == 0
 
 
@@ -217,6 +219,39 @@ def test_nan_and_a_broken_body_are_answered_by_the_generic_path_and_the_plan_sta
     status, _, body = json_agent.send(json_request(wrong))
     assert status == 422 and b"axis 1 must be 4" in body
     assert json_agent.send(json_request(good))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b'{"inputs": {"x": ROWS}, "k": 0}',  # another key beside "inputs"
+        b'{"inputs": {"x": ROWS, "z": 0}}',  # another input
+        b'{"inputs": {"w": ROWS}}',  # another name
+        b'{"inputs": [ROWS]}',  # inputs as a list
+        b'[{"inputs": {"x": ROWS}}]',  # the document a list
+        b'{"inputs": {"x\\"": ROWS}}',  # a quote escaped in the name
+        b'{"inputs": 7, "x": ROWS}',  # the name's string elsewhere
+    ],
+)
+def test_documents_other_than_the_one_input_go_to_the_generic_path(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, document: bytes
+) -> None:
+    """The plan for a one-input model reads ``document["inputs"][name]`` and counts the body's
+    quotes instead of checking the document's keys one by one: whatever else a body of the
+    block's length holds, the generic path answers it (declined, nothing booked twice)."""
+    agent = Agent(loop, monkeypatch)
+    good = json_text(values(0))
+    for _ in range(3):
+        assert agent.send(json_request(good))[0] == 200
+    assert isinstance(agent.known_route(), PreparedInfer)
+    body = document.replace(b"ROWS", b"[[1,1,1,1]]")
+    assert len(body) <= len(good)
+    body = body[:-1] + b" " * (len(good) - len(body)) + body[-1:]
+    generic = agent.generic
+    status, _, answer = agent.send(json_request(body))
+    assert agent.generic == generic + 1, (status, answer)  # declined: the generic path answered
+    assert agent.metrics.requests.count == 0 and agent.http.budget.used == 0
+    assert agent.send(json_request(good))[0] == 200 and agent.generic == generic + 1  # the plan again
 
 
 def test_a_swapped_model_drops_the_plan_and_the_next_is_prepared_for_it(
@@ -276,7 +311,7 @@ def test_a_full_agent_and_a_slow_model_take_the_generic_path(
     assert status == 503 and headers["retry-after"] == "1"
     assert agent.metrics.errors()["overload"] == 1
     agent.metrics.requests.count = 0
-    agent.app.recent_s = float("inf")  # the model got slow: the pool answers, as before
+    agent.app.inline_left = 0  # the model got slow: the pool answers, as before
     before = agent.generic
     assert agent.send(raw_request(values(1)))[0] == 200
     assert agent.generic == before + 1

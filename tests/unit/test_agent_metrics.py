@@ -219,3 +219,40 @@ def test_link_telemetry_keeps_the_apis_queue_depth_and_reports_the_outbox_beside
 
     _with_requests_waiting(check)
     assert seen == {"queue_depth": 3, "outbox_depth": 1, "dropped": 0, "snapshot_depth": 3}
+
+
+def test_queued_samples_are_folded_once_each_whoever_folds_them() -> None:
+    """``observe`` queues; readers and every 256th sample fold. Four threads observing two
+    variants past the fold threshold while a reader folds too: every sample lands once, in its
+    variant's window, buckets and sum; samples still queued are seen by the next reader."""
+    from edgesdk.agent.metrics import LATENCY_BUCKETS_S, InferenceStats
+
+    stats = InferenceStats(max_samples=100_000)
+    stop = threading.Event()
+
+    def observe(variant: str, seconds: float) -> None:
+        for _ in range(5_000):
+            stats.observe(variant, seconds)
+
+    def read() -> None:
+        while not stop.is_set():
+            stats.totals()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=observe, args=(v, s)) for v, s in [("a", 0.0002), ("b", 0.003)] * 2]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    stop.set()
+    reader.join()
+    stats.observe("a", 0.0002)  # one more, queued: no reader has folded it yet
+    assert stats.totals() == {"a": 10_001, "b": 10_000}
+    windows = dict(stats.windows())
+    assert len(windows["a"].seconds) == 10_001 and len(windows["b"].times) == 10_000
+    first_over_a = LATENCY_BUCKETS_S.index(0.00025)
+    assert windows["a"].bucket_counts[first_over_a] == 10_001 and sum(windows["a"].bucket_counts) == 10_001
+    assert windows["b"].bucket_counts[LATENCY_BUCKETS_S.index(0.005)] == 10_000
+    assert abs(windows["b"].sum_s - 30.0) < 1e-6
+    assert stats.latency()["a"]["count"] == 10_001 and stats.throughput_rps() > 0
