@@ -114,6 +114,27 @@ def test_a_repeated_request_skips_the_parser_and_gets_the_same_answer(loop, monk
     assert len(conn.server.known_heads) == 1
 
 
+def test_the_block_a_connection_sent_last_is_matched_by_its_bytes_and_length_only(loop, monkeypatch) -> None:
+    """A connection checks its last known block first (a compare, no search or hash): another
+    block of the same read length, the same block with a longer read (pipelined) or a shorter
+    one (a partial body), each alternating with it, get what the parser's path gives them."""
+    began = _parse_count(monkeypatch)
+    conn = Connection(loop)
+    a, b = request(b"hello", "/a"), request(b"hello", "/b")
+    assert len(a) == len(b)
+    for read in (a, b, a, b):
+        conn.feed(read)
+    assert began[0] == 2 and len(conn.server.known_heads) == 2  # each parsed once, then known
+    answers = [conn.feed(read) for read in (a, b, a, a, b)]
+    assert [answer.rsplit(b" ", 2)[-2] for answer in answers] == [b"/a?", b"/b?", b"/a?", b"/a?", b"/b?"]
+    assert began[0] == 2
+    pipelined = conn.feed(a + b)  # the last block known, the read longer: the parser's path
+    assert pipelined.count(b"HTTP/1.1 200") == 2 and pipelined.endswith(b"POST /b? b'hello'")
+    assert conn.feed(a[:-2]) == b"" and conn.feed(b"lo").endswith(b"POST /a? b'hello'")
+    assert conn.feed(b).endswith(b"POST /b? b'hello'")
+    assert [r.path for r in conn.seen][-4:] == ["/a", "/b", "/a", "/b"]
+
+
 def test_the_body_share_of_the_budget_is_taken_and_given_back_on_the_known_path(loop) -> None:
     conn = Connection(loop, HttpLimits(max_inflight_bytes=100))
     conn.feed(request())
