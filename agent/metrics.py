@@ -18,8 +18,9 @@ every reader, and ``observe`` itself each ``_SETTLE_EVERY`` samples, first folds
 into the windows and buckets in bulk (``settle``: deque extends and one numpy bucket count).
 Measured on a micro-benchmark with warm caches, folding lazily had saved only ~40 ns of a
 ~265 ns ``observe`` (bisect, two appends, the sum); under wrk, where the kernel and the client
-leave the caches cold between answers, recording each sample as it came cost the tiny model's
-answer ~1.5 µs of ~80 µs of CPU (BENCHMARKS.md, issue 15, ninth session).
+leave the caches cold between answers, recording each sample as it came and the inline
+decision's update together cost the tiny model's answer ~3 µs of ~78 µs of CPU (BENCHMARKS.md,
+issue 15, ninth session).
 """
 
 from __future__ import annotations
