@@ -167,21 +167,13 @@ class PreparedInfer:
         return answer
 
     def answered(self) -> None:
-        """Once the answer is on its way: what the client need not wait for (``_finish``,
-        written out: a call less on every answer)."""
-        app = self.app
-        app.requests.count -= 1
-        budget = self.budget
-        with budget.lock:
-            budget.used -= self.hold
-        if self._allowance is not None:
-            self._allowance.release()
-            self._allowance = None
+        """Once the answer is on its way: what the client need not wait for."""
+        self._finish()
         ran = self._ran
         self.server.observe(self._variant, ran)
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
-        app.took(ran)
+        self.app.took(ran)
 
     def _finish(self) -> None:
         """The request no longer counts, nor holds its memory."""
