@@ -23,7 +23,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgesdk.agent.api.budget import unlimited_allowance  # noqa: E402
-from edgesdk.agent.api.codec import decode_json, json_counts, only_key_strings  # noqa: E402
+from edgesdk.agent.api.codec import decode_json, json_parse_cost, only_key_strings  # noqa: E402
 from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
 
 
@@ -50,8 +50,8 @@ def main() -> None:
     float64 = np.asarray(values)
     rows = {
         "agent: decode_json (whole)": lambda: decode_json(body, signature, unlimited_allowance()),
-        "  its commas and quotes counted (json_counts)": lambda: json_counts(body),
-        "  (the prepared route's: no strings but the keys, by memchr)": lambda: only_key_strings(body, 2),
+        "  the memory charge's comma count": lambda: json_parse_cost(body),
+        "  no strings but the keys (quotes found by memchr)": lambda: only_key_strings(body, 2),
         "  orjson.loads": lambda: orjson.loads(body),
         "  np.asarray(dtype=float32), numbers only": lambda: np.asarray(values, dtype=np.float32),
         "  (before: np.asarray, float64)": lambda: np.asarray(values),

@@ -172,38 +172,19 @@ JSON_VALUE_BYTES = 40
 
 def json_parse_cost(text: bytes) -> int:
     """Bytes that parsing ``text`` may allocate, bounded before parsing: every value but the
-    last is followed by a comma."""
-    return (json_counts(text)[0] + 1) * JSON_VALUE_BYTES
-
-
-def json_counts(text: bytes) -> tuple[int, int]:
-    """(commas, double quotes) in ``text``: the first bounds what parsing it may allocate
-    (``json_parse_cost``), the second says whether it holds strings other than its keys
-    (``only_key_strings``' test, for a text already in hand). Counted by ``bytes.count`` for
-    short texts; above ``_VECTOR_COUNT_MIN`` by vectorized compares, ~10x faster, over
-    ``_COUNT_CHUNK``-byte pieces into one small reused array, so that both counts read the text
-    once and no temporary of its length is made: under wrk (MobileNetV2, 3 MB of JSON, c=16)
-    the whole-text compare cost ~0.8 ms per request in page faults and cache misses, and
-    finding the last quote (``bytes.rfind``) another 0.16 ms (BENCHMARKS.md, issue 15, ninth
-    session)."""
+    last is followed by a comma. Counted by ``bytes.count`` for short texts; above
+    ``_VECTOR_COUNT_MIN`` by a vectorized compare, ~10x faster (a 3 MB MobileNetV2 body:
+    0.14 ms instead of 1.3-2 ms, ~5 % of that request) at the price of a temporary bool array
+    of the text's length, charged to nothing: it is freed before parsing starts."""
     if len(text) < _VECTOR_COUNT_MIN:
-        return text.count(b","), text.count(b'"')
-    octets = np.frombuffer(text, np.uint8)
-    out = np.empty(min(len(octets), _COUNT_CHUNK), np.bool_)
-    commas = quotes = 0
-    equal, count_nonzero = np.equal, np.count_nonzero
-    for start in range(0, len(octets), _COUNT_CHUNK):
-        piece = octets[start : start + _COUNT_CHUNK]
-        matches = out[: len(piece)]
-        commas += int(count_nonzero(equal(piece, _COMMA, out=matches)))
-        quotes += int(count_nonzero(equal(piece, _QUOTE, out=matches)))
-    return commas, quotes
+        commas = text.count(b",")
+    else:
+        commas = int(np.count_nonzero(np.frombuffer(text, np.uint8) == _COMMA))
+    return (commas + 1) * JSON_VALUE_BYTES
 
 
 _VECTOR_COUNT_MIN = 16 * 1024
-_COUNT_CHUNK = 64 * 1024
 _COMMA = ord(",")
-_QUOTE = ord('"')
 
 
 def parse_json(text: bytes) -> Any:
@@ -262,8 +243,7 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
     # hold their body and arrays only. (Holding the parse cost until the answer refused ~1 %
     # of 16 clients posting 3 MB MobileNetV2 JSON with 503: ten requests decoded at once while
     # the event loop waited for the GIL to send their answers held 130 of the 128 MiB.)
-    commas, quotes = json_counts(body)
-    temporary = (commas + 1) * JSON_VALUE_BYTES  # json_parse_cost
+    temporary = json_parse_cost(body)
     allowance.take_decoded(temporary, JSON_BODY)
     document, strict = _parse_json(body)
     if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
@@ -272,7 +252,7 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
     # Numbers only (see only_key_strings; orjson has read no NaN and no huge integer): a float
     # input is read straight into its dtype, as a hand-written server would, saving numpy's
     # float64 reading and its conversion (~1 ms of a 3 MB MobileNetV2 body's 16).
-    numbers_only = strict and len(document) == 1 and quotes == 2 * (1 + len(inputs))  # only_key_strings
+    numbers_only = strict and len(document) == 1 and only_key_strings(body, 1 + len(inputs))
     feeds: dict[str, np.ndarray] = {}
     for name, value in inputs.items():
         slot = signature.by_name.get(name)
