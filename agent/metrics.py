@@ -16,7 +16,7 @@ For Prometheus, each variant also counts its latencies into fixed histogram buck
 ``observe`` only queues the sample (variant, seconds, time: one deque append, thread-safe);
 every reader, and ``observe`` itself each ``_SETTLE_EVERY`` samples, first folds what is queued
 into the windows and buckets in bulk (``settle``: deque extends and one numpy bucket count).
-Measured on a micro-benchmark with warm caches, folding lazily had saved only ~40 ns of a
+An earlier session measured, on a micro-benchmark with warm caches, folding lazily saving ~40 ns of a
 ~265 ns ``observe`` (bisect, two appends, the sum); under wrk, where the kernel and the client
 leave the caches cold between answers, recording each sample as it came and the inline
 decision's update together cost the tiny model's answer ~3 µs of ~78 µs of CPU (BENCHMARKS.md,

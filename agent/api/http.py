@@ -314,7 +314,7 @@ class HttpProtocol(asyncio.Protocol):
                 known = self.server.known_heads.get(head)
                 if known is not None and len(data) - end == known.length:
                     self._last_known = known
-                    self._answer_known(known, data[end:] if known.length else b"")
+                    self._answer_known(known, data[end:])  # b"" when the block has no body
                     return
                 self._candidate = (head, len(data))
         try:
