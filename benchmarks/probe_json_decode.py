@@ -3,7 +3,9 @@
 One 1×3×224×224 float32 input written as bench_api.py writes it (``json.dumps`` of
 ``tolist()``, ~3 MB); best of ``--repeats`` timings, in ms, of the agent's ``decode_json``, its
 parts, and what the raw peer does (``np.asarray(orjson.loads(body)[...], dtype=float32)``), the
-rows taken in turn (a slow spell of this shared machine hits all of them).
+rows taken in turn (a slow spell of this shared machine hits all of them). The agent reads such a
+body with simdjson (agent/api/tensor_json.py) when pysimdjson is installed, else with orjson:
+both roads are timed, and their parts.
 
     .venv/bin/python benchmarks/probe_json_decode.py [--repeats 15]
 """
@@ -22,6 +24,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgesdk.agent.api import tensor_json  # noqa: E402
 from edgesdk.agent.api.budget import unlimited_allowance  # noqa: E402
 from edgesdk.agent.api.codec import decode_json, json_parse_cost, only_key_strings  # noqa: E402
 from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
@@ -48,8 +51,26 @@ def main() -> None:
     signature = Signature([TensorSlot("input", np.dtype("float32"), (1, 3, 224, 224))], [], allow_nonfinite=False)
     values = orjson.loads(body)["inputs"]["input"]
     float64 = np.asarray(values)
+    tail = body.index(b"[") - 1
+    opens = tensor_json.parse_cost(body, tail)[1]
+
+    def orjson_road() -> object:
+        tensor_json.AVAILABLE = False
+        try:
+            return decode_json(body, signature, unlimited_allowance())
+        finally:
+            tensor_json.AVAILABLE = available
+
+    available = tensor_json.AVAILABLE
     rows = {
         "agent: decode_json (whole)": lambda: decode_json(body, signature, unlimited_allowance()),
+        "  simdjson road: the memory charge's count (tensor_json.parse_cost)": lambda: tensor_json.parse_cost(
+            body, tail
+        ),
+        "  simdjson road: parse, shape check, float64 copy (_flat_numbers)": lambda: tensor_json._flat_numbers(
+            body, "input", opens
+        ),
+        "agent, orjson road (without pysimdjson; before this session)": orjson_road,
         "  the memory charge's comma count": lambda: json_parse_cost(body),
         "  no strings but the keys (quotes found by memchr)": lambda: only_key_strings(body, 2),
         "  orjson.loads": lambda: orjson.loads(body),

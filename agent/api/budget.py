@@ -114,6 +114,13 @@ class Allowance:
                 budget.used -= size
                 self.held -= size
 
+    def refund(self, size: int) -> None:
+        """Return ``size`` bytes taken for a reading that was abandoned before it built anything
+        that stays (another reading of the same body follows, and charges its own): back to the
+        budget and off the per-request cap, as if never taken."""
+        self.give_back(size)
+        self.decoded -= size
+
     def release(self) -> None:
         """Give everything back (idempotent)."""
         budget = self.budget

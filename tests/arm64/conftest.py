@@ -40,6 +40,7 @@ AGENT_IMPORTS = (
     "httptools",
     "uvloop",
     "orjson",
+    "simdjson",
     "cryptography.hazmat.primitives.ciphers.aead",
     "pydantic_core",
     "numpy",

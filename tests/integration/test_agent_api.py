@@ -186,6 +186,47 @@ def test_a_large_input_with_one_nonfinite_value_is_refused_and_serving_goes_on(c
     assert np.isfinite(np.frombuffer(served.content, "<f4")).all()
 
 
+def test_a_large_json_batch_is_answered_as_its_raw_tensors_and_bad_ones_as_before(client) -> None:
+    """Bodies of 16 KiB and more holding one float input are read by simdjson
+    (agent/api/tensor_json.py): the same logits as the same images sent raw, bit for bit, and
+    a body broken where only a full reading sees it gets the usual error."""
+    # 96 images: 126 KB, its charge on this road ~860 KB, within this agent's 1 MB cap.
+    images = np.random.default_rng(9).random((96, 1, 8, 8), dtype=np.float32)
+    text = json.dumps({"inputs": {"image": images.tolist()}})
+    assert len(text) > 16 * 1024
+    answer = client.post("/v1/models/digits/infer", content=text, headers={"content-type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    raw = client.post(
+        "/v1/models/digits/infer",
+        content=images.tobytes(),
+        headers={"content-type": "application/x-edgesdk-tensors", "x-tensors": "image=float32[96,1,8,8]"},
+    )
+    logits = np.asarray(answer.json()["outputs"]["logits"], np.float32)
+    assert logits.tobytes() == raw.content
+
+    rows = images.tolist()
+    hidden = json.loads(json.dumps(rows))
+    hidden[3][0][2][5] = [hidden[3][0][2][5]]  # a list where a number goes: as many numbers
+    ragged = json.loads(json.dumps(rows))
+    ragged[7][0][1].append(ragged[7][0][2].pop())  # rows of 9 and 7: as many numbers
+    bad = {
+        "a list for a number": (json.dumps({"inputs": {"image": hidden}}), 400),
+        "ragged rows": (json.dumps({"inputs": {"image": ragged}}), 400),
+        "rank 2": (json.dumps({"inputs": {"image": images.reshape(96, 64).tolist()}}), 422),
+        "NaN": (json.dumps({"inputs": {"image": rows[:-1] + [[[[float("nan")] * 8] * 8]]}}), 422),
+    }
+    for name, (body, status) in bad.items():
+        refused = client.post("/v1/models/digits/infer", content=body, headers={"content-type": "application/json"})
+        assert refused.status_code == status, (name, refused.text)
+        assert "error" in refused.json(), name
+    assert (
+        client.post("/v1/models/digits/infer", content=text, headers={"content-type": "application/json"}).json()[
+            "outputs"
+        ]
+        == answer.json()["outputs"]
+    )
+
+
 def test_unknown_model_route_and_method(client) -> None:
     unknown = client.post("/v1/models/cats/infer", json={"inputs": {}})
     assert unknown.status_code == 404 and "cats" in unknown.json()["error"]

@@ -81,6 +81,12 @@ def npz_bomb(array_bytes: int) -> bytes:
     return buffer.getvalue()
 
 
+def image_rows(last: bytes) -> bytes:
+    """One 1x8x8 digits image as JSON text, its last number written as ``last``."""
+    row = b"[" + b", ".join([b"0.25"] * 8) + b"]"
+    return b"[[" + b", ".join([row] * 7) + b", [" + b", ".join([b"0.25"] * 7 + [last]) + b"]]]"
+
+
 @pytest.fixture(scope="module")
 def bombs() -> dict[str, tuple[bytes, dict[str, str], str]]:
     """name → (body, headers, path); each declares far more than it weighs or the model takes."""
@@ -112,6 +118,18 @@ def bombs() -> dict[str, tuple[bytes, dict[str, str], str]]:
         ),
         "json_flat_4M": (
             b'{"inputs": {"image": [' + b"0," * (4 * MiB - 1) + b"0]}}",
+            {"content-type": "application/json"},
+            infer,
+        ),
+        # Read by simdjson (bodies of one float input, 16 KiB and more: agent/api/tensor_json.py):
+        # a whole rectangular tensor of the wrong rank, and one hiding a list among its numbers.
+        "json_tensor_wrong_rank": (
+            b'{"inputs": {"image": [[' + b"0.123456789, " * 200_000 + b"0.5]]}}",
+            {"content-type": "application/json"},
+            infer,
+        ),
+        "json_tensor_hidden_list": (
+            b'{"inputs": {"image": [' + b", ".join([image_rows(b"0.5")] * 200 + [image_rows(b"[0.5]")]) + b"]}}",
             {"content-type": "application/json"},
             infer,
         ),
