@@ -14,7 +14,8 @@ Bodies, as the agent speaks them: JSON ``{"inputs": {"image": [...]}}`` answered
 ``{"outputs": {"logits": [...]}}`` (float32 kept by orjson), ``.npy`` answered ``.npy``, raw
 little-endian float32 with an ``X-Tensors`` header answered the same way.
 
-Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N) [--threads N] [--spinning on|off]``.
+Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N) [--threads N] [--spinning on|off]
+[--json orjson|simdjson]``.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real `Request` class
@@ -35,11 +36,13 @@ Answer = tuple[bytes, str, list[tuple[str, str]]]
 
 
 def make_work(
-    model_path: str, threads: int | None = None, spinning: bool | None = None
+    model_path: str, threads: int | None = None, spinning: bool | None = None, json_parser: str = "orjson"
 ) -> Callable[[str, bytes, str], Answer]:
     """(content type, body, X-Tensors) → (body, content type, extra headers). ``threads`` and
     ``spinning`` set onnxruntime's intra-op threads and their spin-wait (None: its default), as
-    bench_api.py sets them for the agent too."""
+    bench_api.py sets them for the agent too. ``json_parser``: ``orjson`` (the recipe the issue
+    names), or ``simdjson``: the input's numbers copied by pysimdjson into one float64 buffer,
+    reshaped to the model's input shape (what the agent does, minus its checks)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -49,7 +52,17 @@ def make_work(
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     session = ort.InferenceSession(model_path, sess_options=options, providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
+    input_shape = tuple(d if isinstance(d, int) else -1 for d in session.get_inputs()[0].shape)
     output_name = session.get_outputs()[0].name
+
+    def read_json(body: bytes) -> np.ndarray:
+        if json_parser == "simdjson":
+            numbers = simdjson.Parser().parse(body)["inputs"][input_name].as_buffer(of_type="d")
+            return np.frombuffer(numbers, np.float64).astype(np.float32).reshape(input_shape)
+        return np.asarray(orjson.loads(body)["inputs"][input_name], dtype=np.float32)
+
+    if json_parser == "simdjson":
+        import simdjson
 
     def work(content_type: str, body: bytes, x_tensors: str) -> Answer:
         if content_type.startswith("application/x-npy"):
@@ -63,8 +76,7 @@ def make_work(
             (out,) = session.run([output_name], {input_name: np.frombuffer(body, np.float32).reshape(shape)})
             dims = ",".join(str(d) for d in out.shape)
             return out.tobytes(), "application/x-edgesdk-tensors", [("X-Tensors", f"{output_name}=float32[{dims}]")]
-        image = np.asarray(orjson.loads(body)["inputs"][input_name], dtype=np.float32)
-        (out,) = session.run([output_name], {input_name: image})
+        (out,) = session.run([output_name], {input_name: read_json(body)})
         return orjson.dumps({"outputs": {output_name: out}}, option=orjson.OPT_SERIALIZE_NUMPY), "application/json", []
 
     return work
@@ -163,8 +175,9 @@ def main() -> None:
     mode.add_argument("--pool", type=int, help="run the model in a thread pool of this many workers")
     parser.add_argument("--threads", type=int, help="onnxruntime intra_op_num_threads (default: its own)")
     parser.add_argument("--spinning", choices=["on", "off"], help="onnxruntime intra-op spin-wait (default: its own)")
+    parser.add_argument("--json", choices=["orjson", "simdjson"], default="orjson", help="how JSON bodies are read")
     args = parser.parse_args()
-    work = make_work(args.model, args.threads, None if args.spinning is None else args.spinning == "on")
+    work = make_work(args.model, args.threads, None if args.spinning is None else args.spinning == "on", args.json)
     pool = ThreadPoolExecutor(max_workers=args.pool) if args.pool else None
     if args.kind == "fastapi":
         import uvicorn

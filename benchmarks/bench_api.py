@@ -437,6 +437,8 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"load average before/after each round: {' | '.join(result['load_average'])}")
     if "runtime" in result:
         print(f"onnxruntime on every server: {result['runtime']}")
+    if "peer_json" in result:
+        print(f"the peers read JSON bodies with {result['peer_json']}")
     for model_name, why in result.get("agent_threads", {}).items():
         print(f"{model_name}: intra-op threads {why} (the peers run the same)")
     header = (
@@ -481,6 +483,12 @@ def main() -> None:
         default="on" if default_spinning else "off",
         help="onnxruntime intra-op spin-wait, every server (default: the agent's runtime_spinning)",
     )
+    parser.add_argument(
+        "--peer-json",
+        choices=["orjson", "simdjson"],
+        default="orjson",
+        help="how the peers read JSON bodies (default orjson, the issue's recipe; simdjson: as the agent reads large ones)",
+    )
     args = parser.parse_args()
     only = tuple(m for m in args.models.split(",") if m)
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -507,9 +515,14 @@ def main() -> None:
         workdir = Path(tmp)
         runtime = (args.runtime_threads, args.spinning == "on")
         models = prepare(workdir, only, runtime)
+        if args.peer_json != "orjson":
+            models = {
+                name: {**m, "peer_mode": [*m["peer_mode"], "--json", args.peer_json]} for name, m in models.items()
+            }
         started = time.monotonic()
         result = bench(models, workdir, seconds, args.rounds, body_names, concurrencies)
         result["runtime"] = {"intra_op_num_threads": runtime[0] or "onnxruntime default", "spinning": runtime[1]}
+        result["peer_json"] = args.peer_json
         result["wall_s"] = round(time.monotonic() - started, 1)
     print_table(result)
     if args.json:

@@ -255,3 +255,14 @@ def test_no_body_touches_more_memory_than_it_is_charged(kind: str) -> None:
     print(kind, measured)
     assert measured["peak"] > 0  # it measured something
     assert measured["peak"] <= measured["cost"], measured
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5000])
+def test_lists_are_counted_the_same_one_by_one_and_in_bulk(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = body([[[0.5] * 3] * rows]) + b" [ "  # a stray bracket after the document counts too
+    tail = text.index(b"[") - 2
+    one_by_one = tensor_json.parse_cost(text, tail)
+    monkeypatch.setattr(tensor_json, "FIND_OPENS_MAX", 0)
+    in_bulk = tensor_json.parse_cost(text, tail)
+    assert one_by_one == in_bulk
+    assert one_by_one[1] == 2 + rows + 1
