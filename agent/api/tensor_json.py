@@ -2,8 +2,9 @@
 per number.
 
 Why: orjson's document of a 3 MB MobileNetV2 body is 150,528 Python floats in 677 lists, built
-(~6.5 ms) only for numpy to read them back; simdjson parses the same text and copies its numbers
-into one float64 buffer in ~3.3 ms (BENCHMARKS.md, issue 15).
+(~4.7 ms) only for numpy to read them back (~2.7 ms); simdjson parses the same text and copies
+its numbers into one float64 buffer in ~3.6 ms, and the memory charge's count adds ~0.7 ms
+(``decode_json`` in all: 5.0 against 8.1 ms; BENCHMARKS.md, issue 15, tenth session).
 
 Only the usual body takes this road: ``{"inputs": {"<name>": [[...]]}}`` holding one float
 input as rectangular lists of numbers, no string but the two keys. Anything else (another
@@ -72,7 +73,7 @@ def parse_cost(body: bytes, tail: int) -> tuple[int, int, int]:
       scalar follows, and a list's ``[`` is counted;
     * as_buffer copies each number into 8 bytes.
 
-    A MobileNetV2 body as json.dumps writes it (``, `` between numbers) is charged ~4x its
+    A MobileNetV2 body as json.dumps writes it (``, `` between numbers) is charged ~4.3x its
     size (orjson's road charges ~2x), and no body, however written, touches more
     (tests/unit/test_agent_tensor_json.py measures the worst bodies it knows)."""
     codes = np.frombuffer(body, np.uint8)
