@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> None:
 def one_blas_thread() -> None:
     """numpy's OpenBLAS, unless told otherwise, starts a worker thread per core and splits
     large calls between them. The agent's BLAS calls are the NaN/Inf scan's dot products:
-    a 602 KB MobileNetV2 input's takes 11.7 µs on one thread and 11.7 µs on two here, at 13.6
-    µs of CPU instead of 11.7 (a second thread woken beside the model runtime's own, for
-    nothing). OpenBLAS reads this when numpy loads, which nothing has done yet here; an
+    a 602 KB MobileNetV2 input's takes 12.2 µs on one thread and on two here, at 13.3 µs of
+    CPU instead of 12.2 (a second thread woken beside the model runtime's own, for nothing;
+    benchmarks/probe_blas_threads.py). OpenBLAS reads this when numpy loads, which nothing has done yet here; an
     operator's own setting stays."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

@@ -54,15 +54,14 @@ def make_work(
     input_name = session.get_inputs()[0].name
     input_shape = tuple(d if isinstance(d, int) else -1 for d in session.get_inputs()[0].shape)
     output_name = session.get_outputs()[0].name
+    if json_parser == "simdjson":
+        import simdjson
 
     def read_json(body: bytes) -> np.ndarray:
         if json_parser == "simdjson":
             numbers = simdjson.Parser().parse(body)["inputs"][input_name].as_buffer(of_type="d")
             return np.frombuffer(numbers, np.float64).astype(np.float32).reshape(input_shape)
         return np.asarray(orjson.loads(body)["inputs"][input_name], dtype=np.float32)
-
-    if json_parser == "simdjson":
-        import simdjson
 
     def work(content_type: str, body: bytes, x_tensors: str) -> Answer:
         if content_type.startswith("application/x-npy"):

@@ -53,15 +53,6 @@ def main() -> None:
     float64 = np.asarray(values)
     tail = body.index(b"[") - 1
     opens = tensor_json.parse_cost(body, tail)[1]
-
-    def orjson_road() -> object:
-        tensor_json.AVAILABLE = False
-        try:
-            return decode_json(body, signature, unlimited_allowance())
-        finally:
-            tensor_json.AVAILABLE = available
-
-    available = tensor_json.AVAILABLE
     rows = {
         "agent: decode_json (whole)": lambda: decode_json(body, signature, unlimited_allowance()),
         "  simdjson road: the memory charge's count (tensor_json.parse_cost)": lambda: tensor_json.parse_cost(
@@ -70,7 +61,7 @@ def main() -> None:
         "  simdjson road: parse, shape check, float64 copy (_flat_numbers)": lambda: tensor_json._flat_numbers(
             body, "input", opens
         ),
-        "agent, orjson road (without pysimdjson; before this session)": orjson_road,
+        "agent, orjson road (without pysimdjson; before this session)": lambda: orjson_road(body, signature),
         "  the memory charge's comma count": lambda: json_parse_cost(body),
         "  no strings but the keys (quotes found by memchr)": lambda: only_key_strings(body, 2),
         "  orjson.loads": lambda: orjson.loads(body),
@@ -84,6 +75,33 @@ def main() -> None:
     print(f"body: {len(body):,} bytes; best of {args.repeats}\n\n| step | ms |\n| --- | ---: |")
     for label, ms in best_ms(rows, args.repeats).items():
         print(f"| {label} | {ms:.2f} |")
+    print("\nOther bodies, decode_json in µs (best of --repeats):\n")
+    print("| input shape | body bytes | simdjson road | orjson road |\n| --- | ---: | ---: | ---: |")
+    for shape in OTHER_SHAPES:
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+        other = json.dumps({"inputs": {"input": x.tolist()}}).encode()
+        model = Signature([TensorSlot("input", np.dtype("float32"), shape)], [], allow_nonfinite=False)
+        times = best_ms(
+            {
+                "simdjson": lambda other=other, model=model: decode_json(other, model, unlimited_allowance()),
+                "orjson": lambda other=other, model=model: orjson_road(other, model),
+            },
+            args.repeats,
+        )
+        print(f"| {shape} | {len(other):,} | {times['simdjson'] * 1e3:,.0f} | {times['orjson'] * 1e3:,.0f} |")
+
+
+#: A digits image (under MIN_BODY_BYTES: both columns take the orjson road), long and short rows.
+OTHER_SHAPES = [(1, 1, 8, 8), (1, 1024), (1, 3, 64, 64), (512, 1, 8, 8), (1, 20000, 1)]
+
+
+def orjson_road(body: bytes, signature: Signature) -> object:
+    """decode_json as it reads without pysimdjson."""
+    available, tensor_json.AVAILABLE = tensor_json.AVAILABLE, False
+    try:
+        return decode_json(body, signature, unlimited_allowance())
+    finally:
+        tensor_json.AVAILABLE = available
 
 
 if __name__ == "__main__":

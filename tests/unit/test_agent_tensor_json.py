@@ -192,7 +192,7 @@ def test_a_large_body_takes_the_simdjson_road(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_body_over_the_requests_cap_on_this_road_takes_the_orjson_road(monkeypatch: pytest.MonkeyPatch) -> None:
-    """simdjson's charge (~3x the body) is larger than orjson's (~2x): a cap between the two
+    """simdjson's charge (~4x the body) is larger than orjson's (~2x): a cap between the two
     must not turn a request the agent answered into a 413."""
     x = np.random.default_rng(1).random((1, 3, 64, 64), dtype=np.float32)
     text = json.dumps({"inputs": {"input": x.tolist()}}).encode()
