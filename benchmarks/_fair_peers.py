@@ -15,7 +15,15 @@ Bodies, as the agent speaks them: JSON ``{"inputs": {"image": [...]}}`` answered
 little-endian float32 with an ``X-Tensors`` header answered the same way.
 
 Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N) [--threads N] [--spinning on|off]
-[--json orjson|simdjson]``.
+[--json orjson|simdjson] [--floor model|decode|encode|answer|echo]``.
+
+``--floor`` (raw only) makes the server a bound, not a peer (``probe_c1_floor.py``): ``model``
+runs the model on the first request's input for every request and sends its first answer again
+(no decode, no encode); ``decode`` also reads each JSON body and runs the model on it,
+``encode`` also writes each JSON answer (the model floor plus one of the two); ``answer`` sends the first answer without running anything (httptools and
+the event loop alone); ``echo`` does not even parse: every read is answered with the first
+answer's whole response (valid for a client that sends one request per read and waits, as wrk
+at one connection does).
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real `Request` class
@@ -27,6 +35,7 @@ import io
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import orjson
@@ -36,13 +45,18 @@ Answer = tuple[bytes, str, list[tuple[str, str]]]
 
 
 def make_work(
-    model_path: str, threads: int | None = None, spinning: bool | None = None, json_parser: str = "orjson"
+    model_path: str,
+    threads: int | None = None,
+    spinning: bool | None = None,
+    json_parser: str = "orjson",
+    floor: str | None = None,
 ) -> Callable[[str, bytes, str], Answer]:
     """(content type, body, X-Tensors) → (body, content type, extra headers). ``threads`` and
     ``spinning`` set onnxruntime's intra-op threads and their spin-wait (None: its default), as
     bench_api.py sets them for the agent too. ``json_parser``: ``orjson`` (the recipe the issue
     names), or ``simdjson``: the input's numbers copied by pysimdjson into one float64 buffer,
-    reshaped to the model's input shape (what the agent does, minus its checks)."""
+    reshaped to the model's input shape (what the agent does, minus its checks). ``floor``: see
+    ``--floor`` (the module's doc)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -63,22 +77,51 @@ def make_work(
             return np.frombuffer(numbers, np.float64).astype(np.float32).reshape(input_shape)
         return np.asarray(orjson.loads(body)["inputs"][input_name], dtype=np.float32)
 
+    first: list[Any] = []  # --floor: the first request's input and answer
+
+    def recording_run(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if not first:
+            first.append(feeds)
+        return session.run(names, feeds)  # type: ignore[no-any-return]
+
+    run = session.run if floor is None else recording_run
+
     def work(content_type: str, body: bytes, x_tensors: str) -> Answer:
         if content_type.startswith("application/x-npy"):
-            (out,) = session.run([output_name], {input_name: np.load(io.BytesIO(body), allow_pickle=False)})
+            (out,) = run([output_name], {input_name: np.load(io.BytesIO(body), allow_pickle=False)})
             buffer = io.BytesIO()
             np.save(buffer, out, allow_pickle=False)
             return buffer.getvalue(), "application/x-npy", []
         if content_type.startswith("application/x-edgesdk-tensors"):
             match = _SHAPE.search(x_tensors)
             shape = tuple(int(d) for d in match.group(1).split(",")) if match else (-1,)
-            (out,) = session.run([output_name], {input_name: np.frombuffer(body, np.float32).reshape(shape)})
+            (out,) = run([output_name], {input_name: np.frombuffer(body, np.float32).reshape(shape)})
             dims = ",".join(str(d) for d in out.shape)
             return out.tobytes(), "application/x-edgesdk-tensors", [("X-Tensors", f"{output_name}=float32[{dims}]")]
-        (out,) = session.run([output_name], {input_name: read_json(body)})
+        (out,) = run([output_name], {input_name: read_json(body)})
         return orjson.dumps({"outputs": {output_name: out}}, option=orjson.OPT_SERIALIZE_NUMPY), "application/json", []
 
-    return work
+    if floor is None:
+        return work
+    answered: list[Answer] = []
+
+    def bound(content_type: str, body: bytes, x_tensors: str) -> Answer:
+        if not answered:
+            answered.append(work(content_type, body, x_tensors))
+        elif floor == "model":
+            session.run([output_name], first[0])
+        elif floor == "decode":  # JSON bodies: read each one, as work does
+            session.run([output_name], {input_name: read_json(body)})
+        elif floor == "encode":  # JSON answers: written for each run, as work does
+            (out,) = session.run([output_name], first[0])
+            return (
+                orjson.dumps({"outputs": {output_name: out}}, option=orjson.OPT_SERIALIZE_NUMPY),
+                "application/json",
+                [],
+            )
+        return answered[0]
+
+    return bound
 
 
 def fastapi_app(work: Callable[[str, bytes, str], Answer], pool: ThreadPoolExecutor | None):  # type: ignore[no-untyped-def]
@@ -157,9 +200,29 @@ class RawProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-async def serve_raw(port: int) -> None:
+class EchoProtocol(RawProtocol):
+    """``--floor echo``: the first request is parsed and answered as RawProtocol does; every
+    read after it gets that whole response again, unparsed (the event loop's floor)."""
+
+    response = b""
+
+    def data_received(self, data: bytes) -> None:
+        if EchoProtocol.response:
+            self.transport.write(EchoProtocol.response)
+        else:
+            super().data_received(data)
+
+    def send(self, answer: Answer, keep_alive: bool) -> None:
+        content, media_type, headers = answer
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: {media_type}\r\nContent-Length: {len(content)}\r\n{extra}\r\n"
+        EchoProtocol.response = head.encode() + content
+        self.transport.write(EchoProtocol.response)
+
+
+async def serve_raw(port: int, protocol: type[RawProtocol] = RawProtocol) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(RawProtocol, "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(protocol, "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -175,8 +238,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="onnxruntime intra_op_num_threads (default: its own)")
     parser.add_argument("--spinning", choices=["on", "off"], help="onnxruntime intra-op spin-wait (default: its own)")
     parser.add_argument("--json", choices=["orjson", "simdjson"], default="orjson", help="how JSON bodies are read")
+    parser.add_argument(
+        "--floor",
+        choices=["model", "decode", "encode", "answer", "echo"],
+        help="raw only: a bound, not a peer (see module)",
+    )
     args = parser.parse_args()
-    work = make_work(args.model, args.threads, None if args.spinning is None else args.spinning == "on", args.json)
+    if args.floor and (args.kind != "raw" or args.pool):
+        parser.error("--floor is for the raw server with --inline")
+    floor = "answer" if args.floor == "echo" else args.floor
+    work = make_work(
+        args.model, args.threads, None if args.spinning is None else args.spinning == "on", args.json, floor
+    )
     pool = ThreadPoolExecutor(max_workers=args.pool) if args.pool else None
     if args.kind == "fastapi":
         import uvicorn
@@ -195,7 +268,7 @@ def main() -> None:
 
         RawProtocol.work = staticmethod(work)  # type: ignore[assignment]
         RawProtocol.pool = pool
-        uvloop.run(serve_raw(args.port))
+        uvloop.run(serve_raw(args.port, EchoProtocol if args.floor == "echo" else RawProtocol))
 
 
 if __name__ == "__main__":
