@@ -243,6 +243,9 @@ class Metrics:
         self.governor = governor
         self.measured = measured or (lambda: None)  # what on-device profiling measured, for telemetry
         self.requests = RequestsInFlight()
+        #: Inferences of a tiny model answered on the event loop in a batch of two or more
+        #: (``api.inline_batch_max``; agent/api/prepared.py), counted on the loop's thread.
+        self.inline_batched = 0
         self.outbox: OutboxGauge | None = None
         self.models: ModelsReadout | None = None  # every model of the device (attach_models)
         self.started = time.monotonic()
@@ -390,6 +393,12 @@ class Metrics:
             "counter",
             "failed requests by kind",
             [({"kind": k}, n) for k, n in sorted(snap["errors"].items())],
+        )
+        metric(
+            "inline_batched_inferences_total",
+            "counter",
+            "inferences answered on the event loop in a batch of two or more requests (api.inline_batch_max)",
+            [({}, self.inline_batched)],
         )
         metric(
             "queue_depth",

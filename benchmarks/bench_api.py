@@ -159,9 +159,11 @@ def prepare(
     workdir: Path,
     only: tuple[str, ...] = ("digits", "mobilenet"),
     runtime: tuple[int | None, bool] | None = None,
+    api: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per model: the ONNX file, an installed agent device, one sample input, how peers run it
-    (``runtime``: onnxruntime's threads and spinning for every server; the agent's defaults)."""
+    (``runtime``: onnxruntime's threads and spinning for every server; the agent's defaults).
+    ``api``: settings of the agent's ``[api]`` section other than its defaults."""
     threads, spinning = runtime or agent_runtime_defaults()
     from edgesdk.workloads import mobilenet
     from edgesdk.workloads.digits import prepare_digits
@@ -189,6 +191,7 @@ def prepare(
             governor={"source": "psutil", "poll_interval_s": 1.0},
             runtime_spinning=spinning,
             **({"runtime_threads": threads} if threads else {}),
+            **({"api": api} if api else {}),
         )
         bundle = device.bundle(convert, version="1.0.0", release=1, name=name)
         proc = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundle))
@@ -489,6 +492,11 @@ def main() -> None:
         default="orjson",
         help="how the peers read JSON bodies (default orjson, the issue's recipe; simdjson: as the agent reads large ones)",
     )
+    parser.add_argument(
+        "--inline-batch-max",
+        type=int,
+        help="the agent's api.inline_batch_max (default: the agent's own, 16; 1: no batches on the event loop)",
+    )
     args = parser.parse_args()
     only = tuple(m for m in args.models.split(",") if m)
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -514,7 +522,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
         workdir = Path(tmp)
         runtime = (args.runtime_threads, args.spinning == "on")
-        models = prepare(workdir, only, runtime)
+        api = {"inline_batch_max": args.inline_batch_max} if args.inline_batch_max else None
+        models = prepare(workdir, only, runtime, api)
         if args.peer_json != "orjson":
             models = {
                 name: {**m, "peer_mode": [*m["peer_mode"], "--json", args.peer_json]} for name, m in models.items()
@@ -523,6 +532,7 @@ def main() -> None:
         result = bench(models, workdir, seconds, args.rounds, body_names, concurrencies)
         result["runtime"] = {"intra_op_num_threads": runtime[0] or "onnxruntime default", "spinning": runtime[1]}
         result["peer_json"] = args.peer_json
+        result["agent_inline_batch_max"] = args.inline_batch_max or "the agent's default"
         result["wall_s"] = round(time.monotonic() - started, 1)
     print_table(result)
     if args.json:

@@ -9,6 +9,8 @@ repository (``cd /tmp``) so that checkout's ``edgesdk`` is the one the second ag
     .venv/bin/python benchmarks/probe_wrk_threads.py --model mobilenet --body raw --concurrency 1 \
         --rounds 8 --seconds 4 [--other-tree /tmp/base]
 
+``--batched-agent N`` adds this tree's agent with ``api.inline_batch_max = N``.
+
 Rounds interleave the servers and rotate their order; printed: each server's medians and the
 agents' per-round throughput ratios to the raw peer.
 """
@@ -53,6 +55,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--other-tree", type=Path, help="a checkout whose agent runs beside this one")
+    parser.add_argument(
+        "--batched-agent",
+        type=int,
+        metavar="N",
+        help="also run this tree's agent with api.inline_batch_max = N (batches on the event loop)",
+    )
     args = parser.parse_args()
     from tests.agent_helpers import AgentProcess, agent_env
 
@@ -67,6 +75,10 @@ def main() -> None:
         env["PYTHONPATH"] = str(args.other_tree.resolve())
         agents.append(AgentProcess(device, env=env).start())
         servers["other agent"] = (agents[1].port, path, agents[1].proc.pid)
+    if args.batched_agent:
+        device = bench_api.prepare(work / "batched", (args.model,), api={"inline_batch_max": args.batched_agent})
+        agents.append(AgentProcess(device[args.model]["device"]).start())
+        servers[f"agent, batches of <= {args.batched_agent}"] = (agents[-1].port, path, agents[-1].proc.pid)
     # The peer runs the model with the intra-op threads the agent chose, as in bench_api.py.
     model = bench_api.matched_to_agent(model, bench_api.agent_threads(agents[0].port, args.model))
     peer, port = bench_api.start_peer("raw", model)

@@ -133,6 +133,8 @@ class ApiApp:
         # beside requests in the pool (the loop would wait for a batch it keeps from filling).
         batching = config.batching
         self.inline_beside_others = not (batching.enabled or any(m.enabled for m in batching.models.values()))
+        # Requests of a tiny model that one wake-up of the loop brings, run as one batch (prepared.py).
+        self.inline_batch_max = config.inline_batch_max
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
 

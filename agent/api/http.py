@@ -169,6 +169,14 @@ class InlineRoute(Protocol):
         else)."""
         ...
 
+    #: Whether the route may take requests to answer later (``later``): set once, when prepared.
+    batching: bool
+
+    def later(self, connection: HttpProtocol, body: bytes) -> bool:
+        """Take the request to answer after the loop's other reads of this wake-up (in one batch
+        with them), by ``connection.answer_later``; or False: ask ``answer`` now."""
+        ...
+
 
 Respond = Callable[[Response], None]
 Handler = Callable[[Request, Respond], None]
@@ -483,6 +491,13 @@ class HttpProtocol(asyncio.Protocol):
         when the block has an inline route that answers it, only the answer."""
         route = known.route
         if route is not None:
+            if route.batching and len(self.server.connections) > 1 and route.later(self, body):
+                # Its answer comes from answer_later, after this wake-up's other reads: until
+                # then the connection is busy (what else it sends waits in the queue).
+                self._messages += 1
+                self._busy = True
+                self._timer_kind = ""  # _disarm, written out
+                return
             try:
                 answer = route.answer(body)
             except Exception:  # noqa: BLE001 - a broken route must not take the connection down
@@ -516,6 +531,11 @@ class HttpProtocol(asyncio.Protocol):
                 finally:
                     route.answered()  # its bookkeeping, after the answer is on its way
                 return
+        self._messages += 1
+        self._to_handler(known, body)
+
+    def _to_handler(self, known: KnownHead, body: bytes) -> None:
+        """A request of ``known`` with ``body``, to the server's handler as any other."""
         allowance = None
         if known.length:
             allowance = Allowance(self.server.budget, self.server.decoded_bytes)
@@ -523,13 +543,46 @@ class HttpProtocol(asyncio.Protocol):
                 self.server.on_over_budget()
                 self._fail(_error(503, self.server.over_budget_message(known.length), [("Retry-After", "1")]))
                 return
-        self._messages += 1
         self._timer_kind = ""  # _disarm, written out
         self._dispatch(
             Request(
                 known.method, known.path, known.query, dict(known.headers), body, known.keep_alive, allowance, known
             )
         )
+
+    def answer_later(self, known: KnownHead, body: bytes, answer: tuple[bytes, str] | None, head: str) -> None:
+        """The answer to the request of ``known`` with ``body`` that its route took to answer later
+        (``InlineRoute.later``; ``answer`` and ``head`` as ``answer`` and ``head`` there): what
+        ``respond`` does for a 200 (the connection was busy meanwhile: a half-close, pipelined
+        requests, a closed connection are handled as for any answer). None: the route declined
+        after all; the server's handler answers it."""
+        if answer is None:
+            self._busy = False
+            if not self._closing:
+                self._to_handler(known, body)
+            return
+        transport = self.transport
+        keep = known.keep_alive and not self.server.draining and not (self._eof and not self._queue)
+        if transport is None or self._closing or transport.is_closing():
+            return
+        answer_body, lines = answer
+        head = f"{head}{len(answer_body)}\r\n{lines}{'' if keep else _CLOSE}\r\n"
+        if len(answer_body) < _COALESCE_BYTES:
+            transport.write(head.encode("latin-1") + answer_body)
+        else:
+            transport.writelines((head.encode("latin-1"), answer_body))
+        if not keep:
+            self._closing = True
+            self._stop_timer()
+            transport.close()
+            return
+        self._busy = False
+        if self._paused:
+            self._resume()
+        if self._queue:
+            self._drain()
+        elif self._phase == _IDLE:
+            self._arm("idle", self.limits.keepalive_timeout_s)
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.

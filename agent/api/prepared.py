@@ -55,6 +55,7 @@ from edgesdk.agent.api.codec import (
     tensor_entries,
 )
 from edgesdk.agent.api.http import KnownHead, Request, dumps, head_start
+from edgesdk.agent.batching import has_batch_axis
 from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.serving import ServedModel
 
@@ -91,6 +92,13 @@ class PreparedInfer:
         "_variant",
         "_ran",
         "_allowance",
+        "batching",
+        "batch_max",
+        "_input",
+        "_pending",
+        "_company",
+        "_probe_left",
+        "_probes",
     )
 
     def __init__(
@@ -104,6 +112,7 @@ class PreparedInfer:
         limits: Allowance,
         hold: int,
         allowances: bool,
+        batch_input: str | None = None,
     ) -> None:
         self.app = app
         self.server = app.server
@@ -129,6 +138,16 @@ class PreparedInfer:
         self._variant = ""
         self._ran = 0.0
         self._allowance: Allowance | None = None
+        # Batches of the requests one wake-up of the loop brings (``later``): the model's one
+        # input, when it has a batch axis and the API allows batches (inline_batch_max > 1).
+        self.batching = batch_input is not None
+        self.batch_max = app.inline_batch_max
+        self._input = batch_input or ""
+        #: (connection, body, its input array, its Allowance) of the requests taken for the next batch.
+        self._pending: list[tuple[Any, bytes, np.ndarray, Allowance | None]] = []
+        self._company = 0  # requests in the last batch
+        self._probe_left = _PROBE_EVERY
+        self._probes = 0
 
     def answer(self, body: bytes) -> tuple[bytes, str] | None:
         app = self.app
@@ -174,6 +193,131 @@ class PreparedInfer:
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
         self.app.took(ran)
+
+    def later(self, connection: Any, body: bytes) -> bool:
+        """Take this request for a batch with the others this wake-up of the loop brings (from
+        other connections: each sends one request at a time), run once their reads are done
+        (``_run_batch``, next on the loop), or False: ``answer`` answers it now.
+
+        A batch runs only when it may have company: the first request of a wake-up is taken
+        when the last batch had two or more, and, after a batch ran alone, every
+        ``_PROBE_EVERY``-th request or so (clients come and go); else it is answered at once, as
+        without batching (a lone request waiting for nobody would only lose the loop's turn).
+        A request taken holds what ``answer`` would (its count, its memory share) and has been
+        decoded and checked; a body that does not decode is left to ``answer``, which declines
+        it as always."""
+        pending = self._pending
+        if not pending:
+            if self._company < 2:
+                self._probe_left -= 1
+                if self._probe_left > 0:
+                    return False
+                # The period varies (16-22): a fixed one could keep landing on the last read of
+                # each wake-up (a client pattern of that period), which finds no company.
+                self._probes += 1
+                self._probe_left = _PROBE_EVERY + self._probes % 7
+        elif len(pending) >= self.batch_max:
+            return False
+        app = self.app
+        model = self.model()
+        if model is None or self.server._model is not model:
+            return False  # answer() unsettles the block
+        requests = app.requests
+        if requests.count >= app.capacity or not app.inline_left:
+            return False
+        budget, hold = self.budget, self.hold
+        with budget.lock:
+            if budget.used + hold > budget.capacity:
+                return False
+            budget.used += hold
+        allowance = Allowance(budget, self.max_decoded) if self.allowances else None
+        try:
+            feed = self.decode(body, allowance)[self._input]
+        except Exception as exc:  # noqa: BLE001 - answer() meets it again and hands it to the generic path
+            log.debug("prepared route: %s not taken for a batch (%r)", self.known.path, exc)
+            with budget.lock:
+                budget.used -= hold
+            if allowance is not None:
+                allowance.release()
+            return False
+        requests.count += 1
+        pending.append((connection, body, feed, allowance))
+        if len(pending) == 1:
+            connection.loop.call_soon(self._run_batch)
+        return True
+
+    def _run_batch(self) -> None:
+        """The requests ``later`` took: one run of their inputs stacked on the batch axis (the
+        active variant taken once), each answered its rows of every output, encoded as
+        ``answer`` encodes. Anything unexpected (the model swapped, a runtime error, outputs
+        that are not one row per input row) declines them all to the generic path, each
+        answered alone there as without batching (so is a batch whose stacked inputs do not fit
+        the memory budget); an error of a batch's run also turns this plan's batches off."""
+        pending, self._pending = self._pending, []
+        count = len(pending)
+        self._company = count
+        answers: list[tuple[bytes, str] | None] = [None] * count
+        variant_id, ran = "", 0.0
+        model = self.model()
+        arrays = [member[2] for member in pending]
+        budget = self.budget
+        # The stacked copy of the inputs is memory of its own (a raw body's input is a view of
+        # the body, held already): charged while the batch runs, or the batch is declined.
+        stack = sum(array.nbytes for array in arrays) if count > 1 else 0
+        with budget.lock:
+            fits = budget.used + stack <= budget.capacity
+            if fits:
+                budget.used += stack
+        if fits and model is not None and self.server._model is model:
+            try:
+                variant = model.active
+                run = variant.loaded.run if variant.takes_public_feeds else variant.run
+                stacked = arrays[0] if count == 1 else np.concatenate(arrays)
+                started = perf_counter()
+                outputs = run({self._input: stacked})
+                ran = perf_counter() - started
+                if count == 1:
+                    answers[0] = self.encode(outputs, variant.id)
+                else:
+                    rows = len(stacked)
+                    if any(output.ndim == 0 or output.shape[0] != rows for output in outputs.values()):
+                        raise InferenceInputError("outputs not one row per input row")
+                    at = 0
+                    for index, array in enumerate(arrays):
+                        end = at + len(array)
+                        answers[index] = self.encode({k: v[at:end] for k, v in outputs.items()}, variant.id)
+                        at = end
+                variant_id = variant.id
+            except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
+                # The inputs were checked one by one: what fails here is the batch itself (outputs
+                # without a batch axis after all, a runtime that cannot take this batch size), so
+                # this plan runs every request alone from now on (a model swapped in prepares anew).
+                if count > 1:
+                    self.batching = False
+                    log.info("prepared route for %s: batches off (%r)", self.known.path, exc)
+                answers = [None] * count
+                variant_id = ""
+        if fits:
+            with budget.lock:
+                budget.used -= stack
+        requests, hold, head, known = self.app.requests, self.hold, self.head, self.known
+        for (connection, body, _, allowance), answer in zip(pending, answers, strict=True):
+            requests.count -= 1
+            with budget.lock:
+                budget.used -= hold
+            if allowance is not None:
+                allowance.release()
+            try:
+                connection.answer_later(known, body, answer, head)
+            except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
+                log.exception("answering a batched request failed")
+        if variant_id:
+            observe = self.server.observe
+            for _ in range(count):
+                observe(variant_id, ran)
+            if count > 1:
+                self.app.metrics.inline_batched += count
+            self.app.took(ran / count)  # the loop was blocked for all of them: its share each
 
     def _finish(self) -> None:
         """The request no longer counts, nor holds its memory."""
@@ -231,7 +375,33 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
     else:
         return None
     encode = _encoder(model, encoding, request.query)
-    return PreparedInfer(app, model, request.known, decode, encode, encoding, request.allowance, hold, allowances)
+    return PreparedInfer(
+        app,
+        model,
+        request.known,
+        decode,
+        encode,
+        encoding,
+        request.allowance,
+        hold,
+        allowances,
+        _batch_input(app, model),
+    )
+
+
+def _batch_input(app: ApiApp, model: ServedModel) -> str | None:
+    """The input a plan may batch on (``PreparedInfer.later``): the model's one input, when the API
+    allows batches and every input and output has a dynamic first axis and, the input, fixed
+    others (so that requests of one header block stack whatever their batch sizes)."""
+    signature = model.signature
+    if app.inline_batch_max < 2 or len(signature.inputs) != 1:
+        return None
+    shape = signature.inputs[0].shape
+    if not has_batch_axis([s.shape for s in signature.inputs], [s.shape for s in signature.outputs]):
+        return None
+    if not all(type(dim) is int for dim in shape[1:]):
+        return None
+    return signature.inputs[0].name
 
 
 def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
@@ -289,6 +459,8 @@ def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
     return {JSON: encode_json, NPY: encode_npy, RAW: encode_raw}[encoding]
 
 
+#: After a batch ran alone, one request in this many is taken for a batch (``PreparedInfer.later``).
+_PROBE_EVERY = 16
 #: Header lines remembered per plan: variants × output layouts, a handful.
 _FORMATTED_MAX = 64
 #: Input shapes remembered per plan as having passed the signature's check (batch sizes).

@@ -110,6 +110,14 @@ class ApiConfig(Schema):
         "event loop without the thread-pool hop (tiny models; with dynamic batching only when no other request "
         "is in flight); 0 disables",
     )
+    inline_batch_max: int = Field(
+        16,
+        ge=1,
+        le=64,
+        description="tiny models answered on the event loop (inline_max_ms) with a batch axis: requests of one "
+        "header block that arrive in one wake-up of the loop, from several connections, run as one batch of up to "
+        "this many (no waiting for company); 1 runs each alone",
+    )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)  # type: ignore[arg-type]
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)  # type: ignore[arg-type]
 

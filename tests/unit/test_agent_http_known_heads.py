@@ -214,6 +214,7 @@ class Route:
     starting with ``no`` and raises on bodies starting with ``boom``."""
 
     head = http_module.head_start(200, "text/plain")
+    batching = False  # never takes a request to answer later (test_agent_api_batch_inline.py does)
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
