@@ -576,13 +576,24 @@ class HttpProtocol(asyncio.Protocol):
             self._stop_timer()
             transport.close()
             return
+        self._answered()
+
+    def _answered(self) -> None:
+        """The answer of the request being handled has gone out on a connection kept alive:
+        the next queued request, or the keep-alive timer."""
         self._busy = False
         if self._paused:
             self._resume()
         if self._queue:
             self._drain()
         elif self._phase == _IDLE:
-            self._arm("idle", self.limits.keepalive_timeout_s)
+            # What _drain, _idle and _arm do with nothing queued (and no EOF: the connection is
+            # kept), written out: three calls saved on every answer of a keep-alive client.
+            self._timer_kind = "idle"
+            now = self.loop.time()
+            self._deadline = now + self.limits.keepalive_timeout_s
+            if self._timer is None:
+                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
@@ -694,19 +705,7 @@ class HttpProtocol(asyncio.Protocol):
             if request.allowance is not None:
                 request.allowance.release()
             if keep and not self._closing:
-                self._busy = False
-                if self._paused:
-                    self._resume()
-                if self._queue:
-                    self._drain()
-                elif self._phase == _IDLE:
-                    # What _drain, _idle and _arm do with nothing queued (and no EOF: ``keep``),
-                    # written out: three calls saved on every answer of a keep-alive client.
-                    self._timer_kind = "idle"
-                    now = self.loop.time()
-                    self._deadline = now + self.limits.keepalive_timeout_s
-                    if self._timer is None:
-                        self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+                self._answered()
 
         try:
             self.handler(request, respond)
