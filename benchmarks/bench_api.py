@@ -512,6 +512,8 @@ def main() -> None:
         parser.error(f"--concurrency {args.concurrency!r}: at least one connection count, each >= 1")
     if args.runtime_threads is not None and args.runtime_threads < 1:
         parser.error(f"--runtime-threads {args.runtime_threads}: at least 1 (leave it out for onnxruntime's default)")
+    if args.inline_batch_max is not None and not 1 <= args.inline_batch_max <= 64:
+        parser.error(f"--inline-batch-max {args.inline_batch_max}: from 1 (no batches) to 64")
     if args.seconds <= 0 or args.rounds < 1:
         parser.error(
             f"--seconds {args.seconds:g} / --rounds {args.rounds}: need a positive time and at least one round"

@@ -179,15 +179,15 @@ class PreparedInfer:
         except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
             log.debug("prepared route: %s goes to the generic path (%r)", self.known.path, exc)
             # All back: the generic path takes its own share, within the same limits.
-            self._allowance = allowance
-            self._finish()
+            self._finish(allowance)
             return None
         self._variant, self._ran, self._allowance = variant.id, ran, allowance
         return answer
 
     def answered(self) -> None:
         """Once the answer is on its way: what the client need not wait for."""
-        self._finish()
+        allowance, self._allowance = self._allowance, None
+        self._finish(allowance)
         ran = self._ran
         self.server.observe(self._variant, ran)
         # The run's time stands for the whole answer's in the inline decision: what the plan
@@ -231,16 +231,13 @@ class PreparedInfer:
                 return False
             budget.used += hold
         allowance = Allowance(budget, self.max_decoded) if self.allowances else None
+        requests.count += 1
         try:
             feed = self.decode(body, allowance)[self._input]
         except Exception as exc:  # noqa: BLE001 - answer() meets it again and hands it to the generic path
             log.debug("prepared route: %s not taken for a batch (%r)", self.known.path, exc)
-            with budget.lock:
-                budget.used -= hold
-            if allowance is not None:
-                allowance.release()
+            self._finish(allowance)
             return False
-        requests.count += 1
         pending.append((connection, body, feed, allowance))
         if len(pending) == 1:
             connection.loop.call_soon(self._run_batch)
@@ -300,13 +297,9 @@ class PreparedInfer:
         if fits:
             with budget.lock:
                 budget.used -= stack
-        requests, hold, head, known = self.app.requests, self.hold, self.head, self.known
+        head, known = self.head, self.known
         for (connection, body, _, allowance), answer in zip(pending, answers, strict=True):
-            requests.count -= 1
-            with budget.lock:
-                budget.used -= hold
-            if allowance is not None:
-                allowance.release()
+            self._finish(allowance)
             try:
                 connection.answer_later(known, body, answer, head)
             except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
@@ -319,15 +312,14 @@ class PreparedInfer:
                 self.app.metrics.inline_batched += count
             self.app.took(ran / count)  # the loop was blocked for all of them: its share each
 
-    def _finish(self) -> None:
-        """The request no longer counts, nor holds its memory."""
+    def _finish(self, allowance: Allowance | None) -> None:
+        """A request (holding ``allowance``) no longer counts, nor holds its memory."""
         self.app.requests.count -= 1
         budget = self.budget
         with budget.lock:
             budget.used -= self.hold
-        if self._allowance is not None:
-            self._allowance.release()
-            self._allowance = None
+        if allowance is not None:
+            allowance.release()
 
 
 def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, encoding: str) -> PreparedInfer | None:
