@@ -233,3 +233,24 @@ def test_batching_is_on_by_default_off_with_one_and_for_models_it_cannot_stack(
     agent = Agent(loop, monkeypatch, inline_batch_max=8)
     agent.serve(2.0, Fixed())
     assert not agent.prepared().batching
+
+
+def test_a_batch_whose_stacked_inputs_do_not_fit_the_memory_budget_is_answered_one_by_one(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, plan, clients, model = batching_agent(loop, monkeypatch, 3)
+    until_batching(agent, plan, clients)
+    budget = agent.http.budget
+    stack = 3 * values(0).nbytes  # the three 1x4 float32 inputs, stacked
+    for room, batched in ((3 * plan.hold + stack, True), (3 * plan.hold + stack - 1, False)):
+        budget.capacity = room
+        runs, generic = len(model.seen), agent.generic
+        inputs = [values(i + 2) for i in range(3)]
+        wake_up(agent, [(c, raw_request(x)) for c, x in zip(clients, inputs, strict=True)])
+        loop.run_until_complete(asyncio.sleep(0.01))
+        # Fits: one run of three. One byte short: the generic path, one run each.
+        assert batch_sizes(model)[runs:] == ([3] if batched else [1, 1, 1])
+        assert agent.generic == generic + (0 if batched else 3)
+        for client, x in zip(clients, inputs, strict=True):
+            np.testing.assert_array_equal(client.answers()[-1], x * 2.0)
+        assert budget.used == 0 and agent.metrics.requests.count == 0
