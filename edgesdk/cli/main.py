@@ -4,6 +4,11 @@ Subcommands are registered by name → ``"module:attribute"`` and imported only 
 so ``edgesdk profiles list`` never imports torch or a runtime. Every error a user can
 cause ends as one line on stderr and a non-zero exit; tracebacks are for bugs only
 (set ``EDGESDK_DEBUG=1`` to see the chained cause of an error).
+
+Exit status, for ``edgesdk`` and ``edge-agent`` alike (both run through :func:`run_cli`):
+0 success; 2 a usage error (an unknown command or option, a missing or malformed argument:
+the command line itself is wrong, as click and most Unix tools mean it); 1 every other error
+(a missing file, an unknown profile, a failed check); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ COMMANDS: dict[str, str] = {
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class LazyGroup(click.Group):
@@ -97,13 +103,17 @@ def run_cli(command: click.Command, argv: list[str] | None = None, prog_name: st
         return int(exc.exit_code)
     except click.Abort:
         click.echo("error: aborted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # A group run without its subcommand: the help is the answer, not an "error: Usage: ..." block.
+        click.echo(exc.format_message(), err=True)
+        return EXIT_USAGE
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         return EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_ERROR
     return 0
