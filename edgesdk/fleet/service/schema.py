@@ -194,6 +194,11 @@ enrollment_requests = Table(
     Column("hostname", String(255)),
     Column("requested", Float, nullable=False),
     Column("status", String(16), nullable=False, default="pending"),  # pending | approved | revoked
+    # Another key announced for this device (the latest one), never written over the key above:
+    # approving it needs its own full key id (and ``replace`` for an approved device). Revision 0003.
+    Column("offered_public_key", String(64)),
+    Column("offered_key_id", String(32)),
+    Column("offered_at", Float),
 )
 
 #: Counters that must survive restarts (messages ingested, malformed, impersonating, duplicates)
