@@ -268,25 +268,24 @@ def watch(params: dict[str, Any]) -> None:
     from rich.live import Live
     from rich.table import Table
 
-    from edgesdk.cli.output import console
+    from edgesdk.cli.output import console, fit_when_piped, make_table
 
     if params["interval"] <= 0:
         raise UsageError(f"--interval must be positive (got {params['interval']})")
     monitor = _open_monitor(params)
+    out = console()
 
     def render() -> Table:
         views = monitor.view.snapshot()
         online = sum(1 for v in views if v.online)
-        table = Table(title=f"{params['broker']} — {len(views)} device(s), {online} online")
-        for column in COLUMNS:
-            table.add_column(column, overflow="fold")
-        for row in _rows(views):
-            table.add_row(*row)
+        title = f"{params['broker']} — {len(views)} device(s), {online} online"
+        table = make_table(title, COLUMNS, _rows(views), whole_cells=not out.is_terminal)
+        fit_when_piped(out, table)
         return table
 
     deadline = time.monotonic() + params["duration"] if params["duration"] > 0 else None
     try:
-        with Live(render(), console=console(), auto_refresh=False, transient=False) as live:
+        with Live(render(), console=out, auto_refresh=False, transient=False) as live:
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(params["interval"])
                 live.update(render(), refresh=True)
