@@ -286,7 +286,7 @@ def package(
     # Each target is checked up front: an unknown profile is one line listing the known ones.
     target_names = [load_profile(t, profiles_dirs=profiles_dirs).name for t in targets or ()]
     if name is None:
-        name = _report_in(directory).model_name
+        name = _bundle_name_of(_report_in(directory))
     return package_bundle(
         directory,
         name=name,
@@ -303,6 +303,22 @@ def package(
         description=description,
         allow_unvalidated=allow_unvalidated,
     )
+
+
+def _bundle_name_of(report: ConversionReport) -> str:
+    """The report's model name as the bundle's; one that a bundle cannot carry (a file stem such
+    as ``MobileNetV2``) asks for an explicit name instead of failing on the manifest's pattern."""
+    from edgesdk.schemas.manifest import ModelInfo
+
+    # The manifest's own rule, read from its schema rather than written out a second time.
+    pattern = ModelInfo.model_json_schema()["properties"]["name"]["pattern"]
+    if not re.match(pattern, report.model_name):
+        suggestion = re.sub(r"[^a-z0-9._-]+", "-", report.model_name.lower()).strip("-._") or "model"
+        raise UsageError(
+            f"the report's model name {report.model_name!r} is not a bundle name (lower case, digits, . _ -): "
+            f"pass --name (name= from Python), e.g. --name {suggestion}"
+        )
+    return report.model_name
 
 
 def _report_in(directory: Path) -> ConversionReport:

@@ -24,7 +24,7 @@ def _release_range(text: str) -> tuple[int, int]:
 
 @click.command("package")
 @click.argument("convert_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", required=True, help="Model name (lower case, digits, . _ -).")
+@click.option("--name", help="Model name (lower case, digits, . _ -; default: the report's model name).")
 @click.option("--version", "version", required=True, help="Semantic version, e.g. 1.4.0.")
 @click.option(
     "--release",
@@ -85,7 +85,7 @@ def _release_range(text: str) -> tuple[int, int]:
 def package(
     ctx: click.Context,
     convert_dir: Path,
-    name: str,
+    name: str | None,
     version: str,
     release: int | None,
     publisher_key: Path,
