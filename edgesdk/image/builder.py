@@ -3,7 +3,7 @@
 Image layout (a ``.tar.gz`` with one top folder ``edgesdk-image-<profile>/``)::
 
     install.sh            sets the device up with no network (see firmware_images/common)
-    image.env             what install.sh needs to know: profile, Python, requirement, groups
+    image.env             what install.sh needs to know: profile, CPU, Python, requirement, groups
     layout.tsv            directories with modes and owners
     image-manifest.json   ImageManifest: what is inside, with sha256 and size
     SHA256SUMS            the same hashes for `sha256sum -c` (install.sh checks them first)
@@ -216,12 +216,16 @@ def _write_overlay(options: ImageOptions, recipe: Recipe, stage: Path) -> None:
             shutil.copyfile(key, publishers / key.name)
 
 
-def _write_install_files(recipe: Recipe, stage: Path, *, python: str, requirement: str, profile: str) -> None:
+def write_install_files(stage: Path, *, recipe: Recipe, profile: DeviceProfile, python: str, requirement: str) -> None:
+    """``install.sh``, ``layout.tsv`` and ``image.env`` (what install.sh reads) into ``stage``."""
     shutil.copyfile(common_dir() / "install.sh", stage / "install.sh")
     (stage / "install.sh").chmod(0o755)
     shutil.copyfile(common_dir() / "layout.tsv", stage / "layout.tsv")
     env = {
-        "EDGESDK_IMAGE_PROFILE": profile,
+        "EDGESDK_IMAGE_PROFILE": profile.name,
+        # install.sh compares it with `uname -m` first: on another machine pip would only say
+        # that some wheel has no match, never that the whole image is for another CPU.
+        "EDGESDK_IMAGE_ARCH": profile.platform.arch,
         "EDGESDK_IMAGE_FAMILY": recipe.family,
         "EDGESDK_IMAGE_PYTHON": python,
         "EDGESDK_IMAGE_REQUIREMENT": requirement,
@@ -293,7 +297,7 @@ def build_image(options: ImageOptions, progress: Progress = lambda _line: None) 
         version = agent_wheel.name.split("-")[1]
         requirement = f"edgesdk[{','.join(extras)}]=={version}"
         _write_overlay(options, recipe, stage)
-        _write_install_files(recipe, stage, python=python, requirement=requirement, profile=profile.name)
+        write_install_files(stage, recipe=recipe, profile=profile, python=python, requirement=requirement)
         if options.bundle is not None:
             (stage / "bundle").mkdir()
             shutil.copyfile(options.bundle, stage / INITIAL_BUNDLE)

@@ -40,6 +40,17 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# The wheels are for one CPU: say so before pip fails on "no matching distribution". Images
+# built before image.env named the CPU skip this (pip's error is then what stops them).
+if [ -n "${EDGESDK_IMAGE_ARCH:-}" ]; then
+    MACHINE=$(uname -m)
+    case "$MACHINE" in arm64) MACHINE=aarch64 ;; armv8l) MACHINE=armv7l ;; esac
+    # A 32-bit userland on a 64-bit Arm kernel (32-bit Raspberry Pi OS on a Pi 4) reports
+    # aarch64, but its Python takes armv7l wheels.
+    if [ "$MACHINE" = aarch64 ] && [ "$(getconf LONG_BIT 2>/dev/null || echo 64)" = 32 ]; then MACHINE=armv7l; fi
+    [ "$MACHINE" = "$EDGESDK_IMAGE_ARCH" ] || die "this image is for $EDGESDK_IMAGE_ARCH ($EDGESDK_IMAGE_PROFILE); this machine is $MACHINE: build one with \`edgesdk image build --profile PROFILE\` naming an $MACHINE profile (\`edgesdk profiles list\` shows each one's cpu)"
+fi
+
 # P is the prefix put before every absolute path: empty on a real device.
 if [ "$ROOT" = "/" ]; then P=""; else mkdir -p "$ROOT"; P=$(cd "$ROOT" && pwd); fi
 if [ "$(id -u)" = 0 ] && [ -z "$P" ]; then SYSTEM=1; else SYSTEM=0; fi
