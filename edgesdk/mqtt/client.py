@@ -4,7 +4,8 @@
 and paho leaves to the application:
 
 * MQTT 5 first, falling back to 3.1.1 when the broker refuses version 5 (CONNACK "unsupported
-  protocol version", or a connection closed before any CONNACK, twice in a row);
+  protocol version", a connection closed before any CONNACK twice in a row, or no CONNACK at
+  all within ``V5_CONNACK_WAIT_S``);
 * reconnects forever with *full-jitter* exponential backoff, so a fleet that lost its broker
   does not reconnect in lock-step when it comes back;
 * a persistent session (clean start off, session expiry) so QoS 1 messages sent to a device
@@ -51,6 +52,13 @@ _UNSUPPORTED_PROTOCOL_VERSION = 132
 _MISC_INTERVAL_S = 1.0
 #: How often the loop wakes when nothing happens, and how late a requested tick may run.
 _TICK_INTERVAL_S = 0.1
+#: In "auto" mode, how long a v5 CONNECT may go unanswered before the connection is closed and
+#: 3.1.1 tried. Some 3.1.1-only brokers (amqtt) neither answer a v5 CONNECT nor close the socket.
+#: A broker that speaks v5 answers in milliseconds on a LAN and in well under a second across
+#: the world, so 2 s does not give up on a slow v5 broker; checked at each housekeeping turn
+#: (``_MISC_INTERVAL_S``), the 3.1.1 CONNACK arrives 2.5-3.5 s after the first CONNECT: inside
+#: the 5 s a caller such as ``edgesdk fleet serve --connect-timeout`` waits by default.
+V5_CONNACK_WAIT_S = 2.0
 
 
 def drop_connection(client: paho.Client) -> None:
@@ -205,6 +213,7 @@ class MqttClient:
         self._attempt = 0
         self._next_attempt = 0.0
         self._connack_seen = False
+        self._connack_deadline: float | None = None  # auto mode, v5 CONNECT sent: fall back after this
         self._generation = 0  # connections made so far (receipts name theirs)
         self._v5_silent_closes = 0
         self._rng = random.Random()
@@ -364,6 +373,28 @@ class MqttClient:
                 self._paho.connect(self.address.host, self.address.port, keepalive=self.options.keepalive_s)
         except (OSError, ValueError) as exc:
             self._failed(f"connect to {self.options.broker_url} failed: {exc}")
+            return
+        if self.options.protocol == "auto" and self.protocol == "5":
+            self._connack_deadline = time.monotonic() + V5_CONNACK_WAIT_S
+
+    def _check_connack_wait(self, now: float) -> None:
+        """A v5 CONNECT unanswered for ``V5_CONNACK_WAIT_S`` counts as a 3.1.1-only broker that
+        will never answer it: close the socket and let the retry connect with 3.1.1."""
+        deadline = self._connack_deadline
+        if deadline is None or now < deadline:
+            return
+        self._connack_deadline = None
+        if self._connack_seen or self._paho.socket() is None or self.protocol != "5":
+            return
+        log.info(
+            "%s: no CONNACK to an MQTT 5 CONNECT within %g s; trying MQTT 3.1.1",
+            self.options.client_id,
+            V5_CONNACK_WAIT_S,
+        )
+        self.protocol = "3.1.1"
+        self.stats.last_error = f"no CONNACK to an MQTT 5 CONNECT within {V5_CONNACK_WAIT_S:g} s"
+        self.stats.reason_history.append("no CONNACK to MQTT 5")
+        drop_connection(self._paho)  # its socket-close callback arms the retry
 
     def _failed(self, reason: str) -> None:
         self.stats.connect_failures += 1
@@ -378,6 +409,7 @@ class MqttClient:
 
     def _handle_connect(self, _client: Any, _userdata: Any, flags: Any, reason_code: Any, _props: Any) -> None:
         self._connack_seen = True
+        self._connack_deadline = None
         if reason_code.is_failure:
             reason = str(reason_code)
             self.stats.last_error = f"broker refused connection: {reason}"
@@ -474,6 +506,8 @@ class MqttClient:
         self._loop.want_tick(self)
 
     def _service_misc(self) -> None:
+        if self._connack_deadline is not None:
+            self._check_connack_wait(time.monotonic())
         if self._paho.socket() is not None:
             self._paho.loop_misc()
         if self.on_tick is not None:

@@ -37,9 +37,11 @@ def test_backoff_grows_is_capped_and_is_jittered() -> None:
 
 
 class Mqtt311OnlyServer:
-    """A TCP server that speaks just enough MQTT 3.1.1: refuses protocol level 5 like a 3.1.1 broker."""
+    """A TCP server that speaks just enough MQTT 3.1.1: refuses protocol level 5 like a 3.1.1
+    broker, or (``silent_to_v5``) reads a level-5 CONNECT and never answers nor closes, like amqtt."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, silent_to_v5: bool = False) -> None:
+        self.silent_to_v5 = silent_to_v5
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -85,6 +87,10 @@ class Mqtt311OnlyServer:
             name_len = int.from_bytes(body[:2], "big")
             level = body[2 + name_len]
             self.levels.append(level)
+            if level != 4 and self.silent_to_v5:
+                while self._read_packet(conn) is not None:  # until the client gives up and closes
+                    pass
+                return
             if level != 4:
                 conn.sendall(bytes([0x20, 0x02, 0x00, 0x01]))  # "unacceptable protocol version"
                 return
@@ -113,6 +119,46 @@ def test_client_falls_back_to_mqtt_311_when_the_broker_refuses_5(mqtt311_server:
         assert mqtt311_server.levels[0] == 5 and mqtt311_server.levels[-1] == 4
     finally:
         client.stop()
+
+
+def test_client_falls_back_to_mqtt_311_when_a_v5_connect_goes_unanswered(caplog: pytest.LogCaptureFixture) -> None:
+    """amqtt (the demo's embedded broker) neither answers a v5 CONNECT nor closes the socket:
+    without a bound on the wait the client never connects (edgesdk issue 36)."""
+    import logging
+    import time
+
+    from edgesdk.mqtt.client import V5_CONNACK_WAIT_S
+
+    server = Mqtt311OnlyServer(silent_to_v5=True)
+    options = ClientOptions(client_id="svc", broker_url=f"mqtt://127.0.0.1:{server.port}")
+    client = MqttClient(options)
+    began = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO, logger="edgesdk.mqtt.client"):
+            client.start()
+            # Inside the 5 s that `edgesdk fleet serve` waits by default.
+            assert client.wait_connected(5.0), client.stats.last_error
+        took = time.monotonic() - began
+        assert client.protocol == "3.1.1"
+        assert server.levels == [5, 4]
+        assert V5_CONNACK_WAIT_S <= took < 5.0
+        fallbacks = [r for r in caplog.records if "MQTT 3.1.1" in r.getMessage()]
+        assert len(fallbacks) == 1 and fallbacks[0].levelno == logging.INFO
+    finally:
+        client.stop()
+        server.close()
+
+
+def test_forcing_mqtt_5_waits_for_a_silent_broker_without_falling_back() -> None:
+    server = Mqtt311OnlyServer(silent_to_v5=True)
+    options = ClientOptions(client_id="svc", broker_url=f"mqtt://127.0.0.1:{server.port}", protocol="5")
+    client = MqttClient(options).start()
+    try:
+        assert not client.wait_connected(3.0)
+        assert server.levels == [5]  # the same connection, still waiting: no 3.1.1 try
+    finally:
+        client.stop()
+        server.close()
 
 
 def test_forcing_mqtt_5_never_falls_back(mqtt311_server: Mqtt311OnlyServer) -> None:

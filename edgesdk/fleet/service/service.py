@@ -128,6 +128,8 @@ class FleetService:
         self.pool: WorkerPool | None = None
         self._checked_lead = 0.0
         self._stop = threading.Event()
+        # Off when the broker turns out to speak MQTT 3.1.1 only (no $share/...), see start().
+        self._shared_subscriptions = settings.share_group is not None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -159,7 +161,9 @@ class FleetService:
             self.client.stop(graceful=False)
             self.ingest.stop()
             raise LinkError(f"cannot connect to broker {self.client_options.broker_url}: {reason}")
-        if self.settings.share_group is not None:
+        if self.settings.share_group is not None and self.client.protocol == "3.1.1":
+            self._plain_subscriptions_on_mqtt_311()
+        elif self.settings.share_group is not None:
             for suffix in SHARED_SUFFIXES:  # a session from before shared subscriptions still has these
                 self.client.unsubscribe(topics.all_devices_filter(self.settings.namespace, suffix))
         if self.settings.workers > 0:
@@ -207,9 +211,31 @@ class FleetService:
             self._stop.wait(self.settings.poll_s)
         self._shutdown()
 
+    def _plain_subscriptions_on_mqtt_311(self) -> None:
+        """The broker speaks MQTT 3.1.1 only (the client fell back): it has no shared
+        subscriptions, so ``$share/...`` would match nothing. One ingest (this process) takes the
+        device messages on plain subscriptions; worker processes cannot share them."""
+        assert self.client is not None and self.ingest is not None
+        url = self.client_options.broker_url
+        if self.settings.workers > 0:
+            self.client.stop(graceful=False)
+            self.ingest.stop()
+            raise UsageError(
+                f"--workers {self.settings.workers} needs MQTT 5 shared subscriptions, but the broker {url} "
+                "speaks MQTT 3.1.1 only: use --workers 0 (one ingest process) or a broker with MQTT 5 (mosquitto 2)"
+            )
+        shared = set(self._ingest_filters())
+        self._shared_subscriptions = False
+        plain = self._ingest_filters()
+        for topic_filter in sorted(shared - set(plain)):
+            self.client.unsubscribe(topic_filter)
+        for topic_filter in plain:
+            self.client.subscribe(topic_filter, qos=1)
+        log.info("broker %s speaks MQTT 3.1.1 only: plain subscriptions, one ingest process (this one)", url)
+
     def _ingest_filters(self) -> list[str]:
         assert self.ingest is not None
-        group = self.settings.share_group
+        group = self.settings.share_group if self._shared_subscriptions else None
         if group is None:
             return self.ingest.filters()
         presence = self.ingest.filters((topics.PRESENCE,))  # retained: never through a shared subscription

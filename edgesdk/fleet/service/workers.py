@@ -132,6 +132,13 @@ class IngestWorker:
             self.client.stop(graceful=False)
             self.ingest.stop()
             raise LinkError(f"cannot connect to broker {self.client_options.broker_url}: {reason}")
+        if self.client.protocol == "3.1.1":  # the client fell back: $share/... would match nothing
+            self.client.stop(graceful=False)
+            self.ingest.stop()
+            raise UsageError(
+                f"an ingest worker needs MQTT 5 shared subscriptions, but the broker {self.client_options.broker_url} "
+                "speaks MQTT 3.1.1 only: ingest in the service (fleet serve --workers 0) or use a broker with MQTT 5"
+            )
         return self
 
     def filters(self) -> list[str]:
