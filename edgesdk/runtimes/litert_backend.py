@@ -8,8 +8,12 @@ quantize/dequantize with them.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +41,38 @@ def _interpreter_module() -> Any:
 
 def _interpreter_class() -> Any:
     return _interpreter_module().Interpreter
+
+
+#: What LiteRT's C++ logger writes straight to file descriptor 2 as an interpreter allocates
+#: its tensors, on every load: nothing a user can act on. TF_CPP_MIN_LOG_LEVEL does not reach
+#: this logger (measured: ai-edge-litert 2.3.0 prints it at level 3 too), nor does any other
+#: variable, and its setter is not exported; so the line is taken out of fd 2 around the call.
+_CHATTER = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
+_FD2_LOCK = threading.Lock()  # two loads at once must not swap fd 2 under each other
+
+
+@contextlib.contextmanager
+def _without_chatter() -> Iterator[None]:
+    """Catch fd 2 for the block and write back every line but :data:`_CHATTER`: LiteRT's real
+    errors, and whatever other threads logged meanwhile, still reach stderr (just after the block)."""
+    with _FD2_LOCK, tempfile.TemporaryFile() as caught:
+        sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no fd 2 at all (a daemon started with it closed): nothing to keep clean
+            yield
+            return
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = b"".join(line for line in caught if line.rstrip(b"\r\n") not in _CHATTER)
+            while kept:
+                kept = kept[os.write(2, kept) :]
 
 
 def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:
@@ -199,22 +235,24 @@ class LiteRTBackend:
         request = execution or ExecutionRequest()
         delegates, using, skipped = open_litert_delegates(request, getattr(module, "load_delegate", None))
         num_threads = int(threads) if threads is not None else None
-        try:
+        with _without_chatter():
             try:
-                interpreter = module.Interpreter(
-                    model_content=model, num_threads=num_threads, experimental_delegates=delegates or None
-                )
-                interpreter.allocate_tensors()
+                try:
+                    interpreter = module.Interpreter(
+                        model_content=model, num_threads=num_threads, experimental_delegates=delegates or None
+                    )
+                    interpreter.allocate_tensors()
+                except (ValueError, RuntimeError) as exc:
+                    if not delegates:
+                        raise
+                    # The delegate loaded but does not take this model (not compiled for the Edge TPU...).
+                    skipped[using[0]] = f"the interpreter did not start with it: {str(exc).splitlines()[0][:200]}"
+                    delegates, using = [], (LITERT_CPU,)
+                    interpreter = module.Interpreter(model_content=model, num_threads=num_threads)
+                    interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
-                if not delegates:
-                    raise
-                # The delegate loaded but does not take this model (not compiled for the Edge TPU...).
-                skipped[using[0]] = f"the interpreter did not start with it: {str(exc).splitlines()[0][:200]}"
-                delegates, using = [], (LITERT_CPU,)
-                interpreter = module.Interpreter(model_content=model, num_threads=num_threads)
-                interpreter.allocate_tensors()
-        except (ValueError, RuntimeError) as exc:
-            raise RuntimeBackendError(f"LiteRT could not load the model: {exc}") from exc
-        loaded = LiteRTModel(interpreter, model, delegates)
+                raise RuntimeBackendError(f"LiteRT could not load the model: {exc}") from exc
+            # Its signature runners (one per sequence bucket) allocate too.
+            loaded = LiteRTModel(interpreter, model, delegates)
         loaded.execution = litert_report(request, using, skipped)
         return loaded
