@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +43,43 @@ from edgesdk.schemas.manifest import LadderRole
 from edgesdk.schemas.profile import DeviceProfile
 from edgesdk.schemas.report import ConversionReport, RecipeTrial, RejectedVariant, ShippedVariant
 
-#: ``progress(message, completed, total)``: called as each step starts; ``total`` grows when
-#: the plan is known and when repair adds rounds.
+#: ``progress(message, done, total)``: called as each step starts, with ``total`` the number of
+#: :class:`Stage` (the same on every call) and ``done`` the stages finished before this step.
 Progress = Callable[[str, int, int], None]
 
 
+class Stage(IntEnum):
+    """The stages of every conversion, in order: what ``done`` and ``total`` of a progress call count.
+
+    Not the builds: how many there are is only known once the model is read and planned, and
+    repair adds rounds as gates are missed, so a count of builds would change under a progress
+    bar. The message of a build says which one it is ("onnx-int8 (...): converting, 3 of 7")."""
+
+    READ = 0
+    REFERENCE = 1
+    BUILD = 2
+    TIMING = 3
+    REPORT = 4
+
+
 class _Steps:
-    """Counts steps for a progress bar; calling it starts the next step."""
+    """Reports each step to a :data:`Progress` callback, counting stages (see :class:`Stage`)."""
 
     def __init__(self, sink: Progress | None) -> None:
         self._sink = sink
-        self.completed = -1
-        self.total = 4  # read, reference, (plan adds its builds), timing, report
+        self._done = 0
+        self.builds_planned = 0
+        self._builds_started = 0
 
-    def add(self, steps: int) -> None:
-        self.total += steps
-
-    def __call__(self, message: str) -> None:
-        self.completed += 1
-        self.total = max(self.total, self.completed + 1)
+    def __call__(self, stage: Stage, message: str) -> None:
+        self._done = max(self._done, int(stage))  # a stage with nothing to do is skipped, never gone back to
         if self._sink is not None:
-            self._sink(message, self.completed, self.total)
+            self._sink(message, self._done, len(Stage))
+
+    def build(self, label: str) -> None:
+        """A planned build starts: numbered among the plan's builds."""
+        self._builds_started += 1
+        self(Stage.BUILD, f"{label}: converting, {self._builds_started} of {self.builds_planned}")
 
 
 GOLDEN_SAMPLES = 8
@@ -259,8 +276,7 @@ class _Run:
                 rounds.append((f"block(s) {blocks} ({len(keep)} layers)", keep))
         tried: list[str] = []
         for what, keep in rounds:
-            self.progress.add(1)
-            self.progress(f"{planned.id}: repair, {what} in float")
+            self.progress(Stage.BUILD, f"{planned.id}: repair, {what} in float")
             built = self.build(planned, method, keep)
             accuracy = built.result.accuracy
             if accuracy is not None and accuracy.passed:
@@ -285,7 +301,7 @@ class _Run:
             return None
         for method in planned.methods:
             label = f"{planned.id}" + (f" ({method})" if method else "")
-            self.progress(f"{label}: converting")
+            self.progress.build(label)
             try:
                 built = self.build(planned, method)
             except UnsupportedOpError as exc:
@@ -464,7 +480,7 @@ def convert(
     staging = _prepare_out(out)
     work = Path(tempfile.mkdtemp(prefix="edgesdk-convert-"))
     try:
-        say("reading the model")
+        say(Stage.READ, "reading the model")
         with quiet_native():
             source = load_source(
                 model,
@@ -515,8 +531,8 @@ def convert(
                 family=family,
             )
         )
-        say.add(sum(len(p.methods) for p in plan.variants) + len({p.format for p in plan.variants}) - 1)
-        say("computing reference outputs")
+        say.builds_planned = sum(len(p.methods) for p in plan.variants)
+        say(Stage.REFERENCE, "computing reference outputs")
         run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
         run.decisions = decisions + plan.decisions
         run.rejected = list(plan.rejected)
@@ -539,7 +555,7 @@ def convert(
             elif not plan.variants:
                 error = ConversionError
             raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
-        say("writing the report")
+        say(Stage.REPORT, "writing the report")
         report = _write(staging, run, shipped, profile, family.value)
         _finish_out(staging, out)
         return report
@@ -591,7 +607,7 @@ def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
         numeric = {p: b for p, b in variants.items() if b.result.accuracy is not None}
         if len(numeric) < 2:
             continue
-        run.progress(f"{next(iter(numeric.values())).planned.format.value}: timing variants side by side")
+        run.progress(Stage.TIMING, f"{next(iter(numeric.values())).planned.format.value}: timing variants side by side")
         with quiet_native():
             timed = latency_side_by_side(
                 {

@@ -48,7 +48,10 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-#: ``progress(message, completed, total)``, called as each conversion step starts.
+#: ``progress(message, done, total)``, called as each conversion step starts: ``total`` is the
+#: number of stages (read, reference, build, timing, report), the same on every call, and
+#: ``done`` the stages finished (never going back); the message names the step, e.g.
+#: ``"onnx-int8 (static-qdq-percentile): converting, 3 of 7"`` (``edgesdk.converters.pipeline.Stage``).
 ProgressCallback = Callable[[str, int, int], None]
 
 # Which directory each report returned by convert() was written to, by identity: a report

@@ -80,9 +80,14 @@ def edgesdk_cli():
 
 
 def assert_one_line_error(proc, *needles: str) -> None:
-    """A CLI failure is one clear line naming the bad value, a non-zero exit, no traceback."""
+    """A CLI failure is one clear line naming the bad value, a non-zero exit, no traceback.
+
+    Progress lines before it (``edgesdk convert`` off a terminal, edgesdk/cli/output.py) are the
+    steps that ran, not part of the error."""
+    from edgesdk.cli.output import PROGRESS_LINE
+
     assert proc.returncode != 0, proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not PROGRESS_LINE.match(line)]
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert lines[0].startswith("error: "), lines[0]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 import numpy as np
 
-from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
+from edgesdk.cli.output import ProgressLines, json_option, print_json, print_table, profiles_dirs
 from edgesdk.errors import UsageError
 
 if TYPE_CHECKING:
@@ -162,18 +162,28 @@ def convert(
         if not tensor or not axis.isdigit() or not label:
             raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
         axes.setdefault(tensor, {})[int(axis)] = label
+    # stderr: stdout is for the result (table or --json). A live bar on a terminal; off one,
+    # a line per step (a bar there would stay blank until the end).
+    err = Console(stderr=True, highlight=False)
+    lines = ProgressLines() if not (as_json or err.is_terminal) else None
     with Progress(
         SpinnerColumn(),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
-        # stderr: stdout is for the result (table or --json).
-        console=Console(stderr=True, highlight=False),
+        console=err,
         transient=True,
-        disable=as_json,
+        disable=as_json or lines is not None,
     ) as progress:
         task = progress.add_task("converting", total=None)
+
+        def show(message: str, done: int, total: int) -> None:
+            if lines is not None:
+                lines(f"[{done + 1}/{total}] {message}")
+            else:
+                progress.update(task, description=message, completed=done, total=total)
+
         report = run_convert(
             model,
             profile,
@@ -192,10 +202,10 @@ def convert(
             batch_axes=declared_axes or None,
             as_is=as_is,
             state_pairs=declared_state or None,
-            progress=lambda message, done, total: progress.update(
-                task, description=message, completed=done, total=total
-            ),
+            progress=show,
         )
+    if lines is not None:
+        lines(f"done: {len(report.variants)} variant(s)")
     if as_json:
         print_json(report.model_dump(mode="json"))
         return

@@ -9,6 +9,8 @@ as it needs to be, for ``grep``, ``awk`` and ``cut`` to read whole names.
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +55,23 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     table = make_table(title, columns, rows, whole_cells=not out.is_terminal)
     fit_when_piped(out, table)
     out.print(table)
+
+
+#: A progress line written off a terminal: ``[  12.3 s] [3/5] onnx-int8 (...): converting, 3 of 7``.
+#: Whatever follows it (an ``error: ...`` line) is still one line of its own.
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] ")
+
+
+class ProgressLines:
+    """Progress as plain lines on stderr, one per step as it starts, each with the seconds since
+    the command began. For a stderr that is no terminal (a pipe, a file, CI), where a live bar
+    shows nothing until the end: a long conversion would look hung."""
+
+    def __init__(self) -> None:
+        self._started = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        click.echo(f"[{time.monotonic() - self._started:6.1f} s] {text}", err=True)  # echo flushes
 
 
 def profiles_dirs(ctx: click.Context) -> list[str]:
