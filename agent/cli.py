@@ -7,7 +7,8 @@
     edge-agent profile --config ...      (times every variant of the installed model on this device)
     edge-agent trust install --config ... trust.json   (a newer root-signed trust document)
 
-Every user error is one ``error: ...`` line and exit status 1 (same as ``edgesdk``).
+Every user error is one ``error: ...`` line; exit status 2 for a usage error (an unknown option,
+a missing argument or ``--config``), 1 for every other error (same as ``edgesdk``: edgesdk/cli/main.py).
 """
 
 from __future__ import annotations
