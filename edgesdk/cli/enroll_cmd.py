@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from edgesdk.cli.fleet_cmd import server_options
 from edgesdk.cli.output import json_option, print_json, print_table
-from edgesdk.errors import EnrollmentError
+from edgesdk.errors import EnrollmentError, UsageError
 from edgesdk.fleet.broker_credentials import (
     DevicePasswordFile,
     check_device_username,
@@ -27,6 +28,7 @@ from edgesdk.fleet.enrollment import (
     discover_candidates,
     enrollment_table,
     registry_path,
+    shared_key_devices,
 )
 
 registry_option = click.option(
@@ -93,10 +95,42 @@ def _server(broker: dict[str, Any]) -> Any:
 
 
 def _print_service_row(row: dict[str, Any], as_json: bool) -> None:
+    for warning in row.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         print_json(row)
     else:
-        click.echo(f"{row['device_id']}: {row['status']} (key id {row['key_id']})")
+        click.echo(f"{row['device_id']}: {row['status']} (key id {row['key_id']}) on the fleet service")
+
+
+_KEY_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+def _full_key_id(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--key-id must be the whole id: a key whose id starts with a short prefix can be ground."""
+    if value is not None and not _KEY_ID.match(value):
+        raise UsageError(
+            f"bad --key-id {value!r}: give the full key id, 32 hex digits, as `edge-agent key` prints it "
+            "(a prefix is not enough: a key matching a prefix can be made)"
+        )
+    return value.lower() if value is not None else None
+
+
+def _local_only(**given: object) -> None:
+    """With --server the service's registry decides: refuse flags that name local files."""
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value not in (None, False)]
+    if named:
+        raise UsageError(
+            f"{', '.join(named)} cannot be combined with --server: the fleet service keeps the one enrollment "
+            "registry (drop --server to work on a local registry file)"
+        )
+
+
+def _status(row: dict[str, Any]) -> str:
+    """A service row's status, flagged when the device announced another key since."""
+    if not row.get("offered_key_id"):
+        return str(row["status"])
+    return f"{row['status']}, other key offered"
 
 
 @enroll.command("list")
@@ -107,17 +141,28 @@ def _print_service_row(row: dict[str, Any], as_json: bool) -> None:
 @json_option
 def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: Any) -> None:
     """Approved and revoked devices, and (with --broker) devices waiting for approval; with
-    --server, the fleet service's enrollment requests."""
+    --server, the fleet service's enrollment requests (its registry, never a local file)."""
     client = _server(broker)
     if client is not None:
+        _local_only(registry=registry)
         requests = client.enrollment()
         if as_json:
             print_json(requests)
             return
         print_table(
             f"{len(requests)} devices ({client.server})",
-            ["device", "status", "key id", "profile", "hostname"],
-            [(r["device_id"], r["status"], r["key_id"], r["profile"] or "-", r["hostname"] or "-") for r in requests],
+            ["device", "status", "key id", "offered key id", "profile", "hostname"],
+            [
+                (
+                    r["device_id"],
+                    _status(r),
+                    r["key_id"],
+                    r.get("offered_key_id") or "-",
+                    r["profile"] or "-",
+                    r["hostname"] or "-",
+                )
+                for r in requests
+            ],
         )
         return
     path = registry_path(registry)
@@ -152,8 +197,19 @@ def list_devices(registry: Path | None, wait: float, as_json: bool, **broker: An
 @click.option(
     "--public-key", help="The device's public key (base64 or a PEM file) instead of reading it from --broker."
 )
-@click.option("--key-id", "expect_key_id", help="Key id the device shows locally; approval fails if it differs.")
+@click.option(
+    "--key-id",
+    "expect_key_id",
+    callback=_full_key_id,
+    help="The full key id (32 hex digits) the device shows locally (edge-agent key); approval fails if it "
+    "differs. Required when the key comes from --broker or --server.",
+)
 @click.option("--replace", is_flag=True, help="Accept a new key for an approved device (re-flashed on purpose).")
+@click.option(
+    "--allow-shared-key",
+    is_flag=True,
+    help="Approve a key that is already approved for another device (refused otherwise; a copied image?).",
+)
 @device_passwords_option
 @click.option(
     "--credentials-out",
@@ -168,6 +224,7 @@ def approve(
     public_key: str | None,
     expect_key_id: str | None,
     replace: bool,
+    allow_shared_key: bool,
     device_passwords: Path | None,
     credentials_out: Path | None,
     as_json: bool,
@@ -176,7 +233,15 @@ def approve(
     """Approve DEVICE_ID: bundles packaged from now on are encrypted to its key too."""
     client = _server(broker)
     if client is not None:
-        _print_service_row(client.decide(device_id, "approve", replace=replace), as_json)
+        _local_only(
+            registry=registry, public_key=public_key, device_passwords=device_passwords, credentials_out=credentials_out
+        )
+        if expect_key_id is None:
+            raise UsageError(_NEEDS_KEY_ID.format(device_id=device_id, source=client.server))
+        decided = client.decide(
+            device_id, "approve", key_id=expect_key_id, replace=replace, allow_shared_key=allow_shared_key
+        )
+        _print_service_row(decided, as_json)
         return
     profile = None
     if public_key is not None:
@@ -188,6 +253,8 @@ def approve(
             raise EnrollmentError(
                 f"device {device_id!r} has not announced a key on {broker['broker']}; seen: {waiting}"
             )
+        if expect_key_id is None:
+            raise UsageError(_NEEDS_KEY_ID.format(device_id=device_id, source=broker["broker"]))
         key = decode_public_key(candidates[device_id].public_key)
         profile = candidates[device_id].profile
     else:
@@ -196,21 +263,39 @@ def approve(
         check_device_username(device_id)  # before anything is written
         if not broker["broker"] and credentials_out is None:
             raise EnrollmentError("--device-passwords needs --broker or --credentials-out to deliver the password")
-    entry = RegistryFile(registry_path(registry)).approve(
-        device_id, key, profile=profile, expect_key_id=expect_key_id, replace=replace
+    registry_file = RegistryFile(registry_path(registry))
+    entry = registry_file.approve(
+        device_id,
+        key,
+        profile=profile,
+        expect_key_id=expect_key_id,
+        replace=replace,
+        allow_shared_key=allow_shared_key,
     )
+    shared = shared_key_devices(registry_file.load(), device_id, entry.key_id)
+    if shared:
+        click.echo(f"warning: key {entry.key_id} is also approved for {', '.join(shared)}", err=True)
     delivered = None
     if device_passwords is not None:
         delivered = _issue_credentials(device_id, key, device_passwords, credentials_out, broker)
     if as_json:
-        print_json({**entry.model_dump(mode="json"), "broker_credentials": delivered})
+        print_json({**entry.model_dump(mode="json"), "broker_credentials": delivered, "shared_key_with": shared})
         return
-    click.echo(f"approved {device_id} (key id {entry.key_id}); bundles packaged from now on include it")
+    click.echo(
+        f"approved {device_id} (key id {entry.key_id}) in {registry_file.path}; bundles packaged from it "
+        "from now on include it"
+    )
     if delivered is not None:
         click.echo(
             f"issued {device_id} its broker password ({device_passwords}; sealed to key {entry.key_id}, "
             f"delivered to {delivered}); reload the broker (kill -HUP) so it takes effect"
         )
+
+
+_NEEDS_KEY_ID = (
+    "approving {device_id!r} with the key announced on {source} needs --key-id: the full key id the device "
+    "shows locally (edge-agent key), so that a key announced by someone else is never approved"
+)
 
 
 def _issue_credentials(
@@ -250,6 +335,7 @@ def revoke(
     """Revoke DEVICE_ID: bundles packaged from now on have no key slot for it."""
     client = _server({"server": server, "token_file": token_file})
     if client is not None:
+        _local_only(registry=registry, device_passwords=device_passwords)
         _print_service_row(client.decide(device_id, "revoke", reason=reason), as_json)
         return
     entry = RegistryFile(registry_path(registry)).revoke(device_id, reason=reason)

@@ -37,9 +37,10 @@ _db_option = click.option(
 _data_dir_option = click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path.home() / ".local" / "share" / "edgesdk" / "fleet-service",
-    show_default=True,
-    help="Where the default SQLite database lives.",
+    default=None,
+    help="Where the service writes everything of its own: the default SQLite database, uploaded bundles, the "
+    "enrollment registry (docs/fleet-service.md lists them). Default: the directory of a SQLite --db, "
+    "else ~/.local/share/edgesdk/fleet-service.",
 )
 
 
@@ -58,10 +59,29 @@ def share_group_options(fn: Any) -> Any:
     )(fn)
 
 
-def _db_url(db_url: str | None, data_dir: Path) -> str:
+def _data_dir(data_dir: Path | None, db_url: str | None) -> Path:
+    """``--data-dir``, else the directory of a SQLite ``--db`` (an operator who put the database
+    somewhere expects the service's other files there, not in the home directory), else
+    ``~/.local/share/edgesdk/fleet-service``."""
+    if data_dir is not None:
+        return data_dir
+    if db_url and db_url.startswith("sqlite:///"):
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            database = make_url(db_url).database
+        except ArgumentError:
+            database = None  # open_engine refuses the URL later, in one line
+        if database and database != ":memory:":
+            return Path(database).expanduser().resolve().parent
+    return Path.home() / ".local" / "share" / "edgesdk" / "fleet-service"
+
+
+def _db_url(db_url: str | None, data_dir: Path | None) -> str:
     from edgesdk.fleet.service.database import default_db_url
 
-    return db_url or default_db_url(data_dir)
+    return db_url or default_db_url(_data_dir(data_dir, None))
 
 
 @click.group("serve", invoke_without_command=True)
@@ -109,7 +129,7 @@ def _db_url(db_url: str | None, data_dir: Path) -> str:
 def serve(
     ctx: click.Context,
     db_url: str | None,
-    data_dir: Path,
+    data_dir: Path | None,
     key_path: Path | None,
     raw_retention: str,
     minutely_retention: str,
@@ -135,6 +155,7 @@ def serve(
     from edgesdk.fleet.service.service import FleetService, ServiceSettings, check_scaling, service_client_id
     from edgesdk.fleet.service.workers import check_name
 
+    data_dir = _data_dir(data_dir, db_url)
     retention = Retention(
         raw_retention_s=_duration(raw_retention, "--raw-retention"),
         minutely_retention_s=_duration(minutely_retention, "--minutely-retention"),
@@ -167,8 +188,10 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
     where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
-    # One unwrapped line (scripts and tests read the address from it).
-    click.echo(f"fleet service on {params['broker']} (namespace {settings.namespace}){where}", nl=True)
+    # One unwrapped line (scripts and tests read the address from it, at the end of the line).
+    click.echo(
+        f"fleet service on {params['broker']} (namespace {settings.namespace}, data in {data_dir}){where}", nl=True
+    )
     sys.stdout.flush()
     service.serve_forever()
     if service.lost_leadership:
@@ -186,7 +209,7 @@ def token() -> None:
 @click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), required=True, help="What it may do.")
 @click.option("--name", required=True, help="Who holds it (written to the audit log).")
 @json_option
-def token_create(db_url: str | None, data_dir: Path, role: str, name: str, as_json: bool) -> None:
+def token_create(db_url: str | None, data_dir: Path | None, role: str, name: str, as_json: bool) -> None:
     """Make a token; prints it once (the database keeps only its hash)."""
     import getpass
 
@@ -205,7 +228,7 @@ def token_create(db_url: str | None, data_dir: Path, role: str, name: str, as_js
 @_db_option
 @_data_dir_option
 @json_option
-def token_list(db_url: str | None, data_dir: Path, as_json: bool) -> None:
+def token_list(db_url: str | None, data_dir: Path | None, as_json: bool) -> None:
     """Every token (id, holder, role, created, revoked); never the tokens themselves."""
     from edgesdk.cli.output import print_table
     from edgesdk.fleet.service.tokens import list_tokens
@@ -227,7 +250,7 @@ def token_list(db_url: str | None, data_dir: Path, as_json: bool) -> None:
 @click.argument("token_id")
 @_db_option
 @_data_dir_option
-def token_revoke(token_id: str, db_url: str | None, data_dir: Path) -> None:
+def token_revoke(token_id: str, db_url: str | None, data_dir: Path | None) -> None:
     """Refuse token TOKEN_ID from now on."""
     from edgesdk.fleet.service.tokens import revoke_token
 
@@ -237,7 +260,7 @@ def token_revoke(token_id: str, db_url: str | None, data_dir: Path) -> None:
     console().print(f"token {token_id} revoked")
 
 
-def _migrated(db_url: str | None, data_dir: Path) -> Any:
+def _migrated(db_url: str | None, data_dir: Path | None) -> Any:
     from edgesdk.fleet.service.database import migrate, open_engine
 
     engine = open_engine(_db_url(db_url, data_dir))
@@ -260,7 +283,7 @@ def _duration(text: str, option: str) -> float:
 @_data_dir_option
 @rollout_options
 @json_option
-def submit(bundle: Path, db_url: str | None, data_dir: Path, rollout: RolloutArgs, as_json: bool) -> None:
+def submit(bundle: Path, db_url: str | None, data_dir: Path | None, rollout: RolloutArgs, as_json: bool) -> None:
     """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
     from edgesdk.fleet.service.store import SqlRolloutStore
     from edgesdk.fleet.service.submit import submit_deployment

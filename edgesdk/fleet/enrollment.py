@@ -111,9 +111,11 @@ class RegistryFile:
         profile: str | None = None,
         expect_key_id: str | None = None,
         replace: bool = False,
+        allow_shared_key: bool = False,
         now: datetime | None = None,
     ) -> EnrolledDevice:
-        """Approve ``device_id`` with ``public_key``; refuses a revoked key and silent key changes."""
+        """Approve ``device_id`` with ``public_key``; refuses a revoked key, silent key changes,
+        and (unless ``allow_shared_key``) a key already approved for another device."""
         kid = key_id(public_key)
         if expect_key_id is not None and expect_key_id.lower() != kid:
             raise EnrollmentError(
@@ -139,6 +141,27 @@ class RegistryFile:
                         "pass --replace if the device was re-flashed on purpose"
                     )
                 revoked_ids.append(current.key_id)
+            revoked_elsewhere = [
+                name
+                for name, other in sorted(registry.devices.items())
+                if name != device_id
+                and (kid in other.revoked_key_ids or (other.status == "revoked" and other.key_id == kid))
+            ]
+            if revoked_elsewhere:
+                # A stolen device's revoked key must not come back under another name.
+                raise EnrollmentError(
+                    f"key {kid} was revoked for device {revoked_elsewhere[0]!r} and is never approved again, "
+                    f"under any device id; {device_id!r} must make a new key"
+                )
+            sharing = shared_key_devices(registry, device_id, kid)
+            if sharing and not allow_shared_key:
+                # One key on two devices is a cloned image or a copied key file: either device
+                # can then read what is addressed to the other, and revoking one cuts off both.
+                raise EnrollmentError(
+                    f"key {kid} is already approved for device {', '.join(repr(n) for n in sharing)}: one key "
+                    f"per device (an image or key file copied?); pass --allow-shared-key (REST: allow_shared_key) "
+                    f"to approve {device_id!r} with it anyway"
+                )
             try:
                 entry = EnrolledDevice(
                     device_id=device_id,
@@ -173,6 +196,15 @@ class RegistryFile:
         """Approved devices, by device id."""
         devices = self.load().devices
         return [devices[name] for name in sorted(devices) if devices[name].status == "approved"]
+
+
+def shared_key_devices(registry: EnrollmentRegistry, device_id: str, kid: str) -> list[str]:
+    """Other devices approved with key ``kid``, by id (a shared key is refused unless allowed)."""
+    return [
+        name
+        for name, entry in sorted(registry.devices.items())
+        if name != device_id and entry.status == "approved" and entry.key_id == kid
+    ]
 
 
 def recipients_from_registry(path: Path | str) -> list[X25519PublicKey]:

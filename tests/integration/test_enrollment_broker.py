@@ -65,10 +65,13 @@ def test_enroll_list_approve_and_key_change(mqtt_broker, edgesdk_cli, tmp_path: 
     assert approved.returncode == 0, approved.stderr
 
     # The device (or someone) now offers another key: flagged, and not approved without --replace.
-    device_announces(mqtt_broker.url, "cam-a", X25519PrivateKey.generate())
+    second = X25519PrivateKey.generate()
+    device_announces(mqtt_broker.url, "cam-a", second)
     listed = edgesdk_cli("fleet", "enroll", "list", *flags, "--json")
     assert [row["status"] for row in json.loads(listed.stdout)] == ["key changed"]
-    refused = edgesdk_cli("fleet", "enroll", "approve", "cam-a", *flags)
+    # A key read off the broker is approved only against the full id the device shows.
+    assert_one_line_error(edgesdk_cli("fleet", "enroll", "approve", "cam-a", *flags), "'cam-a'", "--key-id")
+    refused = edgesdk_cli("fleet", "enroll", "approve", "cam-a", *flags, "--key-id", key_id(second.public_key()))
     assert_one_line_error(refused, "'cam-a'", "--replace")
 
     absent = edgesdk_cli("fleet", "enroll", "approve", "cam-q", *flags)

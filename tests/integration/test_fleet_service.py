@@ -451,7 +451,11 @@ def test_cli_through_the_service(fleet: Fleet, tmp_path: Path, edgesdk_cli) -> N
         assert fleet.releases() == before
         enrolled = edgesdk_cli("fleet", "enroll", "list", "--json", *as_viewer)
         assert sorted(r["device_id"] for r in json.loads(enrolled.stdout)) == DEVICES
-        approved = edgesdk_cli("fleet", "enroll", "approve", "dev-0", "--json", *as_operator)
+        from edgesdk.keys import key_id, load_device_public_key
+
+        device_key_id = key_id(load_device_public_key(fleet.bundles.keys.device_pub))  # what `edge-agent key` shows
+        approve = ("fleet", "enroll", "approve", "dev-0", "--key-id", device_key_id, "--json")
+        approved = edgesdk_cli(*approve, *as_operator)
         assert approved.returncode == 0 and json.loads(approved.stdout)["status"] == "approved", approved.stderr
         assert_one_line_error(edgesdk_cli("fleet", "enroll", "revoke", "dev-0", *as_operator), "admin role")
         unreachable = edgesdk_cli(

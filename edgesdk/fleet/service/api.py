@@ -11,6 +11,7 @@ pages (which load scripts from one) are off; the OpenAPI document is at ``/opena
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError
+from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError, UsageError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.fleet.service import audit, bundles, schema, tokens
@@ -40,6 +41,8 @@ from edgesdk.fleet.service.metrics import FleetMetrics
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
+
+log = logging.getLogger(__name__)
 
 
 class RolloutCommands(Protocol):
@@ -370,8 +373,6 @@ def create_app(context: ApiContext) -> FastAPI:
             return [dict(r._mapping) for r in db.execute(sa.select(table).order_by(table.c.device_id))]
 
     def _decide(item: str, approve: bool, body: EnrollmentDecision | None, operator: tokens.Operator) -> dict[str, Any]:
-        from edgesdk.fleet.enrollment import RegistryFile, decode_public_key
-
         table = schema.enrollment_requests
         with Transaction(engine) as db:
             row = db.execute(sa.select(table).where(table.c.device_id == item)).first()
@@ -379,28 +380,24 @@ def create_app(context: ApiContext) -> FastAPI:
             raise HTTPException(404, f"no enrollment request from device {item!r}")
         options = body or EnrollmentDecision()
         action = "enrollment.approve" if approve else "enrollment.revoke"
+        answer: dict[str, Any] = {}
 
         def work() -> Any:
-            if context.registry_path is not None:
-                registry = RegistryFile(context.registry_path)
-                if approve:
-                    registry.approve(
-                        item,
-                        decode_public_key(row.public_key),
-                        profile=row.profile,
-                        expect_key_id=row.key_id,
-                        replace=options.replace,
-                    )
-                else:
-                    registry.revoke(item, reason=options.reason)
-            with Transaction(engine) as db:
-                db.execute(
-                    table.update().where(table.c.device_id == item).values(status="approved" if approve else "revoked")
-                )
+            if approve:
+                answer.update(_approve(context, row, options))
+            else:
+                if context.registry_path is not None:
+                    from edgesdk.fleet.enrollment import RegistryFile
 
-        audited(operator, action, item, work, key_id=row.key_id, reason=options.reason)
+                    RegistryFile(context.registry_path).revoke(item, reason=options.reason)
+                with Transaction(engine) as db:
+                    db.execute(table.update().where(table.c.device_id == item).values(status="revoked"))
+
+        key = (options.key_id or "").lower() or row.key_id
+        audited(operator, action, item, work, key_id=key, reason=options.reason)
         with Transaction(engine) as db:
-            return dict(db.execute(sa.select(table).where(table.c.device_id == item)).one()._mapping)
+            current = dict(db.execute(sa.select(table).where(table.c.device_id == item)).one()._mapping)
+        return {**current, **answer}
 
     @app.post("/api/v1/enrollment/{item}/approve", tags=["enrollment"])
     def approve_enrollment(
@@ -459,6 +456,63 @@ def create_app(context: ApiContext) -> FastAPI:
         return {"ingest": read_counters(engine, context.store.where)}
 
     return app
+
+
+def _approve(context: ApiContext, row: Any, options: EnrollmentDecision) -> dict[str, Any]:
+    """Approve the key of ``row`` (an enrollment request) that ``options.key_id`` names in full:
+    the key the device requested with, or the other key it offered since. Refused when the id is
+    missing or names neither (an approval is bound to the key the operator checked on the device,
+    never to whatever key was announced last). Returns what the REST answer adds (warnings)."""
+    from edgesdk.fleet.enrollment import RegistryFile, decode_public_key, shared_key_devices
+
+    device_id = row.device_id
+    if options.key_id is None:
+        raise UsageError(
+            f"approving device {device_id!r} needs key_id: the full key id (32 hex digits) the device shows "
+            "locally (edge-agent key), checked out of band"
+        )
+    wanted = options.key_id.lower()
+    if wanted == row.key_id:
+        public_key, offered = row.public_key, False
+    elif row.offered_key_id is not None and wanted == row.offered_key_id:
+        public_key, offered = row.offered_public_key, True
+    else:
+        also = f" (and later offered {row.offered_key_id})" if row.offered_key_id else ""
+        raise EnrollmentError(
+            f"device {device_id!r} requested enrollment with key id {row.key_id}{also}, not {wanted}: "
+            "nothing approved; check the key id the device shows (edge-agent key)"
+        )
+    shared: list[str] = []
+    if context.registry_path is not None:
+        registry = RegistryFile(context.registry_path)
+        registry.approve(
+            device_id,
+            decode_public_key(public_key),
+            profile=row.profile,
+            expect_key_id=wanted,
+            replace=options.replace,
+            allow_shared_key=options.allow_shared_key,
+        )
+        shared = shared_key_devices(registry.load(), device_id, wanted)
+    table = schema.enrollment_requests
+    values: dict[str, Any] = {"status": "approved"}
+    if offered:  # the offered key is now the device's key; the one it replaces is forgotten here
+        values.update(
+            public_key=public_key,
+            key_id=wanted,
+            offered_public_key=None,
+            offered_key_id=None,
+            offered_at=None,
+        )
+    with Transaction(context.engine) as db:
+        db.execute(table.update().where(table.c.device_id == device_id).values(**values))
+    if not shared:
+        return {}
+    warning = (
+        f"key {wanted} of device {device_id!r} is also approved for {', '.join(shared)} (allowed: allow_shared_key)"
+    )
+    log.warning("enrollment: %s", warning)
+    return {"warnings": [warning]}
 
 
 def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:

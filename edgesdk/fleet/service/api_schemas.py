@@ -56,7 +56,16 @@ class TokenCreate(_Body):
 
 class EnrollmentDecision(_Body):
     reason: str = Field("", max_length=500)
+    key_id: str | None = Field(
+        None,
+        pattern=r"^[0-9a-fA-F]{32}$",
+        description="approve: the FULL key id (32 hex digits) the device shows locally (edge-agent key); "
+        "required, and refused when neither the requested nor the offered key has it",
+    )
     replace: bool = Field(False, description="approve a device that now offers a different key")
+    allow_shared_key: bool = Field(
+        False, description="approve a key that is already approved for another device (refused otherwise)"
+    )
 
 
 class Device(_Body):

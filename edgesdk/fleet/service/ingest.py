@@ -425,12 +425,31 @@ class Ingest:
         created = db.execute(self._enroll_insert.values(device_id=request.device_id, status="pending", **values))
         if created.rowcount == 1:
             return
-        # Known device: a new key asks again and must be approved again; the same key changes nothing.
-        db.execute(
+        # Known device, another key: never written over the key on record (nor its status). The
+        # shared bootstrap account may write any device's enroll topic, so a second announcement
+        # can be an attacker's, sent between the operator's out-of-band check and the approval.
+        # It is kept beside the first as the offered key (the latest one); approving it needs
+        # its own full key id, and ``replace`` for an approved device. The same key changes nothing.
+        offered = db.execute(
             table.update()
-            .where((table.c.device_id == request.device_id) & (table.c.key_id != request.key_id))
-            .values(status="pending", **values)
+            .where(
+                (table.c.device_id == request.device_id)
+                & (table.c.key_id != request.key_id)
+                & (table.c.offered_key_id.is_(None) | (table.c.offered_key_id != request.key_id))
+            )
+            .values(
+                offered_public_key=request.public_key,
+                offered_key_id=request.key_id,
+                offered_at=request.ts.timestamp(),
+            )
         )
+        if offered.rowcount == 1:
+            log.warning(
+                "device %s announced another key (key id %s) beside the one it requested with; kept as an "
+                "offered key, approved only by its full key id",
+                request.device_id,
+                request.key_id,
+            )
 
     def _flush_counters(self, *, force: bool = False) -> None:
         now = time.monotonic()
