@@ -103,16 +103,28 @@ def _signal_running_agent(pid_file: Path) -> bool:
 
 @cli.command()
 @_config_option
-def key(config_path: Path | None) -> None:
-    """Print this device's X25519 public key (PEM), creating the key pair if needed."""
+@click.option("--json", "as_json", is_flag=True, help="Print device id, key id, base64 key and PEM as one JSON object.")
+def key(config_path: Path | None, as_json: bool) -> None:
+    """Print this device's key id and X25519 public key (PEM), creating the key pair if needed.
+
+    The first line is ``key id: <32 hex digits>``, the whole id: the operator compares it with
+    ``edgesdk fleet enroll list`` and passes it to ``approve --key-id`` (a prefix is never shown,
+    since a key matching a short prefix can be ground). The PEM follows; PEM readers skip the
+    line before it, so ``edge-agent key > cam-07.pub`` is still a key file."""
     config = _load(config_path)
     from cryptography.hazmat.primitives import serialization
     from edgesdk.agent.daemon import Agent
+    from edgesdk.agent.keyring import public_key_text, raw_key_id
 
     agent = Agent(config)
-    pem = agent.device_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    public = agent.device_key.public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    kid = raw_key_id(public.public_bytes_raw())
+    if as_json:
+        shown = {"device_id": config.device_id, "key_id": kid, "public_key": public_key_text(public.public_bytes_raw())}
+        click.echo(json.dumps({**shown, "pem": pem.decode()}))
+        return
+    click.echo(f"key id: {kid}")
     click.echo(pem.decode().strip())
 
 

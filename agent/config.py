@@ -37,6 +37,7 @@ _PATH_KEYS = (
     ("mqtt", "tls", "ca_file"),
     ("mqtt", "tls", "cert_file"),
     ("mqtt", "tls", "key_file"),
+    ("ota", "http_ca_file"),
 )
 
 
@@ -119,3 +120,16 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
         return AgentConfig.parse_obj_clear(data, source=source)
     except SchemaError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def check_configured_files(config: AgentConfig) -> None:
+    """Refuse, in one line, a configured file that is not there, as the key files are refused.
+
+    Read only later (an HTTP download, hours after the start), a missing ``[ota] http_ca_file``
+    would surface as a TLS failure of one update; the operator learns of it at start instead."""
+    ca_file = config.ota.http_ca_file
+    if ca_file is not None and not Path(ca_file).is_file():
+        raise ConfigError(
+            f"[ota] http_ca_file {str(ca_file)!r} does not exist: put the fleet CA certificate there, "
+            "or remove the setting (the default is the MQTT link's tls.ca_file, else the system's CAs)"
+        )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.api.app import ApiApp
 from edgesdk.agent.api.http import HttpLimits, HttpServer
+from edgesdk.agent.config import check_configured_files
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.governor.runner import Governor
@@ -97,6 +98,7 @@ class Agent:
             # The helper parses the key files when it opens a bundle (a bad one is then that
             # slot's reported problem); a missing one is still an error at start.
             self.keyring.check_files()
+        check_configured_files(config)
         default_name = config.default_model or self.stores.default
         self.governor = self._make_governor(self.server, pinned=default_name in self.pins)
         self.metrics = Metrics(self.server, stats=stats, governor=self.governor, measured=self.measurements.current)
