@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -26,6 +26,9 @@ from rich.console import Console
 from edgesdk.cli.output import console, print_json, print_table, profiles_dirs
 from edgesdk.errors import EdgeSDKError, UsageError
 from edgesdk.profiles import get_profile
+
+if TYPE_CHECKING:
+    from edgesdk.demo.story import DemoError
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -92,7 +95,7 @@ def demo(
         import sqlalchemy  # noqa: F401
         import torch  # noqa: F401
 
-        from edgesdk.demo.story import Demo, DemoOptions, result_json
+        from edgesdk.demo.story import Demo, DemoError, DemoOptions, result_json
     except ImportError as exc:
         raise EdgeSDKError(f"the demo needs every extra: pip install 'edgesdk[all]' ({exc.name} missing)") from exc
     if workdir is not None:
@@ -116,6 +119,7 @@ def demo(
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     began = time.monotonic()
+    failed = False
     try:
         out.print(
             f"[bold]edgesdk demo[/bold] — {profile.display_name} ({profile.name}), {agent_count} agents, in {root}"
@@ -136,17 +140,67 @@ def demo(
             err=True,
         )
         sys.exit(130)  # click would turn Exit(130) into a return value of 0 outside standalone mode
+    except DemoError as exc:
+        # The work dir is what explains the failure (every log, the database): always kept.
+        failed = True
+        click.echo(failure_report(exc, root), err=True)
+        sys.exit(1)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if workdir is None and not keep:
+        if workdir is None and not keep and not failed:
             shutil.rmtree(root, ignore_errors=True)
-        elif workdir is None:
+        elif workdir is None and not failed:
             out.print(f"work dir kept: {root}")
     summary = result_json(result)
     if as_json:
         print_json(summary)
         return
     _print_summary(summary, work_dir_kept=workdir is not None or keep)
+
+
+#: How much of the failed process's log goes under the error line.
+FAILURE_LOG_LINES = 20
+
+
+def failure_report(exc: DemoError, root: Path) -> str:
+    """The one-line error of a failed step, the last lines of the failed process's log (when
+    the error names one) and where the kept work dir is."""
+    lines = [f"error: {exc}"]
+    log_file = exc.log_file
+    if log_file is not None:
+        tail = _tail(log_file, FAILURE_LOG_LINES)
+        if tail:
+            lines.append(f"  last {len(tail)} lines of {log_file}:")
+            lines.extend(f"    {line}" for line in tail)
+        else:
+            lines.append(f"  {log_file} is empty or missing")
+    lines.append(f"work dir kept: {root}")
+    return "\n".join(lines)
+
+
+def _tail(path: Path, count: int) -> list[str]:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - 64 * 1024))  # the end is enough; a log may be large
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-count:]
+
+
+#: Governor states below the precision ceiling for heat (agent/governor/machine.py).
+_STEPPED_DOWN = ("STEPPED_DOWN", "SAVE_STEPPED_DOWN")
+
+
+def _serving_variant(device: dict[str, Any]) -> str:
+    """The variant serving at the end, and why when heat holds it below the ceiling: the hot
+    device's heat waves repeat, and a bare "onnx-int8" after the story's "back up to fp32"
+    reads like a stale value."""
+    variant = device["variant"] or "-"
+    if device.get("governor") in _STEPPED_DOWN and device.get("temperature_c") is not None:
+        return f"{variant} (stepped down at {device['temperature_c']:.0f} °C)"
+    return variant
 
 
 def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
@@ -157,7 +211,7 @@ def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
             (
                 d["device_id"],
                 f"{d['version']} (r{d['release']})",
-                d["variant"] or "-",
+                _serving_variant(d),
                 ", ".join(d["precisions_used"]),
                 str(d["requests"]),
                 str(d["failed_requests"]),
@@ -175,6 +229,13 @@ def _print_summary(summary: dict[str, Any], *, work_dir_kept: bool) -> None:
             for r in summary["rollouts"]
         ],
     )
+    heat = summary.get("heat") or {}
+    if "back_up_at_s" in heat:
+        click.echo(
+            f"heat wave:         {heat['device']} stepped down to {heat['lowest_precision']} at "
+            f"{heat['stepped_down_at_s']:.0f} s and back up to {heat['top']} at {heat['back_up_at_s']:.0f} s "
+            f"(its sensor trace repeats the wave every {heat.get('repeats_every_s', 0):.0f} s until the demo ends)"
+        )
     second = summary.get("second_model") or {}
     if second.get("skipped"):
         click.echo(f"second model:      skipped ({second['skipped']})")

@@ -21,6 +21,7 @@ class ProcessSet:
 
     def __init__(self) -> None:
         self._children: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self._log_files: dict[str, Path] = {}
 
     def start(self, name: str, argv: Sequence[str], *, log_file: Path, env: dict[str, str] | None = None) -> int:
         """Start ``argv`` with stdout+stderr going to ``log_file``; returns its pid."""
@@ -29,7 +30,12 @@ class ProcessSet:
             list(argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True
         )
         self._children.append((name, proc, log))
+        self._log_files[name] = Path(log_file)
         return proc.pid
+
+    def log_file(self, name: str) -> Path | None:
+        """Where child ``name`` writes its stdout and stderr."""
+        return self._log_files.get(name)
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc, _ in self._children}

@@ -36,9 +36,9 @@ import numpy as np
 
 from edgesdk.demo.collector import Collector, Sample
 from edgesdk.demo.processes import ProcessSet
-from edgesdk.demo.traces import write_heat_trace, write_idle_trace
+from edgesdk.demo.traces import WAVE_S, write_heat_trace, write_idle_trace
 from edgesdk.demo.traffic import TrafficGenerator
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, FleetServiceError
 from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger("edgesdk.demo")
@@ -53,7 +53,12 @@ P95_SLO_MS = 10.0
 
 
 class DemoError(EdgeSDKError):
-    """A demo step could not finish (the message says which and why)."""
+    """A demo step could not finish (the message says which and why). ``log_file`` is the log
+    of the process that failed, when one did: ``edgesdk demo`` prints its last lines."""
+
+    def __init__(self, message: str, *, log_file: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_file = log_file
 
 
 @dataclass
@@ -151,8 +156,22 @@ class Demo:
             time.sleep(2.0)  # a little traffic on v2 after the rollback, for the plots
             self.finish(convert_v1)
             return self.result
+        except DemoError as exc:
+            if exc.log_file is None and (culprit := self._exited_child_log()) is not None:
+                exc.log_file = culprit
+            raise
+        except EdgeSDKError as exc:
+            # An error of a part (the service's REST API, the converter): a child that died is
+            # the likely reason, so its log goes with the error.
+            raise DemoError(str(exc), log_file=self._exited_child_log()) from exc
         finally:
             self.cleanup()
+
+    def _exited_child_log(self) -> Path | None:
+        """The log of the first child (broker, service, agent) that has exited, if any."""
+        for name in self.processes.exited():
+            return self.processes.log_file(name)
+        return None
 
     def build_models(self) -> tuple[Any, Path, Path]:
         from edgesdk.converters.pipeline import convert
@@ -252,7 +271,8 @@ class Demo:
         deadline = time.monotonic() + 30
         while not _port_open(port):
             if "broker" in self.processes.exited() or time.monotonic() > deadline:
-                raise DemoError(f"the embedded broker did not start; see {self.work / 'broker' / 'amqtt.log'}")
+                amqtt_log = self.work / "broker" / "amqtt.log"
+                raise DemoError(f"the embedded broker did not start; see {amqtt_log}", log_file=amqtt_log)
             time.sleep(0.1)
         self.broker_url = f"mqtt://127.0.0.1:{port}"
         self.mqtt_protocol = "3.1.1"  # amqtt speaks MQTT 3.1.1 only
@@ -312,8 +332,9 @@ class Demo:
             exited = self.processes.exited()
             if exited:
                 name, code = next(iter(exited.items()))
-                log = self.work / "devices" / name / "agent.log"
-                raise DemoError(f"agent {name} exited with status {code}; see {log}")
+                log = self.processes.log_file(name)
+                what = f"agent {name}" if name in port_files else f"the {name.replace('-', ' ')}"
+                raise DemoError(f"{what} exited with status {code}; see {log}", log_file=log)
             for device, port_file in port_files.items():
                 text = port_file.read_text().strip() if port_file.exists() else ""
                 if text and device not in self.agent_urls:
@@ -410,8 +431,11 @@ class Demo:
         from edgesdk.demo.fleet_service import wait_devices_known, wait_service
 
         began, db_url, token_file, log_file = started
-        self.service = wait_service(self.processes, db_url, token_file, log_file)
-        wait_devices_known(self.service, GROUP, set(self.agent_urls))
+        try:
+            self.service = wait_service(self.processes, db_url, token_file, log_file)
+            wait_devices_known(self.service, GROUP, set(self.agent_urls))
+        except FleetServiceError as exc:
+            raise DemoError(str(exc), log_file=log_file) from exc
         self.result.service = {
             "dashboard": self.service.url,
             "token_file": str(token_file),
@@ -460,7 +484,10 @@ class Demo:
             if event in ("wave_started", "aborted"):
                 self.say(f"  {name}: {event.replace('_', ' ')} {json.dumps(info)}")
 
-        detail = follow_deployment(service, deployment, progress, timeout_s=300.0)
+        try:
+            detail = follow_deployment(service, deployment, progress, timeout_s=300.0)
+        except FleetServiceError as exc:
+            raise DemoError(str(exc), log_file=service.log_file) from exc
         state = detail["state"]
         rows = [
             {
@@ -614,6 +641,7 @@ class Demo:
                     "stepped_down_at_s": down.t,
                     "back_up_at_s": up.t,
                     "max_temperature_c": max(s.temperature_c or 0.0 for s in series),
+                    "repeats_every_s": sum(WAVE_S),
                 }
                 self._step(
                     "heat wave",
@@ -627,9 +655,10 @@ class Demo:
                 self.say(f"  {device}: {series[-1].temperature_c:.0f} °C → serving {series[-1].variant}")
             time.sleep(0.2)
         self.result.heat = {"device": device, "observed": False}
+        agent_log = self.processes.log_file(device)
         raise DemoError(
-            f"{device} did not step down and back up within {self.options.heat_timeout_s:.0f} s "
-            f"(see {self.work / 'devices' / device / 'agent.log'})"
+            f"{device} did not step down and back up within {self.options.heat_timeout_s:.0f} s (see {agent_log})",
+            log_file=agent_log,
         )
 
     def finish(self, convert_v1: Path) -> None:
@@ -641,8 +670,10 @@ class Demo:
         if self.second_traffic is not None:
             self.second_traffic.stop()
         if self.collector is not None:
-            self.collector.poll_once()
+            # Stop the collector's thread first: a poll of its own that began before this last
+            # look would otherwise land after it, and the rows below read the last sample.
             self.collector.stop()
+            self.collector.poll_once()
         samples = self.collector.snapshot() if self.collector is not None else {}
         for device in self.agent_urls:
             series = samples.get(device, [])
@@ -664,6 +695,10 @@ class Demo:
                     "client_p50_ms": float(np.percentile(latencies, 50)) if latencies.size else None,
                     "client_p95_ms": float(np.percentile(latencies, 95)) if latencies.size else None,
                     "max_temperature_c": max((s.temperature_c or 0.0 for s in series), default=None),
+                    # Why "variant" is what it is at the end: the hot device's trace repeats its
+                    # heat wave, so the demo may end with it stepped down again.
+                    "governor": last.governor if last else None,
+                    "temperature_c": last.temperature_c if last else None,
                     # The second model's traffic ran through every later rollout of digits.
                     "second_model_requests": second.requests if second else 0,
                     "second_model_failed_requests": second.failures if second else 0,
