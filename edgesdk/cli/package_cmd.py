@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from edgesdk.api import package as package_bundle
 from edgesdk.api import parse_expiry
 from edgesdk.bundle import inspect_bundle
+from edgesdk.cli.fleet_cmd import server_options
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
 from edgesdk.errors import UsageError
 
@@ -55,6 +57,14 @@ def _release_range(text: str) -> tuple[int, int]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also encrypt to every approved device of this enrollment registry (edgesdk fleet enroll).",
 )
+@click.option(
+    "--recipients-from-server",
+    "from_server",
+    is_flag=True,
+    help="Also encrypt to every device approved on the fleet service of --server/--token-file "
+    "(or $EDGESDK_FLEET_SERVER/$EDGESDK_FLEET_TOKEN): its enrollment registry.",
+)
+@server_options
 @click.option("--expires", default="never", show_default=True, help="90d, 12h, 4w, an ISO date, or never.")
 @click.option(
     "--target", "targets", multiple=True, help="Device profile the bundle is for; repeatable (default: the report's)."
@@ -92,6 +102,9 @@ def package(
     recipients: tuple[Path, ...],
     groups: tuple[Path, ...],
     registry: Path | None,
+    from_server: bool,
+    server: str | None,
+    token_file: Path | None,
     expires: str,
     targets: tuple[str, ...],
     downgrade_from: str | None,
@@ -109,13 +122,18 @@ def package(
             "--allow-downgrade signed an unbounded downgrade and is gone: use --downgrade-from MIN-MAX "
             "(the device floors it may replace) and --downgrade-expires"
         )
+    device_recipients: list[Any] = list(recipients)
+    if from_server:
+        device_recipients += _approved_on_service(server, token_file)
+    elif server is not None:
+        raise UsageError("--server is only read with --recipients-from-server here")
     path = package_bundle(
         convert_dir,
         name=name,
         version=version,
         release=release,
         publisher_key=publisher_key,
-        recipients=recipients,
+        recipients=device_recipients,
         group_recipients=groups,
         registry=registry,
         targets=targets,
@@ -144,3 +162,14 @@ def package(
         print_json(summary)
         return
     print_table(f"packaged {path}", ["field", "value"], [(k, v) for k, v in summary.items()])
+
+
+def _approved_on_service(server: str | None, token_file: Path | None) -> list[Any]:
+    """The keys of every device approved on the fleet service (its one enrollment registry)."""
+    from edgesdk.fleet.enrollment import recipients_from_service
+    from edgesdk.fleet.service_client import client_from
+
+    client = client_from(server, token_file)
+    if client is None:
+        raise UsageError("--recipients-from-server needs --server URL (or $EDGESDK_FLEET_SERVER) and --token-file")
+    return list(recipients_from_service(client.enrollment(), client.server))

@@ -218,6 +218,23 @@ def recipients_from_registry(path: Path | str) -> list[X25519PublicKey]:
     return [decode_public_key(entry.public_key) for entry in approved]
 
 
+def recipients_from_service(rows: list[dict[str, object]], server: str) -> list[X25519PublicKey]:
+    """Public keys of every device approved on a fleet service, from its enrollment list
+    (``GET /api/v1/enrollment``: an approved row holds the approved key; a key offered since
+    is in ``offered_*`` and is not a recipient until it is approved)."""
+    keys = []
+    for row in rows:
+        if row.get("status") != "approved":
+            continue
+        public = decode_public_key(str(row["public_key"]))
+        if key_id(public) != row.get("key_id"):
+            raise EnrollmentError(f"fleet service {server}: device {row.get('device_id')!r} lists a key not its key id")
+        keys.append(public)
+    if not keys:
+        raise EnrollmentError(f"fleet service {server} has no approved device (edgesdk fleet enroll list --server)")
+    return keys
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A device seen asking to enroll (its enroll request) or announcing its key (presence)."""

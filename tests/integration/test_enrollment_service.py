@@ -162,6 +162,16 @@ def test_approval_through_the_service_is_bound_to_the_key_the_device_shows(mqtt_
         rekey = _enroll("approve", "cam-a", *as_operator, "--key-id", _kid(attacker), cwd=cwd)
         assert_one_line_error(rekey, "409", "--replace")
 
+        # Packaging takes its recipients from the same registry: the approved key only.
+        from tests.bundle_helpers import write_convert_dir
+
+        convert = write_convert_dir(tmp_path / "convert", {"fp32": {"model.onnx": b"not a real model" * 8}})
+        package = [*EDGESDK, "package", str(convert), "--version", "1.0.0", "--publisher-key", str(operator_key)]
+        package += ["--out", str(tmp_path / "m.edgepkg"), "--recipients-from-server", *as_operator, "--json"]
+        packaged = subprocess.run(package, capture_output=True, text=True, timeout=120, cwd=cwd)
+        assert packaged.returncode == 0, packaged.stderr
+        assert json.loads(packaged.stdout)["recipients"] == [_kid(device)]
+
         # One key for two devices: refused, unless allowed on purpose (then a warning, and a log line).
         announce(mqtt_broker.url, "cam-b", device)
         announce(mqtt_broker.url, "cam-c", cam_b)
@@ -175,7 +185,7 @@ def test_approval_through_the_service_is_bound_to_the_key_the_device_shows(mqtt_
         assert allowed.stderr.startswith("warning: ") and "also approved for cam-a" in allowed.stderr
         assert "also approved for cam-a" in serve.log.read_text()
 
-    assert list(cwd.iterdir()) == []  # --server never wrote a local registry
+    assert list(cwd.iterdir()) == []  # --server never wrote a local registry (nor anything else here)
     assert f"data in {data_dir}" in serve.banner
     assert [p for p in serve.home.rglob("*")] == []
 
