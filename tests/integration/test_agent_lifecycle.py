@@ -299,7 +299,9 @@ def test_key_and_status_commands(tmp_path, convert_dir) -> None:
     device = make_device(tmp_path / "dev")
     key = run_agent_cli("key", "--config", str(device.config))
     assert key.returncode == 0, key.stderr
-    assert key.stdout.strip() == device.device_pub.read_text().strip()
+    first, pem = key.stdout.split("\n", 1)  # `key id: <32 hex>`, then the PEM of device.pub
+    assert first.startswith("key id: ") and len(first) == len("key id: ") + 32
+    assert pem.strip() == device.device_pub.read_text().strip()
     assert_one_line_error(run_agent_cli("status", "--config", str(device.config)), "no running agent")
     install(device, device.bundle(convert_dir, version="1.0.0", release=1))
     with AgentProcess(device):
