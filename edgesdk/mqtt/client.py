@@ -384,6 +384,10 @@ class MqttClient:
         if deadline is None or now < deadline:
             return
         self._connack_deadline = None
+        if self._paho.socket() is not None and not self._connack_seen:
+            # A CONNACK already waiting in the socket (a loop busy with a thousand connects has
+            # not read it yet) is an answer, not silence.
+            self._service_read()
         if self._connack_seen or self._paho.socket() is None or self.protocol != "5":
             return
         log.info(

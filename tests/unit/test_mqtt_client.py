@@ -36,12 +36,13 @@ def test_backoff_grows_is_capped_and_is_jittered() -> None:
     assert max(late) - min(late) > 20 and len({round(d, 3) for d in late}) > 150
 
 
-class Mqtt311OnlyServer:
-    """A TCP server that speaks just enough MQTT 3.1.1: refuses protocol level 5 like a 3.1.1
-    broker, or (``silent_to_v5``) reads a level-5 CONNECT and never answers nor closes, like amqtt."""
+class TinyMqttServer:
+    """A TCP server that speaks just enough MQTT to connect. To a level-5 CONNECT it answers
+    like a 3.1.1 broker ("refuse": unacceptable protocol version), like amqtt ("silent": never
+    answers nor closes) or like an MQTT 5 broker ("accept")."""
 
-    def __init__(self, *, silent_to_v5: bool = False) -> None:
-        self.silent_to_v5 = silent_to_v5
+    def __init__(self, *, on_v5: str = "refuse") -> None:
+        self.on_v5 = on_v5
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -87,14 +88,15 @@ class Mqtt311OnlyServer:
             name_len = int.from_bytes(body[:2], "big")
             level = body[2 + name_len]
             self.levels.append(level)
-            if level != 4 and self.silent_to_v5:
+            if level != 4 and self.on_v5 == "silent":
                 while self._read_packet(conn) is not None:  # until the client gives up and closes
                     pass
                 return
-            if level != 4:
+            if level != 4 and self.on_v5 == "refuse":
                 conn.sendall(bytes([0x20, 0x02, 0x00, 0x01]))  # "unacceptable protocol version"
                 return
-            conn.sendall(bytes([0x20, 0x02, 0x00, 0x00]))
+            # CONNACK accepted: v5 adds an empty property list.
+            conn.sendall(bytes([0x20, 0x02, 0x00, 0x00]) if level == 4 else bytes([0x20, 0x03, 0x00, 0x00, 0x00]))
             while (packet := self._read_packet(conn)) is not None:
                 if packet[0] >> 4 == 12:  # PINGREQ
                     conn.sendall(bytes([0xD0, 0x00]))
@@ -104,13 +106,13 @@ class Mqtt311OnlyServer:
 
 
 @pytest.fixture
-def mqtt311_server() -> Iterator[Mqtt311OnlyServer]:
-    server = Mqtt311OnlyServer()
+def mqtt311_server() -> Iterator[TinyMqttServer]:
+    server = TinyMqttServer()
     yield server
     server.close()
 
 
-def test_client_falls_back_to_mqtt_311_when_the_broker_refuses_5(mqtt311_server: Mqtt311OnlyServer) -> None:
+def test_client_falls_back_to_mqtt_311_when_the_broker_refuses_5(mqtt311_server: TinyMqttServer) -> None:
     options = ClientOptions(client_id="dev-1", broker_url=f"mqtt://127.0.0.1:{mqtt311_server.port}", backoff_min_s=0.05)
     client = MqttClient(options).start()
     try:
@@ -129,7 +131,7 @@ def test_client_falls_back_to_mqtt_311_when_a_v5_connect_goes_unanswered(caplog:
 
     from edgesdk.mqtt.client import V5_CONNACK_WAIT_S
 
-    server = Mqtt311OnlyServer(silent_to_v5=True)
+    server = TinyMqttServer(on_v5="silent")
     options = ClientOptions(client_id="svc", broker_url=f"mqtt://127.0.0.1:{server.port}")
     client = MqttClient(options)
     began = time.monotonic()
@@ -149,8 +151,34 @@ def test_client_falls_back_to_mqtt_311_when_a_v5_connect_goes_unanswered(caplog:
         server.close()
 
 
+def test_a_connack_waiting_unread_at_the_deadline_is_an_answer_not_silence() -> None:
+    """A loop busy with many connects may reach a client's deadline before reading the CONNACK
+    already in its socket: that client must stay on MQTT 5."""
+    import time
+
+    from edgesdk.mqtt.client import NetworkLoop
+
+    server = TinyMqttServer(on_v5="accept")
+    loop = NetworkLoop()  # never started: the test turns the loop's handles by hand
+    client = MqttClient(ClientOptions(client_id="busy", broker_url=f"mqtt://127.0.0.1:{server.port}"), loop=loop)
+    try:
+        client.start()
+        client._service_connect(time.monotonic())
+        client._service_write()  # the CONNECT goes out; the CONNACK comes back unread
+        deadline = time.monotonic() + 5
+        while not server.levels and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        client._check_connack_wait(time.monotonic() + 60)  # long past the deadline
+        assert client.connected and client.protocol == "5"
+        assert server.levels == [5]
+    finally:
+        client._close_socket()
+        server.close()
+
+
 def test_forcing_mqtt_5_waits_for_a_silent_broker_without_falling_back() -> None:
-    server = Mqtt311OnlyServer(silent_to_v5=True)
+    server = TinyMqttServer(on_v5="silent")
     options = ClientOptions(client_id="svc", broker_url=f"mqtt://127.0.0.1:{server.port}", protocol="5")
     client = MqttClient(options).start()
     try:
@@ -161,7 +189,7 @@ def test_forcing_mqtt_5_waits_for_a_silent_broker_without_falling_back() -> None
         server.close()
 
 
-def test_forcing_mqtt_5_never_falls_back(mqtt311_server: Mqtt311OnlyServer) -> None:
+def test_forcing_mqtt_5_never_falls_back(mqtt311_server: TinyMqttServer) -> None:
     options = ClientOptions(
         client_id="dev-1", broker_url=f"mqtt://127.0.0.1:{mqtt311_server.port}", protocol="5", backoff_min_s=0.05
     )
