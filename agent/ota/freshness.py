@@ -26,7 +26,8 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -172,3 +173,31 @@ class CommandGate:
                 f"(clock skew allowed {self.clock_skew.total_seconds():g} s)",
             )
         return self.ledger.admit(issuer, command.sequence, command.signature or "", what=what)
+
+
+class ReportBudget:
+    """A token bucket on the ``ota_refused`` events of messages that prove no sender (unparsable,
+    unsigned, signed by an unknown key, tampered): anyone who can publish on the device's topic
+    can send those, so they must not fill the outbox or crowd out the device's other events.
+    ``burst`` events at once, then ``per_minute``; the rest are logged and counted (``suppressed``)."""
+
+    def __init__(self, burst: int = 10, per_minute: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.rate_s = per_minute / 60.0
+        self.suppressed = 0
+        self._clock = clock
+        self._tokens = float(burst)
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """True when one more event may go now."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate_s)
+            self._at = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return True
+            self.suppressed += 1
+            return False

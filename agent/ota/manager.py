@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from edgesdk.agent.openers import OpenerFactory
-from edgesdk.agent.ota.freshness import Admission, CommandGate, CommandRefused, SequenceLedger
+from edgesdk.agent.ota.freshness import Admission, CommandGate, CommandRefused, ReportBudget, SequenceLedger
 from edgesdk.agent.ota.hooks import NO_HOOKS, OtaHooks
 from edgesdk.agent.ota.http_fetch import HttpSettings
 from edgesdk.agent.ota.machine import UpdateMachine
@@ -31,10 +31,10 @@ from edgesdk.agent.ota.transfer import TransferLimits
 from edgesdk.agent.ports import EventSink, Keyring, Serving, Slots, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError, UpdateError
-from edgesdk.protocol.signing import verify_deployment
+from edgesdk.protocol.signing import Unverified, check_deployment, command_digest
 from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_DEPLOYMENT, OTA_STATUS
 from edgesdk.schemas.agent_config import AgentConfig
-from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
+from edgesdk.schemas.messages import CommandRefusal, Deployment, HealthCriteria, OtaStatus
 from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ class UpdateManager:
         self.link = link
         self.events = events
         self.max_inbound_bytes = max_inbound_bytes
+        self._unverified_reports = ReportBudget()
         self.ota_dir = Path(ota_dir)
         self.ota_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.gate = gate or CommandGate(
@@ -226,43 +227,69 @@ class UpdateManager:
     # -- entry points -------------------------------------------------------------------------
 
     def handle_deployment(self, payload: bytes) -> None:
-        """A message on ``ota/deployment`` (device or group topic). Never raises for bad input:
-        refusals are published as FAILED statuses with the reason."""
+        """A message on ``ota/deployment`` (device or group topic). Never raises for bad input.
+
+        A message that does not parse or whose signature does not verify gets no ``ota/status``
+        (nobody proved that the deployment id it names is theirs: answering FAILED for it would
+        let anyone on the broker fail a real rollout), only a rate-limited ``ota_refused`` event
+        with its digest. A signed command this device refuses is answered with a FAILED status
+        carrying the command's digest, which the operator matches against what it issued."""
+        digest = command_digest(payload)
         try:
             deployment = Deployment.parse_json_clear(payload, source="deployment message")
         except EdgeSDKError as exc:
-            log.warning("ignored deployment message: %s", exc)
-            self.agent_event("ota_refused", {"reason": str(exc)})
+            log.warning("ignored deployment message %s: %s", digest[:12], exc)
+            self._report_unverified(CommandRefusal(command_sha256=digest, why="malformed", reason=str(exc)[:1024]))
             return
         try:
-            # Operator keys only: with a trust document a publisher key cannot command a device.
-            signer = verify_deployment(deployment, self.keyring.trusted_operators)
-        except EdgeSDKError as exc:
-            log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
-            self._refuse(deployment, str(exc))
+            checked = check_deployment(deployment, self.keyring.trusted_operators)
+        except EdgeSDKError as exc:  # no operator key may sign (a trust document without the role)
+            checked = Unverified("unknown_key", f"deployment {deployment.deployment_id!r}: {exc}")
+        if isinstance(checked, Unverified):
+            log.warning("refused deployment %s (%s): %s", deployment.deployment_id, checked.why, checked.message)
+            self._report_unverified(
+                CommandRefusal(
+                    command_sha256=digest,
+                    why=checked.why,
+                    reason=checked.message[:1024],
+                    deployment_id=deployment.deployment_id,
+                )
+            )
             return
+        signer = checked
         # Only a signed command reaches the gate, so nobody but an operator can make the device
         # write its sequence ledger (or publish refusals quoting attacker-chosen fields).
         try:
             admission = self.gate.admit(deployment, signer)
         except CommandRefused as exc:
             log.warning("refused deployment %s (%s): %s", deployment.deployment_id, exc.why, exc)
-            self.agent_event(
-                "ota_refused", {"deployment_id": deployment.deployment_id, "why": exc.why, "reason": str(exc)}
+            refusal = CommandRefusal(
+                command_sha256=digest, why=exc.why, reason=str(exc)[:1024], deployment_id=deployment.deployment_id
             )
-            self._refuse(deployment, str(exc))
+            self.agent_event("ota_refused", refusal.model_dump())
+            self._refuse(deployment, str(exc), command_sha256=digest)
             return
         except OSError as exc:  # the ledger could not be written: acting would reopen the window
             log.error("refused deployment %s: sequence ledger not written: %s", deployment.deployment_id, exc)
-            self._refuse(deployment, f"could not record the command's sequence ({exc}); retry later")
+            self._refuse(
+                deployment, f"could not record the command's sequence ({exc}); retry later", command_sha256=digest
+            )
             return
         if admission is Admission.REPEAT:
             self._republish()  # the same message again (QoS 1 redelivery, a resend): report, do nothing
             return
-        self.accept(deployment)
+        self.accept(deployment, command_sha256=digest)
 
-    def accept(self, deployment: Deployment) -> None:
-        """Act on a deployment whose signature, freshness, audience and sequence were checked."""
+    def _report_unverified(self, refusal: CommandRefusal) -> None:
+        """The ``ota_refused`` event of a message that proves no sender, within the rate limit."""
+        if self._unverified_reports.take():
+            self.agent_event("ota_refused", refusal.model_dump())
+        else:
+            log.debug("ota_refused event for %s suppressed (rate limit)", refusal.command_sha256[:12])
+
+    def accept(self, deployment: Deployment, *, command_sha256: str | None = None) -> None:
+        """Act on a deployment whose signature, freshness, audience and sequence were checked;
+        ``command_sha256`` (the message's digest) goes with a refusal."""
         record = self.machine.record
         current = record.deployment.deployment_id if record.deployment else None
         same = current == deployment.deployment_id
@@ -281,7 +308,9 @@ class UpdateManager:
                 self._republish()
             else:
                 self._refuse(
-                    deployment, f"cannot roll back {deployment.deployment_id!r}: the last update here is {current!r}"
+                    deployment,
+                    f"cannot roll back {deployment.deployment_id!r}: the last update here is {current!r}",
+                    command_sha256=command_sha256,
                 )
             return
         if same:
@@ -292,6 +321,7 @@ class UpdateManager:
                 deployment,
                 f"chunk_size {deployment.chunk_size} does not fit this device's MQTT message limit "
                 f"({self._max_inbound_bytes()} bytes); use smaller chunks or a url",
+                command_sha256=command_sha256,
             )
             return
         with self._lock:
@@ -300,9 +330,10 @@ class UpdateManager:
                     deployment,
                     f"device is busy with deployment {current!r} ({record.state.value}); "
                     "cancel it or retry when it finishes",
+                    command_sha256=command_sha256,
                 )
                 return
-            self._submit(lambda: self._start(deployment))
+            self._submit(lambda: self._start(deployment, command_sha256))
 
     def install_local(self, path: Path | str, *, probation_s: float = 0.0, timeout: float | None = None) -> UpdateState:
         """Sideload a bundle file through the same states as an OTA update; returns the final state.
@@ -350,11 +381,11 @@ class UpdateManager:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _start(self, deployment: Deployment) -> None:
+    def _start(self, deployment: Deployment, command_sha256: str | None = None) -> None:
         try:
             self.machine.start(deployment)
         except UpdateError as exc:  # raced with another start: refuse the newcomer, keep the first
-            self._refuse(deployment, str(exc))
+            self._refuse(deployment, str(exc), command_sha256=command_sha256)
 
     def _submit(self, job: Callable[[], object]) -> None:
         with self._lock:
@@ -384,12 +415,13 @@ class UpdateManager:
     def _max_inbound_bytes(self) -> int:
         return self.max_inbound_bytes
 
-    def refuse(self, deployment: Deployment, reason: str) -> None:
-        """Report (FAILED, with ``reason``) a deployment this device will not run (the model dispatcher's)."""
-        self._refuse(deployment, reason)
+    def refuse(self, deployment: Deployment, reason: str, *, command_sha256: str | None = None) -> None:
+        """Report (FAILED, with ``reason``) a signed deployment this device will not run (the model
+        dispatcher's); ``command_sha256``: the digest of the message it came in."""
+        self._refuse(deployment, reason, command_sha256=command_sha256)
 
-    def _refuse(self, deployment: Deployment, reason: str) -> None:
-        """Report a deployment we will not run, without touching the running one."""
+    def _refuse(self, deployment: Deployment, reason: str, *, command_sha256: str | None = None) -> None:
+        """Report a signed deployment we will not run, without touching the running one."""
         self._publish(
             OtaStatus(
                 device_id=self.device_id,
@@ -399,6 +431,7 @@ class UpdateManager:
                 state="FAILED",
                 reason=f"refused: {reason}",
                 model=self.target.running_model(),
+                command_sha256=command_sha256,
             )
         )
 

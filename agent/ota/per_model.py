@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
+from edgesdk.agent.ota.freshness import ReportBudget
 from edgesdk.agent.ports import EventSink, UpdateChannel
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.protocol.signing import verify_deployment
+from edgesdk.protocol.signing import SignatureProblem, Unverified, check_deployment, command_digest
 from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_DEPLOYMENT
-from edgesdk.schemas.messages import Deployment
+from edgesdk.schemas.messages import CommandRefusal, Deployment
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ModelUpdates:
         self._trusted_operators = trusted_operators
         self._started = started  # the updaters made so far
         self._events = events
+        self._unverified_reports = ReportBudget()
         link.subscribe(OTA_DEPLOYMENT, self.handle_deployment)
         link.subscribe(OTA_CHUNK_DATA, self.on_chunk_frame)
 
@@ -58,14 +60,16 @@ class ModelUpdates:
         try:
             deployment = Deployment.parse_json_clear(payload, source="deployment message")
         except EdgeSDKError as exc:
-            self._to_default(payload, exc)  # it refuses and reports the message, as before
+            self._to_default(payload, "malformed", str(exc))  # it refuses and reports the message, as before
             return
         name = deployment.model_name
         if not self._known(name):
             try:
-                verify_deployment(deployment, self._trusted_operators())
-            except EdgeSDKError as exc:
-                self._to_default(payload, exc)  # refused (and reported) before any directory exists
+                checked = check_deployment(deployment, self._trusted_operators())
+            except EdgeSDKError as exc:  # no operator key may sign
+                checked = Unverified("unknown_key", str(exc))
+            if isinstance(checked, Unverified):
+                self._to_default(payload, checked.why, checked.message)  # refused before any directory exists
                 return
         try:
             updater = self._updater_for(name)
@@ -73,18 +77,20 @@ class ModelUpdates:
             log.warning("refused deployment %s: %s", deployment.deployment_id, exc)
             default = self._default_name()
             if default is not None:
-                self._updater_for(default).refuse(deployment, str(exc))
+                self._updater_for(default).refuse(deployment, str(exc), command_sha256=command_digest(payload))
             return
         updater.handle_deployment(payload)
 
-    def _to_default(self, payload: bytes, problem: Exception) -> None:
+    def _to_default(self, payload: bytes, why: SignatureProblem | Literal["malformed"], problem: str) -> None:
         name = self._default_name()
         if name is not None:
             self._updater_for(name).handle_deployment(payload)
             return
+        # No model yet, so no updater: the same rate-limited event the updater would send.
         log.warning("ignored deployment message: %s", problem)
-        if self._events is not None:
-            self._events.emit("ota_refused", {"reason": str(problem)})
+        if self._events is not None and self._unverified_reports.take():
+            refusal = CommandRefusal(command_sha256=command_digest(payload), why=why, reason=problem[:1024])
+            self._events.emit("ota_refused", refusal.model_dump())
 
     def on_chunk_frame(self, payload: bytes) -> None:
         """``ota/chunks/data``: every updater's download takes the frames of its own deployment."""

@@ -118,6 +118,13 @@ class _WaveBars:
             self.progress.update(self.tasks[info["wave"]], completed=info["done"], detail=states)
         elif event == "aborted":
             self.messages.append(f"aborted in wave {info['wave']}: {info['reason']}")
+        elif event == "refused":  # at once, above the bars: the operator sees why before the abort
+            self.progress.console.print(f"refused by {info['device_id']}: {info['reason']}")
+        elif event == "refusal_ignored":
+            self.progress.console.print(
+                f"warning: {info['device_id']} refused a command this push did not issue to it "
+                f"(digest {info['command_sha256'][:12]}, not counted): {info['reason']}"
+            )
 
 
 @click.command("push")
@@ -225,6 +232,7 @@ def _follow(client: Any, deployment_id: str, as_json: bool, poll_s: float = 1.0)
     if not as_json:
         console().print(f"deployment {deployment_id} on {client.server}")
     last: Any = None
+    told: set[tuple[str, str]] = set()
     try:
         while True:
             summary = client.deployment(deployment_id)
@@ -232,6 +240,12 @@ def _follow(client: Any, deployment_id: str, as_json: bool, poll_s: float = 1.0)
                 states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary["by_state"].items()))
                 console().print(f"{summary['state'].lower()}: wave {summary['wave']}: {states}")
                 last = (summary["state"], summary["by_state"])
+            for device in summary.get("device_states", []):
+                # A refusal the service counted (its reason reads "refused by DEVICE: …"): say it now.
+                seen = (device["device_id"], device["reason"])
+                if not as_json and device["reason"].startswith("refused by ") and seen not in told:
+                    told.add(seen)
+                    console().print(device["reason"])
             if summary["state"] in FINISHED_ROLLOUT_STATES:
                 break
             time.sleep(poll_s)
@@ -241,6 +255,7 @@ def _follow(client: Any, deployment_id: str, as_json: bool, poll_s: float = 1.0)
         ) from None
     summary.pop("device_states", None)
     summary.pop("timeline", None)
+    summary.pop("security_events", None)
     if as_json:
         print_json(summary)
     else:
@@ -420,6 +435,7 @@ def rollback(
     if deployment is None:
         deployment = latest_of_model([store.summary(row.id) for row in store.all()], model_name or "")
     check_deployment_model(store.summary(deployment), model_name)
+    before = {d.device_id: d.state for d in store.devices(deployment)}
     ctl, client = _controller(store, params, _operator_key(key_path))
     try:
         asked = ctl.rollback(deployment, ttl_s=positive_duration(expires) if expires else None)
@@ -427,16 +443,53 @@ def rollback(
     finally:
         client.stop()
     summary = store.summary(deployment)
+    after = [
+        {"device_id": d.device_id, "state": d.state, "reason": d.reason, "wave": d.wave}
+        for d in store.devices(deployment)
+    ]
+    not_rolled_back = _rollback_refusals(before, after)
     if as_json:
         print_json(summary)
+    elif not_rolled_back:
+        _print_refusals(deployment, not_rolled_back)
     else:
         _print_summary(summary)
+    _check_rolled_back(deployment, asked, not_rolled_back)
     if not confirmed:
         raise UpdateError(f"asked {asked} devices to roll back; not all confirmed within {wait_s} (see fleet status)")
 
 
+def _rollback_refusals(before: dict[str, str], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Devices that served the deployment's model when asked and answered the rollback FAILED
+    (refused it, or had nothing to roll back to: a first install). One that had not activated it
+    yet ends FAILED too (cancelled before activation), still on its old model: that is no refusal."""
+    return [d for d in after if d["state"] == "FAILED" and before.get(d["device_id"]) in _NEW_MODEL_ACTIVE]
+
+
+#: Device states in which the deployment's model is the one serving.
+_NEW_MODEL_ACTIVE = frozenset({"ACTIVATING", "PROBATION", "COMMITTED"})
+
+
+def _print_refusals(deployment: str, devices: list[dict[str, Any]]) -> None:
+    print_table(
+        f"{deployment}: rollback not done",
+        ["device", "state", "reason"],
+        [(d["device_id"], d["state"], d["reason"]) for d in devices],
+    )
+
+
+def _check_rolled_back(deployment: str, asked: int, refused: list[dict[str, Any]]) -> None:
+    """One line naming every device that did not roll back and why (non-zero exit)."""
+    if refused:
+        reasons = "; ".join(f"{d['device_id']}: {d['reason']}" for d in refused)
+        raise UpdateError(
+            f"rollback of {deployment} not done on {len(refused)} of {asked} device(s), still serving its model: {reasons}"
+        )
+
+
 def _service_rollback(client: Any, deployment: str, timeout: float, expires_s: float | None, as_json: bool) -> None:
     """Ask the service to roll the deployment back, then wait for the devices to confirm."""
+    before = {d["device_id"]: d["state"] for d in client.deployment(deployment)["device_states"]}
     asked = client.command(deployment, "rollback", expires_s=expires_s).get("asked", 0)
     deadline = time.monotonic() + timeout
     while True:
@@ -446,9 +499,13 @@ def _service_rollback(client: Any, deployment: str, timeout: float, expires_s: f
         if confirmed or time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    not_rolled_back = _rollback_refusals(before, summary["device_states"])
     if as_json:
         print_json(summary)
+    elif not_rolled_back:
+        _print_refusals(deployment, not_rolled_back)
     else:
         _print_summary(summary)
+    _check_rolled_back(deployment, asked, not_rolled_back)
     if not confirmed:
         raise UpdateError(f"asked {asked} devices to roll back; not all confirmed in time (see fleet status --server)")

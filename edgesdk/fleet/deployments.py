@@ -7,6 +7,14 @@ addressed to exactly the devices (and wave) it is sent to, carrying the next seq
 of the signing key (persisted here), and signed. A wave that starts hours after the canary
 therefore gets its own command, and a captured one is useless elsewhere and later.
 
+Every issued command's digest (the sha256 of the message as published) is kept with its
+deployment, action and targets (``issued_commands``), before it is sent. A device that refuses a
+command quotes that digest; the refusal counts toward a rollout only when it is of a command
+issued here *to that device* (and, for an install, before the device reported any work on the
+deployment) — :func:`judge_refusal`. Anything else (a forged or replayed copy someone else
+published on the device's topic) changes no rollout; the fleet service records it as a
+security event.
+
 The rollout controller writes every decision and every device status here before acting on
 it, so a controller that is stopped or crashes is resumed from the database (``fleet push
 --deployment-id ID`` again), and ``fleet status/abort/rollback`` work from another shell while
@@ -31,7 +39,7 @@ from typing import Any, Protocol
 from edgesdk.errors import UpdateError, UsageError
 from edgesdk.protocol.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
 from edgesdk.protocol.signing import sign_deployment
-from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus
+from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, RefusalKind
 
 #: Rollout states of a whole deployment.
 PENDING, IN_PROGRESS, SUCCEEDED, ABORTED, ROLLED_BACK = "PENDING", "IN_PROGRESS", "SUCCEEDED", "ABORTED", "ROLLED_BACK"
@@ -67,6 +75,14 @@ CREATE TABLE IF NOT EXISTS follow_ups (
     ttl_s REAL NOT NULL,
     created REAL NOT NULL,
     delivered REAL                  -- NULL until published
+);
+CREATE TABLE IF NOT EXISTS issued_commands (
+    digest TEXT PRIMARY KEY,        -- sha256 of the command message as published
+    deployment_id TEXT NOT NULL REFERENCES deployments(id),
+    action TEXT NOT NULL,           -- install | cancel | rollback
+    targets TEXT NOT NULL,          -- JSON list of device ids
+    sequence INTEGER NOT NULL,
+    issued REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS devices (
     deployment_id TEXT NOT NULL REFERENCES deployments(id),
@@ -227,6 +243,59 @@ class DeploymentRow:
     reason: str
 
 
+@dataclass(frozen=True)
+class IssuedCommand:
+    """What the store keeps of a command it issued: enough to judge a refusal of it."""
+
+    digest: str
+    deployment_id: str
+    action: str
+    targets: tuple[str, ...]
+
+
+#: Refusal kinds a device reports with an ``ota_refused`` event and no status (the message proved
+#: no sender); the others come as a FAILED status carrying the digest (and an event beside it).
+UNVERIFIED_REFUSALS: frozenset[RefusalKind] = frozenset(
+    {"malformed", "unsigned", "malformed_signature", "unknown_key", "bad_signature"}
+)
+#: Security events: a refusal of a command not issued here to that device, or of an install
+#: command of a deployment the device already reported working on (a replayed copy).
+REFUSAL_OF_UNISSUED, REFUSAL_OF_SUPERSEDED = "refusal_of_unissued_command", "refusal_of_superseded_command"
+
+
+@dataclass(frozen=True)
+class RefusalVerdict:
+    """What a store made of a device's refusal: ``counted`` (the device's row of
+    ``deployment_id`` is now FAILED with the reason) or ``security_event`` (its kind)."""
+
+    counted: bool
+    deployment_id: str | None = None
+    security_event: str | None = None
+
+
+def judge_refusal(
+    issued: IssuedCommand | None, device_id: str, row: tuple[str, str | None] | None, ts: str
+) -> RefusalVerdict:
+    """Whether ``device_id``'s refusal (at ``ts``) of the command ``issued`` (None: not issued
+    here) counts toward its rollout; ``row`` is the device's (state, status_ts) in that deployment."""
+    if issued is None or device_id not in issued.targets or row is None:
+        return RefusalVerdict(False, issued.deployment_id if issued else None, REFUSAL_OF_UNISSUED)
+    state, status_ts = row
+    if state == "FAILED" and status_ts == ts:
+        return RefusalVerdict(True, issued.deployment_id)  # the same refusal again (QoS 1 redelivery)
+    if issued.action == "install" and state not in ("PENDING", "SENT"):
+        # The device already reported working on this deployment: a refusal of a copy of one of
+        # its install commands is someone replaying it, not news about the update.
+        return RefusalVerdict(False, issued.deployment_id, REFUSAL_OF_SUPERSEDED)
+    return RefusalVerdict(True, issued.deployment_id)
+
+
+def refusal_reason(device_id: str, reason: str) -> str:
+    """The device row's reason for a counted refusal (``fleet push``, the dashboard)."""
+    text = reason.removeprefix("refused: ")
+    return f"refused by {device_id}: {text}"
+
+
 class RolloutStore(SequenceSource, Protocol):
     """The port the rollout controller persists through: :class:`DeploymentStore` (the
     operator's SQLite file) and the fleet service's SQLAlchemy store implement it."""
@@ -250,6 +319,8 @@ class RolloutStore(SequenceSource, Protocol):
     def mark_sent(self, deployment_id: str, device_ids: list[str]) -> None: ...
     def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None: ...
     def record_status(self, status: OtaStatus) -> bool: ...
+    def record_issued(self, digest: str, command: Deployment) -> None: ...
+    def record_refusal(self, device_id: str, command_sha256: str, reason: str, ts: datetime) -> RefusalVerdict: ...
     def summary(self, deployment_id: str) -> dict[str, Any]: ...
 
 
@@ -459,9 +530,57 @@ class DeploymentStore:
                 (state, reason, time.time(), deployment_id, device_id),
             )
 
+    def record_issued(self, digest: str, command: Deployment) -> None:
+        """Remember a command before it is sent (its digest is what a device's refusal quotes)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO issued_commands (digest, deployment_id, action, targets, sequence, issued) "
+                "VALUES (?,?,?,?,?,?)",
+                (
+                    digest,
+                    command.deployment_id,
+                    command.action,
+                    json.dumps(sorted(command.targets)),
+                    command.sequence or 0,
+                    time.time(),
+                ),
+            )
+
+    def record_refusal(self, device_id: str, command_sha256: str, reason: str, ts: datetime) -> RefusalVerdict:
+        """Judge a device's refusal of the command ``command_sha256`` (:func:`judge_refusal`);
+        when it counts, the device's row becomes FAILED with the reason."""
+        stamp = ts.isoformat()
+        with self._tx() as db:
+            found = db.execute("SELECT * FROM issued_commands WHERE digest = ?", (command_sha256,)).fetchone()
+            issued = (
+                IssuedCommand(
+                    found["digest"], found["deployment_id"], found["action"], tuple(json.loads(found["targets"]))
+                )
+                if found
+                else None
+            )
+            row = None
+            if issued is not None:
+                current = db.execute(
+                    "SELECT state, status_ts FROM devices WHERE deployment_id = ? AND device_id = ?",
+                    (issued.deployment_id, device_id),
+                ).fetchone()
+                row = (current["state"], current["status_ts"]) if current else None
+            verdict = judge_refusal(issued, device_id, row, stamp)
+            if verdict.counted and row is not None and (row[1] is None or row[1] <= stamp):
+                db.execute(
+                    "UPDATE devices SET state = 'FAILED', reason = ?, progress = NULL, updated = ?, status_ts = ? "
+                    "WHERE deployment_id = ? AND device_id = ?",
+                    (refusal_reason(device_id, reason), time.time(), stamp, verdict.deployment_id, device_id),
+                )
+        return verdict
+
     def record_status(self, status: OtaStatus) -> bool:
         """Store a device's status if it belongs to a known (deployment, device) and is not older
-        than what we have (QoS 1 may redeliver and reorder). Returns True when stored."""
+        than what we have (QoS 1 may redeliver and reorder). Returns True when stored. A refusal
+        (``command_sha256`` set) is judged by :meth:`record_refusal` instead."""
+        if status.command_sha256 is not None:
+            return self.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts).counted
         ts = status.ts.isoformat()
         release = status.model.release if status.model else None
         with self._tx() as db:

@@ -149,7 +149,11 @@ class FleetView:
         elif suffix == topics.OTA_STATUS:
             status = OtaStatus.model_validate(data)
             if status.device_id == device_id and not self._duplicate(status.msg_id):
-                self._view(device_id).ota_state = status.state
+                view = self._view(device_id)
+                if status.command_sha256 is None:
+                    view.ota_state = status.state
+                else:  # a refused command leaves the device's update where it was
+                    view.last_event = "ota_refused"
 
     def snapshot(self) -> list[DeviceView]:
         """Every device, sorted by id."""

@@ -17,6 +17,15 @@ same transaction as the new state; the follow-up is marked delivered only after 
 published, so a controller killed between the decision and the publish sends it on restart
 (:meth:`RolloutController.deliver_follow_ups`). The store is a port (``RolloutStore``): the
 operator's SQLite file here, the fleet service's SQLAlchemy database there.
+
+Refusals. Every command's digest is stored before it is sent. A device that refuses a signed
+command answers FAILED with the digest; one whose signature does not verify (an operator key
+the device does not trust, say) only sends a rate-limited ``ota_refused`` event with it. Both
+reach the controller in seconds, and a refusal of a command it issued to that device fails the
+device's part of the wave (``refused by DEVICE: …``), so ``fleet push`` ends with the reason
+instead of waiting for the wave timeout. A refusal quoting any other digest is reported
+(``refusal_ignored``) and changes nothing: a copy of a command with a junk signature, published
+by someone else on the device's topic, cannot fail a rollout.
 """
 
 from __future__ import annotations
@@ -46,13 +55,24 @@ from edgesdk.fleet.deployments import (
     IN_PROGRESS,
     ROLLED_BACK,
     SUCCEEDED,
+    UNVERIFIED_REFUSALS,
     FollowUp,
+    RefusalVerdict,
     RolloutStore,
     build_deployment,
     issue_command,
 )
-from edgesdk.protocol.topics import OTA_DEPLOYMENT, OTA_STATUS, PRESENCE, all_devices_filter, device_topic, parse_topic
-from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, Presence
+from edgesdk.protocol.signing import command_digest, command_payload
+from edgesdk.protocol.topics import (
+    EVENTS,
+    OTA_DEPLOYMENT,
+    OTA_STATUS,
+    PRESENCE,
+    all_devices_filter,
+    device_topic,
+    parse_topic,
+)
+from edgesdk.schemas.messages import CommandRefusal, Deployment, Event, HealthCriteria, OtaStatus, Presence
 
 log = logging.getLogger(__name__)
 
@@ -198,18 +218,21 @@ class RolloutController:
             namespace, lambda topic, payload, qos: client.publish(topic, payload, qos=qos), budget=chunk_budget
         )
         self._statuses: queue.Queue[bytes] = queue.Queue()
+        self._refusal_events: queue.Queue[Event] = queue.Queue()
         self._presence: dict[str, Presence] = {}
         self._presence_lock = threading.Lock()
         self._status_filter = all_devices_filter(namespace, OTA_STATUS)
+        self._events_filter = all_devices_filter(namespace, EVENTS)
         self._presence_filter = all_devices_filter(namespace, PRESENCE)
         self._stopping = threading.Event()
 
     # -- wiring -------------------------------------------------------------------------------
 
     def start(self) -> RolloutController:
-        """Subscribe to statuses, chunk requests and presence; call before ``run``."""
+        """Subscribe to statuses, events (for refusals), chunk requests and presence; call before ``run``."""
         self.client.on_message = self.handle_message
         self.client.subscribe(self._status_filter, qos=1)
+        self.client.subscribe(self._events_filter, qos=1)
         self.client.subscribe(self.chunks.request_filter, qos=0)
         self.client.subscribe(self._presence_filter, qos=0)
         return self
@@ -222,6 +245,15 @@ class RolloutController:
             return
         if parsed.suffix == OTA_STATUS:
             self._statuses.put(payload)  # SQLite work happens on the controller thread
+        elif parsed.suffix == EVENTS:
+            if b"ota_refused" not in payload:
+                return  # the rest of a device's events are the fleet service's business
+            try:
+                event = Event.model_validate_json(payload)
+            except ValueError:
+                return
+            if event.device_id == parsed.name and event.event == "ota_refused":
+                self._refusal_events.put(event)
         elif parsed.suffix == self.chunks.request_filter.rsplit("/+/", 1)[1]:
             self.chunks.on_message(topic, payload)
         elif parsed.suffix == PRESENCE:
@@ -479,8 +511,9 @@ class RolloutController:
         wave: int | None = None,
         ttl_s: float = DEFAULT_COMMAND_TTL_S,
     ) -> Deployment:
-        """A fresh signed command from ``template`` for exactly ``devices`` (see issue_command)."""
-        return issue_command(
+        """A fresh signed command from ``template`` for exactly ``devices`` (see issue_command),
+        its digest stored before anyone can send it (a refusal of it then counts)."""
+        command = issue_command(
             template,
             store=self.store,
             operator_key=self.operator_key,
@@ -489,9 +522,11 @@ class RolloutController:
             wave=wave,
             ttl_s=ttl_s,
         )
+        self.store.record_issued(command_digest(command_payload(command)), command)
+        return command
 
     def _send(self, message: Deployment, devices: list[str]) -> None:
-        payload = message.model_dump_json().encode()
+        payload = command_payload(message)  # the bytes whose digest issue() stored
         for device in devices:
             try:
                 self.client.publish(device_topic(self.namespace, device, OTA_DEPLOYMENT), payload, qos=1)
@@ -499,17 +534,52 @@ class RolloutController:
                 log.warning("deployment to %s not sent now (%s); will resend", device, exc)
 
     def _drain_statuses(self) -> None:
+        """Record the statuses and refusal events that arrived (on the controller thread)."""
         while True:
             try:
                 payload = self._statuses.get_nowait()
             except queue.Empty:
-                return
+                break
             try:
                 status = OtaStatus.model_validate_json(payload)
             except ValueError as exc:
                 log.warning("ignored malformed status: %s", exc)
                 continue
-            self.store.record_status(status)
+            if status.command_sha256 is None:
+                self.store.record_status(status)
+                continue
+            verdict = self.store.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts)
+            self._refusal_seen(status.device_id, status.command_sha256, status.reason, verdict)
+        while True:
+            try:
+                event = self._refusal_events.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                refusal = CommandRefusal.model_validate(event.detail)
+            except ValueError:
+                continue  # an older agent's event, without the digest: nothing to match
+            if refusal.why not in UNVERIFIED_REFUSALS:
+                continue  # a signed command's refusal: its FAILED status carries it
+            verdict = self.store.record_refusal(
+                event.device_id, refusal.command_sha256, f"refused: {refusal.reason}", event.ts
+            )
+            self._refusal_seen(event.device_id, refusal.command_sha256, refusal.reason, verdict)
+
+    def _refusal_seen(self, device_id: str, digest: str, reason: str, verdict: RefusalVerdict) -> None:
+        info = {"device_id": device_id, "command_sha256": digest, "reason": reason.removeprefix("refused: ")}
+        if verdict.counted:
+            log.warning("deployment %s: refused by %s: %s", verdict.deployment_id, device_id, info["reason"])
+            self.on_progress("refused", {**info, "deployment_id": verdict.deployment_id})
+        else:
+            log.warning(
+                "%s refused a command this controller did not issue to it (%s, digest %s): %s",
+                device_id,
+                verdict.security_event,
+                digest[:12],
+                info["reason"],
+            )
+            self.on_progress("refusal_ignored", {**info, "kind": verdict.security_event})
 
 
 def _with_ttl(plan: RolloutPlan, ttl_s: float | None) -> RolloutPlan:

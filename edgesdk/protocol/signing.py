@@ -4,15 +4,22 @@ Canonical JSON = the Deployment as JSON without its ``signature`` field, keys so
 whitespace, UTF-8. The signature field reads ``ed25519:<key id>:<base64 signature>`` so the
 device knows which of its trusted keys to check with. A device acts on no deployment whose
 signature does not verify — not even a cancel.
+
+A command is named by its *digest*: the sha256 of the message bytes exactly as published
+(:func:`command_payload`). The operator keeps the digest of every command it issues; a device
+that refuses a command reports that digest, so the operator can tell a refusal of its own
+command from a refusal of a forged or replayed copy (docs/ota.md, "Refusals").
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from edgesdk.errors import SignatureError
 from edgesdk.schemas.messages import Deployment
@@ -62,29 +69,62 @@ def trusted_key_map(trusted: Any) -> dict[str, Ed25519PublicKey]:
     return keys
 
 
-def verify_deployment(deployment: Deployment, trusted: Any) -> str:
-    """Check the signature against the trusted keys; return the signer's key id.
+def command_payload(deployment: Deployment) -> bytes:
+    """The bytes a command is published as (and its digest is taken of)."""
+    return deployment.model_dump_json().encode()
 
-    Raises SignatureError naming what is wrong (missing, malformed, unknown key, bad signature)."""
+
+def command_digest(payload: bytes) -> str:
+    """The sha256 (hex) of a command message as published or received: what a refusal quotes."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+#: Why a signature check failed, as a device reports it (``CommandRefusal.why``).
+SignatureProblem = Literal["unsigned", "malformed_signature", "unknown_key", "bad_signature"]
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """A deployment whose signature did not verify: which check failed, and the message."""
+
+    why: SignatureProblem
+    message: str
+
+
+def check_deployment(deployment: Deployment, trusted: Any) -> str | Unverified:
+    """The signer's key id when the signature verifies with one of the ``trusted`` keys, else
+    what is wrong (missing, malformed, unknown key, bad signature)."""
     if not deployment.signature:
-        raise SignatureError(f"deployment {deployment.deployment_id!r} is not signed")
+        return Unverified("unsigned", f"deployment {deployment.deployment_id!r} is not signed")
     parts = deployment.signature.split(":")
     if len(parts) != 3 or parts[0] != _PREFIX:
-        raise SignatureError(f"deployment {deployment.deployment_id!r}: malformed signature field")
+        return Unverified("malformed_signature", f"deployment {deployment.deployment_id!r}: malformed signature field")
     from cryptography.exceptions import InvalidSignature
 
     _, signer, encoded = parts
     keys = trusted_key_map(trusted)
     key = keys.get(signer)
     if key is None:
-        raise SignatureError(
+        return Unverified(
+            "unknown_key",
             f"deployment {deployment.deployment_id!r} signed by unknown key {signer}; "
-            f"trusted: {', '.join(sorted(keys)) or 'none'}"
+            f"trusted: {', '.join(sorted(keys)) or 'none'}",
         )
     try:
         key.verify(base64.b64decode(encoded, validate=True), canonical_json(deployment))
-    except (InvalidSignature, binascii.Error, ValueError) as exc:
-        raise SignatureError(
-            f"deployment {deployment.deployment_id!r}: signature does not verify with key {signer} (tampered?)"
-        ) from exc
+    except (InvalidSignature, binascii.Error, ValueError):
+        return Unverified(
+            "bad_signature",
+            f"deployment {deployment.deployment_id!r}: signature does not verify with key {signer} (tampered?)",
+        )
     return signer
+
+
+def verify_deployment(deployment: Deployment, trusted: Any) -> str:
+    """Check the signature against the trusted keys; return the signer's key id.
+
+    Raises SignatureError naming what is wrong (missing, malformed, unknown key, bad signature)."""
+    checked = check_deployment(deployment, trusted)
+    if isinstance(checked, Unverified):
+        raise SignatureError(checked.message)
+    return checked

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from edgesdk.schemas.image import ImageManifest
     from edgesdk.schemas.manifest import BundleManifest, TensorSpec, Variant
     from edgesdk.schemas.messages import (
+        CommandRefusal,
         Deployment,
         EnrollRequest,
         Event,
@@ -47,6 +48,7 @@ _LAZY = {
     "BundleManifest": "manifest",
     "TensorSpec": "manifest",
     "Variant": "manifest",
+    "CommandRefusal": "messages",
     "Deployment": "messages",
     "EnrollRequest": "messages",
     "Event": "messages",
@@ -69,6 +71,7 @@ _EXPORTED = {
     "mqtt-event": "Event",
     "mqtt-deployment": "Deployment",
     "mqtt-ota-status": "OtaStatus",
+    "mqtt-command-refusal": "CommandRefusal",
     "conversion-report": "ConversionReport",
     "mqtt-enroll-request": "EnrollRequest",
     "mqtt-credentials": "MqttCredentials",
@@ -84,6 +87,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AgentConfig",
     "BundleManifest",
+    "CommandRefusal",
     "ConversionReport",
     "DataSpec",
     "Deployment",

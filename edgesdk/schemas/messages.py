@@ -217,6 +217,44 @@ class OtaStatus(Schema):
     reason: str = ""
     progress: float | None = Field(None, ge=0, le=1)
     model: RunningModel | None = None
+    command_sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="set when this status answers a signed command the device refused (state FAILED, reason "
+        "'refused: …'): the sha256 of that command message as received. The device's update is unchanged; the "
+        "operator counts the refusal only when it issued that command to this device",
+    )
+
+
+#: Why a device did not act on a command (``CommandRefusal.why``): the message did not parse, its
+#: signature did not verify (the first four after it), or a signed command failed the freshness
+#: gate (edgesdk.agent.ota.freshness).
+RefusalKind = Literal[
+    "malformed",
+    "unsigned",
+    "malformed_signature",
+    "unknown_key",
+    "bad_signature",
+    "replay",
+    "expired",
+    "not_yet_valid",
+    "not_addressed",
+    "unversioned",
+]
+
+
+class CommandRefusal(Schema):
+    """The ``detail`` of an ``ota_refused`` event: a command the device did not act on.
+
+    For a message that does not parse or whose signature does not verify this event (rate-limited)
+    is all the device says: no ``ota/status`` names a deployment id nobody proved to have sent.
+    ``deployment_id`` is what the message claims, for display only; ``command_sha256`` is what
+    the operator matches against the commands it issued (docs/ota.md, "Refusals")."""
+
+    command_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of the refused message as received")
+    why: RefusalKind
+    reason: str = Field(max_length=1024)
+    deployment_id: str | None = Field(None, description="as the message claims it (unverified when unsigned)")
 
 
 class ChunkRequest(Schema):

@@ -192,19 +192,22 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
             rogue_key, _ = generate_publisher_key(tmp_path / "rogue")
             message = operator.ctl.store.get(deployment_id).message.model_copy(update={"deployment_id": "rogue-1"})
             forged = sign_deployment(message, load_publisher_private_key(rogue_key))
-            refusals = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/ota/status", client_id="rogue-watch")
+            refusals = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/#", client_id="rogue-watch")
             try:
                 operator.client.publish(
                     "edgesdk/devices/dev-1/ota/deployment", forged.model_dump_json().encode(), qos=1
                 )
-                # The agent answers a refused deployment with a FAILED status: proof it was handled.
+                # Its signature proves no sender, so no status for "rogue-1": an ota_refused event
+                # with the message's digest is the proof it was handled.
                 assert refusals.wait_for(
-                    lambda: any(s["deployment_id"] == "rogue-1" for s in refusals.json("ota/status")), timeout=30
-                ), refusals.json("ota/status")
+                    lambda: any(e["event"] == "ota_refused" for e in refusals.json("events")), timeout=30
+                ), refusals.json("events")
             finally:
                 refusals.stop()
-            (refusal,) = [s for s in refusals.json("ota/status") if s["deployment_id"] == "rogue-1"]
-            assert refusal["state"] == "FAILED" and "refused" in refusal["reason"], refusal
+            (refusal,) = [e["detail"] for e in refusals.json("events") if e["event"] == "ota_refused"]
+            assert refusal["why"] == "unknown_key" and "unknown key" in refusal["reason"], refusal
+            assert refusal["deployment_id"] == "rogue-1"
+            assert not [s for s in refusals.json("ota/status") if s["deployment_id"] == "rogue-1"]
             assert not (device.model_dir() / "ota" / "rogue-1.part").exists()
             status = api_get(agent, "/v1/status")
             assert status["model"]["release"] == 2

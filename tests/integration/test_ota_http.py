@@ -7,6 +7,7 @@ TLS against the fleet CA and a wrong CA; attacks: an oversize body, a tampered U
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import os
 import signal
@@ -313,11 +314,15 @@ def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles
         signed = operator.ctl.issue(template, ["dev-1"])
         forged = signed.model_copy(update={"artifact_urls": ["http://127.0.0.1:9/evil.edgepkg"]})
         operator.client.publish("edgesdk/devices/dev-1/ota/deployment", forged.model_dump_json().encode(), qos=1)
-        assert watch.wait_for(
-            lambda: any(s["deployment_id"] == "tampered-1" for s in watch.json("ota/status")), timeout=30
-        ), watch.json("ota/status")
-        (refusal,) = [s for s in watch.json("ota/status") if s["deployment_id"] == "tampered-1"]
-        assert refusal["state"] == "FAILED" and "signature" in refusal["reason"], refusal
+
+        def refusals() -> list[dict]:
+            return [e["detail"] for e in watch.json("events") if e["event"] == "ota_refused"]
+
+        assert watch.wait_for(lambda: bool(refusals()), timeout=30), watch.json("events")
+        (refusal,) = refusals()  # an event with the forged copy's digest, no status for tampered-1
+        assert refusal["why"] == "bad_signature" and "signature" in refusal["reason"], refusal
+        assert refusal["command_sha256"] == hashlib.sha256(forged.model_dump_json().encode()).hexdigest()
+        assert not [s for s in watch.json("ota/status") if s["deployment_id"] == "tampered-1"]
         assert not (device.data_dir / "ota" / "tampered-1.part").exists()
         assert api_get(agent, "/v1/status")["model"]["release"] == 1
     finally:

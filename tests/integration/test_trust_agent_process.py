@@ -20,6 +20,7 @@ from edgesdk.fleet.deployments import DeploymentStore
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan
 from edgesdk.keys import generate_publisher_key, key_id, load_publisher_private_key, load_publisher_public_key
 from edgesdk.mqtt.client import ClientOptions, MqttClient
+from edgesdk.protocol.signing import command_digest, command_payload
 from edgesdk.protocol.topics import OTA_DEPLOYMENT, TRUST, device_topic, fleet_topic
 from edgesdk.schemas.messages import HealthCriteria
 from edgesdk.trust import document_bytes
@@ -184,14 +185,17 @@ def test_deployment_signed_with_a_publisher_key_is_refused(tmp_path, bundles, mq
         fleet.online()
         forged = make_deployment(bundles.v2, "by-publisher", bundles.keys.publisher_key, chunk_size=32 * 1024)
         fleet.deploy(forged)
-        refused = fleet.final_status("by-publisher")
+        # Not verified, so no status for its deployment id: an ota_refused event with its digest.
+        refused = fleet.event("ota_refused")["detail"]
         publisher_id = key_id(load_publisher_public_key(bundles.keys.publisher_pub))
-        assert refused["state"] == "FAILED" and f"signed by unknown key {publisher_id}" in refused["reason"], refused
+        assert refused["why"] == "unknown_key" and f"signed by unknown key {publisher_id}" in refused["reason"], refused
+        assert refused["command_sha256"] == command_digest(command_payload(forged))
         assert status(agent)["model"]["release"] == 1
         # The control: the same bundle deployed by the operator (its key signs the deployment) installs.
         deployment_id = fleet.rollout(bundles.v2, bundles.operator_key)
         assert fleet.final_status(deployment_id)["state"] == "COMMITTED", agent.log()[-3000:]
         assert status(agent)["model"]["release"] == 2
+        assert not [s for s in fleet.watch.json("ota/status") if s["deployment_id"] == "by-publisher"]
 
 
 def test_revoked_publisher_key_is_refused_after_a_new_trust_document_over_mqtt(

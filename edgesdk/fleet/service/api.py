@@ -26,7 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError, UsageError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
-from edgesdk.fleet.service import audit, bundles, schema, tokens
+from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.api_schemas import (
     CommandOptions,
     DeploymentCreate,
@@ -228,7 +228,19 @@ def create_app(context: ApiContext) -> FastAPI:
             for r in rows
             if r.progress is None  # progress ticks are not events of the timeline
         ]
+        # Refusals quoting this deployment's id that did not count (forged or replayed copies).
+        summary["security_events"] = refusals.recent(engine, deployment_id=item)
         return summary
+
+    @app.get("/api/v1/security-events", tags=["deployments"])
+    def security_events(
+        device_id: str | None = None,
+        deployment_id: str | None = None,
+        limit: int = Query(100, gt=0, le=1000),
+        _op: tokens.Operator = Depends(who("viewer", "security_events.read")),
+    ) -> list[dict[str, Any]]:
+        """Device refusals of commands this service did not issue to them, newest first."""
+        return refusals.recent(engine, deployment_id=deployment_id, device_id=device_id, limit=limit)
 
     @app.post("/api/v1/deployments", status_code=201, tags=["deployments"])
     def create_deployment(

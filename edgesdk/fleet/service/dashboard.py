@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
-from edgesdk.fleet.service import audit, bundles, schema, tokens
+from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
@@ -374,6 +374,12 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(t.ts))}</td><td>{_e(t.device_id)}</td><td>{_state(t.state)}</td><td>{_e(t.reason)}</td></tr>"
             for t in timeline
         )
+        # Refusals quoting this deployment that did not count: copies someone else published.
+        ignored = "".join(
+            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r['ts']))}</td><td>{_e(r['device_id'])}</td>"
+            f"<td>{_e(r['kind'])}</td><td>{_e((r['command_sha256'] or '')[:12])}</td><td>{_e(r['reason'])}</td></tr>"
+            for r in refusals.recent(engine, deployment_id=deployment_id, limit=50)
+        )
         buttons = ""
         if tokens.allows(operator.role, "operator"):
             csrf = csrf_for(token)
@@ -399,6 +405,13 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<section>{wave_sections}</section>"
             f"<section><h2>Timeline</h2><table id=timeline><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
         )
+        if ignored:
+            body += (
+                "<section><h2>Security events: refusals not counted</h2><p>Devices refused commands naming this "
+                "deployment that this service did not issue to them; the rollout ignored them.</p>"
+                "<table id=security-events><tr><th>time</th><th>device</th><th>kind</th><th>digest</th>"
+                f"<th>reason</th></tr>{ignored}</table></section>"
+            )
         return _page(deployment_id, body, operator)
 
     @app.post("/ui/deployments/{deployment_id}/{action}", include_in_schema=False)

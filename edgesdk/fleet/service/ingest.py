@@ -41,6 +41,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.service import bulk, schema
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
+from edgesdk.fleet.service.refusals import Refusals
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.protocol import topics
 from edgesdk.schemas.messages import EnrollRequest, Event, OtaStatus, Presence, Telemetry
@@ -69,6 +70,8 @@ class IngestCounters:
     presence: int = 0
     ota_status: int = 0
     enroll_requests: int = 0
+    refusals_counted: int = 0  # refusals of commands this service issued to the device
+    security_events: int = 0  # refusals of commands it did not (edgesdk.fleet.service.refusals)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -112,6 +115,7 @@ class Ingest:
         self._device_insert = insert_ignoring_duplicates(engine, schema.devices)
         self._device_touch = bulk.insert_or_advance(schema.devices, _TOUCH_COLUMNS, "device_id", "last_seen")
         self._enroll_insert = insert_ignoring_duplicates(engine, schema.enrollment_requests)
+        self._refusals = Refusals(engine, store.where, store)
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
             topics.TELEMETRY: Telemetry,
@@ -279,7 +283,10 @@ class Ingest:
             for request in requests:
                 self._enroll(db, request)
         for status in statuses:  # its own transaction; a kill before it is redelivered (not acked)
-            self.store.record_status(status)
+            if status.command_sha256 is None:
+                self.store.record_status(status)
+        # Refusals are judged against the commands issued (counted, or a security event).
+        counted, security_events = self._refusals.handle(statuses, events)
         with self._lock:
             c = self.counters
             c.telemetry += stored_telemetry
@@ -289,6 +296,8 @@ class Ingest:
             c.duplicates += len(telemetry) + len(events) + len(statuses) - stored
             c.presence += len(presence)
             c.enroll_requests += len(requests)
+            c.refusals_counted += counted
+            c.security_events += security_events
 
     def _insert(self, db: Any, statement: Any, names: tuple[str, ...], rows: list[dict[str, Any]]) -> int:
         """Insert ``rows`` (each with exactly the columns ``names``), skipping duplicates; how many were new."""
@@ -401,6 +410,8 @@ class Ingest:
     def _apply_ota_states(self, db: Any, statuses: list[OtaStatus]) -> None:
         newest: dict[str, OtaStatus] = {}
         for status in statuses:
+            if status.command_sha256 is not None:
+                continue  # a refused command leaves the device's update where it was
             if status.device_id not in newest or status.ts >= newest[status.device_id].ts:
                 newest[status.device_id] = status
         table = schema.devices

@@ -80,6 +80,20 @@ follow_ups = Table(
     Index("ix_follow_ups_pending", "delivered"),
 )
 
+#: Every command issued (revision 0004): its digest (sha256 of the message as published) is
+#: what a device's refusal quotes; only a refusal of a command issued here to that device counts.
+issued_commands = Table(
+    "issued_commands",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("deployment_id", String(64), nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("targets", Text, nullable=False),  # JSON list of device ids
+    Column("sequence", BigInteger, nullable=False),
+    Column("issued", Float, nullable=False),
+    Index("ix_issued_commands_deployment", "deployment_id"),
+)
+
 # -- what devices told us (ingested from the broker) ------------------------------------------
 
 devices = Table(
@@ -256,4 +270,28 @@ bundles = Table(
     Column("model_release", Integer, nullable=False),
     Column("uploaded", Float, nullable=False),
     Column("uploaded_by", String(128), nullable=False),
+)
+
+
+# -- security events (revision 0004) ----------------------------------------------------------
+
+#: What the service noticed and refused to act on: a device's refusal of a command this service
+#: did not issue to it (a forged or replayed copy published on its topic), or of an install
+#: command of a deployment the device already works on. ``deployment_id`` is what the refused
+#: message claimed; ``(device_id, msg_id)`` is the device message it came from (de-duplicated).
+security_events = Table(
+    "security_events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("device_id", String(64), nullable=False),
+    Column("msg_id", String(64), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("deployment_id", String(64)),
+    Column("command_sha256", String(64)),
+    Column("why", String(32)),
+    Column("reason", Text, nullable=False, default=""),
+    UniqueConstraint("device_id", "msg_id", name="uq_security_events_msg"),
+    Index("ix_security_events_ts", "ts"),
+    Index("ix_security_events_deployment", "deployment_id"),
 )

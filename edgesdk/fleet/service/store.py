@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ from edgesdk.fleet.deployments import (
     DeploymentRow,
     DeviceRow,
     FollowUp,
+    IssuedCommand,
+    RefusalVerdict,
+    judge_refusal,
+    refusal_reason,
     status_applies,
     summarize,
 )
@@ -196,9 +201,61 @@ class SqlRolloutStore:
                 .values(state=state, reason=reason, updated=time.time())
             )
 
+    def record_issued(self, digest: str, command: Deployment) -> None:
+        """Remember a command before it is sent (its digest is what a device's refusal quotes)."""
+        table = schema.issued_commands
+        with self._begin() as db:
+            if db.execute(sa.select(table.c.digest).where(table.c.digest == digest)).first() is not None:
+                return  # the same bytes again: nothing new to remember
+            db.execute(
+                table.insert().values(
+                    digest=digest,
+                    deployment_id=command.deployment_id,
+                    action=command.action,
+                    targets=json.dumps(sorted(command.targets)),
+                    sequence=command.sequence or 0,
+                    issued=time.time(),
+                )
+            )
+
+    def record_refusal(self, device_id: str, command_sha256: str, reason: str, ts: datetime) -> RefusalVerdict:
+        """As :meth:`DeploymentStore.record_refusal` (judged by ``judge_refusal``)."""
+        issued_table, table = schema.issued_commands, schema.deployment_devices
+        stamp = ts.isoformat()
+        with self._begin() as db:
+            found = db.execute(sa.select(issued_table).where(issued_table.c.digest == command_sha256)).first()
+            issued = (
+                IssuedCommand(found.digest, found.deployment_id, found.action, tuple(json.loads(found.targets)))
+                if found is not None
+                else None
+            )
+            row = None
+            match = None
+            if issued is not None:
+                match = (table.c.deployment_id == issued.deployment_id) & (table.c.device_id == device_id)
+                current = db.execute(sa.select(table.c.state, table.c.status_ts).where(match).with_for_update()).first()
+                row = (current.state, current.status_ts) if current is not None else None
+            verdict = judge_refusal(issued, device_id, row, stamp)
+            if verdict.counted and match is not None and row is not None and (row[1] is None or row[1] <= stamp):
+                db.execute(
+                    table.update()
+                    .where(match)
+                    .values(
+                        state="FAILED",
+                        reason=refusal_reason(device_id, reason),
+                        progress=None,
+                        updated=time.time(),
+                        status_ts=stamp,
+                    )
+                )
+        return verdict
+
     def record_status(self, status: OtaStatus) -> bool:
         """Store a device's status if it belongs to a known (deployment, device) and is not older
-        than what is stored (see ``status_applies``). Returns True when stored."""
+        than what is stored (see ``status_applies``). Returns True when stored. A refusal
+        (``command_sha256`` set) is judged by :meth:`record_refusal` instead."""
+        if status.command_sha256 is not None:
+            return self.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts).counted
         table = schema.deployment_devices
         match = (table.c.deployment_id == status.deployment_id) & (table.c.device_id == status.device_id)
         with self._begin() as db:
