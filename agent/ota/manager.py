@@ -238,7 +238,6 @@ class UpdateManager:
         try:
             deployment = Deployment.parse_json_clear(payload, source="deployment message")
         except EdgeSDKError as exc:
-            log.warning("ignored deployment message %s: %s", digest[:12], exc)
             self._report_unverified(CommandRefusal(command_sha256=digest, why="malformed", reason=str(exc)[:1024]))
             return
         try:
@@ -246,7 +245,6 @@ class UpdateManager:
         except EdgeSDKError as exc:  # no operator key may sign (a trust document without the role)
             checked = Unverified("unknown_key", f"deployment {deployment.deployment_id!r}: {exc}")
         if isinstance(checked, Unverified):
-            log.warning("refused deployment %s (%s): %s", deployment.deployment_id, checked.why, checked.message)
             self._report_unverified(
                 CommandRefusal(
                     command_sha256=digest,
@@ -281,11 +279,17 @@ class UpdateManager:
         self.accept(deployment, command_sha256=digest)
 
     def _report_unverified(self, refusal: CommandRefusal) -> None:
-        """The ``ota_refused`` event of a message that proves no sender, within the rate limit."""
+        """The ``ota_refused`` event (and log line) of a message that proves no sender, within the
+        rate limit: anyone who can publish on the device's topic can send these."""
         if self._unverified_reports.take():
+            log.warning(
+                "refused deployment message %s (%s): %s", refusal.command_sha256[:12], refusal.why, refusal.reason
+            )
             self.agent_event("ota_refused", refusal.model_dump())
         else:
-            log.debug("ota_refused event for %s suppressed (rate limit)", refusal.command_sha256[:12])
+            log.debug(
+                "refused deployment message %s (%s), not reported: rate limit", refusal.command_sha256[:12], refusal.why
+            )
 
     def accept(self, deployment: Deployment, *, command_sha256: str | None = None) -> None:
         """Act on a deployment whose signature, freshness, audience and sequence were checked;
