@@ -25,10 +25,12 @@ and becomes a skip with that reason. Only hardware, real remote hosts, root-only
 installs and the like qualify: a missing file or a server the reader must start is a step
 the document states.
 
-What the runner adapts, as a reader would: the venv's ``bin`` is first on ``PATH`` and no
-``EDGESDK_*`` variable leaks in; the documented ports (the agent's 8470 and 8471, MQTT's 1883,
-the fleet service's 8080) are replaced by free ones, the same in every block of a document, so
-nothing collides with another test or a real service. Every block starts in a process group of
+What the runner adapts, as a reader would: the venv's ``bin`` is first on ``PATH`` (and
+``/usr/sbin``, where Debian puts mosquitto, is on it) and no ``EDGESDK_*`` variable leaks in;
+the documented ports (the agent's 8470 and 8471, MQTT's 1883, the fleet service's 8080) are
+replaced by free ones, the same in every block of a document, so nothing collides with another
+test or a real service. A shell block that calls mosquitto or curl where it is not installed is
+skipped with that reason, and so are the document's later blocks. Every block starts in a process group of
 its own; what a block leaves running in the background (``edge-agent run ... &``) is stopped
 after the document's last block (SIGTERM, then SIGKILL). A document that trains the digits
 CNN into ``digits/`` (``prepare_digits(Path("digits"))``, which reuses what is there) finds the
@@ -252,6 +254,25 @@ def parse_failure(block: Block) -> str | None:
     return None
 
 
+#: Programs a shell block may call that the suite cannot install: a block calling a missing one
+#: is skipped with the reason (and the document's later blocks with it).
+PROGRAMS = {
+    "mosquitto": "apt-get install mosquitto (scripts/test installs it)",
+    "curl": "apt-get install curl",
+}
+
+
+def missing_program(block: Block, env: dict[str, str]) -> str | None:
+    """Why ``block`` cannot run here ("needs mosquitto, not installed: ..."), or None."""
+    if block.language not in SHELL_LANGUAGES:
+        return None
+    for program, install in PROGRAMS.items():
+        calls = re.search(rf"(^|[\s;&|(]){program}\s", block.text, re.MULTILINE)
+        if calls and shutil.which(program, path=env.get("PATH")) is None:
+            return f"needs {program}, not installed: {install}"
+    return None
+
+
 BLOCKS = {document: parse_blocks(document) for document in DOCUMENTS}
 CASES = [
     pytest.param(document, index, id=f"{block.where}-{block.language}")
@@ -272,7 +293,8 @@ def document_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             (root / "home").mkdir()
             env = {name: value for name, value in os.environ.items() if not name.startswith("EDGESDK_")}
             env["HOME"] = str(root / "home")
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            # The venv first; the sbin folders last, where Debian puts mosquitto (root's PATH has them).
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", ""), "/usr/sbin", "/sbin"])
             env.pop("PYTHONPATH", None)
             runs[document] = DocumentRun(document, root, {port: _free_port() for port in DOCUMENTED_PORTS}, env)
             if any(TRAINS_DIGITS.search(block.text) for block in BLOCKS[document] if block.runs):
@@ -307,12 +329,18 @@ def test_documented_block(document: Path, index: int, document_runs) -> None:
             previous = blocks[earlier]
             if not previous.runs or previous.skip_reason is not None or previous.language in PARSED_LANGUAGES:
                 continue
+            missing = missing_program(previous, run.env)
+            if missing:
+                pytest.skip(f"{block.where}: not run, the earlier block {previous.where} {missing}")
             if earlier not in run.done:
                 run.done[earlier] = run.run(earlier, previous)
                 if run.done[earlier]:
                     pytest.fail(f"an earlier block failed:\n{run.done[earlier]}", pytrace=False)
             elif run.done[earlier]:
                 pytest.skip(f"{block.where}: not run, the earlier block {previous.where} failed")
+        missing = missing_program(block, run.env)
+        if missing:
+            pytest.skip(f"{block.where}: {missing}")
         run.done[index] = run.run(index, block)
         if run.done[index]:
             pytest.fail(run.done[index], pytrace=False)
