@@ -29,8 +29,9 @@ What the runner adapts, as a reader would: the venv's ``bin`` is first on ``PATH
 ``/usr/sbin``, where Debian puts mosquitto, is on it) and no ``EDGESDK_*`` variable leaks in;
 the documented ports (the agent's 8470 and 8471, MQTT's 1883, the fleet service's 8080) are
 replaced by free ones, the same in every block of a document, so nothing collides with another
-test or a real service. A shell block that calls mosquitto or curl where it is not installed is
-skipped with that reason, and so are the document's later blocks. Every block starts in a process group of
+test or a real service. A shell block that calls mosquitto or curl where it is not installed,
+or a python block importing a package that is not, is skipped with that reason, and so are the
+document's later blocks. Every block starts in a process group of
 its own; what a block leaves running in the background (``edge-agent run ... &``) is stopped
 after the document's last block (SIGTERM, then SIGKILL). A document that trains the digits
 CNN into ``digits/`` (``prepare_digits(Path("digits"))``, which reuses what is there) finds the
@@ -39,6 +40,7 @@ test session's trained copy there first, so the model is trained once per sessio
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -263,7 +265,13 @@ PROGRAMS = {
 
 
 def missing_program(block: Block, env: dict[str, str]) -> str | None:
-    """Why ``block`` cannot run here ("needs mosquitto, not installed: ..."), or None."""
+    """Why ``block`` cannot run here ("needs mosquitto, not installed: ..."), or None. A python
+    block needs the modules it imports (tritonclient is in the dev extra, grpc in its own)."""
+    if block.language in PYTHON_LANGUAGES:
+        for module in re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", block.text, re.MULTILINE):
+            if importlib.util.find_spec(module) is None:
+                return f"needs the Python package {module!r}, not installed (scripts/bootstrap installs every extra)"
+        return None
     if block.language not in SHELL_LANGUAGES:
         return None
     for program, install in PROGRAMS.items():
@@ -440,3 +448,13 @@ def test_agent_config_blocks_are_validated_against_the_schema(tmp_path: Path) ->
     failure = parse_failure(Block(document, 1, "toml", "[mqtt]\nenable = true\n"))
     assert failure is not None and "enable" in failure
     assert parse_failure(Block(document, 1, "json", '{"a": [1, ...]}')) is not None
+
+
+@pytest.mark.unit
+def test_a_block_needing_what_is_not_installed_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    document = tmp_path / "doc.md"
+    env = {"PATH": str(tmp_path)}  # no mosquitto, no curl here
+    assert "needs mosquitto" in (missing_program(Block(document, 1, "bash", "mosquitto -p 1883 &\n"), env) or "")
+    assert missing_program(Block(document, 1, "bash", "echo mosquitto.log\n"), env) is None
+    python = Block(document, 1, "python", "import numpy as np\nfrom no_such_package_here import x\n")
+    assert "'no_such_package_here'" in (missing_program(python, env) or "")
