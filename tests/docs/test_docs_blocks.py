@@ -353,7 +353,12 @@ def test_documented_block(document: Path, index: int, document_runs) -> None:
         if run.done[index]:
             pytest.fail(run.done[index], pytrace=False)
     finally:
-        if index == max(i for i, b in enumerate(blocks) if b.runs):
+        # The document's last block that runs stops what its blocks left running, so an agent
+        # does not serve on while the next documents run (the session's end is the fallback).
+        executed = [
+            i for i, b in enumerate(blocks) if b.runs and b.skip_reason is None and b.language not in PARSED_LANGUAGES
+        ]
+        if index == executed[-1]:
             run.close()
 
 
