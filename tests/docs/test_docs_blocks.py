@@ -119,6 +119,7 @@ def parse_blocks(document: Path) -> list[Block]:
         indent, fence = opening["indent"], opening["fence"]
         language = opening["info"].strip().split(" ")[0].lower() if opening["info"].strip() else ""
         body: list[str] = []
+        opened_at = index + 1
         index += 1
         while index < len(lines):
             closing = FENCE.match(lines[index])
@@ -128,8 +129,8 @@ def parse_blocks(document: Path) -> list[Block]:
             body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             index += 1
         else:
-            raise ValueError(f"{document}:{len(blocks) + 1}: a fence that never closes")
-        blocks.append(Block(document, index - len(body), language, "\n".join(body) + "\n"))
+            raise ValueError(f"{document}:{opened_at}: a fence that never closes")
+        blocks.append(Block(document, opened_at, language, "\n".join(body) + "\n"))
         index += 1
     return blocks
 
