@@ -591,6 +591,7 @@ class Agent:
                 device_id=self.config.device_id,
                 groups=tuple(self.config.mqtt.groups),
                 clock_skew_s=self.config.ota.clock_skew_s,
+                max_validity_s=self.config.ota.max_command_validity_s,
             )
         return self._gate
 

@@ -7,6 +7,11 @@ every deployment, cancel and rollback must also be:
   (a canary's message published on another device's topic is refused);
 * **fresh** — ``issued_at`` not further in the future than the clock-skew tolerance, and
   ``expires_at`` not further in the past than it (a command captured today is dead by tonight);
+* **bounded** — valid for no longer than ``[ota] max_command_validity_s`` (default a week: a
+  command valid until 2121 would stay a weapon in a capture for a century), and its ``sequence``
+  no further ahead of the device's clock, read as Unix milliseconds, than the clock-skew
+  tolerance plus :data:`SEQUENCE_LEAD_S` (the fleet issues sequences from the time in ms; one
+  signed far ahead would be accepted, then make every later command of its key a "replay");
 * **new** — its ``sequence`` above the last one accepted from the same signing key. The last
   accepted sequence per key is persisted atomically (write-temp, fsync, rename) *before* the
   command is acted on, so neither a restart nor a crash reopens the window.
@@ -16,7 +21,8 @@ redelivery, the controller's resend to a device whose status was lost) is a *rep
 by re-reporting the current state and never acted on a second time.
 
 Each refusal is a :class:`CommandRefused` whose ``why`` names the check (``replay``,
-``expired``, ``not_yet_valid``, ``not_addressed``, ``unversioned``); the update manager turns
+``expired``, ``not_yet_valid``, ``not_addressed``, ``unversioned``, ``validity_too_long``,
+``sequence_ahead``); the update manager turns
 it into a FAILED ``ota/status`` and an ``ota_refused`` event. See docs/ota.md.
 """
 
@@ -37,18 +43,29 @@ from typing import Literal
 from edgesdk.agent.ota.record import write_atomically
 
 from edgesdk.errors import UpdateError
-from edgesdk.schemas.messages import Deployment
+from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S, Deployment
 
 log = logging.getLogger(__name__)
 
 #: Default tolerance between the operator's clock and the device's (AgentConfig.ota.clock_skew_s).
 DEFAULT_CLOCK_SKEW_S = 300.0
 
-RefusalKind = Literal["replay", "expired", "not_yet_valid", "not_addressed", "unversioned"]
+#: How far, beyond the clock skew, a command's sequence may be ahead of the device's clock in
+#: Unix milliseconds. The fleet issues max(time in ms, last + 1) (``next_sequence``), so it runs
+#: ahead of its clock only by issuing more than a command per millisecond: an hour is 3.6 million
+#: commands ahead. It is also the longest one bad signed sequence can hold the key's later
+#: commands back (they are "replays" until the fleet's clock passes it) — where a sequence of
+#: 10**30 would have locked the key out for good.
+SEQUENCE_LEAD_S = 3600.0
+
+RefusalKind = Literal[
+    "replay", "expired", "not_yet_valid", "not_addressed", "unversioned", "validity_too_long", "sequence_ahead"
+]
 
 
 class CommandRefused(UpdateError):
-    """A correctly signed command that is replayed, expired, not yet valid or not for this device."""
+    """A correctly signed command that is replayed, expired, not yet valid, valid for too long,
+    numbered too far ahead, or not for this device."""
 
     def __init__(self, why: RefusalKind, message: str) -> None:
         super().__init__(message)
@@ -139,11 +156,13 @@ class CommandGate:
         device_id: str,
         groups: Iterable[str] = (),
         clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+        max_validity_s: float = MAX_COMMAND_VALIDITY_S,
     ) -> None:
         self.ledger = ledger
         self.device_id = device_id
         self.groups = frozenset(groups)
         self.clock_skew = timedelta(seconds=clock_skew_s)
+        self.max_validity = timedelta(seconds=max_validity_s)
 
     def admit(self, command: Deployment, issuer: str, *, now: datetime | None = None) -> Admission:
         """Check ``command`` (whose signature by ``issuer`` was verified); raise CommandRefused."""
@@ -172,7 +191,36 @@ class CommandGate:
                 f"expired: {what} expired at {command.expires_at.isoformat()}, device time {now.isoformat()} "
                 f"(clock skew allowed {self.clock_skew.total_seconds():g} s)",
             )
+        validity = command.expires_at - command.issued_at
+        if validity > self.max_validity:
+            raise CommandRefused(
+                "validity_too_long",
+                f"validity too long: {what} is valid for {validity.total_seconds():g} s (issued at "
+                f"{command.issued_at.isoformat()}, expires at {command.expires_at.isoformat()}); this device "
+                f"accepts at most {self.max_validity.total_seconds():g} s ([ota] max_command_validity_s): "
+                "issue it with a shorter --expires",
+            )
+        ceiling = sequence_ceiling(now, self.clock_skew)
+        if command.sequence > ceiling:
+            raise CommandRefused(
+                "sequence_ahead",
+                f"sequence ahead of time: {what} has sequence {_quote_number(command.sequence)}, above {ceiling} "
+                f"(this device's time in Unix ms, plus the clock skew and {SEQUENCE_LEAD_S:g} s); fleets issue "
+                "sequences from their clock in ms: check the issuing machine's clock and its issuers table",
+            )
         return self.ledger.admit(issuer, command.sequence, command.signature or "", what=what)
+
+
+def sequence_ceiling(now: datetime, clock_skew: timedelta) -> int:
+    """The highest sequence a device accepts at ``now``: its clock in Unix milliseconds plus the
+    clock skew and :data:`SEQUENCE_LEAD_S`."""
+    return int((now + clock_skew).timestamp() * 1000 + SEQUENCE_LEAD_S * 1000)
+
+
+def _quote_number(value: int) -> str:
+    """``value`` for a message; one of absurd length (a signed 10**5000, which ``str`` refuses to
+    print) as its order of magnitude."""
+    return str(value) if value.bit_length() <= 64 else f"about 2**{value.bit_length() - 1}"
 
 
 class ReportBudget:

@@ -102,6 +102,7 @@ class UpdateManager:
         open_bundles: OpenerFactory | None = None,
         groups: tuple[str, ...] | list[str] = (),
         clock_skew_s: float | None = None,
+        max_command_validity_s: float | None = None,
         gate: CommandGate | None = None,
         transfer_limits: TransferLimits | None = None,
         http_settings: HttpSettings | None = None,
@@ -131,6 +132,7 @@ class UpdateManager:
             device_id=device_id,
             groups=groups,
             **({"clock_skew_s": clock_skew_s} if clock_skew_s is not None else {}),
+            **({"max_validity_s": max_command_validity_s} if max_command_validity_s is not None else {}),
         )
         self.target = AgentUpdateTarget(
             self.ota_dir,
@@ -183,6 +185,7 @@ class UpdateManager:
             hooks=hooks,
             groups=tuple(config.mqtt.groups),
             clock_skew_s=config.ota.clock_skew_s,
+            max_command_validity_s=config.ota.max_command_validity_s,
             gate=gate,
             **transfer_settings(config),
         )

@@ -105,11 +105,19 @@ class RolloutArgs:
 
 
 def positive_duration(text: str) -> float:
+    """``--expires``: a command lifetime from 1 s to a week (``MAX_COMMAND_VALIDITY_S``, what
+    devices accept by default and the fleet service allows)."""
     from edgesdk.fleet.rollout import parse_duration
+    from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S
 
     seconds = parse_duration(text, option="--expires")
-    if seconds <= 0:
-        raise UsageError(f"bad --expires {text!r}: a command must stay valid for some time, e.g. 30m or 6h")
+    if seconds < 1:
+        raise UsageError(f"bad --expires {text!r}: a command must stay valid for at least 1 s, e.g. 30m or 6h")
+    if seconds > MAX_COMMAND_VALIDITY_S:
+        raise UsageError(
+            f"bad --expires {text!r}: at most {MAX_COMMAND_VALIDITY_S / 86400:g} days "
+            f"({MAX_COMMAND_VALIDITY_S:g} s); devices refuse a command valid for longer, e.g. 6h or 2d"
+        )
     return seconds
 
 

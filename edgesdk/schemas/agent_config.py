@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
+from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S
 
 
 class BatchingSettings(Schema):
@@ -185,6 +186,13 @@ class OtaConfig(Schema):
         le=86400,
         description="tolerance between the fleet's clock and this device's when checking a command's "
         "issued_at/expires_at (docs/ota.md); raise it only for devices without a reliable clock",
+    )
+    max_command_validity_s: float = Field(
+        MAX_COMMAND_VALIDITY_S,
+        gt=0,
+        le=30 * 24 * 3600,
+        description="the longest a signed command may be valid (expires_at - issued_at); a longer one is "
+        'refused, so a captured command is never usable for years (docs/ota.md, "Fresh, bound commands")',
     )
 
 

@@ -128,6 +128,12 @@ class HealthCriteria(Schema):
 #: acts on no version-1 command (edgesdk.agent.ota.freshness).
 DEPLOYMENT_SCHEMA_VERSION: Final = 2
 
+#: The longest a command may stay valid (``expires_at - issued_at``): what the fleet service and
+#: the CLI accept for ``expires_s`` / ``--expires``, and the default of a device's
+#: ``[ota] max_command_validity_s``. A week covers a device that is offline over a long weekend;
+#: longer, a captured command stays usable for as long (docs/ota.md, "Fresh, bound commands").
+MAX_COMMAND_VALIDITY_S: Final = 7 * 24 * 3600.0
+
 
 class Deployment(Schema):
     """Sent by the fleet to a device or group: install this bundle (or cancel / roll back a
@@ -240,6 +246,8 @@ RefusalKind = Literal[
     "not_yet_valid",
     "not_addressed",
     "unversioned",
+    "validity_too_long",
+    "sequence_ahead",
 ]
 
 

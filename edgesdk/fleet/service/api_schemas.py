@@ -1,5 +1,10 @@
 """Request and response bodies of the REST API (pydantic, frozen, unknown fields refused);
-FastAPI turns them into the OpenAPI document at ``/openapi.json``."""
+FastAPI turns them into the OpenAPI document at ``/openapi.json``.
+
+Every number a request carries has both bounds and must be finite (``NaN`` and ``Infinity``,
+which Python's JSON parser accepts, are refused): an absurd value is a 422 naming the field,
+never a 500 from a date or an integer column it overflows (tests/integration/test_fleet_api_fuzz.py).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S
+
+#: Upper bounds of the request numbers that have no natural one: generous for real use, far
+#: below what overflows a date (``issued_at + expires_s``), a timer or a 64-bit column.
+MAX_DURATION_S = 30 * 24 * 3600.0  # probation, wave timeout: a month
+MAX_P95_MS = 3600 * 1000.0  # an hour per request
+MAX_CHUNK_SIZE = 64 << 20  # devices take 1 MiB MQTT messages by default
+MAX_WAVES = 100
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DeploymentCreate(_Body):
@@ -20,14 +34,21 @@ class DeploymentCreate(_Body):
     group: str | None = Field(None, description="every device the service saw announce this group")
     deployment_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     canary: float = Field(0.10, ge=0, le=1, description="share of devices in the first wave")
-    waves: list[float] = Field([0.10, 0.50, 1.00], min_length=1, description="cumulative shares, rising, ending at 1")
+    waves: list[float] = Field(
+        [0.10, 0.50, 1.00], min_length=1, max_length=MAX_WAVES, description="cumulative shares, rising, ending at 1"
+    )
     max_failures: float = Field(0.05, ge=0, le=1)
-    probation_s: float = Field(600.0, ge=0)
-    p95_ms: float | None = Field(None, gt=0, description="p95 latency SLO during probation")
+    probation_s: float = Field(600.0, ge=0, le=MAX_DURATION_S)
+    p95_ms: float | None = Field(None, gt=0, le=MAX_P95_MS, description="p95 latency SLO during probation")
     max_error_rate: float = Field(0.01, ge=0, le=1)
-    wave_timeout_s: float | None = Field(None, gt=0)
-    expires_s: float = Field(6 * 3600.0, gt=0, description="lifetime of each command sent")
-    chunk_size: int | None = Field(None, gt=0)
+    wave_timeout_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
+    expires_s: float = Field(
+        6 * 3600.0,
+        ge=1,
+        le=MAX_COMMAND_VALIDITY_S,
+        description="lifetime of each command sent, 1 s to a week (devices refuse a longer one)",
+    )
+    chunk_size: int | None = Field(None, gt=0, le=MAX_CHUNK_SIZE)
     artifact_urls: list[str] = Field(
         default_factory=list, max_length=8, description="HTTP(S) URLs devices try first (the service's own follows)"
     )
@@ -46,7 +67,9 @@ class CommandOptions(_Body):
     """Options of abort and rollback."""
 
     reason: str = Field("", max_length=500)
-    expires_s: float | None = Field(None, gt=0)
+    expires_s: float | None = Field(
+        None, ge=1, le=MAX_COMMAND_VALIDITY_S, description="lifetime of the commands sent, 1 s to a week"
+    )
 
 
 class TokenCreate(_Body):
