@@ -55,6 +55,9 @@ class FakeTransport:
     def close(self) -> None:
         pass
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
 
 def digits_served() -> tuple[Any, Any, Any, Any, Any]:
     """(digits files, one input, the onnxruntime model with one intra-op thread, a ModelServer

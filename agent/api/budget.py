@@ -8,7 +8,11 @@ against this budget, and refused before anything is allocated:
 
 * :class:`MemoryBudget` — one per server: ``max_inflight_bytes`` of bodies being read or
   waiting plus arrays being decoded, across every connection. A body that would not fit is
-  answered 503 with ``Retry-After`` before it is read (its ``Content-Length`` is known first);
+  answered 503 with ``Retry-After`` before it is read (its ``Content-Length`` is known first).
+  It is then charged by the bytes that arrive, read by read, never by the size it declares:
+  a declared size is only a client's word, and nine clients declaring 16 MB each and sending
+  a byte a second held the whole budget while sending nothing (issue 37, finding 6). A read
+  that no longer fits is a 503 for its request, and what that request held is given back;
 * :class:`Allowance` — one per request with a body: what it holds of the budget, and its own
   cap on decoded arrays (``max_decoded_bytes``, 413 over it: retrying would not help). The HTTP
   server releases it when the request is answered or its connection is lost.
@@ -57,6 +61,13 @@ class MemoryBudget:
         with self.lock:
             self.used -= size
 
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes would fit now (nothing is taken: a declared body size)."""
+        if self.used + size > self.capacity:
+            self.refused += 1
+            return False
+        return True
+
 
 class Allowance:
     """One request's share of the budget: its body, then the arrays decoded from it."""
@@ -71,9 +82,10 @@ class Allowance:
         self.released = False
 
     def take_body(self, size: int) -> bool:
-        """Hold ``size`` body bytes; False when the budget is full (the caller answers 503)."""
+        """Hold ``size`` more body bytes, ones that have arrived; False when the budget is full
+        (the caller answers 503)."""
         budget = self.budget
-        with budget.lock:  # MemoryBudget.try_take, written out: once per request with a body
+        with budget.lock:  # MemoryBudget.try_take, written out: once per read of a body
             if budget.used + size > budget.capacity:
                 budget.refused += 1
                 return False

@@ -12,6 +12,20 @@ free is written out here on purpose, around the C parser:
   read or waiting, plus the arrays decoded from them; 503 with Retry-After when it is full);
   the body must then arrive within ``body_timeout_s``; chunked uploads are refused (411),
   because their size is only known once they have been read;
+* a body is charged to that budget by the bytes that have ARRIVED, not by the bytes it
+  declares: a client that declares 16 MB and sends a byte a second holds a byte of it, not
+  16 MB (issue 37, finding 6: nine such clients used to hold the whole budget, and every
+  other request got 503). A read that does not fit the budget any more is a 503 then;
+* a header block and a body must each keep arriving at ``min_rate_bytes_s`` on average,
+  counted from their first byte after ``min_rate_grace_s`` (Apache's mod_reqtimeout MinRate):
+  a byte a second is cut off with 408 after a few seconds, not after the whole timeout;
+* at ``max_connections``, a new connection is still admitted while an old one can make room:
+  the oldest connection inside an unfinished header block goes first, else the one idle the
+  longest (nothing asked yet, or between keep-alive requests); only when every connection is
+  reading a body or being answered is the new one refused with 503. A slowloris crowd can no
+  longer lock the door: each client that comes in pushes one of them out. Connections from
+  one address other than loopback are capped at ``max_connections_per_client`` (503 beyond);
+  loopback and the Unix socket are not, since every local client shares one address there;
 * anything llhttp rejects (a TLS ClientHello on the plain port, a bad or overflowing
   Content-Length, request smuggling shapes) is a 400 and the connection closes;
 * an idle keep-alive connection is closed after ``keepalive_timeout_s``;
@@ -30,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import os
 from collections import deque
@@ -79,6 +94,12 @@ class HttpLimits:
     max_inflight_bytes: int | None = None
     #: Arrays one request may decode to (None: ``max_body_bytes``, what raw tensors could carry).
     max_decoded_bytes: int | None = None
+    #: A header block and a body must each arrive at least this fast on average (0: no minimum).
+    min_rate_bytes_s: int = 1024
+    #: ... counted after this long from their first byte.
+    min_rate_grace_s: float = 2.0
+    #: Open connections from one address (loopback and the Unix socket are not counted).
+    max_connections_per_client: int = 64
 
     @property
     def inflight_bytes(self) -> int:
@@ -266,6 +287,10 @@ class HttpProtocol(asyncio.Protocol):
         self._timer_kind = ""
         self._deadline = 0.0
         self._header_timeout_s = limits.header_timeout_s
+        # When the header block or the body being read began (for the minimum rate).
+        self._phase_start = 0.0
+        # The peer's address when it is counted per client (not loopback, not a Unix socket).
+        self._client: str | None = None
         # The header block (and the read's length) of a read that began a message: remembered
         # as a KnownHead if that read held exactly that one request (see data_received).
         self._candidate: tuple[bytes, int] | None = None
@@ -276,20 +301,69 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        if len(self.server.connections) >= self.limits.max_connections:
+        server = self.server
+        client = _counted_client(transport.get_extra_info("peername"))
+        if client is not None:
+            if server.per_client.get(client, 0) >= self.limits.max_connections_per_client:
+                server.refused += 1
+                self._send(
+                    _error(
+                        503,
+                        f"too many connections from {client} (api.max_connections_per_client)",
+                        [("Retry-After", "1")],
+                    ),
+                    keep_alive=False,
+                )
+                return
+            server.per_client[client] = server.per_client.get(client, 0) + 1
+            self._client = client
+        if len(server.connections) >= self.limits.max_connections and not server.make_room():
             # Idle sockets cost memory and descriptors: past the limit, refuse at once.
-            self.server.refused += 1
+            server.refused += 1
             self._send(
                 Response(503, b'{"error":"too many connections"}', headers=[("Retry-After", "1")]), keep_alive=False
             )
+            self._forget_client()
             return
-        self.server.connections.add(self)
+        server.connections.add(self)
         self._arm("idle", self.limits.keepalive_timeout_s)
+
+    def _forget_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            left = self.server.per_client.pop(client, 1) - 1
+            if left > 0:
+                self.server.per_client[client] = left
+
+    def eviction_rank(self) -> tuple[int, float] | None:
+        """Where this connection stands to make room for a new one (lowest first), or None when
+        it must not: it is reading a body, or a request of it is being answered or waiting.
+        A client inside an unfinished header block first, then one with nothing to say; the
+        oldest of each first (their deadlines lie the same time after their start)."""
+        if self._busy or self._queue or self._closing or self._paused:
+            return None
+        if self._phase == _HEAD:
+            return (0, self._deadline)
+        if self._phase == _IDLE:
+            return (1, self._deadline)
+        return None
+
+    def evict(self) -> None:
+        """Close to make room for a new connection (``HttpServer.make_room``)."""
+        self.server.evicted += 1
+        self.server.connections.discard(self)
+        if self._phase == _HEAD:
+            self._fail(_error(408, "request not received in time: connection closed for another (api.max_connections)"))
+        else:
+            self._closing = True
+            self._stop_timer()
+            self.transport.close()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._stop_timer()
         self.server.connections.discard(self)
+        self._forget_client()
         # Bodies nobody will answer any more give their budget back (the one being answered
         # gives it back when its answer comes, even to a closed connection).
         if self._allowance is not None:
@@ -384,6 +458,7 @@ class HttpProtocol(asyncio.Protocol):
         # _arm("header", ...) written out: this runs for every request.
         self._timer_kind = "header"
         now = self.loop.time()
+        self._phase_start = now
         self._deadline = now + self._header_timeout_s
         if self._timer is None:
             self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
@@ -415,27 +490,40 @@ class HttpProtocol(asyncio.Protocol):
             self.server.on_oversized()
             self._reject(413, f"body of {length} bytes is over the limit of {self.limits.max_body_bytes} bytes")
         if length:
-            allowance = Allowance(self.server.budget, self.server.decoded_bytes)
-            if not allowance.take_body(length):
+            if not self.server.budget.fits(length):
                 # Refused before it is read, like an oversized body; unlike one, it fits later.
                 self.server.on_over_budget()
                 self._reject(503, self.server.over_budget_message(length), [("Retry-After", "1")])
-            self._allowance = allowance
+            # Nothing is held yet: the body is charged as its bytes arrive (on_body), so a
+            # client that declares much and sends little holds little.
+            self._allowance = Allowance(self.server.budget, self.server.decoded_bytes)
             if "expect" in headers:
                 self._fresh = None  # its answer depends on when the body comes: never remembered
                 if headers["expect"].lower() == "100-continue":
                     self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+            self._phase_start = self.loop.time()
             self._arm("body", self.limits.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:
-        # llhttp never hands over more than Content-Length, so the chunks fit the buffer.
+        # llhttp never hands over more than Content-Length, so the chunks fit the declared size.
+        allowance = self._allowance
+        if allowance is not None and not allowance.take_body(len(body)):
+            # The bytes that arrived do not fit what requests hold now: this body goes, and
+            # what it held is given back at once (not when the connection is finally closed).
+            allowance.release()
+            self._allowance = None
+            self.server.on_over_budget()
+            self._reject(503, self.server.over_budget_message(self._body_length), [("Retry-After", "1")])
         filled = self._body_filled
         if filled == 0 and len(body) == self._body_length:
             self._body = body
         else:
+            # Grown as it arrives, never allocated at the declared size: memory follows what
+            # was sent (a large bytearray grows in place, by mremap, without copies).
             if filled == 0:
-                self._body = bytearray(self._body_length)
-            self._body[filled : filled + len(body)] = body  # type: ignore[index]
+                self._body = bytearray(body)
+            else:
+                self._body += body  # type: ignore[operator]
         self._body_filled = filled + len(body)
 
     def on_message_complete(self) -> None:
@@ -631,6 +719,12 @@ class HttpProtocol(asyncio.Protocol):
             return
         now = self.loop.time()
         if now < self._deadline:
+            if self._timer_kind != "idle" and self._below_min_rate(now):
+                self.server.on_slow_client()
+                rate = self.limits.min_rate_bytes_s
+                log.info("client too slow (%s under %d bytes/s): closing", self._timer_kind, rate)
+                self._fail(_error(408, f"request arriving too slowly ({self._timer_kind} under {rate} bytes/s)"))
+                return
             self._timer = self.loop.call_at(min(self._deadline, now + self.server.timer_period_s), self._timed_out)
             return
         if self._timer_kind == "idle" and self._phase == _IDLE:
@@ -641,6 +735,15 @@ class HttpProtocol(asyncio.Protocol):
         log.info("client too slow (%s timeout): closing", kind)
         self._fail(_error(408, f"request not received in time ({kind} timeout)"))
 
+    def _below_min_rate(self, now: float) -> bool:
+        """Whether the header block or body being read has come slower than ``min_rate_bytes_s``
+        since its first byte, past the grace (checked on the connection's timer ticks)."""
+        rate = self.limits.min_rate_bytes_s
+        if not rate:
+            return False
+        received = self._body_filled if self._timer_kind == "body" else self._head_bytes
+        return now > self._phase_start + self.limits.min_rate_grace_s + received / rate
+
     def _pause(self) -> None:
         self._paused = True
         self._disarm()  # the client cannot be slow while we do not read
@@ -649,6 +752,8 @@ class HttpProtocol(asyncio.Protocol):
     def _resume(self) -> None:
         self._paused = False
         if self._phase != _IDLE:
+            # Its rate is counted again from now: while paused, it could not send.
+            self._phase_start = self.loop.time()
             if self._phase == _BODY:
                 self._arm("body", self.limits.body_timeout_s)
             else:
@@ -742,13 +847,34 @@ class HttpServer:
         self.slow_clients = 0
         self.oversized = 0
         self.refused = 0
+        self.evicted = 0
         self.over_budget = 0
+        #: Open connections per peer address (only the ones counted: see ``_counted_client``).
+        self.per_client: dict[str, int] = {}
         self.budget = MemoryBudget(limits.inflight_bytes)
         self.decoded_bytes = limits.decoded_bytes
         #: Header blocks parsed before, by their exact bytes (see KnownHead); bounded.
         self.known_heads: dict[bytes, KnownHead] = {}
         #: The connection timer fires at least this often (see ``HttpProtocol._arm``).
-        self.timer_period_s = min(limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s)
+        periods = [limits.header_timeout_s, limits.body_timeout_s, limits.keepalive_timeout_s]
+        if limits.min_rate_bytes_s:
+            periods.append(limits.min_rate_grace_s)  # the rate is checked on the timer's ticks
+        self.timer_period_s = min(periods)
+
+    def make_room(self) -> bool:
+        """Close one connection to admit a new one past ``max_connections``: the oldest inside
+        an unfinished header block, else the one idle the longest; False when every connection
+        is reading a body or being answered. A scan of all of them, only ever at the limit."""
+        victim = None
+        best: tuple[int, float] | None = None
+        for conn in self.connections:
+            rank = conn.eviction_rank()
+            if rank is not None and (best is None or rank < best):
+                victim, best = conn, rank
+        if victim is None:
+            return False
+        victim.evict()
+        return True
 
     def on_slow_client(self) -> None:
         self.slow_clients += 1
@@ -796,6 +922,23 @@ class HttpServer:
         for conn in list(self.connections):
             if not conn._busy and conn.transport is not None:
                 conn.transport.close()
+
+
+def _counted_client(peername: Any) -> str | None:
+    """The address a connection counts against ``max_connections_per_client``; None for a Unix
+    socket and for loopback, where every local client (the device's own apps) shares one address
+    and a per-address cap would throttle them all together."""
+    if not isinstance(peername, tuple) or not peername or not isinstance(peername[0], str):
+        return None
+    host = peername[0]
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    if address.is_loopback or (mapped is not None and mapped.is_loopback):
+        return None
+    return host
 
 
 def _jsonable(value: Any) -> Any:

@@ -103,7 +103,29 @@ class ApiConfig(Schema):
     allow_nonfinite: bool = Field(False, description="accept NaN/Inf in float inputs")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive within this")
     keepalive_timeout_s: float = Field(15.0, gt=0, description="idle keep-alive connections close after this")
-    max_connections: int = Field(256, gt=0, description="open connections beyond this are refused with 503")
+    max_connections: int = Field(
+        256,
+        gt=0,
+        description="open connections at once; past it a new one closes the oldest connection inside an unfinished "
+        "header block, else the one idle the longest, and is refused with 503 only when every connection is reading a "
+        "body or being answered",
+    )
+    max_connections_per_client: int = Field(
+        64,
+        gt=0,
+        description="open connections from one address, beyond which they are refused with 503; loopback and the "
+        "Unix socket are not counted (every local client shares one address there)",
+    )
+    min_rate_bytes_s: int = Field(
+        1024,
+        ge=0,
+        description="a header block and a body must each arrive at least this fast on average, counted from their "
+        "first byte after min_rate_grace_s, or the client is cut off with 408 (slowloris, slow bodies); 0: no minimum "
+        "(header_timeout_s and body_timeout_s still apply)",
+    )
+    min_rate_grace_s: float = Field(
+        2.0, gt=0, description="how long a header block or body may take before min_rate_bytes_s applies"
+    )
     inline_max_ms: float = Field(
         0.5,
         ge=0,

@@ -215,15 +215,25 @@ def test_many_bombs_at_once_get_4xx_or_503_and_the_agent_answers_healthz(agent, 
     assert len(statuses) == len(work)
     assert all(400 <= s < 500 or s == 503 for s in refused), statuses
     # Whether those bodies overlapped in flight depends on timing; the budget itself is proven
-    # deterministically: bodies announced and not yet sent hold their share until they arrive.
-    held = [_announce_body(agent.port, 12 * MiB) for _ in range(8)]
+    # deterministically. A body is charged by the bytes that arrived, not by the size it
+    # declares (issue 37, finding 6: declared bodies that never came held the whole budget):
+    # five bodies 10 MiB in hold 50 MiB; a sixth that declares 12 MiB (50 + 12 fit in 64) is let
+    # in and holds the 3 MiB it sent; a seventh (53 + 12 do not fit) is refused before it is read.
+    held = [_announce_body(agent.port, 12 * MiB) for _ in range(5)]
     try:
-        answers = [_answer_within(sock, 3.0) for sock in held]
+        for sock in held:
+            sock.sendall(bytes(10 * MiB))
+        time.sleep(0.5)  # read by the agent (it answers nothing: two MiB of each are missing)
+        held.append(_announce_body(agent.port, 12 * MiB))
+        held[-1].sendall(bytes(3 * MiB))  # under way (a silent body is cut off at the minimum rate)
+        time.sleep(0.5)
+        held.append(_announce_body(agent.port, 12 * MiB))
+        answers = [_answer_within(sock, 1.0) for sock in held]
     finally:
         for sock in held:
             sock.close()
-    assert answers[:5] == [b""] * 5, answers  # 5 x 12 MiB fit in 64 MiB: still waiting for their bodies
-    assert all(a.startswith(b"HTTP/1.1 503") for a in answers[5:]), answers  # the rest: 503 before reading
+    assert answers[:6] == [b""] * 6, answers  # still waiting for the rest of their bodies
+    assert answers[6].startswith(b"HTTP/1.1 503"), answers  # over the budget: 503 before reading
     with httpx.Client(base_url=agent.url, timeout=10) as client:
         assert client.get("/healthz").status_code == 200
         good_inference(client)

@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from edgesdk.agent.api.http import HttpLimits, HttpServer, Request, Respond, Response
+from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer, Request, Respond, Response
 
 from tests.agent_helpers import raw_exchange
+from tests.unit.test_agent_http_known_heads import FakeTransport
 
 
 def handler(request: Request, respond: Respond) -> None:
@@ -26,6 +27,9 @@ def handler(request: Request, respond: Respond) -> None:
     if request.path == "/later":
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, respond, Response(200, b"late"))
+        return
+    if request.path == "/hold":  # a request being answered for a while: its connection is busy
+        asyncio.get_running_loop().call_later(1.5, respond, Response(200, b"held"))
         return
     respond(Response(200, f"{request.method} {request.path} {len(request.body)}".encode(), content_type="text/plain"))
 
@@ -195,24 +199,89 @@ def test_head_sends_headers_only(server) -> None:
     assert body == b""
 
 
-def test_connections_beyond_the_limit_are_refused() -> None:
+def _wait_for(condition, seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_connections_beyond_the_limit_are_refused_when_none_can_make_room() -> None:
     running = RunningServer(HttpLimits(max_connections=4, keepalive_timeout_s=30))
     held = [socket.create_connection(("127.0.0.1", running.port), timeout=2) for _ in range(4)]
     try:
-        deadline = time.monotonic() + 5
-        while len(running.http.connections) < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        for sock in held:  # each one's request is being answered: none may be closed for another
+            sock.sendall(b"GET /hold HTTP/1.1\r\n\r\n")
+        _wait_for(lambda: sum(c._busy for c in list(running.http.connections)) == 4)
         extra = exchange(running.port, b"")
         assert extra.startswith(b"HTTP/1.1 503") and b"too many connections" in extra, extra
         assert running.http.refused == 1
     finally:
         for sock in held:
             sock.close()
-    deadline = time.monotonic() + 5
-    while running.http.connections and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: not running.http.connections)
     assert exchange(running.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
     running.stop()
+
+
+def test_at_the_limit_a_new_connection_closes_the_oldest_unfinished_header_block_first() -> None:
+    """Slowloris (issue 37, finding 6): a crowd of half-sent header blocks must not lock the
+    door. Past max_connections the oldest of them makes room (408), then the longest idle."""
+    limits = HttpLimits(max_connections=4, keepalive_timeout_s=30, header_timeout_s=30, min_rate_bytes_s=0)
+    running = RunningServer(limits)
+    try:
+        idle = socket.create_connection(("127.0.0.1", running.port), timeout=3)  # asks nothing
+        partial = []
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", running.port), timeout=3)
+            sock.sendall(b"GET /x HTTP/1.1\r\nHost:")
+            partial.append(sock)
+            time.sleep(0.05)  # in order: the first is the oldest
+        _wait_for(lambda: len(running.http.connections) == 4)
+        answer = exchange(running.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert partial[0].recv(4096).startswith(b"HTTP/1.1 408")  # the oldest header block went
+        _wait_for(lambda: len(running.http.connections) == 3)  # the admitted one has closed
+        idle_too = socket.create_connection(("127.0.0.1", running.port), timeout=3)  # the limit again
+        _wait_for(lambda: len(running.http.connections) == 4)
+        answer = exchange(running.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert partial[1].recv(4096).startswith(b"HTTP/1.1 408")
+        assert running.http.evicted == 2 and running.http.refused == 0
+        idle.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            idle.recv(10)  # still open: header blocks go before idle connections
+        for sock in [idle, idle_too, *partial]:
+            sock.close()
+    finally:
+        running.stop()
+
+
+def test_a_byte_a_second_is_cut_off_by_the_minimum_rate_long_before_the_timeouts() -> None:
+    running = RunningServer(
+        HttpLimits(header_timeout_s=30, body_timeout_s=30, min_rate_bytes_s=100, min_rate_grace_s=0.3)
+    )
+    try:
+        for partial in (b"GET /x HTTP/1.1\r\nHost:", b"POST /x HTTP/1.1\r\nContent-Length: 1000\r\n\r\nabc"):
+            with socket.create_connection(("127.0.0.1", running.port), timeout=5) as sock:
+                start = time.monotonic()
+                sock.sendall(partial)
+                chunks = b""
+                while b"\r\n\r\n" not in chunks:
+                    time.sleep(0.1)
+                    try:
+                        sock.sendall(b"x")  # 10 bytes/s, under the 100 asked for
+                    except OSError:
+                        pass
+                    sock.settimeout(0.01)
+                    try:
+                        chunks += sock.recv(4096)
+                    except TimeoutError:
+                        pass
+                assert chunks.startswith(b"HTTP/1.1 408") and b"bytes/s" in chunks, chunks
+                assert time.monotonic() - start < 5
+        assert running.http.slow_clients == 2
+    finally:
+        running.stop()
 
 
 def test_tls_client_hello_on_the_plain_port_is_a_400_and_closes(server) -> None:
@@ -271,3 +340,46 @@ def test_header_block_split_over_many_reads_is_limited(loop) -> None:
         assert answer.startswith(b"HTTP/1.1 431"), answer
     finally:
         running.stop()
+
+
+class _PeerTransport(FakeTransport):
+    def __init__(self, peer: object) -> None:
+        super().__init__()
+        self.peer = peer
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.peer if name == "peername" else default
+
+
+@pytest.mark.parametrize(
+    ("peer", "capped"),
+    [
+        (("192.0.2.7", 50000), True),
+        (("2001:db8::7", 50000, 0, 0), True),
+        (("127.0.0.1", 50000), False),  # every local client shares this address
+        (("::1", 50000, 0, 0), False),
+        (("::ffff:127.0.0.1", 50000, 0, 0), False),
+        ("", False),  # the Unix socket
+    ],
+)
+def test_connections_per_client_address_are_capped_except_local_ones(peer, capped) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        http = HttpServer(handler, HttpLimits(max_connections_per_client=2))
+
+        async def connect() -> tuple[HttpProtocol, _PeerTransport]:
+            protocol, transport = HttpProtocol(handler, http.limits, http), _PeerTransport(peer)
+            protocol.connection_made(transport)  # type: ignore[arg-type]
+            return protocol, transport
+
+        opened = [loop.run_until_complete(connect()) for _ in range(3)]
+        third = opened[2][1]
+        if capped:
+            assert third.closed and bytes(third.sent).startswith(b"HTTP/1.1 503")
+            assert b"max_connections_per_client" in third.sent and http.refused == 1
+            opened[0][0].connection_lost(None)  # one of the two goes: room for one more
+            assert not loop.run_until_complete(connect())[1].closed
+        else:
+            assert not third.closed and http.refused == 0 and not http.per_client
+    finally:
+        loop.close()

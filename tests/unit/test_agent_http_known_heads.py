@@ -31,6 +31,9 @@ class FakeTransport:
     def close(self) -> None:
         self.closed = True
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
     def pause_reading(self) -> None:
         pass
 

@@ -1,0 +1,66 @@
+"""Slow clients cannot starve a real ``edge-agent run`` (issue 37, finding 6): while a crowd of
+slowloris connections and slow 16 MiB bodies is held against it (every one the agent closes
+opened again at once), the requests of normal clients, on TCP and on the Unix socket, are
+answered, not refused with 503.
+
+Scaled down to stay cheap: 60 slowloris connections against ``max_connections = 32`` and 3 slow
+16 MiB bodies against a budget of two such bodies (``max_inflight_bytes = 32 MiB``) make the
+same pressure as the finding's 300 connections against 256 and 9 bodies against 8. Before the
+fix, the connections over the limit were refused (the slowloris crowd held every slot) and two
+declared bodies held the whole budget, so every normal request got 503.
+benchmarks/bench_slow_clients.py holds the finding's full numbers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.agent_helpers import AgentProcess, make_device, run_agent_cli
+from tests.slow_clients import SlowCrowd
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("onnxruntime")
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def convert_dir(digits, request):
+    from tests.bundle_helpers import make_digits_convert_dir
+
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
+def test_normal_requests_are_answered_while_slow_clients_are_held(convert_dir, images, tmp_path) -> None:
+    device = make_device(tmp_path)
+    socket_path = tmp_path / "agent.sock"
+    device.write_config(api={"max_connections": 32, "max_inflight_bytes": 32 * MiB, "unix_socket": str(socket_path)})
+    bundle = device.bundle(convert_dir, version="1.0.0", release=1)
+    installed = run_agent_cli("install", "--config", str(device.config), str(bundle))
+    assert installed.returncode == 0, installed.stderr
+    body = {"inputs": {"image": images[:1].tolist()}}
+    with AgentProcess(device) as agent:
+        crowd = SlowCrowd(("127.0.0.1", agent.port), slowloris=60, bodies=3, declared=16 * MiB, interval_s=0.5)
+        statuses: list[int | str] = []
+        with crowd:
+            time.sleep(1.5)  # the crowd is in: every slot taken, both bodies declared
+            assert crowd.held() >= 32
+            for i in range(40):
+                transport = httpx.HTTPTransport(uds=str(socket_path)) if i % 2 else None
+                with httpx.Client(base_url=agent.url, transport=transport, timeout=10) as client:
+                    try:
+                        if i % 4 < 2:
+                            statuses.append(client.post("/v1/models/digits/infer", json=body).status_code)
+                        else:
+                            statuses.append(client.get("/healthz").status_code)
+                    except httpx.TransportError as exc:
+                        statuses.append(type(exc).__name__)
+                time.sleep(0.05)
+            opened = crowd.opened
+        assert opened >= 63, opened  # the crowd was held, not turned away at the door
+        answered = statuses.count(200)
+        assert answered >= 38, f"{answered} of {len(statuses)} normal requests answered: {statuses}"
+        assert 503 not in statuses, statuses
+        assert agent.proc.poll() is None, agent.log()
