@@ -293,7 +293,7 @@ def populate(db_url: str, fleet: int, minutes: int) -> dict[str, Any]:
     }
 
 
-def measure_routes(port: int, token: str, requests: int, fleet: int) -> dict[str, dict[str, float]]:
+def measure_routes(port: int, token: str, session: str, requests: int, fleet: int) -> dict[str, dict[str, float]]:
     one = f"dev-{fleet // 2:04d}"
     routes = {
         "overview page /": "/",
@@ -309,7 +309,7 @@ def measure_routes(port: int, token: str, requests: int, fleet: int) -> dict[str
     }
     results = {}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    headers = {"Authorization": f"Bearer {token}", "Cookie": f"edgesdk_fleet_session={token}"}
+    headers = {"Authorization": f"Bearer {token}", "Cookie": f"edgesdk_fleet_session={session}"}
     for name, path in routes.items():
         times = []
         for _ in range(requests):
@@ -380,18 +380,19 @@ def main() -> None:
                 url = db_url(kind, "dashboard")
                 prepared = populate(url, args.fleet, args.minutes)
                 print(f"  prepared {prepared}", flush=True)
-                from edgesdk.fleet.service.tokens import create_token
+                from edgesdk.fleet.service.tokens import create_session, create_token
 
                 engine = open_engine(url)
-                _, token = create_token(engine, name="bench", role="viewer", created_by="bench")
+                token_id, token = create_token(engine, name="bench", role="viewer", created_by="bench")
+                session = create_session(engine, token_id)  # the dashboard's cookie is a session id
                 engine.dispose()
                 proc, port = start_service(url, broker.url, key, root, api=True)
                 try:
                     assert port is not None
-                    measure_routes(port, token, 3, args.fleet)  # warm up
+                    measure_routes(port, token, session, 3, args.fleet)  # warm up
                     results[f"dashboard-{kind}"] = {
                         "prepared": prepared,
-                        "routes": measure_routes(port, token, args.requests, args.fleet),
+                        "routes": measure_routes(port, token, session, args.requests, args.fleet),
                     }
                 finally:
                     proc.terminate()

@@ -6,11 +6,16 @@ resume at the next start) and logs each rollout event as one line; with ``--api 
 also serves the REST API. ``submit`` writes a PENDING
 deployment into the service's database, which the running service picks up; it needs no
 broker connection and returns at once (``fleet status --server`` follows it later).
+
+Everything these commands create (the SQLite database and its journal, uploaded bundles, the
+enrollment registry, the data directory) is private to the service's user — files 0600,
+directories 0700 — whatever the umask they were started with (``_private_files``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -84,6 +89,14 @@ def _db_url(db_url: str | None, data_dir: Path | None) -> str:
     return db_url or default_db_url(_data_dir(data_dir, None))
 
 
+def _private_files(data_dir: Path | None) -> None:
+    """Files 0600 and directories 0700 from here on (the umask of this process, not the
+    caller's 022), and the data directory itself made private when this creates it."""
+    os.umask(0o077)
+    if data_dir is not None and not data_dir.exists():
+        data_dir.mkdir(parents=True, mode=0o700)
+
+
 @click.group("serve", invoke_without_command=True)
 @broker_options(required=False)
 @_db_option
@@ -99,6 +112,26 @@ def _db_url(db_url: str | None, data_dir: Path | None) -> str:
 @click.option("--minutely-retention", default="180d", show_default=True, help="Keep per-minute aggregates this long.")
 @click.option("--maintenance-interval", default="60s", show_default=True, help="Downsample and prune this often.")
 @click.option("--api", "api_bind", default=None, help="Serve the REST API on HOST:PORT (e.g. 127.0.0.1:8080).")
+@click.option(
+    "--metrics-listen",
+    "metrics_bind",
+    default=None,
+    help="Serve /metrics without a token on HOST:PORT of its own (e.g. 127.0.0.1:9108), for a scraper that "
+    "alone reaches it; without it, /metrics is on the --api listener and needs a viewer token.",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="Where operators reach the dashboard, e.g. https://fleet.example (a TLS proxy in front of --api): "
+    "https:// makes its cookies Secure.",
+)
+@click.option(
+    "--max-pending-enrollments",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Enrollment requests waiting for a decision at most; requests for more new ids are refused and counted.",
+)
 @click.option(
     "--artifact-url",
     "artifact_url",
@@ -135,6 +168,9 @@ def serve(
     minutely_retention: str,
     maintenance_interval: str,
     api_bind: str | None,
+    metrics_bind: str | None,
+    public_url: str | None,
+    max_pending_enrollments: int,
     artifact_url: str | None,
     registry: Path | None,
     workers: int,
@@ -144,6 +180,7 @@ def serve(
     **params: Any,
 ) -> None:
     """Run the fleet service: ingest device messages into a database and drive rollouts."""
+    _private_files(data_dir)
     if ctx.invoked_subcommand is not None:
         return
     if not params.get("broker"):
@@ -173,12 +210,19 @@ def serve(
         workers=workers,
         share_group=None if no_shared_subscriptions else check_name(share_group, "--share-group"),
         instance=check_name(instance, "--instance") if instance is not None else None,
+        metrics_bind=metrics_bind,
+        public_url=_public_url(public_url),
+        max_pending_enrollments=max_pending_enrollments,
     )
     check_scaling(settings, settings.db_url)
     if api_bind is not None:
         from edgesdk.fleet.service.api_server import parse_bind
 
         parse_bind(api_bind)  # a bad value fails before the broker is touched
+    if metrics_bind is not None:
+        from edgesdk.fleet.service.api_server import parse_bind
+
+        parse_bind(metrics_bind, "--metrics-listen")
     options = client_options_from(params, service_client_id(params["namespace"], settings.instance))
     # A persistent session: statuses devices publish while the service restarts wait for it.
     options = replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
@@ -188,6 +232,8 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
     where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
+    if service.metrics_server is not None:
+        where = f", metrics on http://{service.metrics_server.host}:{service.metrics_server.port}/metrics{where}"
     # One unwrapped line (scripts and tests read the address from it, at the end of the line).
     click.echo(
         f"fleet service on {params['broker']} (namespace {settings.namespace}, data in {data_dir}){where}", nl=True
@@ -268,6 +314,16 @@ def _migrated(db_url: str | None, data_dir: Path | None) -> Any:
     return engine
 
 
+def _public_url(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if not text.startswith(("https://", "http://")) or "://" == text[-3:]:
+        raise UsageError(
+            f"bad --public-url {text!r}: expected https://HOST[:PORT] (where operators open the dashboard)"
+        )
+    return text.rstrip("/")
+
+
 def _duration(text: str, option: str) -> float:
     from edgesdk.fleet.rollout import parse_duration
 
@@ -285,6 +341,7 @@ def _duration(text: str, option: str) -> float:
 @json_option
 def submit(bundle: Path, db_url: str | None, data_dir: Path | None, rollout: RolloutArgs, as_json: bool) -> None:
     """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
+    _private_files(data_dir)
     from edgesdk.fleet.service.store import SqlRolloutStore
     from edgesdk.fleet.service.submit import submit_deployment
 

@@ -89,7 +89,7 @@ class RegistryFile:
                 handle.write(registry.model_dump_json(indent=2) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, 0o600)  # the fleet's key list and decisions: the owner's alone
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -91,6 +91,17 @@ def test_metrics_page_passes_promtool_and_has_what_rules_and_dashboard_use(tmp_p
     assert used and used <= exported, used - exported
 
 
+def test_prometheus_scrape_config_is_valid_and_scrapes_the_units_metrics_listener() -> None:
+    promtool = _promtool()
+    config = DEPLOY / "prometheus" / "prometheus.yml"
+    checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    unit = (DEPLOY / "systemd" / "edgesdk-fleet.service").read_text()
+    [listen] = re.findall(r"FLEET_METRICS=(\S+)", unit)
+    assert f'targets: ["{listen}"]' in config.read_text()
+    assert "--metrics-listen ${FLEET_METRICS}" in unit
+
+
 def test_systemd_unit_and_container_start_the_service_with_real_flags(edgesdk_cli) -> None:
     help_text = edgesdk_cli("fleet", "serve", "--help").stdout
     unit = (DEPLOY / "systemd" / "edgesdk-fleet.service").read_text()

@@ -156,6 +156,16 @@ def test_lookups_filters_validation_and_the_openapi_document(api) -> None:
     assert client.get("/docs").status_code == 404  # the docs page would load scripts from a CDN
 
 
+def _sign_in(client, token: str, **kw):  # type: ignore[no-untyped-def]
+    """The sign-in form as a browser posts it: the CSRF field of GET /login with its cookie."""
+    import re
+
+    page = client.get("/login").text
+    csrf = re.search(r'name=csrf value="([^"]+)"', page)
+    assert csrf, page
+    return client.post("/login", data={"token": token, "csrf": csrf.group(1)}, **kw)
+
+
 def test_dashboard_pages_sign_in_and_refuse_viewer_and_forged_writes(api, tmp_path: Path) -> None:
     from datetime import datetime, timezone
 
@@ -172,9 +182,9 @@ def test_dashboard_pages_sign_in_and_refuse_viewer_and_forged_writes(api, tmp_pa
     ingest.stop()
 
     assert client.get("/", follow_redirects=False).headers["location"] == "/login"
-    wrong = client.post("/login", data={"token": "esf_x_y"}, follow_redirects=False)
-    assert "error=" in wrong.headers["location"]
-    viewer = client.post("/login", data={"token": keys["viewer"]}, follow_redirects=False)
+    wrong = _sign_in(client, "esf_x_y", follow_redirects=False)
+    assert "unknown" in wrong.headers["location"]
+    viewer = _sign_in(client, keys["viewer"], follow_redirects=False)
     assert viewer.status_code == 303 and COOKIE in viewer.cookies
     page = client.get("/").text
     assert 'id="device-dev-1"' in page and "dep-ui" in page and "start-rollout" not in page
@@ -183,18 +193,18 @@ def test_dashboard_pages_sign_in_and_refuse_viewer_and_forged_writes(api, tmp_pa
     rollout = client.get("/ui/deployments/dep-ui").text
     assert "canary" in rollout and 'id="abort"' not in rollout  # a viewer gets no buttons
     refused = client.post(
-        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(keys["viewer"])}, follow_redirects=False
+        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(client.cookies[COOKIE])}, follow_redirects=False
     )
     assert "operator%20role" in refused.headers["location"] and commands.calls == []
 
     client.cookies.clear()
-    assert client.post("/login", data={"token": keys["operator"]}).status_code == 200
+    assert _sign_in(client, keys["operator"]).status_code == 200
     rollout = client.get("/ui/deployments/dep-ui").text
     assert 'id="abort"' in rollout and 'id="rollback"' in rollout
     forged = client.post("/ui/deployments/dep-ui/abort", data={"csrf": "0" * 32}, follow_redirects=False)
     assert "stale" in forged.headers["location"] and commands.calls == []
     done = client.post(
-        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(keys["operator"])}, follow_redirects=False
+        "/ui/deployments/dep-ui/abort", data={"csrf": csrf_for(client.cookies[COOKIE])}, follow_redirects=False
     )
     assert done.status_code == 303 and commands.calls == [("abort", "dep-ui", "abort by operator-person (dashboard)")]
     actions = [(e["actor"].split(" ")[0], e["action"], e["outcome"]) for e in audit.entries(engine)][:5]

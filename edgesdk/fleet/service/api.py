@@ -6,13 +6,15 @@ token or a too-small role, or failed — is written to the audit log. The app ge
 database and a ``RolloutCommands`` port (the service's rollout controller, which signs and
 publishes abort/rollback commands; a stand-in in unit tests). No CDN: the interactive docs
 pages (which load scripts from one) are off; the OpenAPI document is at ``/openapi.json``.
+Every answer carries the security headers of ``web_security`` (CSP, frame-ancestors, nosniff,
+Referrer-Policy). ``/metrics`` needs a viewer token here; ``create_metrics_app`` serves it
+without one, for a listener of its own that only the scraper reaches (``--metrics-listen``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,8 +23,6 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -65,6 +65,8 @@ class ApiContext:
     max_bundle_bytes: int = 2 << 30
     #: The file of a bundle a running rollout serves, by sha256 (``/artifacts/<sha256>.edgepkg``).
     artifacts: Callable[[str], Path | None] | None = None
+    #: Where operators reach the dashboard (``--public-url``); https makes its cookies ``Secure``.
+    public_url: str | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
@@ -79,6 +81,10 @@ def create_app(context: ApiContext) -> FastAPI:
         redoc_url=None,
         description="Devices, their history, staged rollouts, enrollment and bundles of one edgesdk fleet.",
     )
+    from edgesdk.fleet.service.dashboard import SCRIPTS
+    from edgesdk.fleet.service.web_security import SecurityHeaders, content_security_policy
+
+    app.add_middleware(SecurityHeaders, policy=content_security_policy(SCRIPTS))
     engine = context.engine
 
     def who(needed: tokens.Role, action: str) -> Any:
@@ -119,12 +125,6 @@ def create_app(context: ApiContext) -> FastAPI:
         status = 409 if isinstance(exc, EnrollmentError) else 503 if isinstance(exc, FleetServiceError) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
-    @app.exception_handler(RequestValidationError)
-    def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own handler echoes each bad input, and a NaN or Infinity (Python's JSON parser
-        # reads them) cannot be written back as JSON: the 422 became a 500.
-        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
-
     # -- devices ----------------------------------------------------------------------------
 
     @app.get("/api/v1/devices", response_model=DeviceList, tags=["devices"])
@@ -134,7 +134,7 @@ def create_app(context: ApiContext) -> FastAPI:
         version: str | None = None,
         state: str | None = Query(None, description="online, offline, or an OTA state (COMMITTED, FAILED, …)"),
         limit: int = Query(1000, ge=1, le=10000),
-        offset: int = Query(0, ge=0, le=1 << 31),
+        offset: int = Query(0, ge=0),
         _op: tokens.Operator = Depends(who("viewer", "devices.read")),
     ) -> DeviceList:
         table = schema.devices
@@ -464,9 +464,10 @@ def create_app(context: ApiContext) -> FastAPI:
     metrics = FleetMetrics(engine)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"])
-    def prometheus_metrics() -> PlainTextResponse:
-        """The fleet for Prometheus (no token: bind the service where only the scraper reaches it)."""
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    def prometheus_metrics(_op: tokens.Operator = Depends(who("viewer", "metrics.read"))) -> PlainTextResponse:
+        """The fleet for Prometheus, with a viewer token (every device id is on the page); or with
+        none on a listener of its own (``fleet serve --metrics-listen``)."""
+        return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)
 
     from edgesdk.fleet.service.dashboard import add_dashboard
 
@@ -476,6 +477,27 @@ def create_app(context: ApiContext) -> FastAPI:
     def stats(_op: tokens.Operator = Depends(who("viewer", "stats.read"))) -> dict[str, Any]:
         return {"ingest": read_counters(engine, context.store.where)}
 
+    return app
+
+
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_metrics_app(engine: Any) -> Any:
+    """``GET /metrics`` alone, without a token: for a listener that only the scraper reaches
+    (``--metrics-listen``); every other path is 404. A plain ASGI app (no docs, no dashboard)."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from edgesdk.fleet.service.web_security import SecurityHeaders, content_security_policy
+
+    metrics = FleetMetrics(engine)
+
+    def page(_request: Request) -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)
+
+    app = Starlette(routes=[Route("/metrics", page, methods=["GET"])])
+    app.add_middleware(SecurityHeaders, policy=content_security_policy(()))
     return app
 
 
@@ -534,17 +556,6 @@ def _approve(context: ApiContext, row: Any, options: EnrollmentDecision) -> dict
     )
     log.warning("enrollment: %s", warning)
     return {"warnings": [warning]}
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float as its text (``"nan"``, ``"inf"``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(item) for item in value]
-    return value
 
 
 def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:

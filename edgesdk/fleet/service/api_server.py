@@ -14,20 +14,21 @@ from edgesdk.errors import UsageError
 log = logging.getLogger(__name__)
 
 
-def parse_bind(text: str) -> tuple[str, int]:
+def parse_bind(text: str, option: str = "--api") -> tuple[str, int]:
     """``HOST:PORT`` (``:PORT`` = 127.0.0.1); UsageError naming the value otherwise."""
     host, _, port = text.rpartition(":")
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"bad --api {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+        raise UsageError(f"bad {option} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class ApiServer:
     """``start()`` binds and serves ``app``; ``port`` is the bound port; ``stop()`` ends it."""
 
-    def __init__(self, app: Any, bind: str) -> None:
+    def __init__(self, app: Any, bind: str, *, option: str = "--api") -> None:
         self.app = app
-        self.host, self.requested_port = parse_bind(bind)
+        self.option = option
+        self.host, self.requested_port = parse_bind(bind, option)
         self.port = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -54,7 +55,7 @@ class ApiServer:
         deadline = time.monotonic() + 10
         while not self._server.started and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.02)
-        log.info("API listening on http://%s:%d", self.host, self.port)
+        log.info("%s listening on http://%s:%d", "API" if self.option == "--api" else self.option, self.host, self.port)
         return self
 
     def stop(self) -> None:

@@ -5,16 +5,22 @@ a CDN.
 Pages: the fleet at a glance (``/``), a device (``/ui/devices/{id}``: latency p50/p95/p99,
 temperature, precision and power over time, events, OTA history, the model and its hash), a
 rollout (``/ui/deployments/{id}``: waves, per-device state and reason, timeline, abort and
-rollback for operators). Signing in stores the operator token in an HttpOnly, SameSite=Strict
-cookie; every form that writes carries a CSRF value derived from the token, and every write
-is audited like the API's.
+rollback for operators). Signing in makes a server-side session (``tokens.create_session``):
+the cookie holds its random id, never the operator token, and is HttpOnly, SameSite=Strict, and
+Secure when the dashboard is reached over https (``--public-url https://…`` behind a TLS proxy).
+The sign-in form carries a CSRF value paired with a cookie of its own (a page of another site
+cannot sign a browser into someone else's session); every form that writes carries a CSRF
+value derived from the session id, and every write is audited like the API's. The only
+scripts are the two below, allowed by hash in the Content-Security-Policy (``web_security``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import html
 import json
+import secrets
 import time
 import urllib.parse
 from typing import Any
@@ -35,6 +41,8 @@ from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
 
 COOKIE = "edgesdk_fleet_session"
+#: The sign-in form's CSRF cookie (double submit: the form's hidden value must match it).
+LOGIN_COOKIE = "edgesdk_fleet_login"
 _STATE_CLASS = {
     "COMMITTED": "ok",
     "SUCCEEDED": "ok",
@@ -62,32 +70,35 @@ padding:10px 14px;min-width:140px}.card b{font-size:22px;display:block}.chart{ma
 input[type=text],input[type=number]{width:110px}.alerts li{margin:2px 0}
 """
 
-_REFRESH = """
-<script>
+# The page's only scripts: constant texts, so the Content-Security-Policy allows them by hash
+# (SCRIPTS) and nothing else runs — no inline handler, no script a stored value could inject.
+_REFRESH_JS = """
 // Refresh the page every 5 s unless the operator is typing in a form.
 setInterval(function(){var a=document.activeElement;if(!a||!/INPUT|SELECT|TEXTAREA/.test(a.tagName))location.reload();},5000);
-</script>
 """
 
-_UPLOAD = """
-<script>
-function uploadBundle(csrf){
-  var file=document.getElementById('bundle-file').files[0];if(!file)return false;
+_UPLOAD_JS = """
+document.getElementById('upload-form').addEventListener('submit',function(ev){
+  ev.preventDefault();
+  var file=document.getElementById('bundle-file').files[0];if(!file)return;
+  var csrf=this.getAttribute('data-csrf');
   var status=document.getElementById('upload-status');status.textContent='uploading…';
   fetch('/ui/bundles?filename='+encodeURIComponent(file.name),{method:'POST',body:file,
     headers:{'X-CSRF':csrf,'Content-Type':'application/octet-stream'}})
    .then(function(r){return r.json().then(function(j){if(!r.ok)throw new Error(j.detail);return j;});})
    .then(function(j){status.textContent='uploaded '+j.model_name+' '+j.model_version;location.reload();})
    .catch(function(e){status.textContent='refused: '+e.message;});
-  return false;
-}
-</script>
+});
 """
 
+SCRIPTS = (_REFRESH_JS, _UPLOAD_JS)
+_REFRESH = f"<script>{_REFRESH_JS}</script>"
+_UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
-def csrf_for(token: str) -> str:
-    """The CSRF value of a session: derived from its token, so it needs no server state."""
-    return hashlib.sha256(f"edgesdk-fleet-csrf:{token}".encode()).hexdigest()[:32]
+
+def csrf_for(session_id: str) -> str:
+    """The CSRF value of a session: derived from its (secret, random) id, so it needs no more state."""
+    return hashlib.sha256(f"edgesdk-fleet-csrf:{session_id}".encode()).hexdigest()[:32]
 
 
 def _e(value: Any) -> str:
@@ -125,8 +136,13 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     store = context.store
 
     def session(request: Request) -> tuple[tokens.Operator | None, str]:
-        token = request.cookies.get(COOKIE, "")
-        return (tokens.authenticate(engine, token) if token else None), token
+        session_id = request.cookies.get(COOKIE, "")
+        return (tokens.session_operator(engine, session_id) if session_id else None), session_id
+
+    def secure(request: Request) -> bool:
+        """Whether cookies get ``Secure``: served over https, or behind an https --public-url."""
+        public_url = getattr(context, "public_url", None) or ""
+        return request.url.scheme == "https" or public_url.startswith("https://")
 
     def login_redirect() -> RedirectResponse:
         return RedirectResponse("/login", status_code=303)
@@ -142,7 +158,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         if operator is None:
             audit.record(engine, actor="anonymous", role=None, action=action, target=target, outcome="refused")
             return "sign in first"
-        if request_csrf != csrf_for(token):
+        if not token or not hmac.compare_digest(request_csrf, csrf_for(token)):
             audit.record(
                 engine,
                 actor=operator.actor,
@@ -163,30 +179,61 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     # -- signing in -------------------------------------------------------------------------
 
     @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
-    def login_page(error: str = "") -> HTMLResponse:
+    def login_page(request: Request, error: str = "") -> HTMLResponse:
         message = f'<p class="bad">{_e(error)}</p>' if error else ""
+        login_csrf = secrets.token_urlsafe(24)
         body = (
             f"<section><h1>Sign in</h1>{message}<form method=post action=/login>"
+            f'<input type=hidden name=csrf value="{login_csrf}">'
             "<label>Operator token <input type=password name=token id=token size=60 autofocus></label>"
             "<button type=submit id=sign-in>Sign in</button></form>"
             "<p class=idle>Tokens come from <code>edgesdk fleet serve token create --role …</code>.</p></section>"
         )
-        return _page("sign in", body, None, refresh=False)
+        response = _page("sign in", body, None, refresh=False)
+        response.set_cookie(
+            LOGIN_COOKIE, login_csrf, httponly=True, samesite="strict", secure=secure(request), max_age=3600
+        )
+        return response
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        token = (await form(request)).get("token", "").strip()
+        fields = await form(request)
+        expected = request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not hmac.compare_digest(fields.get("csrf", ""), expected):
+            # Not this dashboard's sign-in form (another site posting a token of its choosing).
+            audit.record(
+                engine,
+                actor="anonymous",
+                role=None,
+                action="dashboard.login",
+                outcome="refused",
+                detail={"why": "csrf"},
+            )
+            return RedirectResponse("/login?error=" + urllib.parse.quote("the sign-in form expired; try again"), 303)
+        token = fields.get("token", "").strip()
         operator = tokens.authenticate(engine, token) if token else None
         if operator is None:
             audit.record(engine, actor="anonymous", role=None, action="dashboard.login", outcome="refused")
             return RedirectResponse("/login?error=" + urllib.parse.quote("unknown or revoked token"), status_code=303)
         audit.record(engine, actor=operator.actor, role=operator.role, action="dashboard.login")
+        session_id = tokens.create_session(engine, operator.token_id)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", max_age=12 * 3600)
+        response.set_cookie(
+            COOKIE,
+            session_id,
+            httponly=True,
+            samesite="strict",
+            secure=secure(request),
+            max_age=int(tokens.SESSION_TTL_S),
+        )
+        response.delete_cookie(LOGIN_COOKIE)
         return response
 
     @app.get("/logout", include_in_schema=False)
-    def logout() -> Response:
+    def logout(request: Request) -> Response:
+        session_id = request.cookies.get(COOKIE, "")
+        if session_id:
+            tokens.end_session(engine, session_id)
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(COOKIE)
         return response
@@ -556,7 +603,7 @@ def _new_rollout_form(uploaded: list[dict[str, Any]], csrf: str) -> str:
     )
     return (
         "<section><h2>Upload a bundle</h2>"
-        f'<form onsubmit="return uploadBundle(\'{csrf}\')"><input type=file id=bundle-file accept=".edgepkg">'
+        f'<form id=upload-form data-csrf="{csrf}"><input type=file id=bundle-file accept=".edgepkg">'
         "<button type=submit id=upload>Upload</button> <span id=upload-status></span></form></section>"
         "<section><h2>Start a rollout</h2><form method=post action=/ui/deployments id=new-rollout>"
         f'<input type=hidden name=csrf value="{csrf}">'

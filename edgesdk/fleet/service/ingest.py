@@ -3,7 +3,10 @@
 ``handle(topic, payload, receipt)`` runs on the MQTT network thread. A payload that does not
 parse as the schema its topic names is counted (``malformed``) and dropped; one whose
 ``device_id`` differs from the id in its topic (a device speaking for another) is counted
-(``impersonating``) and dropped. Everything else goes through a bounded queue to one writer
+(``impersonating``) and dropped; one on the topic of a broker account that is not a device
+(the enrollment bootstrap account, the operator account: ``RESERVED_USERNAMES``) is counted
+(``not_a_device``) and dropped, so such an account never becomes a device row, never joins a
+rollout. Everything else goes through a bounded queue to one writer
 thread that stores it in batches, one transaction each (a full queue blocks the network
 thread, which slows the broker down instead of dropping).
 
@@ -21,6 +24,13 @@ conditional updates (newest presence by ``ts``, newest telemetry by ``seq``, ``l
 maximum), taken in device-id order so two workers never deadlock on them; a deadlock or lost
 connection is retried, a batch the database refuses as data is split and the refused messages
 are counted (``unstorable``) and acknowledged, so one bad message cannot wedge the stream.
+
+**Enrollment requests are not devices.** The shared bootstrap account may announce any id, so an
+enrollment request makes (at most) an ``enrollment_requests`` row, never a device row; a device
+row comes from the device's own account (presence, telemetry…) after approval. At most
+``max_pending_enrollments`` requests wait at once: a request for a new id beyond that is
+dropped and counted (``enroll_refused``, ``edgesdk_fleet_ingest_total{kind="enroll_refused"}``);
+the device announces again at its next start, once the operator has decided on the others.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.fleet.broker_credentials import RESERVED_USERNAMES
 from edgesdk.fleet.service import bulk, schema
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
 from edgesdk.fleet.service.refusals import Refusals
@@ -51,6 +62,8 @@ log = logging.getLogger(__name__)
 _STOP = object()
 _RETRY_S = (0.05, 0.2, 1.0)  # waits between attempts of a batch before it is split
 _COUNTERS_EVERY_S = 1.0
+#: Pending enrollment requests kept at most (``fleet serve --max-pending-enrollments``).
+DEFAULT_MAX_PENDING_ENROLLMENTS = 1000
 
 #: Hands a batch's receipts back to the MQTT client once the batch is committed.
 Acknowledge = Callable[[list[Any]], None]
@@ -70,6 +83,8 @@ class IngestCounters:
     presence: int = 0
     ota_status: int = 0
     enroll_requests: int = 0
+    enroll_refused: int = 0  # new ids refused: max_pending_enrollments were waiting already
+    not_a_device: int = 0  # messages on the topic of a broker account that is not a device
     refusals_counted: int = 0  # refusals of commands this service issued to the device
     security_events: int = 0  # refusals of commands it did not (edgesdk.fleet.service.refusals)
 
@@ -92,6 +107,7 @@ class Ingest:
         batch_max: int = 1000,
         flush_s: float = 0.1,
         queue_max: int = 20000,
+        max_pending_enrollments: int = DEFAULT_MAX_PENDING_ENROLLMENTS,
     ) -> None:
         self.engine = engine
         self.namespace = namespace
@@ -100,6 +116,7 @@ class Ingest:
         self._persisted = IngestCounters()
         self._acknowledge = acknowledge or (lambda _receipts: None)
         self._batch_max = batch_max
+        self._max_pending = max_pending_enrollments
         self._flush_s = flush_s
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
         self._lock = threading.Lock()
@@ -146,6 +163,13 @@ class Ingest:
             return False
         with self._lock:
             self.counters.messages += 1
+        if parsed.name in RESERVED_USERNAMES:
+            # The bootstrap account passes the devices' ACL patterns under its own name: whatever
+            # it says there is not a device's word (nor the operator account's).
+            self._count("not_a_device")
+            log.debug("ignored %s on the topic of broker account %r (not a device)", parsed.suffix, parsed.name)
+            self._ack([receipt])
+            return True
         try:
             message: Any = self._models[parsed.suffix].model_validate_json(payload)
         except ValidationError as exc:
@@ -267,7 +291,8 @@ class Ingest:
         with Transaction(self.engine, self.store.where) as db:
             seen: dict[str, float] = {}
             for m in items:
-                seen[m.device_id] = max(seen.get(m.device_id, 0.0), m.ts.timestamp())
+                if not isinstance(m, EnrollRequest):  # anyone with the bootstrap secret may send one
+                    seen[m.device_id] = max(seen.get(m.device_id, 0.0), m.ts.timestamp())
             self._touch_devices(db, seen)
             stored_telemetry = self._insert(
                 db, self._telemetry_insert, _TELEMETRY_COLUMNS, [_telemetry_row(m) for m in telemetry]
@@ -280,8 +305,7 @@ class Ingest:
                 self._apply_presence(db, announcement)
             self._apply_telemetry(db, telemetry)
             self._apply_ota_states(db, statuses)
-            for request in requests:
-                self._enroll(db, request)
+            refused = self._enroll_all(db, requests)
         for status in statuses:  # its own transaction; a kill before it is redelivered (not acked)
             if status.command_sha256 is None:
                 self.store.record_status(status)
@@ -295,7 +319,8 @@ class Ingest:
             stored = stored_telemetry + stored_events + stored_history
             c.duplicates += len(telemetry) + len(events) + len(statuses) - stored
             c.presence += len(presence)
-            c.enroll_requests += len(requests)
+            c.enroll_requests += len(requests) - refused
+            c.enroll_refused += refused
             c.refusals_counted += counted
             c.security_events += security_events
 
@@ -311,6 +336,8 @@ class Ingest:
         """Create unknown devices and move ``last_seen`` forward, in device-id order."""
         table = schema.devices
         order = sorted(seen)
+        if not order:  # a batch of enrollment requests only: they make no device rows
+            return
         now = time.time()
         rows = [{"device_id": d, "groups": "[]", "first_seen": now, "last_seen": seen[d]} for d in order]
         if self._postgres:
@@ -423,7 +450,33 @@ class Ingest:
                 .values(ota_state=status.state, ota_deployment_id=status.deployment_id)
             )
 
-    def _enroll(self, db: Any, request: EnrollRequest) -> None:
+    def _enroll_all(self, db: Any, requests: list[EnrollRequest]) -> int:
+        """Store ``requests``; returns how many were refused because ``max_pending_enrollments``
+        requests are waiting already (a request for an id that has a row is never refused)."""
+        if not requests:
+            return 0
+        table = schema.enrollment_requests
+        pending = db.execute(sa.select(sa.func.count()).select_from(table).where(table.c.status == "pending")).scalar()
+        refused = 0
+        for request in requests:
+            if pending >= self._max_pending:
+                known = db.execute(sa.select(table.c.device_id).where(table.c.device_id == request.device_id)).first()
+                if known is None:
+                    refused += 1
+                    continue
+            if self._enroll(db, request):
+                pending += 1
+        if refused:
+            log.warning(
+                "refused %d enrollment request(s) for new device ids: %d are pending already (the limit); "
+                "approve or revoke them, or raise --max-pending-enrollments",
+                refused,
+                pending,
+            )
+        return refused
+
+    def _enroll(self, db: Any, request: EnrollRequest) -> bool:
+        """Store one request; True when it made a new (pending) row."""
         table = schema.enrollment_requests
         values = {
             "public_key": request.public_key,
@@ -435,7 +488,7 @@ class Ingest:
         }
         created = db.execute(self._enroll_insert.values(device_id=request.device_id, status="pending", **values))
         if created.rowcount == 1:
-            return
+            return True
         # Known device, another key: never written over the key on record (nor its status). The
         # shared bootstrap account may write any device's enroll topic, so a second announcement
         # can be an attacker's, sent between the operator's out-of-band check and the approval.
@@ -461,6 +514,7 @@ class Ingest:
                 request.device_id,
                 request.key_id,
             )
+        return False
 
     def _flush_counters(self, *, force: bool = False) -> None:
         now = time.monotonic()

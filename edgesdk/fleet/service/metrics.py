@@ -12,8 +12,8 @@ few tables). What is exported, and what the alert rules in ``deploy/prometheus/`
   values the devices reported over the last five minutes (reports carry percentiles, not raw samples,
   so this is the distribution of device p95s, not a fleet-wide percentile);
 * rollouts: per deployment updated in the last day, its state (1) and its devices by state;
-* the ingest's counters (messages, malformed, impersonating, duplicates) since the database
-  was created.
+* the ingest's counters (messages, malformed, impersonating, duplicates, enrollment requests
+  stored and refused, messages of accounts that are not devices) since the database was created.
 
 The page is cached for ``cache_s`` so many scrapers do not multiply the reads.
 """
@@ -217,10 +217,14 @@ class FleetMetrics:
             "malformed",
             "impersonating",
             "duplicates",
+            "unstorable",
             "telemetry",
             "events",
             "presence",
             "ota_status",
+            "enroll_requests",
+            "enroll_refused",  # new ids beyond --max-pending-enrollments
+            "not_a_device",  # on the topic of the bootstrap or operator account
         )
         page.family(
             "edgesdk_fleet_ingest_total",

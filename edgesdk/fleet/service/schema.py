@@ -241,6 +241,17 @@ operator_tokens = Table(
     Column("revoked", Float),
 )
 
+#: Dashboard sign-ins (revision 0005): the browser holds a random session id, the database its
+#: SHA-256 and the token it stands for, never the token itself; a revoked token ends its sessions.
+dashboard_sessions = Table(
+    "dashboard_sessions",
+    metadata,
+    Column("id_sha256", String(64), primary_key=True),
+    Column("token_id", String(16), nullable=False, index=True),
+    Column("created", Float, nullable=False),
+    Column("expires", Float, nullable=False, index=True),
+)
+
 #: Every write through the API, allowed or refused: who, what, when, the outcome.
 audit_log = Table(
     "audit_log",

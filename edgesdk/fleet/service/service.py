@@ -67,6 +67,12 @@ class ServiceSettings:
     workers: int = 0  # ingest worker processes; 0: ingest in this process
     share_group: str | None = DEFAULT_SHARE_GROUP  # None: plain subscriptions (one ingest only)
     instance: str | None = None  # names this process when several serve one fleet
+    # HOST:PORT of a listener serving /metrics alone, without a token (None: /metrics on the API
+    # only, with a viewer token).
+    metrics_bind: str | None = None
+    public_url: str | None = None  # where operators reach the dashboard; https: Secure cookies
+    # Pending enrollment requests kept at most; more new ids are refused (and counted).
+    max_pending_enrollments: int = 1000
 
 
 def _reachable(host: str) -> str:
@@ -120,6 +126,7 @@ class FleetService:
         self.controller: RolloutController | None = None
         self.client: Any = None
         self.api: Any = None
+        self.metrics_server: Any = None
         self._runners: dict[str, threading.Thread] = {}
         self._retry_after: dict[str, float] = {}
         self.leadership: Leadership | None = None
@@ -143,7 +150,13 @@ class FleetService:
         self.store = SqlRolloutStore(self.engine)
         self.leadership = Leadership(self.engine, self.settings.namespace)
         self.client = MqttClient(ingest_client_options(self.client_options))
-        self.ingest = Ingest(self.engine, self.settings.namespace, self.store, acknowledge=self.client.acknowledge)
+        self.ingest = Ingest(
+            self.engine,
+            self.settings.namespace,
+            self.store,
+            acknowledge=self.client.acknowledge,
+            max_pending_enrollments=self.settings.max_pending_enrollments,
+        )
         self.ingest.start()
         self.controller = RolloutController(
             self.store,
@@ -187,11 +200,19 @@ class FleetService:
                 data_dir=self.settings.data_dir,
                 registry_path=self.settings.registry_path,
                 artifacts=self.controller.chunks.path_of,
+                public_url=self.settings.public_url,
             )
             self.api = ApiServer(create_app(context), self.settings.api_bind).start()
             self.controller.artifact_base_url = (
                 self.settings.artifact_url or f"http://{_reachable(self.api.host)}:{self.api.port}/artifacts"
             )
+        if self.settings.metrics_bind is not None:
+            from edgesdk.fleet.service.api import create_metrics_app
+            from edgesdk.fleet.service.api_server import ApiServer
+
+            self.metrics_server = ApiServer(
+                create_metrics_app(self.engine), self.settings.metrics_bind, option="--metrics-listen"
+            ).start()
         return self
 
     def serve_forever(self) -> None:
@@ -271,6 +292,8 @@ class FleetService:
     def _shutdown(self) -> None:
         if self.api is not None:
             self.api.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         if self.controller is not None:
             self.controller.stop()
         for runner in self._runners.values():

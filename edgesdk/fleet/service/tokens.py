@@ -7,6 +7,11 @@ copy of the database gives no usable token. Tokens are created on the service's 
 Roles are cumulative: a viewer reads; an operator also creates, aborts and rolls back
 deployments, uploads bundles and approves enrollment; an admin also revokes devices and
 manages tokens.
+
+The dashboard never keeps a token in the browser: signing in makes a **session** — a random id
+(256 bits) in the cookie, its SHA-256 in ``dashboard_sessions`` with the token id it stands
+for and an expiry. A stolen cookie is worth one session (ended by signing out, by its expiry or
+by revoking the token), never an API token.
 """
 
 from __future__ import annotations
@@ -107,3 +112,44 @@ def revoke_token(engine: Any, token_id: str) -> None:
         done = db.execute(table.update().where(table.c.id == token_id).values(revoked=time.time())).rowcount
     if not done:
         raise UsageError(f"token {token_id!r} not found")
+
+
+#: How long a dashboard sign-in lasts.
+SESSION_TTL_S = 12 * 3600.0
+
+
+def create_session(engine: Any, token_id: str, *, ttl_s: float = SESSION_TTL_S) -> str:
+    """A new dashboard session for the token ``token_id``; returns the session id (the cookie's
+    value, shown to nobody else). Expired sessions are swept on the way."""
+    session_id = secrets.token_urlsafe(32)
+    now = time.time()
+    table = schema.dashboard_sessions
+    with Transaction(engine) as db:
+        db.execute(table.delete().where(table.c.expires < now))
+        db.execute(
+            table.insert().values(id_sha256=_digest(session_id), token_id=token_id, created=now, expires=now + ttl_s)
+        )
+    return session_id
+
+
+def session_operator(engine: Any, session_id: str) -> Operator | None:
+    """The operator of a live session: None when unknown, expired, or its token was revoked."""
+    if not session_id or len(session_id) > 100:
+        return None
+    sessions, table = schema.dashboard_sessions, schema.operator_tokens
+    with Transaction(engine) as db:
+        row = db.execute(
+            sa.select(table)
+            .join(sessions, sessions.c.token_id == table.c.id)
+            .where((sessions.c.id_sha256 == _digest(session_id)) & (sessions.c.expires > time.time()))
+        ).first()
+    if row is None or row.revoked is not None or row.role not in ROLES:
+        return None
+    return Operator(token_id=row.id, name=row.name, role=row.role)
+
+
+def end_session(engine: Any, session_id: str) -> None:
+    """Forget a session (signing out); an unknown id is a no-op."""
+    table = schema.dashboard_sessions
+    with Transaction(engine) as db:
+        db.execute(table.delete().where(table.c.id_sha256 == _digest(session_id)))
