@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -125,6 +128,12 @@ def create_app(context: ApiContext) -> FastAPI:
         status = 409 if isinstance(exc, EnrollmentError) else 503 if isinstance(exc, FleetServiceError) else 400
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    @app.exception_handler(RequestValidationError)
+    def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input, and a NaN or Infinity (Python's JSON parser
+        # reads them) cannot be written back as JSON: the 422 became a 500.
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
     # -- devices ----------------------------------------------------------------------------
 
     @app.get("/api/v1/devices", response_model=DeviceList, tags=["devices"])
@@ -134,7 +143,7 @@ def create_app(context: ApiContext) -> FastAPI:
         version: str | None = None,
         state: str | None = Query(None, description="online, offline, or an OTA state (COMMITTED, FAILED, …)"),
         limit: int = Query(1000, ge=1, le=10000),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, le=1 << 31),
         _op: tokens.Operator = Depends(who("viewer", "devices.read")),
     ) -> DeviceList:
         table = schema.devices
@@ -556,6 +565,17 @@ def _approve(context: ApiContext, row: Any, options: EnrollmentDecision) -> dict
     )
     log.warning("enrollment: %s", warning)
     return {"warnings": [warning]}
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as its text (``"nan"``, ``"inf"``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:
