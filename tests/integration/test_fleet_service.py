@@ -384,7 +384,10 @@ def test_api_upload_push_watch_rollback_and_refusals(fleet: Fleet, db_url: str, 
             time.sleep(0.5)
             committed = _call(f"{base}/devices?version={uploaded['model_version']}", tokens["viewer"])
         assert committed["total"] == 3
-        with urllib.request.urlopen(service.api_url() + "/metrics", timeout=30) as response:  # no token: a scraper
+        scrape = urllib.request.Request(
+            service.api_url() + "/metrics", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+        )
+        with urllib.request.urlopen(scrape, timeout=30) as response:  # a viewer token (or --metrics-listen)
             page = response.read().decode()
         assert f'edgesdk_fleet_rollout_info{{deployment="{deployment_id}",state="SUCCEEDED"}} 1.0' in page
         assert 'edgesdk_fleet_devices{state="online"} 3.0' in page
@@ -507,7 +510,8 @@ def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) 
             page.click("#sign-in")
             for device_id in DEVICES:  # the page reloads itself until the ingest has them
                 page.wait_for_selector(f"#device-{device_id}", timeout=90_000)
-            page.wait_for_function("document.querySelectorAll('#devices .ok').length >= 3", timeout=90_000)
+            # Locator waits, not wait_for_function: the page's CSP refuses eval, which that uses.
+            page.locator("#devices .ok").nth(2).wait_for(timeout=90_000)
             page.screenshot(path=str(images / "fleet-overview.png"), full_page=True)
 
             def start_rollout(bundle: Path, **fields: str) -> None:
@@ -524,11 +528,7 @@ def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) 
                 assert "/ui/deployments/" in page.url, page.inner_text("main")
 
             def wait_state(state: str) -> None:
-                page.wait_for_function(
-                    f"document.getElementById('rollout-state') && "
-                    f"document.getElementById('rollout-state').textContent.trim() === '{state}'",
-                    timeout=180_000,
-                )
+                page.locator(f"#rollout-state span:text-is('{state}')").wait_for(timeout=180_000)
 
             before = fleet.releases()
             good = fleet.bundle(bad=False)
@@ -539,7 +539,8 @@ def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) 
             with page.expect_navigation():
                 page.click("#rollback")
             wait_state("ROLLED_BACK")
-            page.wait_for_function("document.querySelectorAll('.wave .state .bad').length === 3", timeout=120_000)
+            page.locator(".wave .state .bad").nth(2).wait_for(timeout=120_000)
+            assert page.locator(".wave .state .bad").count() == 3
             assert fleet.releases() == before
 
             page.goto(f"{base}/ui/devices/dev-0")
@@ -549,10 +550,7 @@ def test_dashboard_in_a_real_browser(fleet: Fleet, tmp_path: Path, edgesdk_cli) 
             slow = fleet.bundle(bad=False)
             start_rollout(slow, probation_s="20", p95_ms="0.0001")  # no model is this fast: probation fails
             wait_state("ABORTED")
-            page.wait_for_function(
-                "Array.from(document.querySelectorAll('.wave .state')).some(c => c.textContent === 'ROLLED_BACK')",
-                timeout=120_000,
-            )
+            page.locator(".wave .state span:text-is('ROLLED_BACK')").first.wait_for(timeout=120_000)
             reasons = " ".join(page.locator(".wave .reason").all_inner_texts())
             assert "p95 latency" in reasons, reasons
             assert "failed in waves 0..0" in page.inner_text("#rollout-reason")
