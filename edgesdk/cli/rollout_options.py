@@ -41,6 +41,15 @@ class RolloutArgs:
     deployment_id: str | None
     expires: str
 
+    def __post_init__(self) -> None:
+        from edgesdk.schemas.messages import MAX_CHUNK_SIZE, MAX_P95_LATENCY_MS
+
+        # click reads "inf" and "nan" as floats: "not 0 < x <= max" refuses both.
+        if self.p95_ms is not None and not 0 < self.p95_ms <= MAX_P95_LATENCY_MS:
+            raise UsageError(f"bad --p95-ms {self.p95_ms:g}: expected above 0 and at most {MAX_P95_LATENCY_MS:g} ms")
+        if self.chunk_size is not None and not 0 < self.chunk_size <= MAX_CHUNK_SIZE:
+            raise UsageError(f"bad --chunk-size {self.chunk_size}: expected 1 to {MAX_CHUNK_SIZE} bytes")
+
     def device_list(self) -> list[str] | None:
         return [d.strip() for d in self.devices.split(",") if d.strip()] if self.devices is not None else None
 
@@ -59,14 +68,14 @@ class RolloutArgs:
         return list(self.artifact_urls)
 
     def plan(self) -> Any:
-        from edgesdk.fleet.rollout import RolloutPlan, parse_duration, parse_percent, parse_waves
+        from edgesdk.fleet.rollout import RolloutPlan, parse_percent, parse_waves
 
         return RolloutPlan(
             canary=parse_percent(self.canary, option="--canary"),
             waves=parse_waves(self.waves),
             max_failures=parse_percent(self.max_failures, option="--max-failures"),
-            probation_s=parse_duration(self.probation, option="--probation"),
-            wave_timeout_s=parse_duration(self.wave_timeout, option="--wave-timeout") if self.wave_timeout else None,
+            probation_s=bounded_duration(self.probation, option="--probation"),
+            wave_timeout_s=bounded_duration(self.wave_timeout, option="--wave-timeout") if self.wave_timeout else None,
             command_ttl_s=positive_duration(self.expires),
         )
 
@@ -102,6 +111,17 @@ class RolloutArgs:
             "mqtt_fallback": self.mqtt_fallback,
         }
         return {k: v for k, v in body.items() if v is not None}
+
+
+def bounded_duration(text: str, *, option: str) -> float:
+    """``--probation``, ``--wave-timeout``: a duration of at most 30 days (``MAX_PROBATION_S``)."""
+    from edgesdk.fleet.rollout import parse_duration
+    from edgesdk.schemas.messages import MAX_PROBATION_S
+
+    seconds = parse_duration(text, option=option)
+    if seconds > MAX_PROBATION_S:
+        raise UsageError(f"bad {option} {text!r}: at most {MAX_PROBATION_S / 86400:g} days")
+    return seconds
 
 
 def positive_duration(text: str) -> float:

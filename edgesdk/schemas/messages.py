@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
@@ -113,12 +113,24 @@ class Event(Schema):
     detail: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
 
-class HealthCriteria(Schema):
-    """What a new model must hold during probation, or it is rolled back."""
+#: The longest probation, and the slowest p95 latency SLO, a command may carry: far beyond real
+#: use, far below what overflows a date or a timer.
+MAX_PROBATION_S: Final = 30 * 24 * 3600.0
+MAX_P95_LATENCY_MS: Final = 3600 * 1000.0
+#: The largest chunk a rollout may ask for (devices take 1 MiB MQTT messages by default).
+MAX_CHUNK_SIZE: Final = 64 << 20
 
-    probation_s: float = Field(600.0, ge=0)
+
+class HealthCriteria(Schema):
+    """What a new model must hold during probation, or it is rolled back. Every number finite: an
+    Infinity was written into the signed command as ``null``, which no device (and no later read
+    of the stored deployment) could parse."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    probation_s: float = Field(600.0, ge=0, le=MAX_PROBATION_S, description="at most 30 days")
     max_error_rate: float = Field(0.01, ge=0, le=1)
-    p95_latency_ms: float | None = Field(None, gt=0)
+    p95_latency_ms: float | None = Field(None, gt=0, le=MAX_P95_LATENCY_MS)
     max_restarts: int = Field(2, ge=0)
     max_output_drift: float | None = Field(None, ge=0)
 

@@ -170,3 +170,48 @@ def test_fleet_abort_with_a_month_of_validity_is_one_error_line(tmp_path: Path, 
         timeout=60,
     )  # fmt: skip
     assert_one_line_error(proc, "--expires '30d'", "at most 7 days")
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        (["--probation", "40d"], "bad --probation '40d': at most 30 days"),  # was a pydantic traceback
+        (["--wave-timeout", "31d"], "bad --wave-timeout '31d'"),
+        (["--p95-ms", "inf"], "bad --p95-ms inf"),  # click reads inf and nan as floats
+        (["--p95-ms", "nan"], "bad --p95-ms nan"),
+        (["--chunk-size", "0"], "bad --chunk-size 0"),
+        (["--expires", "8d"], "bad --expires '8d': at most 7 days"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else None,
+)
+def test_fleet_push_with_an_absurd_number_is_one_error_line(
+    tmp_path: Path, edgesdk_cli, option: list[str], needle: str
+) -> None:
+    from edgesdk.bundle import package_bundle
+    from edgesdk.keys import generate_publisher_key
+    from tests.bundle_helpers import make_keys, write_convert_dir
+    from tests.conftest import assert_one_line_error
+
+    keys = make_keys(tmp_path / "keys")
+    convert = write_convert_dir(tmp_path / "convert", {"onnx-fp32": {"model.onnx": b"\0" * 256}})
+    bundle = package_bundle(
+        convert, name="digits", version="1.0.0", release=1, publisher_key=keys.publisher_key,
+        recipients=[keys.device_pub], out=tmp_path / "d.edgepkg",
+    )  # fmt: skip
+    operator_key, _ = generate_publisher_key(tmp_path / "operator")
+    proc = edgesdk_cli(
+        "fleet", "push", str(bundle), "--devices", "dev-1", *option, "--broker", "mqtt://127.0.0.1:9",
+        "--operator-key", str(operator_key), "--db", str(tmp_path / "fleet.sqlite3"), timeout=60,
+    )  # fmt: skip
+    assert_one_line_error(proc, needle)
+
+
+def test_health_criteria_numbers_are_finite_and_bounded() -> None:
+    """An Infinity in a command's health was written as ``null`` into the signed message (the
+    dashboard's form reads "inf" as a float), which no device nor later read could parse."""
+    from edgesdk.schemas.messages import MAX_PROBATION_S, HealthCriteria
+
+    for fields in ({"probation_s": math.inf}, {"probation_s": MAX_PROBATION_S + 1}, {"p95_latency_ms": math.nan}):
+        with pytest.raises(ValueError, match="probation_s|p95_latency_ms"):
+            HealthCriteria.model_validate(fields)
+    assert HealthCriteria(probation_s=MAX_PROBATION_S).probation_s == 30 * 86400

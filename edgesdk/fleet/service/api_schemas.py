@@ -12,13 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S
+from edgesdk.schemas.messages import MAX_CHUNK_SIZE, MAX_COMMAND_VALIDITY_S, MAX_P95_LATENCY_MS, MAX_PROBATION_S
 
 #: Upper bounds of the request numbers that have no natural one: generous for real use, far
 #: below what overflows a date (``issued_at + expires_s``), a timer or a 64-bit column.
-MAX_DURATION_S = 30 * 24 * 3600.0  # probation, wave timeout: a month
-MAX_P95_MS = 3600 * 1000.0  # an hour per request
-MAX_CHUNK_SIZE = 64 << 20  # devices take 1 MiB MQTT messages by default
+MAX_WAVE_TIMEOUT_S = MAX_PROBATION_S
 MAX_WAVES = 100
 
 
@@ -38,10 +36,10 @@ class DeploymentCreate(_Body):
         [0.10, 0.50, 1.00], min_length=1, max_length=MAX_WAVES, description="cumulative shares, rising, ending at 1"
     )
     max_failures: float = Field(0.05, ge=0, le=1)
-    probation_s: float = Field(600.0, ge=0, le=MAX_DURATION_S)
-    p95_ms: float | None = Field(None, gt=0, le=MAX_P95_MS, description="p95 latency SLO during probation")
+    probation_s: float = Field(600.0, ge=0, le=MAX_PROBATION_S)
+    p95_ms: float | None = Field(None, gt=0, le=MAX_P95_LATENCY_MS, description="p95 latency SLO during probation")
     max_error_rate: float = Field(0.01, ge=0, le=1)
-    wave_timeout_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
+    wave_timeout_s: float | None = Field(None, gt=0, le=MAX_WAVE_TIMEOUT_S)
     expires_s: float = Field(
         6 * 3600.0,
         ge=1,
