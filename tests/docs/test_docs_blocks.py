@@ -305,12 +305,12 @@ def document_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             # The venv first; the sbin folders last, where Debian puts mosquitto (root's PATH has them).
             env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", ""), "/usr/sbin", "/sbin"])
             env.pop("PYTHONPATH", None)
-            runs[document] = DocumentRun(document, root, {port: _free_port() for port in DOCUMENTED_PORTS}, env)
             if any(TRAINS_DIGITS.search(block.text) for block in BLOCKS[document] if block.runs):
                 # The document trains the digits CNN into digits/ itself; prepare_digits reuses
                 # a trained copy found there, so the session's copy saves the training.
                 digits = request.getfixturevalue("digits")
                 shutil.copytree(digits.directory, root / "work" / "digits")
+            runs[document] = DocumentRun(document, root, {port: _free_port() for port in DOCUMENTED_PORTS}, env)
         return runs[document]
 
     yield start  # type: ignore[misc]
