@@ -1,7 +1,7 @@
 """Bounds on a signed command's numbers (issue 37, findings 7 and 9): the device's sequence ceiling
 and validity cap (agent/ota/freshness.py), and the same cap where commands are asked for — the
 REST request models and ``--expires``. Through real processes: tests/integration/
-test_ota_command_bounds.py (agent) and test_fleet_api_fuzz.py (fleet service)."""
+test_ota_command_bounds_agent.py (agent) and test_fleet_api_fuzz.py (fleet service)."""
 
 from __future__ import annotations
 
