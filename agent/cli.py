@@ -6,6 +6,7 @@
     edge-agent status --config ...       (asks the running agent over its local API)
     edge-agent profile --config ...      (times every variant of the installed model on this device)
     edge-agent trust install --config ... trust.json   (a newer root-signed trust document)
+    edge-agent security-state seed --config ...   (once after an upgrade; to re-provision a tampered device)
 
 Every user error is one ``error: ...`` line; exit status 2 for a usage error (an unknown option,
 a missing argument or ``--config``), 1 for every other error (same as ``edgesdk``: edgesdk/cli/main.py).
@@ -212,7 +213,9 @@ def trust_install(config_path: Path | None, document: Path, no_reload: bool, as_
         raw = document.read_bytes()
     except OSError as exc:
         raise AgentError(f"trust document {str(document)!r}: {exc.strerror or exc}") from exc
-    trust_store = AgentTrust(Path(config.trust_document), Path(config.data_dir))
+    from edgesdk.agent.security_state import for_config
+
+    trust_store = AgentTrust(Path(config.trust_document), Path(config.data_dir), state=for_config(config))
     installed, changed = trust_store.install(raw, source=f"trust document {document}")
     reloaded = changed and not no_reload and _signal_running_agent(Path(config.data_dir) / PID_FILE)
     result = {"version": installed.version, "changed": changed, "path": str(trust_store.persisted)}
@@ -226,6 +229,45 @@ def trust_install(config_path: Path | None, document: Path, no_reload: bool, as_
         )
     else:
         click.echo(f"trust document version {installed.version} is already the one in force")
+
+
+@cli.group("security-state")
+def security_state() -> None:
+    """The record of trust document, release floors and command ledger (agent/security_state.py)."""
+
+
+@security_state.command("seed")
+@_config_option
+@click.option(
+    "--floor",
+    "floors",
+    multiple=True,
+    metavar="MODEL=RELEASE",
+    help="A model's release floor, where the files cannot say it (repeatable).",
+)
+@click.option("--replace-valid", is_flag=True, help="Replace a record that is present and valid.")
+def security_state_seed(config_path: Path | None, floors: tuple[str, ...], replace_valid: bool) -> None:
+    """Write the security state from the data dir's files as they are now: once after upgrading
+    from an agent without one, or to re-provision a device reported tampered with (after an
+    operator has checked its files). Needs the device key; stop the agent first."""
+    config = _load(config_path)
+    from edgesdk.agent.security_state import for_config, record_from_files
+
+    parsed: dict[str, int] = {}
+    for item in floors:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit():
+            raise AgentError(f"--floor {item!r} is not MODEL=RELEASE (e.g. --floor digits=3)")
+        parsed[name] = int(value)
+    state = for_config(config)
+    record = record_from_files(config, parsed)
+    state.seed(record, replace_valid=replace_valid)
+    floors_text = ", ".join(f"{k}={v}" for k, v in sorted(record.release_floors.items())) or "none"
+    click.echo(
+        f"seeded {state.path}: trust document "
+        + (f"version {record.trust_version}" if record.trust_version is not None else "of the image")
+        + f", release floors {floors_text}, command ledger of {len(record.ledger)} key(s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

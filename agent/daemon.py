@@ -1,7 +1,8 @@
 """The agent daemon: wires the store, the model server, the API, the governor, metrics and
 the optional MQTT link and OTA manager together, and runs them until SIGTERM.
 
-Start order: telemetry opt-outs (before any runtime import), data dir, device key, trusted
+Start order: telemetry opt-outs (before any runtime import), data dir, device key, the
+security state record (agent/security_state.py; tampered = installs and commands refused), trusted
 publishers, the installed bundle (verified again; a broken slot falls back to the last good
 one), the governor, the API (TCP port written to ``data_dir/api.port``), then the link and
 the updater. Stop order is the reverse, and in-flight requests are drained first.
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # the link, the updater, gRPC and the key types load when use
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
+    from edgesdk.agent.security_state import SecurityState
     from edgesdk.agent.trust import AgentTrust
 
 log = logging.getLogger("edgesdk.agent")
@@ -83,9 +85,13 @@ class Agent:
         # another model to that model's server, agent/model_set.py).
         self.server = self._make_server(stats)
         # One A/B store per model under data_dir/models (a single-model data dir is migrated here).
-        self.stores = ModelStores(self.data_dir)
-        self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
         self.device_key_path = self._device_key_path()
+        self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
+        # The trust floor, the release floors and the command ledger in one authenticated record
+        # (agent/security_state.py): missing or invalid on a device that ran before = tampered.
+        self.security = self._security_state()
+        self.stores = ModelStores(self.data_dir, security=self.security)
+        self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
         self.trust = self._trust()
         self.keyring = KeyFiles(
             self.device_key_path, [Path(p) for p in config.publisher_keys], unseal=config.unseal, trust=self.trust
@@ -133,7 +139,6 @@ class Agent:
         self.updates: UpdateManager | None = None  # the default model's (each model has its own)
         self._gate: Any = None  # the command gate every model's updater shares (_command_gate)
         self.started_at = time.time()
-        self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.events.subscribe(self._log_event)
@@ -203,7 +208,25 @@ class Agent:
             return None
         from edgesdk.agent.trust import AgentTrust
 
-        return AgentTrust(Path(self.config.trust_document), self.data_dir, events=self.events)
+        return AgentTrust(Path(self.config.trust_document), self.data_dir, events=self.events, state=self.security)
+
+    def _security_state(self) -> SecurityState:
+        from edgesdk.agent.security_state import SecurityState, state_key_provider
+
+        state = SecurityState(self.data_dir, state_key_provider(self.device_key_path, unseal=self.config.unseal))
+        try:
+            state.open()
+        except EdgeSDKError as exc:  # the key cannot be derived (a bad key file): fail closed, say why
+            state.problem = f"security state: {exc}"
+        if state.problem is not None:
+            self.problems.append(state.problem)
+        return state
+
+    def _report_security_state(self) -> None:
+        """A ``security_state_tampered`` event (now that the link carries events) when the record
+        was missing or invalid at start: installs, commands and trust updates are refused."""
+        if self.security.problem is not None:
+            self.events.emit("security_state_tampered", {"reason": self.security.problem})
 
     def _device_key_path(self) -> Path:
         path = self.config.device_key
@@ -531,6 +554,7 @@ class Agent:
             "link": self.link is not None,
             "updates": default.updates.status() if default is not None and default.updates is not None else None,
             "trust": self.trust.status() if self.trust is not None else None,
+            "security_state": self.security.status(),
             "measured": load_saved(self.data_dir),  # edge-agent profile's figures, if it ran
             "profiling": self.profiler.status(),  # profiling at install: running, done, failed (why)
         }
@@ -583,11 +607,12 @@ class Agent:
         """The device's one command gate (freshness, audience, sequence), shared by every model's updater."""
         if self._gate is None:
             from edgesdk.agent.ota.freshness import CommandGate, SequenceLedger
+            from edgesdk.agent.security_state import RecordLedgerStore
 
             ota_dir = self.data_dir / "ota"
             ota_dir.mkdir(exist_ok=True, mode=0o700)
             self._gate = CommandGate(
-                SequenceLedger(ota_dir / "command_sequence.json"),
+                SequenceLedger(ota_dir / "command_sequence.json", store=RecordLedgerStore(self.security)),
                 device_id=self.config.device_id,
                 groups=tuple(self.config.mqtt.groups),
                 clock_skew_s=self.config.ota.clock_skew_s,
@@ -640,6 +665,7 @@ class Agent:
             except EdgeSDKError as exc:
                 log.error("MQTT link did not start: %s (serving goes on offline)", exc)
                 self.problems.append(f"mqtt: {exc}")
+        self._report_security_state()
         self._start_trust()
         updates = self._start_updates()
         self._connect_link()
@@ -675,7 +701,9 @@ class Agent:
     def _resume_updates(self) -> None:
         for entry in self.models.entries():
             try:
-                entry.updates.resume()
+                # _updater_for, not entry.updates: the default model named by models/index.json
+                # may have got its entry only after the updaters were made (its store still empty).
+                self._updater_for(entry.name).resume()
             except EdgeSDKError as exc:
                 log.error("OTA resume of %s failed: %s", entry.name, exc)
                 self.problems.append(f"ota {entry.name}: {exc}")

@@ -34,13 +34,16 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
 from edgesdk.agent.rollback_floor import FLOOR_FILE
 from edgesdk.agent.store import BUNDLE_FILE, SLOTS, ModelStore
 
 from edgesdk.errors import AgentError, RollbackFloorUnknownError
+
+if TYPE_CHECKING:
+    from edgesdk.agent.security_state import SecurityState
 
 log = logging.getLogger("edgesdk.agent.model_stores")
 
@@ -147,8 +150,10 @@ class NamedModelStore(ModelStore):
 class ModelStores:
     """Every model's store under ``data_dir/models``; created on first use, migrated at start."""
 
-    def __init__(self, data_dir: Path, **store_options: Any) -> None:
+    def __init__(self, data_dir: Path, *, security: SecurityState | None = None, **store_options: Any) -> None:
         self.data_dir = Path(data_dir)
+        #: The device's security state: each model's floor is also kept there (fails closed as a whole).
+        self.security = security
         self.root = self.data_dir / MODELS_DIR
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.index = ModelIndex(self.root / INDEX_FILE)
@@ -170,7 +175,8 @@ class ModelStores:
         """The store of ``name`` (created empty on first use)."""
         found = self._stores.get(name)
         if found is None:
-            found = NamedModelStore(self.model_dir(name), name, self.index, **self._options)
+            recorded = self.security.release_floor(name) if self.security is not None else None
+            found = NamedModelStore(self.model_dir(name), name, self.index, recorded_floor=recorded, **self._options)
             self._stores[name] = found
         return found
 

@@ -36,6 +36,11 @@ floor at the new release with the store still uncommitted; the commit is repeate
 resume and is idempotent. A crash inside an append leaves a torn last record, which the
 checksum rejects: the previous records still hold the old floor.
 
+The agent also keeps each model's floor in the device's security state
+(:mod:`edgesdk.agent.security_state`, the ``recorded`` port): an authenticated record outside
+the model's directory, so deleting that directory, or every file above, lowers nothing; the
+floor is the larger of the record and the files.
+
 On threat model: with the file-backed counter these defend against loss and corruption (a
 bad disk, a truncated or deleted file) and against an attacker who can only offer bundles;
 someone who can rewrite every file in the data dir is out of scope until a hardware counter
@@ -221,9 +226,24 @@ class Lowering:
     evidence: bytes
 
 
+class RecordedFloor(Protocol):
+    """The model's floor as the device's security state records it
+    (:class:`edgesdk.agent.security_state.ModelFloorRecord`): authenticated and kept outside the
+    model's directory, so deleting that directory cannot lower it. ``read`` is None for a model
+    that never committed and raises :class:`~edgesdk.errors.AgentError` when the record is
+    missing or invalid (a tampered device)."""
+
+    def read(self) -> int | None: ...
+
+    def write(self, value: int) -> None: ...
+
+
 class RollbackFloor:
     """The floor of one device's data dir: :meth:`floor` to read it, :meth:`committed` when a
-    slot commits (raises it, or lowers it for a signed downgrade)."""
+    slot commits (raises it, or lowers it for a signed downgrade).
+
+    With ``recorded`` (the security state's floor of this model) the floor is the larger of the
+    record and these files, and the record alone holds it when the files are gone."""
 
     def __init__(
         self,
@@ -233,8 +253,10 @@ class RollbackFloor:
         counter: MonotonicCounter | None = None,
         bundle_file: str = "bundle.edgepkg",
         state_file: str = "store.json",
+        recorded: RecordedFloor | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.recorded = recorded
         self.records = RecordFile(self.data_dir / FLOOR_FILE)
         self.counter: MonotonicCounter = counter if counter is not None else FileCounter(self.records)
         self._slots = tuple(slots)
@@ -266,7 +288,23 @@ class RollbackFloor:
         """The lowest release this device may install; None on a device that never installed.
 
         Raises RollbackFloorUnknownError when the device has installed before but no record
-        survives to say what."""
+        survives to say what, or when the security state is missing or invalid."""
+        if self.recorded is None:
+            return self._file_floor()
+        try:
+            recorded = self.recorded.read()
+        except AgentError as exc:
+            raise RollbackFloorUnknownError(f"rollback floor cannot be established: {exc}") from exc
+        try:
+            files = self._file_floor()
+        except RollbackFloorUnknownError:
+            if recorded is None:
+                raise
+            return recorded  # the record is the authority; the files only add a crash window's commit
+        candidates = [value for value in (recorded, files) if value is not None]
+        return max(candidates) if candidates else None
+
+    def _file_floor(self) -> int | None:
         counter = self.counter.read()
         lowering = self.lowering(counter)
         candidates = [] if counter is None else [lowering.to if lowering else counter]
@@ -360,3 +398,8 @@ class RollbackFloor:
         else:
             self.counter.advance(release)
         self._slot_record(slot).replace(FloorRecord(KIND_SLOT, release))
+        if self.recorded is not None:
+            # After any commit that got here the floor is ``release`` (raised to it, or lowered to
+            # it by a signed downgrade). The files are written first: a crash in between leaves
+            # the higher of the two in force, fail closed, and the repeated commit writes it.
+            self.recorded.write(release)

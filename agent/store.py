@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
-from edgesdk.agent.rollback_floor import MonotonicCounter, RollbackFloor
+from edgesdk.agent.rollback_floor import MonotonicCounter, RecordedFloor, RollbackFloor
 
 from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
 from edgesdk.hashing import sha256_file
@@ -80,6 +80,7 @@ class ModelStore:
         verify: Callable[..., Any] | None = None,
         verify_installed: Callable[..., Any] | None = None,
         counter: MonotonicCounter | None = None,
+        recorded_floor: RecordedFloor | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.slots_dir = self.data_dir / "slots"
@@ -92,7 +93,10 @@ class ModelStore:
             (self.slots_dir / slot).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._state = self._read_state()
         #: The anti-rollback floor; ``counter`` replaces its file-backed monotonic counter.
-        self.floor = RollbackFloor(self.data_dir, SLOTS, counter=counter, bundle_file=BUNDLE_FILE)
+        #: ``recorded_floor`` is the floor in the device's security state, which the files cannot lower.
+        self.floor = RollbackFloor(
+            self.data_dir, SLOTS, counter=counter, bundle_file=BUNDLE_FILE, recorded=recorded_floor
+        )
         #: What the last ``load_active`` found: slot used, problems met, whether it fell back.
         self.load_report: dict[str, Any] = {}
 

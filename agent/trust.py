@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from edgesdk.agent.fsutil import atomic_write_bytes
 from edgesdk.agent.ports import EventSink
 
-from edgesdk.errors import TrustError
+from edgesdk.errors import AgentError, TrustError
 from edgesdk.schemas.trust import TrustDocument
 from edgesdk.trust.document import (
     document_bytes,
@@ -39,6 +39,7 @@ from edgesdk.trust.document import (
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from edgesdk.agent.security_state import SecurityState
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,20 @@ PERSISTED_NAME = "trust.json"
 class AgentTrust:
     """The trusted document of one agent, and the way to replace it."""
 
-    def __init__(self, shipped: Path, data_dir: Path, *, events: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        shipped: Path,
+        data_dir: Path,
+        *,
+        events: EventSink | None = None,
+        state: SecurityState | None = None,
+    ) -> None:
         self.shipped = Path(shipped)
         self.persisted = Path(data_dir) / PERSISTED_NAME
         self.events = events
+        #: The device's security state: with it, the installed document is the one the record
+        #: holds and ``trust.json`` only its copy (deleting or replacing the file changes nothing).
+        self.state = state
         self._lock = threading.RLock()
         self._document: TrustDocument | None = None
         self._verified = False
@@ -60,13 +71,49 @@ class AgentTrust:
     @property
     def path(self) -> Path:
         """The file in force: the installed one once there is one, else the shipped one."""
+        if self.state is not None:
+            try:
+                return self.persisted if self._recorded(self.state) is not None else self.shipped
+            except TrustError:
+                pass  # tampered: installs and updates are refused elsewhere; report the file as before
         return self.persisted if self.persisted.exists() else self.shipped
+
+    def _recorded(self, state: SecurityState) -> bytes | None:
+        """The installed document the security state holds (its copy in ``trust.json`` restored
+        when deleted or changed); None while the shipped one is in force. TrustError when the
+        security state is missing or invalid."""
+        try:
+            text = state.read().trust_document
+        except AgentError as exc:
+            raise TrustError(f"trust document in force unknown: {exc}") from exc
+        if text is None:
+            return None
+        raw = text.encode()
+        try:
+            if self.persisted.read_bytes() == raw:
+                return raw
+        except OSError:
+            pass
+        log.warning("%s was deleted or changed: restored from the security state", self.persisted)
+        try:
+            atomic_write_bytes(self.persisted, raw, mode=0o644)
+        except OSError as exc:
+            raise TrustError(f"cannot restore trust document {self.persisted}: {exc.strerror or exc}") from exc
+        return raw
 
     def document(self) -> TrustDocument:
         """The document in force, read (not verified) on first use."""
         with self._lock:
             if self._document is None:
-                self._document = load_document(self.path)
+                if self.state is None:
+                    self._document = load_document(self.path)
+                else:
+                    raw = self._recorded(self.state)
+                    self._document = (
+                        load_document(self.shipped)
+                        if raw is None
+                        else parse_document(raw, source=f"trust document in {self.state.path}")
+                    )
                 self._verified = False
             return self._document
 
@@ -111,6 +158,15 @@ class AgentTrust:
             if new == current:
                 return current, False
             verify_update(current, new)
+            if self.state is not None:
+                # The record first: from then on it is the document in force; the file is its copy.
+                text = document_bytes(new).decode()
+                try:
+                    self.state.update(
+                        lambda record: record.model_copy(update={"trust_document": text, "trust_version": new.version})
+                    )
+                except AgentError as exc:
+                    raise TrustError(f"trust document version {new.version} refused: {exc}") from exc
             try:
                 atomic_write_bytes(self.persisted, document_bytes(new), mode=0o644)
             except OSError as exc:

@@ -327,6 +327,15 @@ class Unsealer:
             raise AgentError("the unseal helper answered public_key without a 32-byte key")
         return parts[0]
 
+    def state_key(self) -> bytes:
+        """The key that authenticates the security state record, derived from the device key in
+        the helper (:func:`edgesdk.agent.security_state.derive_state_key`): the daemon gets the
+        derived key, never the device key."""
+        answer, parts = self._ask({"op": "state_key", "device_key": self.device_key})
+        if len(parts) != 1 or len(parts[0]) != 32:
+            raise AgentError("the unseal helper answered state_key without a 32-byte key")
+        return parts[0]
+
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
@@ -358,6 +367,8 @@ class _Helper:
             return self.decrypt(request)
         if op == "golden":
             return self.golden(request)
+        if op == "state_key":
+            return self.state_key(request)
         if op == "public_key":
             return self.public_key(request)
         raise AgentError(f"unknown request {op!r}")
@@ -432,6 +443,13 @@ class _Helper:
 
         key = load_device_private_key(request["device_key"])
         return {"ok": True}, [key.public_key().public_bytes_raw()]
+
+    def state_key(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[bytes | memoryview]]:
+        from edgesdk.agent.security_state import derive_state_key
+
+        from edgesdk.keys import load_device_private_key
+
+        return {"ok": True}, [derive_state_key(load_device_private_key(request["device_key"]).private_bytes_raw())]
 
 
 def main() -> int:

@@ -32,6 +32,7 @@
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
     │   ├── MemoryBudgetError      (agent/memory_budget.py) an install would not fit in the model memory budget
     │   ├── BatchAbandonedError    (agent/batching.py) a request's batch ended without running
+    │   ├── SecurityStateError     (agent/security_state.py) the device's security record is missing or invalid: tampered
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
     │   ├── BudgetRefused          (agent/api/budget.py) a request over its size cap (413) or the memory budget (503)

@@ -93,6 +93,11 @@ class Collector:
                     continue
         return out
 
+    def clear(self) -> None:
+        """Forget what was received (a test that restarts the agent waits for the new presence)."""
+        with self._lock:
+            self.messages.clear()
+
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from edgesdk.agent.ota.record import write_atomically
 
-from edgesdk.errors import UpdateError
+from edgesdk.errors import AgentError, UpdateError
 from edgesdk.schemas.messages import MAX_COMMAND_VALIDITY_S, Deployment
 
 log = logging.getLogger(__name__)
@@ -85,20 +85,37 @@ class _Accepted:
     digest: str  # sha256 of the signature: identifies the exact command (Ed25519 is deterministic)
 
 
-class SequenceLedger:
-    """The last accepted sequence per signing key, in one atomically replaced JSON file.
+class LedgerStore(Protocol):
+    """Where the ledger lives when not in its own file: the device's security state record
+    (:class:`edgesdk.agent.security_state.RecordLedgerStore`). ``load`` raises
+    :class:`~edgesdk.errors.AgentError` when the record is missing or invalid (tampered)."""
 
-    A file that exists but cannot be read fails closed: every command is refused (as a replay
+    def load(self) -> dict[str, tuple[int, str]]: ...
+
+    def save(self, entries: dict[str, tuple[int, str]]) -> None: ...
+
+
+class SequenceLedger:
+    """The last accepted sequence per signing key, in one atomically replaced JSON file, or in
+    ``store`` (the agent's authenticated security state, so deleting a file cannot reopen it).
+
+    A ledger that exists but cannot be read fails closed: every command is refused (as a replay
     of an unknown window) until an operator looks — starting from zero would reopen every
     command ever captured."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, store: LedgerStore | None = None) -> None:
         self.path = path
+        self.store = store
         self._lock = threading.Lock()
         self._entries: dict[str, _Accepted] | None = None
         self._error: str | None = None
 
     def _load(self) -> dict[str, _Accepted]:
+        if self.store is not None:  # read each time: the record is the authority, never a cache
+            try:
+                return {key: _Accepted(seq, digest) for key, (seq, digest) in self.store.load().items()}
+            except AgentError as exc:
+                raise CommandRefused("replay", f"command ledger: {exc}") from exc
         if self._entries is not None:
             return self._entries
         try:
@@ -138,6 +155,9 @@ class SequenceLedger:
                     f"from key {issuer}",
                 )
             updated = {**entries, issuer: _Accepted(sequence, digest)}
+            if self.store is not None:
+                self.store.save({key: (e.sequence, e.digest) for key, e in updated.items()})
+                return Admission.ACT
             document = {
                 "issuers": {key: {"sequence": e.sequence, "digest": e.digest} for key, e in sorted(updated.items())}
             }

@@ -323,6 +323,41 @@ def test_replayed_stale_and_misaddressed_commands_are_refused(tmp_path: Path, bu
         operator.close()
 
 
+def test_replay_after_deleting_the_ledger_and_the_ota_state_is_refused(
+    tmp_path: Path, bundles: OtaBundles, mqtt_broker
+) -> None:
+    """Issue 37, finding 5: with the agent stopped, delete the command ledger and the model's
+    update record, restart, replay a rolled-back deployment inside its validity: it committed
+    again. The ledger lives in the security state record now, which those deletions leave."""
+    device = make_device(tmp_path / "device", bundles, mqtt_broker.url)
+    operator = Operator(tmp_path, bundles, mqtt_broker.url)
+    sent = Collector(mqtt_broker.url, "edgesdk/devices/+/ota/+", client_id="attacker-tap")
+    agent = AgentProcess(device).start()
+    try:
+        install_a = operator.push(bundles.v2, HealthCriteria(probation_s=0.5))
+        operator.thread.join(180)
+        assert operator.device_row(install_a).state == "COMMITTED"
+        operator.ctl.rollback(install_a)
+        assert operator.ctl.wait_for_states(install_a, {"ROLLED_BACK"}, 60), operator.device_row(install_a)
+        captured = next(
+            c for c in sent.json("ota/deployment") if c["deployment_id"] == install_a and c["action"] == "install"
+        )
+        agent.stop()
+        (device.data_dir / "ota" / "command_sequence.json").unlink(missing_ok=True)  # where it was kept before
+        (device.model_dir() / "ota" / "state.json").unlink()
+        agent = AgentProcess(device).start()
+        assert api_get(agent, "/v1/status")["model"]["release"] == 1
+        mark = len(sent.json("ota/status"))
+        operator.client.publish("edgesdk/devices/dev-1/ota/deployment", json.dumps(captured).encode(), qos=1)
+        refusal = _refusal(sent, install_a, "replay", after=mark)
+        assert "not above the last accepted" in refusal["reason"], refusal
+        assert api_get(agent, "/v1/status")["model"]["release"] == 1
+    finally:
+        agent.stop()
+        sent.stop()
+        operator.close()
+
+
 def test_disk_full_mid_download_leaves_the_machine_idle_and_the_next_deployment_installs(
     tmp_path: Path, bundles: OtaBundles, mqtt_broker
 ) -> None:

@@ -5,6 +5,8 @@ signed downgrade for the device's floor that has not expired."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -17,6 +19,9 @@ from tests.conftest import assert_one_line_error
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
+
+
+FILES_OF_A_SLOT = ("committed", "bundle.edgepkg")
 
 
 @pytest.fixture(scope="module")
@@ -98,19 +103,55 @@ def test_floor_file_deleted_the_slots_still_hold_the_floor(device_on_release_2) 
     assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
 
 
-def test_every_record_gone_but_slots_present_installs_are_refused_and_reported(
+def test_every_record_in_the_model_dir_gone_the_security_state_still_holds_the_floor(
     device_on_release_2, convert_dir
 ) -> None:
     device, old = device_on_release_2
     for lost in ("rollback_floor", "store.json", "slots/a/committed", "slots/b/committed"):
         (device.model_dir() / lost).unlink()
-    # Not reset to "no floor": even a newer release is refused, since nothing says what is safe.
+    # The device's security state (agent/security_state.py) still says 2: older is refused,
+    # newer installs.
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+    installed(device, device.bundle(convert_dir, version="3.0.0", release=3))
+
+
+@pytest.mark.parametrize("lost", ["models", "index, records and bundles"])
+def test_models_dir_deleted_an_older_release_is_still_refused(device_on_release_2, convert_dir, lost) -> None:
+    """Issue 37, finding 8: ``rm -rf data/models`` (or the records, the bundles and index.json)
+    let release 1 install over a newer one; the floor is in the security state now."""
+    device, old = device_on_release_2
+    if lost == "models":
+        shutil.rmtree(device.data_dir / "models")
+    else:
+        (device.data_dir / "models" / "index.json").unlink()
+        for record in ("rollback_floor", "store.json", *(f"slots/{s}/{f}" for s in "ab" for f in FILES_OF_A_SLOT)):
+            (device.model_dir() / record).unlink(missing_ok=True)
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+
+
+@pytest.mark.parametrize("damage", ["deleted", "edited"])
+def test_security_state_deleted_or_edited_installs_are_refused_and_reported(
+    device_on_release_2, convert_dir, damage
+) -> None:
+    """The record deleted (the model's files kept), or its floor edited without the device key
+    (the model's files gone): the device is tampered with, every install is refused, even a
+    newer release, and /v1/status says why."""
+    device, old = device_on_release_2
+    state = device.data_dir / "security_state.json"
+    if damage == "deleted":
+        state.unlink()
+    else:
+        shutil.rmtree(device.data_dir / "models")
+        document = json.loads(state.read_text())
+        document["record"]["release_floors"]["digits"] = 0
+        state.write_text(json.dumps(document))
     newer = device.bundle(convert_dir, version="3.0.0", release=3)
     for bundle in (old, newer):
-        assert_one_line_error(install(device, bundle), "rollback floor cannot be established")
+        assert_refused(install(device, bundle), "edge-agent security-state seed")
     with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
-        problems = client.get("/v1/status").json()["problems"]
-    assert any(p.startswith("rollback floor: rollback floor cannot be established") for p in problems), problems
+        status = client.get("/v1/status").json()
+    assert status["security_state"]["tampered"] is True, status["security_state"]
+    assert any(p.startswith("security state") for p in status["problems"]), status["problems"]
 
 
 def test_downgrade_outside_its_range_is_refused(device_on_release_2, convert_dir) -> None:
@@ -142,3 +183,22 @@ def test_downgrade_in_range_installs_and_the_next_normal_update_works(device_on_
     with AgentProcess(device) as agent, httpx.Client(base_url=agent.url) as client:
         status = client.get("/v1/status").json()
     assert status["model"]["release"] == 4 and not status["problems"], status
+
+
+def test_seed_writes_the_record_from_the_files_once(device_on_release_2, convert_dir) -> None:
+    """A data dir from an agent without a security state (or a tampered device, once an operator
+    checked its files) is seeded with ``edge-agent security-state seed``: the floor comes from the
+    files; a valid record is never replaced silently; a bad --floor is one error line."""
+    device, old = device_on_release_2
+    (device.data_dir / "security_state.json").unlink()
+    assert_refused(install(device, old), "edge-agent security-state seed")
+    proc = run_agent_cli("security-state", "seed", "--config", str(device.config))
+    assert proc.returncode == 0 and "release floors digits=2" in proc.stdout, proc.stderr
+    again = run_agent_cli("security-state", "seed", "--config", str(device.config))
+    assert_one_line_error(again, "is present and valid; nothing to seed")
+    bad = run_agent_cli(
+        "security-state", "seed", "--config", str(device.config), "--floor", "digits", "--replace-valid"
+    )
+    assert_one_line_error(bad, "--floor 'digits' is not MODEL=RELEASE")
+    assert_one_line_error(install(device, old), "release 1 is below this device's rollback floor 2")
+    installed(device, device.bundle(convert_dir, version="3.0.0", release=3))

@@ -217,6 +217,48 @@ def test_revoked_publisher_key_is_refused_after_a_new_trust_document_over_mqtt(
         assert status(agent)["model"]["release"] == 1
 
 
+def test_deleting_trust_json_does_not_bring_back_a_revoked_publisher_key(tmp_path, bundles, mqtt_broker, fleet) -> None:
+    """Issue 37, finding 2: with the agent stopped, ``rm data/trust.json`` made the image's first
+    document the one in force again, and a bundle signed by the publisher key revoked since then
+    installed and committed. The installed document lives in the security state record now:
+    the file is restored from it. With the record deleted too, the device is tampered with and
+    refuses the command."""
+    shipped = write_document(document(bundles, 1), tmp_path / "trust.json")
+    device = make_device(tmp_path / "dev", bundles, mqtt_broker.url, shipped)
+    revoking = write_document(document(bundles, 2, publisher=bundles.extra["new_publisher_pub"]), tmp_path / "v2.json")
+    proc = run_agent_cli("trust", "install", "--config", str(device.config), "--no-reload", str(revoking))
+    assert proc.returncode == 0, proc.stderr
+    (device.data_dir / "trust.json").unlink()
+    with AgentProcess(device) as agent:
+        assert status(agent)["trust"]["version"] == 2
+        fleet.online()
+        refused = fleet.final_status(fleet.rollout(bundles.v2, bundles.operator_key))
+        old_id = key_id(load_publisher_public_key(bundles.keys.publisher_pub))
+        assert refused["state"] == "FAILED" and f"unknown publisher key {old_id}" in refused["reason"], refused
+        assert status(agent)["model"] is None  # v1 was signed by the revoked key too
+    assert json.loads((device.data_dir / "trust.json").read_text())["version"] == 2  # restored
+    (device.data_dir / "trust.json").unlink()
+    (device.data_dir / "security_state.json").unlink()
+    fleet.watch.clear()
+    with AgentProcess(device) as agent:
+        now = status(agent)
+        assert now["security_state"]["tampered"] is True, now["security_state"]
+        assert "security state" in fleet.event("security_state_tampered")["detail"]["reason"]
+        fleet.online()
+        deployment_id = fleet.rollout(bundles.v2, bundles.operator_key)
+
+        def refusals() -> list[dict]:
+            return [
+                e
+                for e in fleet.watch.json("events")
+                if e.get("event") == "ota_refused" and "security state" in json.dumps(e.get("detail"))
+            ]
+
+        assert fleet.watch.wait_for(lambda: bool(refusals()), 60), agent.log()[-3000:]
+        assert deployment_id in json.dumps(refusals()[0])
+        assert not [s for s in fleet.watch.json("ota/status") if s.get("state") == "COMMITTED"]
+
+
 @pytest.mark.parametrize("attack", ["rollback", "foreign-root"])
 def test_trust_document_rollback_or_foreign_root_is_refused(tmp_path, bundles, mqtt_broker, fleet, attack) -> None:
     shipped = write_document(document(bundles, 1), tmp_path / "trust.json")
