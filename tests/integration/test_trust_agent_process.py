@@ -295,8 +295,11 @@ def test_expired_trust_document_is_reported_and_refuses_new_content(tmp_path, bu
         assert fleet.event("trust_expired")["detail"]["version"] == 1
         fleet.online()
         fleet.deploy(make_deployment(bundles.v2, "while-expired", bundles.operator_key, chunk_size=32 * 1024))
-        refused = fleet.final_status("while-expired")
-        assert refused["state"] == "FAILED" and "expired" in refused["reason"], refused
+        # While its trust document has expired the device cannot verify any command, so the
+        # message proves no sender: no status for its deployment id, an ota_refused event saying why.
+        refused = fleet.event("ota_refused")["detail"]
+        assert refused["deployment_id"] == "while-expired" and "expired" in refused["reason"], refused
+        assert not [s for s in fleet.watch.json("ota/status") if s.get("deployment_id") == "while-expired"]
     proc = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundles.v2))
     assert proc.returncode == 1 and "expired" in proc.stderr
 
