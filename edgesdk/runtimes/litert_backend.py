@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -54,25 +53,43 @@ _FD2_LOCK = threading.Lock()  # two loads at once must not swap fd 2 under each 
 @contextlib.contextmanager
 def _without_chatter() -> Iterator[None]:
     """Catch fd 2 for the block and write back every line but :data:`_CHATTER`: LiteRT's real
-    errors, and whatever other threads logged meanwhile, still reach stderr (just after the block)."""
-    with _FD2_LOCK, tempfile.TemporaryFile() as caught:
+    errors, and whatever other threads logged meanwhile, still reach stderr (just after the block).
+
+    fd 2 goes to a pipe drained by a thread, not to a temporary file: a model is being loaded, and
+    nothing on that path may write a file (tests/integration/test_bundle_in_memory.py traces it)."""
+    with _FD2_LOCK:
         sys.stderr.flush()
         try:
             saved = os.dup(2)
         except OSError:  # no fd 2 at all (a daemon started with it closed): nothing to keep clean
             yield
             return
-        os.dup2(caught.fileno(), 2)
+        read_end, write_end = os.pipe()
+        caught: list[bytes] = []
+        drain = threading.Thread(target=_drain, args=(read_end, caught), name="litert-stderr", daemon=True)
+        drain.start()
+        os.dup2(write_end, 2)
+        os.close(write_end)
         try:
             yield
         finally:
             sys.stderr.flush()
-            os.dup2(saved, 2)
+            os.dup2(saved, 2)  # closes the pipe's last write end: the drain reads to its end
             os.close(saved)
-            caught.seek(0)
-            kept = b"".join(line for line in caught if line.rstrip(b"\r\n") not in _CHATTER)
+            drain.join(timeout=5.0)  # a child that inherited fd 2 could hold the pipe open
+            lines = b"".join(caught).splitlines(keepends=True)
+            kept = b"".join(line for line in lines if line.rstrip(b"\r\n") not in _CHATTER)
             while kept:
                 kept = kept[os.write(2, kept) :]
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    """Read ``fd`` to its end into ``into``, then close it."""
+    try:
+        while chunk := os.read(fd, 65536):
+            into.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:

@@ -297,7 +297,10 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         device_env = {**offline_env(), "HOME": str(work / "home")}
         shown = subprocess.run([str(wrapper), "key"], capture_output=True, text=True, env=device_env, timeout=60)
         assert shown.returncode == 0, shown.stderr
-        assert shown.stdout.strip() == (data_dir / "device.pub").read_text().strip()
+        # What the operator compares at approval: the full key id, then the public key itself.
+        assert (
+            shown.stdout.strip() == f"key id: {key_id(device_public)}\n" + (data_dir / "device.pub").read_text().strip()
+        )
         sideload = subprocess.run(
             [str(wrapper), "install", str(bundle)], capture_output=True, text=True, env=device_env, timeout=120
         )
