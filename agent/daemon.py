@@ -516,16 +516,21 @@ class Agent:
     def _follow_measured_ladder(self, figures: Any) -> None:
         """After profiling at install: load the model again when the measured ladder drops a step
         it loaded (the swap is atomic; the model loaded now serves until the new load is in)."""
-        model = self.server.model
         entry = self.models.default_entry()
-        if model is None or entry is None or (model.name, model.release) != (figures.model, figures.release):
+        if entry is None:
             return
-        if not entry.store.committed:
-            return
-        dropped = [v.id for v in model.ladder if v.id not in figures.speed_ladder]
-        if dropped:
-            log.info("measured here: %s not a speed step; loading the model with the measured ladder", dropped)
-            self._open_installed([entry])
+        # Profiling ends at a time of its own: an update of the same model may have started, and
+        # reloading the committed slot then would serve it over the new one in probation.
+        with self._updater_for(entry.name).holding_off_updates() as idle:
+            model = self.server.model
+            if not idle or model is None or (model.name, model.release) != (figures.model, figures.release):
+                return
+            if not entry.store.committed:
+                return
+            dropped = [v.id for v in model.ladder if v.id not in figures.speed_ladder]
+            if dropped:
+                log.info("measured here: %s not a speed step; loading the model with the measured ladder", dropped)
+                self._open_installed([entry])
 
     # -- status -------------------------------------------------------------------------------------
 

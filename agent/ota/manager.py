@@ -8,13 +8,14 @@ machine, so the link and the API never block on an update and two updates never 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -212,6 +213,16 @@ class UpdateManager:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no update work is queued or running (tests, install_local)."""
         return self._idle.wait(timeout)
+
+    @contextlib.contextmanager
+    def holding_off_updates(self) -> Iterator[bool]:
+        """Hold off new updates of this model for the block; yields whether none is running now.
+
+        For work that must not interleave with an update: a reload of the committed model that
+        found an update idle must not serve that model over one activated meanwhile. A deployment
+        that arrives during the block waits for it (its handler takes the same lock)."""
+        with self._lock:
+            yield not self.machine.busy and self._idle.is_set()
 
     @property
     def state(self) -> UpdateState:
