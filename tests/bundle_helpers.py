@@ -111,6 +111,25 @@ def write_convert_dir(
     return out
 
 
+def placeholder_bundle(root: Path, keys: KeySet) -> Path:
+    """A signed, encrypted digits 1.0.0 bundle whose model is random bytes, for tests of a service
+    that stores and offers bundles but never runs their model."""
+    import os
+
+    from edgesdk.bundle import package_bundle
+
+    convert = write_convert_dir(root / "convert", {"onnx-fp32": {"model.onnx": os.urandom(2048)}})
+    return package_bundle(
+        convert,
+        name="digits",
+        version="1.0.0",
+        release=1,
+        publisher_key=keys.publisher_key,
+        recipients=[keys.device_pub],
+        out=root / "digits.edgepkg",
+    )
+
+
 def _quantize_int8(fp32: Path, out: Path, calibration: np.ndarray) -> None:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 

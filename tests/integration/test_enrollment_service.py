@@ -191,20 +191,10 @@ def test_approval_through_the_service_is_bound_to_the_key_the_device_shows(mqtt_
 
 
 def test_the_service_writes_under_the_directory_of_its_sqlite_db_not_home(mqtt_broker, tmp_path: Path) -> None:
-    from edgesdk.bundle import package_bundle
-    from tests.bundle_helpers import make_keys, write_convert_dir
+    from tests.bundle_helpers import make_keys, placeholder_bundle
 
     keys = make_keys(tmp_path / "keys")
-    convert = write_convert_dir(tmp_path / "convert", {"fp32": {"model.onnx": b"not a real model" * 8}})
-    bundle = package_bundle(
-        convert,
-        name="digits",
-        version="1.0.0",
-        release=1,
-        publisher_key=keys.publisher_key,
-        recipients=[keys.device_pub],
-        out=tmp_path / "digits.edgepkg",
-    )
+    bundle = placeholder_bundle(tmp_path, keys)
     db_dir = tmp_path / "elsewhere"
     db_url = f"sqlite:///{db_dir / 'fleet.sqlite3'}"
     serve = Serve(tmp_path / "svc", mqtt_broker.url, keys.publisher_key, "--db", db_url)  # no --data-dir

@@ -14,7 +14,6 @@ mosquitto, with real operator and admin tokens:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
@@ -35,7 +34,7 @@ pytest.importorskip("fastapi", reason="needs the fleet-service extra")
 pytest.importorskip("paho.mqtt", reason="needs the agent extra (paho-mqtt)")
 
 from edgesdk.mqtt.broker import MosquittoBroker, find_mosquitto  # noqa: E402
-from tests.bundle_helpers import make_keys, write_convert_dir  # noqa: E402
+from tests.bundle_helpers import make_keys, placeholder_bundle  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -86,7 +85,6 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     if find_mosquitto() is None:
         pytest.skip("mosquitto is not installed (apt-get install mosquitto; scripts/test installs it)")
-    from edgesdk.bundle import package_bundle
     from edgesdk.keys import generate_publisher_key
 
     root = tmp_path_factory.mktemp("fleet-api-fuzz")
@@ -118,17 +116,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
                 time.sleep(0.2)
         # A real bundle in the service, so a rollout request gets past "bundle not found" to the
         # numbers (random model bytes: the service never runs the model).
-        keys = make_keys(root / "keys")
-        convert = write_convert_dir(root / "convert", {"onnx-fp32": {"model.onnx": os.urandom(2048)}})
-        bundle = package_bundle(
-            convert,
-            name="digits",
-            version="1.0.0",
-            release=1,
-            publisher_key=keys.publisher_key,
-            recipients=[keys.device_pub],
-            out=root / "digits.edgepkg",
-        )
+        bundle = placeholder_bundle(root, make_keys(root / "keys"))
         probe = Service(url, tokens, "", log)
         status, uploaded = probe.call("POST", "/api/v1/bundles?filename=digits.edgepkg", raw=bundle.read_bytes())
         assert status == 201, uploaded
