@@ -53,6 +53,12 @@ class QueueForwarder:
         def on_connected(session_present: bool) -> None:
             if previous is not None:
                 previous(session_present)
+            if self._inflight:
+                # paho resends the in-flight messages only after this callback returns; a pump
+                # now would put newer rows on the wire ahead of them (seen: seq 5 arriving after
+                # 6..55 across a broker restart). Their PUBACKs refill the window in order.
+                self.client.request_tick()
+                return
             self._pump_now()
 
         return on_connected
