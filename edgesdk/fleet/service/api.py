@@ -70,6 +70,9 @@ class ApiContext:
     artifacts: Callable[[str], Path | None] | None = None
     #: Where operators reach the dashboard (``--public-url``); https makes its cookies ``Secure``.
     public_url: str | None = None
+    #: The service's broker connection (``FleetService.broker_status``): ``/healthz``, the
+    #: dashboard's banner and its "unknown since" presence read it; None: not known (no banner).
+    broker_status: Callable[[], Any] | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
