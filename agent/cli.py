@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from edgesdk._version import __version__
-from edgesdk.cli.main import run_cli
+from edgesdk.console import run_cli
 from edgesdk.errors import AgentError
 
 CONFIG_ENV = "EDGESDK_AGENT_CONFIG"

@@ -112,7 +112,7 @@ def faulty_agent_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from edgesdk.cli.main import run_cli
+    from edgesdk.console import run_cli
 
     sys.exit(run_cli(run, argv, prog_name="faulty-agent"))
 

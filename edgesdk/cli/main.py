@@ -5,23 +5,22 @@ so ``edgesdk profiles list`` never imports torch or a runtime. Every error a use
 cause ends as one line on stderr and a non-zero exit; tracebacks are for bugs only
 (set ``EDGESDK_DEBUG=1`` to see the chained cause of an error).
 
-Exit status, for ``edgesdk`` and ``edge-agent`` alike (both run through :func:`run_cli`):
-0 success; 2 a usage error (an unknown command or option, a missing or malformed argument:
-the command line itself is wrong, as click and most Unix tools mean it); 1 every other error
-(a missing file, an unknown profile, a failed check); 130 interrupted (Ctrl-C).
+Exit status, for ``edgesdk`` and ``edge-agent`` alike: see :mod:`edgesdk.console`
+(``run_cli``, shared with the device's command).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
 
 import click
 
 from edgesdk._version import __version__
-from edgesdk.errors import EdgeSDKError
+from edgesdk.console import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, run_cli
+
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "cli", "main", "run_cli"]
 
 # Grouped by user: everyone, embedded developers, fleet operators, newcomers.
 COMMANDS: dict[str, str] = {
@@ -36,10 +35,6 @@ COMMANDS: dict[str, str] = {
     "package": "edgesdk.cli.package_cmd:package",
     "bundle": "edgesdk.cli.bundle_cmd:bundle",
 }
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 class LazyGroup(click.Group):
@@ -88,35 +83,6 @@ def cli(ctx: click.Context, profiles_dirs: tuple[str, ...]) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["profiles_dirs"] = list(profiles_dirs)
-
-
-def run_cli(command: click.Command, argv: list[str] | None = None, prog_name: str | None = None) -> int:
-    """Run a click command; turn every expected error into one line and an exit code."""
-    try:
-        command.main(args=argv, prog_name=prog_name, standalone_mode=False)
-    except EdgeSDKError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if os.environ.get("EDGESDK_DEBUG"):
-            raise
-        return EXIT_ERROR
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.Abort:
-        click.echo("error: aborted", err=True)
-        return EXIT_INTERRUPTED
-    except click.exceptions.NoArgsIsHelpError as exc:
-        # A group run without its subcommand: the help is the answer, not an "error: Usage: ..." block.
-        click.echo(exc.format_message(), err=True)
-        return EXIT_USAGE
-    except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        return EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_ERROR
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
