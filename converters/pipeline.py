@@ -255,6 +255,9 @@ class _Run:
         """
         if planned.converter not in CONVERTERS:
             return None, ""  # --as-is: nothing to repair
+        if self.source.kind not in ("onnx", "pytorch"):
+            # The sensitivity ranking and the kept-float layers are read from an ONNX graph.
+            return None, f"not repaired: repair reads an ONNX graph and this source is a {self.source.kind} file"
         from edgesdk.converters.sensitivity import block_rounds
 
         if not repairable(planned.converter, method):
@@ -290,6 +293,15 @@ class _Run:
         if not tried:
             return None, ""
         return None, f"repair kept layers in float ({'; '.join(tried)}) without reaching the gate"
+
+    def build_or_reject(self, planned: PlannedVariant) -> _Built | None:
+        """:meth:`build_variant`, with any failure of this variant (a converter's or a runtime's
+        exception of any type) rejecting it in one line: the other variants still ship."""
+        try:
+            return self.build_variant(planned)
+        except Exception as exc:  # noqa: BLE001 - toolchains raise anything; one variant must not lose the rest
+            self._reject(planned, f"failed: {type(exc).__name__}: {one_line(str(exc))}")
+            return None
 
     def build_variant(self, planned: PlannedVariant) -> _Built | None:
         """Build every method of the plan entry, repair misses, and keep the fastest that holds the gate."""
@@ -536,7 +548,7 @@ def convert(
         run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
         run.decisions = decisions + plan.decisions
         run.rejected = list(plan.rejected)
-        built = [b for b in (run.build_variant(p) for p in plan.variants) if b is not None]
+        built = [b for b in (run.build_or_reject(p) for p in plan.variants) if b is not None]
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
         run.decisions += assign_roles(shipped, profile, model=source.name)
