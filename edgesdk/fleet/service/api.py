@@ -473,7 +473,7 @@ def create_app(context: ApiContext) -> FastAPI:
     ) -> list[dict[str, Any]]:
         return audit.entries(engine, limit=limit)
 
-    metrics = FleetMetrics(engine)
+    metrics = FleetMetrics(engine, broker_status=context.broker_status)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"])
     def prometheus_metrics(_op: tokens.Operator = Depends(who("viewer", "metrics.read"))) -> PlainTextResponse:
@@ -495,7 +495,7 @@ def create_app(context: ApiContext) -> FastAPI:
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_metrics_app(engine: Any) -> Any:
+def create_metrics_app(engine: Any, broker_status: Callable[[], Any] | None = None) -> Any:
     """``GET /metrics`` alone, without a token: for a listener that only the scraper reaches
     (``--metrics-listen``); every other path is 404. A plain ASGI app (no docs, no dashboard)."""
     from starlette.applications import Starlette
@@ -503,7 +503,7 @@ def create_metrics_app(engine: Any) -> Any:
 
     from edgesdk.fleet.service.web_security import SecurityHeaders, content_security_policy
 
-    metrics = FleetMetrics(engine)
+    metrics = FleetMetrics(engine, broker_status=broker_status)
 
     def page(_request: Request) -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)

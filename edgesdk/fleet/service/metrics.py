@@ -3,8 +3,12 @@
 Written by hand like the agent's ``/metrics`` (no client library: a scrape is one read of a
 few tables). What is exported, and what the alert rules in ``deploy/prometheus/`` use:
 
-* devices by state (``online``/``offline``), by model version, by OTA state; per device
-  ``edgesdk_fleet_device_up`` and its last-seen time;
+* the service's broker connection: ``edgesdk_fleet_broker_connected`` (1/0) and
+  ``edgesdk_fleet_broker_disconnects_total``; while the broker is lost (and while presence is
+  re-learned after it is back) devices whose stored presence may be stale are counted as
+  ``unknown`` and get no ``edgesdk_fleet_device_up`` sample (``broker_watch``);
+* devices by state (``online``/``offline``/``unknown``), by model version, by OTA state; per
+  device ``edgesdk_fleet_device_up`` and its last-seen time;
 * per device, from its newest telemetry: latency p50/p95/p99 (seconds, ``percentile`` label),
   max temperature, whether the governor stepped down for heat (``throttled``), outbox depth
   and messages dropped;
@@ -24,11 +28,13 @@ import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
 from edgesdk.fleet.service import schema
+from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
 
@@ -78,11 +84,15 @@ def latest_telemetry() -> Any:
 
 
 class FleetMetrics:
-    """Renders the page for one database."""
+    """Renders the page for one database; ``broker_status``: the service's broker connection
+    (None: not known here, its families have no samples)."""
 
-    def __init__(self, engine: Any, *, cache_s: float = 2.0) -> None:
+    def __init__(
+        self, engine: Any, *, cache_s: float = 2.0, broker_status: Callable[[], BrokerStatus] | None = None
+    ) -> None:
         self.engine = engine
         self.cache_s = cache_s
+        self.broker_status = broker_status
         self._lock = threading.Lock()
         self._cached: tuple[float, str] | None = None
 
@@ -115,12 +125,14 @@ class FleetMetrics:
             ).all()
         counters = read_counters(self.engine, "metrics")
 
-        online = sum(1 for r in devices if r.online)
+        broker = self.broker_status() if self.broker_status is not None else None
+        self._broker_families(page, broker)
+        presence = {r.device_id: presence_label(r.online, broker).split(" ")[0] for r in devices}
         page.family(
             "edgesdk_fleet_devices",
             "gauge",
-            "devices known to the service, by presence",
-            [({"state": "online"}, online), ({"state": "offline"}, len(devices) - online)],
+            "devices known to the service, by presence (unknown: the service cannot see the broker)",
+            [({"state": s}, sum(1 for p in presence.values() if p == s)) for s in ("online", "offline", "unknown")],
         )
         by_model: dict[tuple[str, str], int] = defaultdict(int)
         by_ota: dict[str, int] = defaultdict(int)
@@ -142,8 +154,8 @@ class FleetMetrics:
         page.family(
             "edgesdk_fleet_device_up",
             "gauge",
-            "1 when the device's presence says online",
-            [({"device": r.device_id}, 1 if r.online else 0) for r in devices],
+            "1 when the device's presence says online (no sample while it is unknown)",
+            [({"device": r.device_id}, 1 if r.online else 0) for r in devices if presence[r.device_id] != "unknown"],
         )
         page.family(
             "edgesdk_fleet_device_last_seen_timestamp_seconds",
@@ -233,3 +245,18 @@ class FleetMetrics:
             [({"kind": k}, counters.get(k, 0)) for k in kinds],
         )
         return page.text()
+
+    @staticmethod
+    def _broker_families(page: _Page, broker: BrokerStatus | None) -> None:
+        page.family(
+            "edgesdk_fleet_broker_connected",
+            "gauge",
+            "1 while the fleet service is connected to its MQTT broker",
+            [] if broker is None else [({}, 1 if broker.connected else 0)],
+        )
+        page.family(
+            "edgesdk_fleet_broker_disconnects_total",
+            "counter",
+            "times the fleet service lost its MQTT broker since it started",
+            [] if broker is None else [({}, broker.disconnects)],
+        )
