@@ -22,7 +22,21 @@ from edgesdk.errors import UsageError
 @click.option("--db", "db_url", envvar=DB_ENV, required=True, help=f"postgresql+psycopg://USER@HOST/DB (or ${DB_ENV}).")
 @click.option("--worker-id", required=True, help="Stable id of this worker (its MQTT session lives under it).")
 @share_group_options
-def ingest(db_url: str, worker_id: str, share_group: str, no_shared_subscriptions: bool, **params: Any) -> None:
+@click.option(
+    "--max-pending-enrollments",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Enrollment requests waiting for a decision at most (as fleet serve's; every worker enforces it).",
+)
+def ingest(
+    db_url: str,
+    worker_id: str,
+    share_group: str,
+    no_shared_subscriptions: bool,
+    max_pending_enrollments: int,
+    **params: Any,
+) -> None:
     """Run one ingest worker: shared device subscriptions into the fleet database."""
     from edgesdk.cli.fleet_cmd import client_options_from
     from edgesdk.fleet.service.workers import WorkerSettings, check_name, run_worker, worker_client_id
@@ -41,5 +55,6 @@ def ingest(db_url: str, worker_id: str, share_group: str, no_shared_subscription
         namespace=params["namespace"],
         share_group=check_name(share_group, "--share-group"),
         connect_timeout_s=float(params["connect_timeout"]),
+        max_pending_enrollments=max_pending_enrollments,
     )
     run_worker(settings, client_options_from(params, worker_client_id(settings.namespace, settings.worker_id)))

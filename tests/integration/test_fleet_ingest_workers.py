@@ -255,3 +255,40 @@ def test_one_leader_drives_rollouts_and_another_takes_over_when_it_is_killed(
             serve.stop()
         watcher.stop()
         engine.dispose()
+
+
+def test_ingest_workers_keep_at_most_max_pending_enrollments(
+    broker: Any, postgres: Any, operator_key: Path, tmp_path: Path
+) -> None:
+    """Enrollment requests are a shared suffix, stored by the workers alone: they must enforce
+    ``--max-pending-enrollments`` too (before, only the service's own ingest did, and a flood of
+    new ids made a row each through the workers)."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.enrollment import enrollment_request
+
+    db_url = postgres.create_database("pending")
+    serve = Serve(tmp_path / "serve", broker, db_url, operator_key, "--workers", "1", "--max-pending-enrollments", "3")
+    engine = open_engine(db_url)
+    try:
+        serve.wait_for(r"ingest worker w0 \(pid \d+\) on")
+        requests = []
+        for index in range(8):
+            device_id = f"pending-{index}"
+            raw = X25519PrivateKey.generate().public_key().public_bytes_raw()
+            requests.append(
+                (f"edgesdk/devices/{device_id}/enroll", enrollment_request(device_id, raw).model_dump_json().encode())
+            )
+        publish(broker, requests, "test-enroll-flood")
+        deadline = time.monotonic() + 30
+        counters = read_counters(engine, "edgesdk")
+        while (
+            counters.get("enroll_requests", 0) + counters.get("enroll_refused", 0) < 8 and time.monotonic() < deadline
+        ):
+            time.sleep(0.3)
+            counters = read_counters(engine, "edgesdk")
+        with engine.connect() as db:
+            rows = db.execute(sa.select(sa.func.count()).select_from(schema.enrollment_requests)).scalar()
+        assert (rows, counters.get("enroll_refused", 0)) == (3, 5), serve.text()[-3000:]
+    finally:
+        serve.stop()
+        engine.dispose()

@@ -486,8 +486,14 @@ class Ingest:
             "hostname": request.hostname,
             "requested": request.ts.timestamp(),
         }
-        created = db.execute(self._enroll_insert.values(device_id=request.device_id, status="pending", **values))
-        if created.rowcount == 1:
+        # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT DO NOTHING, and
+        # the pending limit then never saw a new row on PostgreSQL.
+        created = db.execute(
+            self._enroll_insert.values(device_id=request.device_id, status="pending", **values).returning(
+                table.c.device_id
+            )
+        )
+        if created.first() is not None:
             return True
         # Known device, another key: never written over the key on record (nor its status). The
         # shared bootstrap account may write any device's enroll topic, so a second announcement

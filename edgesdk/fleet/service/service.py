@@ -9,6 +9,10 @@ that is PENDING or IN_PROGRESS in its own thread (``RolloutController.run`` resu
 stored wave). New deployments are rows in the database (``submit``); the leader picks them up
 at its next poll. A leader that loses its lock stops at once (``lost_leadership``).
 
+The service watches its own broker connection (``broker_watch``): ``broker_status()`` feeds
+``/healthz``, ``/metrics``, the dashboard's banner and its "unknown since" presence. At start it
+waits for the broker up to ``broker_wait_s`` (0: for ever), one log line per backoff step.
+
 The ingest runs in this process (``workers=0``) or in N worker processes (``workers.py``)
 that share the busy subscriptions; presence is always ingested here (it is retained).
 """
@@ -27,6 +31,7 @@ from typing import Any
 from edgesdk.errors import EdgeSDKError, LinkError, UsageError
 from edgesdk.fleet.deployments import IN_PROGRESS, PENDING
 from edgesdk.fleet.rollout import RolloutController
+from edgesdk.fleet.service.broker_watch import DEFAULT_RELEARN_S, BrokerStatus, BrokerWatch
 from edgesdk.fleet.service.database import migrate, open_engine, safe_url
 from edgesdk.fleet.service.ingest import Ingest
 from edgesdk.fleet.service.leader import Leadership
@@ -57,7 +62,11 @@ class ServiceSettings:
     maintenance_interval_s: float = 60.0
     poll_s: float = 0.2
     retry_s: float = 5.0  # wait before driving a deployment again after its run raised
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = 10.0  # the ingest workers' first connect
+    # How long a start waits for the broker (``--broker-wait``; 0: for ever), then exits.
+    broker_wait_s: float = 60.0
+    # After the broker is back, devices still marked offline are "unknown" this long (re-learning).
+    presence_relearn_s: float = DEFAULT_RELEARN_S
     data_dir: Path = Path(".")  # uploaded bundles live in DATA_DIR/bundles
     api_bind: str | None = None  # HOST:PORT of the REST API and dashboard; None: no HTTP
     registry_path: Path | None = None  # the enrollment registry approvals are written to
@@ -137,6 +146,11 @@ class FleetService:
         self._stop = threading.Event()
         # Off when the broker turns out to speak MQTT 3.1.1 only (no $share/...), see start().
         self._shared_subscriptions = settings.share_group is not None
+        self.broker = BrokerWatch(client_options.broker_url, relearn_s=settings.presence_relearn_s)
+
+    def broker_status(self) -> BrokerStatus:
+        """The service's broker connection now (read-only; any thread)."""
+        return self.broker.status()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -168,12 +182,9 @@ class FleetService:
         )
         # The service owns the client: the ingest first, then the controller (chunk requests).
         attach(self.client, self.ingest, self._ingest_filters(), fallback=self.controller.handle_message)
+        self.broker.attach(self.client)
         self.client.start()
-        if not self.client.wait_connected(self.settings.connect_timeout_s):
-            reason = self.client.stats.last_error or f"no answer in {self.settings.connect_timeout_s:g} s"
-            self.client.stop(graceful=False)
-            self.ingest.stop()
-            raise LinkError(f"cannot connect to broker {self.client_options.broker_url}: {reason}")
+        self._wait_for_broker()
         if self.settings.share_group is not None and self.client.protocol == "3.1.1":
             self._plain_subscriptions_on_mqtt_311()
         elif self.settings.share_group is not None:
@@ -186,6 +197,7 @@ class FleetService:
                 namespace=self.settings.namespace,
                 share_group=self.settings.share_group or DEFAULT_SHARE_GROUP,
                 connect_timeout_s=self.settings.connect_timeout_s,
+                max_pending_enrollments=self.settings.max_pending_enrollments,
             )
             self.pool = WorkerPool(self.settings.workers, worker, self.client_options).start()
         self._lead()
@@ -201,6 +213,7 @@ class FleetService:
                 registry_path=self.settings.registry_path,
                 artifacts=self.controller.chunks.path_of,
                 public_url=self.settings.public_url,
+                broker_status=self.broker_status,
             )
             self.api = ApiServer(create_app(context), self.settings.api_bind).start()
             self.controller.artifact_base_url = (
@@ -211,9 +224,34 @@ class FleetService:
             from edgesdk.fleet.service.api_server import ApiServer
 
             self.metrics_server = ApiServer(
-                create_metrics_app(self.engine), self.settings.metrics_bind, option="--metrics-listen"
+                create_metrics_app(self.engine, self.broker_status),
+                self.settings.metrics_bind,
+                option="--metrics-listen",
             ).start()
         return self
+
+    def _wait_for_broker(self) -> None:
+        """Block until the client is connected: up to ``broker_wait_s`` (0: for ever), one
+        WARNING per backoff step (the client retries on its own meanwhile); then LinkError."""
+        assert self.client is not None and self.ingest is not None
+        url, limit = self.client_options.broker_url, self.settings.broker_wait_s
+        deadline = None if limit == 0 else time.monotonic() + limit
+        step = 1.0
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self.client.wait_connected(step if left is None else max(0.0, min(step, left))):
+                return
+            reason = self.client.stats.last_error or "no answer yet"
+            if deadline is not None and time.monotonic() >= deadline:
+                self.client.stop(graceful=False)
+                self.ingest.stop()
+                raise LinkError(
+                    f"cannot connect to broker {url} within {limit:g} s: {reason} "
+                    "(start the broker, or wait longer with --broker-wait, 0 for ever)"
+                )
+            until = "for ever" if deadline is None else f"for {deadline - time.monotonic():.0f} s more"
+            log.warning("broker %s not reachable yet (%s); still trying %s", url, reason, until)
+            step = min(step * 2, 30.0)
 
     def serve_forever(self) -> None:
         """Drive deployments and run maintenance until :meth:`stop` (or a signal handler) asks."""

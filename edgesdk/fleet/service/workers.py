@@ -34,7 +34,7 @@ from typing import Any
 
 from edgesdk.errors import LinkError, UsageError
 from edgesdk.fleet.service.database import migrate, open_engine
-from edgesdk.fleet.service.ingest import Ingest
+from edgesdk.fleet.service.ingest import DEFAULT_MAX_PENDING_ENROLLMENTS, Ingest
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.protocol import topics
 
@@ -101,6 +101,9 @@ class WorkerSettings:
     share_group: str = DEFAULT_SHARE_GROUP
     connect_timeout_s: float = 10.0
     parent_pid: int | None = None  # stop when this process is gone (a worker of ``fleet serve``)
+    # Enrollment requests are a shared suffix: the workers, not the service, store them, so
+    # they enforce ``--max-pending-enrollments``.
+    max_pending_enrollments: int = DEFAULT_MAX_PENDING_ENROLLMENTS
 
 
 class IngestWorker:
@@ -123,7 +126,11 @@ class IngestWorker:
         migrate(self.engine)  # a no-op when the service already did; a worker may start first
         self.client = MqttClient(self.client_options)
         self.ingest = Ingest(
-            self.engine, self.settings.namespace, SqlRolloutStore(self.engine), acknowledge=self.client.acknowledge
+            self.engine,
+            self.settings.namespace,
+            SqlRolloutStore(self.engine),
+            acknowledge=self.client.acknowledge,
+            max_pending_enrollments=self.settings.max_pending_enrollments,
         ).start()
         attach(self.client, self.ingest, self.filters())
         self.client.start()
