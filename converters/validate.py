@@ -2,7 +2,7 @@
 
 The variant is loaded from bytes through ``edgesdk.runtimes.load_variant``: exactly the
 code path of the agent. Measured here: the accuracy metric and per-output max abs diff, load
-time, batch-1 latency (median, p95) and the peak RSS growth of load + inference.
+time, batch-1 latency (median, p95) and the peak RSS growth of load + one batch-1 inference.
 """
 
 from __future__ import annotations
@@ -168,44 +168,48 @@ def validate_numeric(
     layout = layout or InputLayout()
 
     blobs = {name: path.read_bytes() for name, path in files.items()}
+    # Memory is judged as a device serves: load plus one inference at batch 1. The batched pass
+    # below is for accuracy only; inside this window its activations would make the figure grow
+    # with the number of validation samples (issue 38: 947 MB at batch 24, 49 MB at batch 1).
     with _PeakRss() as rss:
         started = time.perf_counter()
         model = load_variant(runtime, blobs, options=host_options(runtime, options))
         load_ms = (time.perf_counter() - started) * 1000
         in_specs = {s.name: s for s in model.inputs}
-        out_specs = {s.name: s for s in model.outputs}
-        names = list(reference)
-        mapping: dict[str, str] = {}
-        sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
+        one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
+        model.run(one)
+    out_specs = {s.name: s for s in model.outputs}
+    names = list(reference)
+    mapping: dict[str, str] = {}
+    sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
 
-        def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            """Float in, float out, by the reference's names: a fed-back state is re-quantized."""
-            feeds = {}
-            for name, value in batch.items():
-                if name not in in_specs:
-                    raise ConversionError(
-                        f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
-                    )
-                feeds[name] = _quantize(value, in_specs[name])
-            if sequence_axes:
-                # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
-                # its used length, which the runtime pads to the shortest bucket that holds it.
-                feeds = trim(feeds, sequence_axes)
-            raw = model.run(feeds)
-            if not mapping:
-                # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
-                produced = list(raw)
-                mapping.update({n: (n if n in raw else produced[i]) for i, n in enumerate(names)})
-            return {n: _dequantize(raw[mapping[n]], out_specs.get(mapping[n])) for n in names}
+    def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Float in, float out, by the reference's names: a fed-back state is re-quantized."""
+        feeds = {}
+        for name, value in batch.items():
+            if name not in in_specs:
+                raise ConversionError(
+                    f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
+                )
+            feeds[name] = _quantize(value, in_specs[name])
+        if sequence_axes:
+            # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
+            # its used length, which the runtime pads to the shortest bucket that holds it.
+            feeds = trim(feeds, sequence_axes)
+        raw = model.run(feeds)
+        if not mapping:
+            # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
+            produced = list(raw)
+            mapping.update({n: (n if n in raw else produced[i]) for i, n in enumerate(names)})
+        return {n: _dequantize(raw[mapping[n]], out_specs.get(mapping[n])) for n in names}
 
-        outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
+    outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
     value = score(metric, outputs, reference)
     stream_drift = drift(outputs, reference) if layout.state_pairs and layout.steps(data) else []
     from edgesdk.converters.statistics import per_sample, read_gate
 
     reading = read_gate(metric, value, gate, None if metric == "max_abs" else per_sample(metric, outputs, reference))
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
-    one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
     for _ in range(3):
         model.run(one)  # warm-up: first calls allocate and pick kernels
     latencies = []
@@ -233,7 +237,7 @@ def validate_numeric(
             latency_p50_ms=round(float(np.median(latencies)), 4),
             latency_p95_ms=round(float(np.percentile(latencies, 95)), 4),
             peak_rss_mb=round(rss.growth_mb, 2),
-            note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + validation",
+            note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + one batch-1 inference",
         ),
         inputs=inputs,
         outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
