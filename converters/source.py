@@ -39,15 +39,19 @@ def _value_info_spec(value: Any) -> TensorSpec:
     dtype = _ONNX_DTYPES.get(tensor.elem_type)
     if dtype is None:
         raise ModelError(f"model tensor {value.name!r} has an element type edgesdk cannot handle ({tensor.elem_type})")
-    shape: list[int | str | None] = []
-    for dim in tensor.shape.dim:
-        if dim.HasField("dim_value"):
-            shape.append(int(dim.dim_value))
-        elif dim.HasField("dim_param"):
-            shape.append(dim.dim_param)
-        else:
-            shape.append(None)
-    return TensorSpec(name=value.name, dtype=dtype, shape=shape)
+    return TensorSpec(name=value.name, dtype=dtype, shape=[_dim(d) for d in tensor.shape.dim])
+
+
+def _dim(dim: Any) -> int | str | None:
+    """One ONNX dimension: a size, a symbolic name, or None (dynamic, unnamed).
+
+    Every dynamic marker reads as dynamic: a ``dim_param`` name, nothing set, and the
+    ``dim_value`` of -1 (or 0) that paddle2onnx and some tf2onnx exports write for "any size"."""
+    if dim.HasField("dim_value") and dim.dim_value > 0:
+        return int(dim.dim_value)
+    if dim.HasField("dim_param") and dim.dim_param.strip():
+        return str(dim.dim_param)
+    return None
 
 
 def check_onnx_ops(model: Any, where: str) -> None:
