@@ -113,6 +113,12 @@ def _private_files(data_dir: Path | None) -> None:
 @click.option("--maintenance-interval", default="60s", show_default=True, help="Downsample and prune this often.")
 @click.option("--api", "api_bind", default=None, help="Serve the REST API on HOST:PORT (e.g. 127.0.0.1:8080).")
 @click.option(
+    "--broker-wait",
+    default="60s",
+    show_default=True,
+    help="At start, keep trying to reach the broker this long (0: for ever), then exit 1.",
+)
+@click.option(
     "--metrics-listen",
     "metrics_bind",
     default=None,
@@ -168,6 +174,7 @@ def serve(
     minutely_retention: str,
     maintenance_interval: str,
     api_bind: str | None,
+    broker_wait: str,
     metrics_bind: str | None,
     public_url: str | None,
     max_pending_enrollments: int,
@@ -203,6 +210,7 @@ def serve(
         retention=retention,
         maintenance_interval_s=_duration(maintenance_interval, "--maintenance-interval"),
         connect_timeout_s=float(params.get("connect_timeout") or 10.0),
+        broker_wait_s=_wait(broker_wait, "--broker-wait"),
         data_dir=data_dir,
         api_bind=api_bind,
         artifact_url=artifact_url,
@@ -331,6 +339,13 @@ def _duration(text: str, option: str) -> float:
     if seconds <= 0:
         raise UsageError(f"bad {option} {text!r}: must be positive, e.g. 60s, 7d")
     return seconds
+
+
+def _wait(text: str, option: str) -> float:
+    """A duration of 0 or more (0: no limit)."""
+    from edgesdk.fleet.rollout import parse_duration
+
+    return parse_duration(text, option=option)
 
 
 @click.command("submit")

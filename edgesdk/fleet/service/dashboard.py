@@ -33,6 +33,7 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
+from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
@@ -68,6 +69,7 @@ padding:10px 14px;min-width:140px}.card b{font-size:22px;display:block}.chart{ma
 .empty{color:#6b7280}code{font-size:12px}form.inline{display:inline}button{padding:4px 10px}
 .danger{background:#b91c1c;color:#fff;border:0;border-radius:4px}label{margin-right:12px}
 input[type=text],input[type=number]{width:110px}.alerts li{margin:2px 0}
+.banner{background:#fef3c7;border:1px solid #b45309;border-radius:6px;padding:8px 12px;font-weight:600}
 """
 
 # The page's only scripts: constant texts, so the Content-Security-Policy allows them by hash
@@ -116,7 +118,15 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
 
-def _page(title: str, body: str, operator: tokens.Operator | None, *, refresh: bool = True) -> HTMLResponse:
+def _page(
+    title: str,
+    body: str,
+    operator: tokens.Operator | None,
+    *,
+    refresh: bool = True,
+    banner: str = "",
+    status_code: int = 200,
+) -> HTMLResponse:
     who = (
         f'<span class="who">{_e(operator.name)} ({_e(operator.role)}) · <a href="/logout">sign out</a></span>'
         if operator is not None
@@ -126,14 +136,45 @@ def _page(title: str, body: str, operator: tokens.Operator | None, *, refresh: b
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)} — edgesdk fleet</title>"
         f'<meta name="viewport" content="width=device-width"><style>{_STYLE}</style></head><body>'
         f'<header><a href="/"><b>edgesdk fleet</b></a><a href="/">overview</a>{who}</header>'
-        f"<main>{body}</main>{_REFRESH if refresh and operator is not None else ''}</body></html>"
+        f"<main>{banner}{body}</main>{_REFRESH if refresh and operator is not None else ''}</body></html>",
+        status_code=status_code,
     )
+
+
+def _broker_banner(status: BrokerStatus | None) -> str:
+    """A banner on every page while the service cannot see its broker (or re-learns presence)."""
+    if status is None or status.presence_known():
+        return ""
+    since = status.since.astimezone().strftime("%H:%M:%S")
+    if not status.connected:
+        return (
+            f'<p class="banner" id="broker-banner">The fleet service lost its MQTT broker at {since}: device '
+            "presence is unknown (not offline) until it is back; no offline alerts meanwhile.</p>"
+        )
+    return (
+        f'<p class="banner" id="broker-banner">The MQTT broker is back since {since}: re-learning device presence; '
+        "devices not yet heard from are shown as unknown.</p>"
+    )
+
+
+def _not_found(what: str, name: str) -> str:
+    return f'<section><h1>No {what} {_e(name)}</h1><p><a href="/">back to the overview</a></p></section>'
 
 
 def add_dashboard(app: FastAPI, context: Any) -> None:
     """Mount the dashboard's pages on ``app`` (the API's app, same database and controller)."""
     engine = context.engine
     store = context.store
+
+    def broker() -> BrokerStatus | None:
+        source = getattr(context, "broker_status", None)
+        return source() if source is not None else None
+
+    def page(
+        title: str, body: str, operator: tokens.Operator | None, *, refresh: bool = True, status_code: int = 200
+    ) -> HTMLResponse:
+        banner = _broker_banner(broker())
+        return _page(title, body, operator, refresh=refresh, banner=banner, status_code=status_code)
 
     def session(request: Request) -> tuple[tokens.Operator | None, str]:
         session_id = request.cookies.get(COOKIE, "")
@@ -189,7 +230,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             "<button type=submit id=sign-in>Sign in</button></form>"
             "<p class=idle>Tokens come from <code>edgesdk fleet serve token create --role …</code>.</p></section>"
         )
-        response = _page("sign in", body, None, refresh=False)
+        response = page("sign in", body, None, refresh=False)
         response.set_cookie(
             LOGIN_COOKIE, login_csrf, httponly=True, samesite="strict", secure=secure(request), max_age=3600
         )
@@ -251,7 +292,10 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             latest = {r.device_id: r for r in db.execute(latest_telemetry()).all()}
         deployments = [store.summary(row.id) for row in reversed(store.all()[-20:])]
         counters = read_counters(engine, "dashboard")
-        online = sum(1 for d in devices if d.online)
+        status = broker()
+        presence = {d.device_id: presence_label(d.online, status) for d in devices}
+        online = sum(1 for p in presence.values() if p == "online")
+        offline = sum(1 for p in presence.values() if p == "offline")
         versions: dict[str, int] = {}
         for d in devices:
             key = f"{d.model_name or 'no model'} {d.model_version or ''}".strip()
@@ -259,7 +303,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         alerts = [
             f'<li class="bad">{_e(d.device_id)} is offline (last seen {_ago(d.last_seen, now)})</li>'
             for d in devices
-            if d.online is False
+            if presence[d.device_id] == "offline"  # an unknown one is no alert (the broker is away)
         ]
         alerts += [
             f'<li class="warn">{_e(k)} stepped down for heat ({_e(v.governor_state)}, {v.temperature_c or 0:.0f} °C)</li>'
@@ -276,13 +320,18 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             alerts.append(f'<li class="warn">{refused} device messages refused (malformed or impersonating)</li>')
         cards = (
             f'<div class="cards"><div class="card" id="online">online<b>{online}</b></div>'
-            f'<div class="card">offline<b>{len(devices) - online}</b></div>'
+            f'<div class="card" id="offline">offline<b>{offline}</b></div>'
+            + (
+                f'<div class="card" id="unknown">unknown<b>{len(devices) - online - offline}</b></div>'
+                if online + offline < len(devices)
+                else ""
+            )
             + "".join(f'<div class="card">{_e(k)}<b>{v}</b></div>' for k, v in sorted(versions.items()))
             + "</div>"
         )
         rows = "".join(
             f'<tr id="device-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
-            f"<td>{'<span class=ok>online</span>' if d.online else '<span class=bad>offline</span>'}</td>"
+            f"<td class=presence>{_presence(presence[d.device_id])}</td>"
             f"<td>{_e(d.model_name)} {_e(d.model_version)}</td><td>{_e(d.precision)}</td><td>{_state(d.ota_state)}</td>"
             f"<td>{_e(_fmt(latest.get(d.device_id), 'p95_ms'))}</td><td>{_e(_fmt(latest.get(d.device_id), 'temperature_c'))}</td>"
             f"<td>{_e(', '.join(json.loads(d.groups)))}</td><td>{_ago(d.last_seen, now)}</td></tr>"
@@ -295,7 +344,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             for d in deployments
         )
         body = (
-            f"<h1>Fleet</h1>{cards}"
+            f"<h1>Fleet</h1>{cards}{'' if devices else _no_devices_hint(str(request.base_url).rstrip('/'))}"
             f"<section><h2>Alerts</h2><ul class=alerts id=alerts>{''.join(alerts) or '<li class=ok>none</li>'}</ul></section>"
             "<section><h2>Devices</h2><table id=devices><tr><th>device</th><th>presence</th><th>model</th><th>precision</th>"
             f"<th>OTA</th><th>p95 ms</th><th>°C</th><th>groups</th><th>seen</th></tr>{rows}</table></section>"
@@ -304,7 +353,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         )
         if tokens.allows(operator.role, "operator"):
             body += _new_rollout_form(bundles.list_bundles(engine), csrf_for(token))
-        return _page("overview", body, operator)
+        return page("overview", body, operator)
 
     # -- a device ---------------------------------------------------------------------------
 
@@ -318,9 +367,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         with Transaction(engine) as db:
             row = db.execute(sa.select(schema.devices).where(schema.devices.c.device_id == device_id)).first()
             if row is None:
-                return _page(
-                    "not found", f"<section><h1>No device {_e(device_id)}</h1></section>", operator, refresh=False
-                )
+                return page("not found", _not_found("device", device_id), operator, refresh=False, status_code=404)
             t = schema.telemetry
             raw = db.execute(
                 sa.select(t).where((t.c.device_id == device_id) & (t.c.ts >= since)).order_by(t.c.ts)
@@ -352,7 +399,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         power = state_band([(r.ts, r.power_source) for r in raw], title="power source")
         governor = state_band([(r.ts, r.governor_state) for r in raw], title="governor")
         facts = [
-            ("presence", "online" if row.online else "offline"),
+            ("presence", presence_label(row.online, broker())),
             ("model", f"{row.model_name or '-'} {row.model_version or ''} (release {row.model_release or '-'})"),
             ("variant", row.variant),
             ("precision / runtime", f"{row.precision or '-'} / {row.runtime or '-'}"),
@@ -380,7 +427,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<section><h2>OTA history</h2><table id=ota><tr><th>time</th><th>deployment</th><th>state</th><th>reason</th></tr>{ota_rows}</table></section>"
             f"<section><h2>Events</h2><table id=events><tr><th>time</th><th>event</th><th>detail</th></tr>{event_rows}</table></section>"
         )
-        return _page(device_id, body, operator)
+        return page(device_id, body, operator)
 
     # -- a rollout --------------------------------------------------------------------------
 
@@ -391,9 +438,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             return login_redirect()
         row = store.find(deployment_id)
         if row is None:
-            return _page(
-                "not found", f"<section><h1>No deployment {_e(deployment_id)}</h1></section>", operator, refresh=False
-            )
+            return page("not found", _not_found("deployment", deployment_id), operator, refresh=False, status_code=404)
         summary = store.summary(deployment_id)
         devices = store.devices(deployment_id)
         with Transaction(engine) as db:
@@ -459,7 +504,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                 "<table id=security-events><tr><th>time</th><th>device</th><th>kind</th><th>digest</th>"
                 f"<th>reason</th></tr>{ignored}</table></section>"
             )
-        return _page(deployment_id, body, operator)
+        return page(deployment_id, body, operator)
 
     @app.post("/ui/deployments/{deployment_id}/{action}", include_in_schema=False)
     async def deployment_action(request: Request, deployment_id: str, action: str) -> Response:
@@ -468,7 +513,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         operator, token = session(request)
         fields = await form(request)
         if action not in ("abort", "rollback"):
-            return _page("not found", "<section><h1>No such action</h1></section>", operator, refresh=False)
+            return page("not found", _not_found("action", action), operator, refresh=False, status_code=404)
         verb = f"deployment.{action}"
         refusal = write_allowed(fields.get("csrf", ""), token, operator, verb, deployment_id)
         target = f"/ui/deployments/{urllib.parse.quote(deployment_id)}"
@@ -495,7 +540,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         fields = await form(request)
         refusal = write_allowed(fields.get("csrf", ""), token, operator, "deployment.create", "")
         if refusal is not None or operator is None:
-            return _page("refused", f'<section><p class="bad">{_e(refusal)}</p></section>', operator, refresh=False)
+            return page("refused", f'<section><p class="bad">{_e(refusal)}</p></section>', operator, refresh=False)
         try:
             bundle = bundles.get_bundle(engine, fields.get("bundle_id", ""))
             plan, health, devices, group = _plan_from(fields)
@@ -509,7 +554,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                 {k: v for k, v in fields.items() if k != "csrf"},
             )
         except (EdgeSDKError, ValueError) as exc:
-            return _page(
+            return page(
                 "refused",
                 f'<section><p class="bad">{_e(exc)}</p><a href="/">back</a></section>',
                 operator,
@@ -549,6 +594,23 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         except EdgeSDKError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=400)
         return JSONResponse(stored, status_code=201)
+
+
+def _presence(label: str) -> str:
+    css = {"online": "ok", "offline": "bad"}.get(label, "warn")
+    return f'<span class="{css}">{_e(label)}</span>'
+
+
+def _no_devices_hint(server: str) -> str:
+    """What to do on a fleet with no device yet: enroll one (docs/enrollment.md)."""
+    return (
+        '<section id="no-devices"><h2>No devices yet</h2><p>Start an agent whose <code>[mqtt] broker</code> is this '
+        "fleet's broker; it announces its key. Then approve it (compare the key id with the one "
+        "<code>edge-agent key --config …</code> shows on the device):</p>"
+        f"<pre>edgesdk fleet enroll list --server {_e(server)} --token-file TOKEN_FILE\n"
+        f"edgesdk fleet enroll approve DEVICE_ID --server {_e(server)} --token-file TOKEN_FILE --key-id KEY_ID</pre>"
+        "<p>See docs/enrollment.md.</p></section>"
+    )
 
 
 def _fmt(row: Any, column: str) -> str | None:
