@@ -53,8 +53,8 @@ disable_vendor_telemetry()
 from edgesdk.agent.ota import UpdateManager, UpdateState  # noqa: E402
 from edgesdk.agent.ota.freshness import Admission, CommandGate, SequenceLedger  # noqa: E402
 
-from edgesdk.fleet.deployments import DeploymentStore  # noqa: E402
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
+from edgesdk.fleet.service.operator_db import open_rollout_store  # noqa: E402
 from edgesdk.keys import load_publisher_private_key  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
 from edgesdk.mqtt.client import ClientOptions, MqttClient, NetworkLoop  # noqa: E402
@@ -262,7 +262,7 @@ def bench_fleet(
         operator.start()
         operator.wait_connected(10)
         ctl = RolloutController(
-            DeploymentStore(root / "fleet.sqlite3"),
+            open_rollout_store(root / "fleet.sqlite3"),
             operator,
             "edgesdk",
             load_publisher_private_key(bundles.operator_key),
@@ -408,7 +408,7 @@ def bench_serving(bundles: Bundles, root: Path, clients: int, before_s: float) -
             operator.start()
             operator.wait_connected(10)
             ctl = RolloutController(
-                DeploymentStore(root / "fleet.sqlite3"),
+                open_rollout_store(root / "fleet.sqlite3"),
                 operator,
                 "edgesdk",
                 load_publisher_private_key(bundles.operator_key),
@@ -486,7 +486,7 @@ def _one_rollback(bundles: Bundles, root: Path, broker_url: str, restart_in_prob
     operator.start()
     operator.wait_connected(10)
     ctl = RolloutController(
-        DeploymentStore(root / "fleet.sqlite3"), operator, "edgesdk", load_publisher_private_key(bundles.operator_key),
+        open_rollout_store(root / "fleet.sqlite3"), operator, "edgesdk", load_publisher_private_key(bundles.operator_key),
         poll_s=0.05,
     ).start()  # fmt: skip
     agents = [AgentProcess(device).start()]

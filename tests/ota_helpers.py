@@ -242,8 +242,8 @@ class Operator:
     """A rollout controller over a real broker pushing to dev-1 (the agent-process OTA tests)."""
 
     def __init__(self, root: Path, bundles: OtaBundles, broker_url: str) -> None:
-        from edgesdk.fleet.deployments import DeploymentStore
         from edgesdk.fleet.rollout import RolloutController
+        from edgesdk.fleet.service.operator_db import open_rollout_store
         from edgesdk.keys import load_publisher_private_key
         from edgesdk.mqtt.client import ClientOptions, MqttClient
 
@@ -253,7 +253,7 @@ class Operator:
         self.client.start()
         assert self.client.wait_connected(10)
         self.ctl = RolloutController(
-            DeploymentStore(root / "fleet.sqlite3"),
+            open_rollout_store(root / "fleet.sqlite3"),
             self.client,
             "edgesdk",
             load_publisher_private_key(bundles.operator_key),

@@ -58,9 +58,14 @@ _key_option = click.option(
 
 
 def _store(db_path: Path | None) -> Any:
-    from edgesdk.fleet.deployments import DeploymentStore, default_db_path
+    """The deployment store in the SQLite file ``--db`` (the fleet service's store code)."""
+    from edgesdk.fleet.deployments import default_db_path
 
-    return DeploymentStore(db_path or default_db_path())
+    try:
+        from edgesdk.fleet.service.operator_db import open_rollout_store
+    except ImportError as exc:
+        raise UsageError(f"the deployment database needs SQLAlchemy: pip install 'edgesdk[fleet]' ({exc})") from exc
+    return open_rollout_store(db_path or default_db_path())
 
 
 def _operator_key(key_path: Path | None) -> Any:

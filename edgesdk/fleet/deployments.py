@@ -1,11 +1,18 @@
-"""Operator-side deployment records (SQLite) and signed Deployment messages.
+"""The deployment domain model: rollout and device states, the signed command, refusals, the store port.
+
+There is one deployment store, :class:`edgesdk.fleet.service.store.SqlRolloutStore` (SQLAlchemy
+Core): the fleet service keeps it in PostgreSQL or SQLite, and the standalone ``edgesdk fleet
+push`` in one SQLite file (:func:`edgesdk.fleet.service.operator_db.open_rollout_store`, at
+:func:`default_db_path`). This module holds what both sides share and import: the states, the
+rows, :class:`RolloutStore` (the port the rollout controller persists through), how a command is
+issued, and how a device's refusal is judged.
 
 What the database keeps of a deployment is its *template*: the bundle's fields, unsigned,
 sequence 0 — not a command any device accepts. Every message that leaves for devices is
 issued from it by :func:`issue_command`: freshly dated, expiring after the plan's command TTL,
 addressed to exactly the devices (and wave) it is sent to, carrying the next sequence number
-of the signing key (persisted here), and signed. A wave that starts hours after the canary
-therefore gets its own command, and a captured one is useless elsewhere and later.
+of the signing key (persisted by the store), and signed. A wave that starts hours after the
+canary therefore gets its own command, and a captured one is useless elsewhere and later.
 
 Every issued command's digest (the sha256 of the message as published) is kept with its
 deployment, action and targets (``issued_commands``), before it is sent. A device that refuses a
@@ -13,33 +20,30 @@ command quotes that digest; the refusal counts toward a rollout only when it is 
 issued here *to that device* (and, for an install, before the device reported any work on the
 deployment) — :func:`judge_refusal`. Anything else (a forged or replayed copy someone else
 published on the device's topic) changes no rollout; the fleet service records it as a
-security event.
+security event. :func:`judge_refusals` is the one place that picks the refusals out of what
+devices sent and has the store judge them: the rollout controller and the service's ingest
+both call it.
 
-The rollout controller writes every decision and every device status here before acting on
-it, so a controller that is stopped or crashes is resumed from the database (``fleet push
---deployment-id ID`` again), and ``fleet status/abort/rollback`` work from another shell while
-a rollout runs. One file, WAL mode, short transactions.
+The rollout controller writes every decision and every device status to the store before
+acting on it, so a controller that is stopped or crashes is resumed from the database (``fleet
+push --deployment-id ID`` again), and ``fleet status/abort/rollback`` work from another shell
+while a rollout runs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import sqlite3
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from edgesdk.errors import UpdateError, UsageError
+from edgesdk.errors import UsageError
 from edgesdk.protocol.chunks import DEFAULT_CHUNK_SIZE, chunk_hashes
 from edgesdk.protocol.signing import sign_deployment
-from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus, RefusalKind
+from edgesdk.schemas.messages import CommandRefusal, Deployment, Event, HealthCriteria, OtaStatus, RefusalKind
 
 #: Rollout states of a whole deployment.
 PENDING, IN_PROGRESS, SUCCEEDED, ABORTED, ROLLED_BACK = "PENDING", "IN_PROGRESS", "SUCCEEDED", "ABORTED", "ROLLED_BACK"
@@ -49,55 +53,6 @@ DEVICE_SUCCESS = frozenset({"COMMITTED"})
 DEVICE_FAILURE = frozenset({"FAILED", "ROLLED_BACK", "TIMED_OUT"})
 
 DEFAULT_DB_ENV = "EDGESDK_FLEET_DB"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS deployments (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    bundle_path TEXT NOT NULL,
-    message TEXT NOT NULL,          -- the signed Deployment JSON sent to devices
-    plan TEXT NOT NULL,             -- RolloutPlan JSON
-    state TEXT NOT NULL,
-    wave INTEGER NOT NULL DEFAULT -1,
-    reason TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS issuers (
-    key_id TEXT PRIMARY KEY,        -- the operator key that signs commands
-    sequence INTEGER NOT NULL       -- the last sequence it issued (devices refuse anything not above)
-);
-CREATE TABLE IF NOT EXISTS follow_ups (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    deployment_id TEXT NOT NULL REFERENCES deployments(id),
-    action TEXT NOT NULL,           -- cancel | rollback: owed to devices by a decision
-    wave INTEGER,
-    devices TEXT NOT NULL,          -- JSON list of device ids
-    ttl_s REAL NOT NULL,
-    created REAL NOT NULL,
-    delivered REAL                  -- NULL until published
-);
-CREATE TABLE IF NOT EXISTS issued_commands (
-    digest TEXT PRIMARY KEY,        -- sha256 of the command message as published
-    deployment_id TEXT NOT NULL REFERENCES deployments(id),
-    action TEXT NOT NULL,           -- install | cancel | rollback
-    targets TEXT NOT NULL,          -- JSON list of device ids
-    sequence INTEGER NOT NULL,
-    issued REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS devices (
-    deployment_id TEXT NOT NULL REFERENCES deployments(id),
-    device_id TEXT NOT NULL,
-    wave INTEGER NOT NULL,
-    state TEXT NOT NULL DEFAULT 'PENDING',
-    reason TEXT NOT NULL DEFAULT '',
-    progress REAL,
-    model_release INTEGER,
-    sent REAL,
-    updated REAL,
-    status_ts TEXT,
-    PRIMARY KEY (deployment_id, device_id)
-);
-"""
 
 
 def default_db_path() -> Path:
@@ -296,9 +251,59 @@ def refusal_reason(device_id: str, reason: str) -> str:
     return f"refused by {device_id}: {text}"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A device's refusal of a command, as it arrived: in a FAILED status (a signed command it
+    would not run) or an ``ota_refused`` event (a command whose signature did not verify)."""
+
+    device_id: str
+    command_sha256: str
+    reason: str
+    ts: datetime
+    msg_id: str
+    claimed_deployment: str | None  # what the message says; only the digest is trusted
+    why: RefusalKind | None  # the event's kind; None for a status
+
+
+def refusal_in_status(status: OtaStatus) -> Refusal | None:
+    """The refusal a status carries (its ``command_sha256``), else None (an ordinary status)."""
+    if status.command_sha256 is None:
+        return None
+    return Refusal(status.device_id, status.command_sha256, status.reason, status.ts, status.msg_id,
+                   status.deployment_id, None)  # fmt: skip
+
+
+def refusal_in_event(event: Event) -> Refusal | None:
+    """The refusal of an unverified command an ``ota_refused`` event reports, else None: other
+    events, an older agent's event without the digest, and a signed command's refusal (its
+    FAILED status carries it, so counting the event too would judge it twice)."""
+    if event.event != "ota_refused":
+        return None
+    try:
+        refusal = CommandRefusal.model_validate(event.detail)
+    except ValueError:
+        return None
+    if refusal.why not in UNVERIFIED_REFUSALS:
+        return None
+    return Refusal(event.device_id, refusal.command_sha256, f"refused: {refusal.reason}", event.ts, event.msg_id,
+                   refusal.deployment_id, refusal.why)  # fmt: skip
+
+
+def judge_refusals(
+    store: RolloutStore, statuses: Iterable[OtaStatus], events: Iterable[Event]
+) -> list[tuple[Refusal, RefusalVerdict]]:
+    """Every refusal among ``statuses`` and ``events``, judged by ``store`` (which marks a counted
+    one's device FAILED): the one path of a refusal, for the rollout controller and the fleet
+    service's ingest alike. Statuses without a digest are not looked at (record them as usual)."""
+    found = [r for r in map(refusal_in_status, statuses) if r is not None]
+    found += [r for r in map(refusal_in_event, events) if r is not None]
+    return [(r, store.record_refusal(r.device_id, r.command_sha256, r.reason, r.ts)) for r in found]
+
+
 class RolloutStore(SequenceSource, Protocol):
-    """The port the rollout controller persists through: :class:`DeploymentStore` (the
-    operator's SQLite file) and the fleet service's SQLAlchemy store implement it."""
+    """The port the rollout controller persists through, implemented by the one store,
+    :class:`edgesdk.fleet.service.store.SqlRolloutStore` (the operator's SQLite file or the
+    fleet service's database); unit tests may put a fake behind it."""
 
     def create(self, message: Deployment, bundle_path: Path, plan: dict[str, Any], waves: list[list[str]]) -> None: ...
     def get(self, deployment_id: str) -> DeploymentRow: ...
@@ -355,275 +360,3 @@ def summarize(row: DeploymentRow, devices: list[DeviceRow]) -> dict[str, Any]:
         "created": datetime.fromtimestamp(row.created, timezone.utc).isoformat(),
         "updated": datetime.fromtimestamp(row.updated, timezone.utc).isoformat(),
     }
-
-
-class DeploymentStore:
-    """The operator's SQLite database of deployments and per-device results."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._db().executescript(_SCHEMA)  # executescript manages its own transaction
-
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db = db
-        return db
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    # -- deployments --------------------------------------------------------------------------
-
-    def create(self, message: Deployment, bundle_path: Path, plan: dict[str, Any], waves: list[list[str]]) -> None:
-        now = time.time()
-        with self._tx() as db:
-            if db.execute("SELECT 1 FROM deployments WHERE id = ?", (message.deployment_id,)).fetchone():
-                raise UsageError(f"deployment {message.deployment_id!r} already exists; pick another id")
-            db.execute(
-                "INSERT INTO deployments (id, created, updated, bundle_path, message, plan, state) VALUES (?,?,?,?,?,?,?)",
-                (
-                    message.deployment_id,
-                    now,
-                    now,
-                    str(bundle_path.resolve()),
-                    message.model_dump_json(),
-                    json.dumps(plan),
-                    PENDING,
-                ),
-            )
-            db.executemany(
-                "INSERT INTO devices (deployment_id, device_id, wave) VALUES (?,?,?)",
-                [(message.deployment_id, device, index) for index, wave in enumerate(waves) for device in wave],
-            )
-
-    def get(self, deployment_id: str) -> DeploymentRow:
-        row = self._db().execute("SELECT * FROM deployments WHERE id = ?", (deployment_id,)).fetchone()
-        if row is None:
-            known = [r.id for r in self.all()][-10:]
-            raise UsageError(
-                f"deployment {deployment_id!r} not found in {self.path}; recent: {', '.join(known) or 'none'}"
-            )
-        return _deployment(row)
-
-    def all(self) -> list[DeploymentRow]:
-        rows = self._db().execute("SELECT * FROM deployments ORDER BY created").fetchall()
-        return [_deployment(r) for r in rows]
-
-    def set_state(
-        self,
-        deployment_id: str,
-        state: str,
-        *,
-        reason: str | None = None,
-        wave: int | None = None,
-        follow_up: FollowUp | None = None,
-    ) -> None:
-        """The new state, and the commands it owes (``follow_up``), in one transaction."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE deployments SET state = ?, updated = ?, reason = COALESCE(?, reason), wave = COALESCE(?, wave) "
-                "WHERE id = ?",
-                (state, time.time(), reason, wave, deployment_id),
-            )
-            if follow_up is not None:
-                db.execute(
-                    "INSERT INTO follow_ups (deployment_id, action, wave, devices, ttl_s, created) VALUES (?,?,?,?,?,?)",
-                    (
-                        follow_up.deployment_id,
-                        follow_up.action,
-                        follow_up.wave,
-                        json.dumps(list(follow_up.devices)),
-                        follow_up.ttl_s,
-                        time.time(),
-                    ),
-                )
-
-    def pending_follow_ups(self, deployment_id: str | None = None) -> list[FollowUp]:
-        query = "SELECT * FROM follow_ups WHERE delivered IS NULL"
-        args: tuple[Any, ...] = ()
-        if deployment_id is not None:
-            query += " AND deployment_id = ?"
-            args = (deployment_id,)
-        rows = self._db().execute(query + " ORDER BY id", args).fetchall()
-        return [
-            FollowUp(r["deployment_id"], r["action"], tuple(json.loads(r["devices"])), r["wave"], r["ttl_s"], r["id"])
-            for r in rows
-        ]
-
-    def follow_up_delivered(self, follow_up_id: int) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE follow_ups SET delivered = ? WHERE id = ?", (time.time(), follow_up_id))
-
-    # -- command sequence numbers -----------------------------------------------------------
-
-    def next_sequence(self, issuer: str) -> int:
-        """The next sequence number of ``issuer`` (an operator key id), persisted before it is
-        used: strictly above every one this database issued, and at least the current Unix time
-        in milliseconds, so a new or restored database (or a second operator machine with the
-        same key and a sane clock) still issues numbers the devices accept."""
-        floor = int(time.time() * 1000)
-        with self._tx() as db:
-            row = db.execute("SELECT sequence FROM issuers WHERE key_id = ?", (issuer,)).fetchone()
-            sequence = max(floor, (row["sequence"] + 1) if row else 0)
-            db.execute(
-                "INSERT INTO issuers (key_id, sequence) VALUES (?, ?) "
-                "ON CONFLICT(key_id) DO UPDATE SET sequence = excluded.sequence",
-                (issuer, sequence),
-            )
-        return sequence
-
-    # -- devices ------------------------------------------------------------------------------
-
-    def devices(self, deployment_id: str, wave: int | None = None) -> list[DeviceRow]:
-        query = "SELECT * FROM devices WHERE deployment_id = ?"
-        args: tuple[Any, ...] = (deployment_id,)
-        if wave is not None:
-            query += " AND wave = ?"
-            args += (wave,)
-        rows = self._db().execute(query + " ORDER BY wave, device_id", args).fetchall()
-        return [
-            DeviceRow(
-                r["deployment_id"],
-                r["device_id"],
-                r["wave"],
-                r["state"],
-                r["reason"],
-                r["progress"],
-                r["model_release"],
-                r["updated"],
-            )
-            for r in rows
-        ]
-
-    def wave_count(self, deployment_id: str) -> int:
-        row = self._db().execute("SELECT MAX(wave) FROM devices WHERE deployment_id = ?", (deployment_id,)).fetchone()
-        return -1 if row[0] is None else int(row[0]) + 1
-
-    def mark_sent(self, deployment_id: str, device_ids: list[str]) -> None:
-        now = time.time()
-        with self._tx() as db:
-            db.executemany(
-                "UPDATE devices SET sent = ?, state = CASE WHEN state = 'PENDING' THEN 'SENT' ELSE state END "
-                "WHERE deployment_id = ? AND device_id = ?",
-                [(now, deployment_id, d) for d in device_ids],
-            )
-
-    def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None:
-        with self._tx() as db:
-            db.execute(
-                "UPDATE devices SET state = ?, reason = ?, updated = ? WHERE deployment_id = ? AND device_id = ?",
-                (state, reason, time.time(), deployment_id, device_id),
-            )
-
-    def record_issued(self, digest: str, command: Deployment) -> None:
-        """Remember a command before it is sent (its digest is what a device's refusal quotes)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO issued_commands (digest, deployment_id, action, targets, sequence, issued) "
-                "VALUES (?,?,?,?,?,?)",
-                (
-                    digest,
-                    command.deployment_id,
-                    command.action,
-                    json.dumps(sorted(command.targets)),
-                    command.sequence or 0,
-                    time.time(),
-                ),
-            )
-
-    def record_refusal(self, device_id: str, command_sha256: str, reason: str, ts: datetime) -> RefusalVerdict:
-        """Judge a device's refusal of the command ``command_sha256`` (:func:`judge_refusal`);
-        when it counts, the device's row becomes FAILED with the reason."""
-        stamp = ts.isoformat()
-        with self._tx() as db:
-            found = db.execute("SELECT * FROM issued_commands WHERE digest = ?", (command_sha256,)).fetchone()
-            issued = (
-                IssuedCommand(
-                    found["digest"], found["deployment_id"], found["action"], tuple(json.loads(found["targets"]))
-                )
-                if found
-                else None
-            )
-            row = None
-            if issued is not None:
-                current = db.execute(
-                    "SELECT state, status_ts FROM devices WHERE deployment_id = ? AND device_id = ?",
-                    (issued.deployment_id, device_id),
-                ).fetchone()
-                row = (current["state"], current["status_ts"]) if current else None
-            verdict = judge_refusal(issued, device_id, row, stamp)
-            if verdict.counted and row is not None and (row[1] is None or row[1] <= stamp):
-                db.execute(
-                    "UPDATE devices SET state = 'FAILED', reason = ?, progress = NULL, updated = ?, status_ts = ? "
-                    "WHERE deployment_id = ? AND device_id = ?",
-                    (refusal_reason(device_id, reason), time.time(), stamp, verdict.deployment_id, device_id),
-                )
-        return verdict
-
-    def record_status(self, status: OtaStatus) -> bool:
-        """Store a device's status if it belongs to a known (deployment, device) and is not older
-        than what we have (QoS 1 may redeliver and reorder). Returns True when stored. A refusal
-        (``command_sha256`` set) is judged by :meth:`record_refusal` instead."""
-        if status.command_sha256 is not None:
-            return self.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts).counted
-        ts = status.ts.isoformat()
-        release = status.model.release if status.model else None
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT status_ts, state FROM devices WHERE deployment_id = ? AND device_id = ?",
-                (status.deployment_id, status.device_id),
-            ).fetchone()
-            if row is None or not status_applies(row["state"], row["status_ts"], status):
-                return False
-            db.execute(
-                "UPDATE devices SET state = ?, reason = ?, progress = ?, model_release = ?, updated = ?, status_ts = ? "
-                "WHERE deployment_id = ? AND device_id = ?",
-                (
-                    status.state,
-                    status.reason,
-                    status.progress,
-                    release,
-                    time.time(),
-                    ts,
-                    status.deployment_id,
-                    status.device_id,
-                ),
-            )
-        return True
-
-    def summary(self, deployment_id: str) -> dict[str, Any]:
-        """Counts by device state, per wave and overall (for ``fleet status``)."""
-        return summarize(self.get(deployment_id), self.devices(deployment_id))
-
-
-def _deployment(row: sqlite3.Row) -> DeploymentRow:
-    try:
-        message = Deployment.model_validate_json(row["message"])
-    except ValueError as exc:  # pragma: no cover - only a hand-edited database gets here
-        raise UpdateError(f"deployment {row['id']!r}: stored message unreadable: {exc}") from exc
-    return DeploymentRow(
-        id=row["id"],
-        created=row["created"],
-        updated=row["updated"],
-        bundle_path=row["bundle_path"],
-        message=message,
-        plan=json.loads(row["plan"]),
-        state=row["state"],
-        wave=row["wave"],
-        reason=row["reason"],
-    )

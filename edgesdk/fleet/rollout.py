@@ -15,8 +15,14 @@ A decision that sends commands (abort → roll the wave back, operator abort or 
 stored *with* the commands it owes, as a :class:`~edgesdk.fleet.deployments.FollowUp`, in the
 same transaction as the new state; the follow-up is marked delivered only after it was
 published, so a controller killed between the decision and the publish sends it on restart
-(:meth:`RolloutController.deliver_follow_ups`). The store is a port (``RolloutStore``): the
-operator's SQLite file here, the fleet service's SQLAlchemy database there.
+(:meth:`RolloutController.deliver_follow_ups`). The store is a port (``RolloutStore``), with
+one implementation (``SqlRolloutStore``): in the operator's SQLite file for ``fleet push``, in the
+fleet service's database there.
+
+Every wave has a deadline (``--wave-timeout``; by default probation + 10 minutes): a device
+with no final word by then is TIMED_OUT ("no answer within 20m") and counts as failed for the
+wave's gate, so a rollout to a device that never answers ends instead of waiting for ever.
+``wave_progress`` is reported when a wave's counts change, not at every poll.
 
 Refusals. Every command's digest is stored before it is sent. A device that refuses a signed
 command answers FAILED with the digest; one whose signature does not verify (an operator key
@@ -55,12 +61,12 @@ from edgesdk.fleet.deployments import (
     IN_PROGRESS,
     ROLLED_BACK,
     SUCCEEDED,
-    UNVERIFIED_REFUSALS,
     FollowUp,
     RefusalVerdict,
     RolloutStore,
     build_deployment,
     issue_command,
+    judge_refusals,
 )
 from edgesdk.protocol.signing import command_digest, command_payload
 from edgesdk.protocol.topics import (
@@ -72,7 +78,7 @@ from edgesdk.protocol.topics import (
     device_topic,
     parse_topic,
 )
-from edgesdk.schemas.messages import CommandRefusal, Deployment, Event, HealthCriteria, OtaStatus, Presence
+from edgesdk.schemas.messages import Deployment, Event, HealthCriteria, OtaStatus, Presence
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +95,14 @@ class RolloutPlan:
     waves: tuple[float, ...] = (0.10, 0.50, 1.00)
     max_failures: float = 0.05
     probation_s: float = 600.0
-    wave_timeout_s: float | None = None  # default: probation + 10 minutes
+    #: Every wave has a deadline: a device without a final word by then counts as failed for the
+    #: wave's gate (TIMED_OUT, "no answer within …"). None: the default, probation + 10 minutes.
+    wave_timeout_s: float | None = None
     resend_s: float = 30.0
     command_ttl_s: float = DEFAULT_COMMAND_TTL_S  # each issued command's lifetime (``--expires``)
 
     def timeout(self) -> float:
+        """The wave's deadline in seconds (``--wave-timeout``, else probation + 10 minutes)."""
         return self.wave_timeout_s if self.wave_timeout_s is not None else self.probation_s + 600.0
 
     def to_json(self) -> dict[str, Any]:
@@ -132,6 +141,14 @@ def parse_duration(text: str, *, option: str) -> float:
         raise UsageError(f"bad {option} {text!r}: expected a duration like 30s, 10m, 1h or 7d")
     scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}[match.group(2)]
     return float(match.group(1)) * scale
+
+
+def format_duration(seconds: float) -> str:
+    """``1200`` → ``"20m"``, ``90`` → ``"90s"``, ``7200`` → ``"2h"`` (what ``parse_duration`` reads)."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def plan_waves(devices: list[str], plan: RolloutPlan, *, seed: str) -> list[list[str]]:
@@ -362,9 +379,13 @@ class RolloutController:
         command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
         self._send(command, pending)
         self.store.mark_sent(deployment_id, pending)
-        self.on_progress("wave_sent", {"deployment_id": deployment_id, "wave": wave, "devices": len(pending)})
+        self.on_progress(
+            "wave_sent",
+            {"deployment_id": deployment_id, "wave": wave, "devices": len(pending), "deadline_s": plan.timeout()},
+        )
         deadline = time.monotonic() + plan.timeout()
         last_sent = time.monotonic()
+        last_progress: dict[str, Any] | None = None
         while True:
             self._drain_statuses()
             row = self.store.get(deployment_id)
@@ -378,17 +399,19 @@ class RolloutController:
             failures = [d for d in sent if d.state in DEVICE_FAILURE]
             in_wave = [d for d in rows if d.wave == wave]
             done = [d for d in in_wave if d.state in DEVICE_SUCCESS or d.state in DEVICE_FAILURE]
-            self.on_progress(
-                "wave_progress",
-                {
-                    "deployment_id": deployment_id,
-                    "wave": wave,
-                    "done": len(done),
-                    "devices": len(in_wave),
-                    "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
-                    "states": _count(d.state for d in in_wave),
-                },
-            )
+            progress = {
+                "deployment_id": deployment_id,
+                "wave": wave,
+                "done": len(done),
+                "devices": len(in_wave),
+                "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
+                "states": _count(d.state for d in in_wave),
+            }
+            if progress != last_progress:  # a poll that changed nothing is no news (fleet status has it)
+                self.on_progress("wave_progress", progress)
+                last_progress = progress
+            else:
+                log.debug("rollout wave_progress %s (unchanged)", progress)
             if len(failures) > plan.max_failures * len(sent):
                 reason = (
                     f"{len(failures)} of {len(sent)} devices failed in waves 0..{wave} "
@@ -414,7 +437,7 @@ class RolloutController:
                             deployment_id,
                             device.device_id,
                             "TIMED_OUT",
-                            f"no result within {plan.timeout():.0f} s (last {device.state})",
+                            f"no answer within {format_duration(plan.timeout())} (last {device.state})",
                         )
                 continue  # judged again with the timeouts counted as failures
             if now - last_sent > plan.resend_s:
@@ -534,37 +557,28 @@ class RolloutController:
                 log.warning("deployment to %s not sent now (%s); will resend", device, exc)
 
     def _drain_statuses(self) -> None:
-        """Record the statuses and refusal events that arrived (on the controller thread)."""
+        """Record the statuses and judge the refusals that arrived (on the controller thread)."""
+        statuses: list[OtaStatus] = []
         while True:
             try:
                 payload = self._statuses.get_nowait()
             except queue.Empty:
                 break
             try:
-                status = OtaStatus.model_validate_json(payload)
+                statuses.append(OtaStatus.model_validate_json(payload))
             except ValueError as exc:
                 log.warning("ignored malformed status: %s", exc)
-                continue
+        for status in statuses:
             if status.command_sha256 is None:
                 self.store.record_status(status)
-                continue
-            verdict = self.store.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts)
-            self._refusal_seen(status.device_id, status.command_sha256, status.reason, verdict)
+        events: list[Event] = []
         while True:
             try:
-                event = self._refusal_events.get_nowait()
+                events.append(self._refusal_events.get_nowait())
             except queue.Empty:
-                return
-            try:
-                refusal = CommandRefusal.model_validate(event.detail)
-            except ValueError:
-                continue  # an older agent's event, without the digest: nothing to match
-            if refusal.why not in UNVERIFIED_REFUSALS:
-                continue  # a signed command's refusal: its FAILED status carries it
-            verdict = self.store.record_refusal(
-                event.device_id, refusal.command_sha256, f"refused: {refusal.reason}", event.ts
-            )
-            self._refusal_seen(event.device_id, refusal.command_sha256, refusal.reason, verdict)
+                break
+        for refusal, verdict in judge_refusals(self.store, statuses, events):
+            self._refusal_seen(refusal.device_id, refusal.command_sha256, refusal.reason, verdict)
 
     def _refusal_seen(self, device_id: str, digest: str, reason: str, verdict: RefusalVerdict) -> None:
         info = {"device_id": device_id, "command_sha256": digest, "reason": reason.removeprefix("refused: ")}

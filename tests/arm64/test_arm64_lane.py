@@ -96,8 +96,8 @@ class Operator:
     """The fleet side in process: a real RolloutController over a real MQTT client."""
 
     def __init__(self, root: Path, operator_key: Path, broker_url: str) -> None:
-        from edgesdk.fleet.deployments import DeploymentStore
         from edgesdk.fleet.rollout import RolloutController
+        from edgesdk.fleet.service.operator_db import open_rollout_store
         from edgesdk.keys import load_publisher_private_key
         from edgesdk.mqtt.client import ClientOptions, MqttClient
 
@@ -107,7 +107,7 @@ class Operator:
         self.client.start()
         assert self.client.wait_connected(10)
         self.ctl = RolloutController(
-            DeploymentStore(root / "fleet.sqlite3"), self.client, "edgesdk", load_publisher_private_key(operator_key),
+            open_rollout_store(root / "fleet.sqlite3"), self.client, "edgesdk", load_publisher_private_key(operator_key),
             poll_s=0.1,
         ).start()  # fmt: skip
         self.result: dict[str, str] = {}

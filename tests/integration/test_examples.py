@@ -177,9 +177,9 @@ def test_fleet_operator_enrolls_and_pushes_a_canary(tmp_path: Path, digits) -> N
     assert "lab-v1: SUCCEEDED" in out and "lab-v2: SUCCEEDED" in out
     assert wait_gone(str(work)) == {}  # agents and broker stopped on exit
 
-    from edgesdk.fleet.deployments import DeploymentStore
+    from edgesdk.fleet.service.operator_db import open_rollout_store
 
-    store = DeploymentStore(work / "fleet.sqlite3")
+    store = open_rollout_store(work / "fleet.sqlite3")
     rows = store.devices("lab-v2")
     assert sorted(r.wave for r in rows) == [0, 1, 1]  # one canary, then the other two
     assert {r.state for r in rows} == {"COMMITTED"} and {r.model_release for r in rows} == {2}

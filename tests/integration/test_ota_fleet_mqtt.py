@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from edgesdk.agent.ota import UpdateManager, UpdateState
 
-from edgesdk.fleet.deployments import ABORTED, SUCCEEDED, DeploymentStore
+from edgesdk.fleet.deployments import ABORTED, SUCCEEDED
 from edgesdk.fleet.rollout import STOPPED, RolloutController, RolloutPlan
+from edgesdk.fleet.service.operator_db import open_rollout_store
 from edgesdk.keys import load_publisher_private_key
 from edgesdk.mqtt.client import ClientOptions, MqttClient
 from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles
@@ -58,7 +59,7 @@ def controller(tmp_path: Path, bundles: OtaBundles, broker_url: str) -> tuple[Ro
     )
     client.start()
     assert client.wait_connected(10)
-    store = DeploymentStore(tmp_path / "fleet.sqlite3")
+    store = open_rollout_store(tmp_path / "fleet.sqlite3")
     ctl = RolloutController(store, client, "edgesdk", load_publisher_private_key(bundles.operator_key), poll_s=0.05)
     return ctl.start(), client
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.fleet.deployments import DeploymentStore
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan
+from edgesdk.fleet.service.operator_db import open_rollout_store
 from edgesdk.keys import generate_publisher_key, key_id, load_publisher_private_key, load_publisher_public_key
 from edgesdk.mqtt.client import ClientOptions, MqttClient
 from edgesdk.protocol.signing import command_digest, command_payload
@@ -102,7 +102,7 @@ class Fleet:
     def rollout(self, bundle: Path, operator_key: Path) -> str:
         """A real rollout (the fleet's controller signs it and serves the chunks)."""
         if self.controller is None:
-            store = DeploymentStore(self.root / "fleet.sqlite3")
+            store = open_rollout_store(self.root / "fleet.sqlite3")
             key = load_publisher_private_key(operator_key)
             self.controller = RolloutController(store, self.client, "edgesdk", key, poll_s=0.05).start()
         plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=1.0, probation_s=1.0, wave_timeout_s=240)

@@ -1,5 +1,6 @@
-"""The fleet service's database parts without a broker: migrations, the SQLAlchemy rollout
-store (the same cases as the operator's SQLite store), the ingest's refusals, downsampling."""
+"""The fleet service's database parts without a broker: migrations, the rollout store (opened as
+``fleet push`` opens its file and as the service opens its database), the ingest's refusals,
+downsampling."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ pytest.importorskip("sqlalchemy", reason="the fleet service needs the fleet-serv
 pytest.importorskip("alembic", reason="the fleet service needs the fleet-service extra (sqlalchemy, alembic)")
 
 from edgesdk.errors import UsageError  # noqa: E402
-from edgesdk.fleet.deployments import ABORTED, DeploymentStore, FollowUp  # noqa: E402
+from edgesdk.fleet.deployments import ABORTED, FollowUp  # noqa: E402
 from edgesdk.fleet.service import schema  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest, read_counters  # noqa: E402
+from edgesdk.fleet.service.operator_db import open_rollout_store  # noqa: E402
 from edgesdk.fleet.service.retention import Retention, downsample, prune  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from edgesdk.schemas.messages import Deployment, HealthCriteria, OtaStatus  # noqa: E402
@@ -41,10 +43,13 @@ def _template(deployment_id: str = "dep-1") -> Deployment:
     )
 
 
-@pytest.fixture(params=["operator-sqlite", "service-sqlalchemy"])
+@pytest.fixture(params=["operator-file", "service-db"])
 def store(request, tmp_path: Path):
-    if request.param == "operator-sqlite":
-        yield DeploymentStore(tmp_path / "fleet.sqlite3")
+    """The one store, opened as ``fleet push`` opens its file and as the service opens its database."""
+    if request.param == "operator-file":
+        opened = open_rollout_store(tmp_path / "fleet.sqlite3")
+        yield opened
+        opened.engine.dispose()
         return
     engine = open_engine(f"sqlite:///{tmp_path / 'service.sqlite3'}")
     migrate(engine)

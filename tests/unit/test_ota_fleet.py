@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgesdk.errors import SignatureError, UsageError
-from edgesdk.fleet.deployments import ABORTED, SUCCEEDED, DeploymentStore
+from edgesdk.fleet.deployments import ABORTED, SUCCEEDED
 from edgesdk.fleet.rollout import (
     RolloutController,
     RolloutPlan,
@@ -18,6 +18,7 @@ from edgesdk.fleet.rollout import (
     parse_waves,
     plan_waves,
 )
+from edgesdk.fleet.service.operator_db import open_rollout_store
 from edgesdk.keys import generate_publisher_key, load_publisher_private_key, load_publisher_public_key
 from edgesdk.protocol.signing import canonical_json, sign_deployment, verify_deployment
 from edgesdk.schemas.messages import Deployment, OtaStatus
@@ -112,7 +113,7 @@ def test_plan_waves_canary_first_every_device_once_and_stable() -> None:
 
 
 def test_deployment_store_records_statuses_in_order(tmp_path: Path) -> None:
-    store = DeploymentStore(tmp_path / "fleet.sqlite3")
+    store = open_rollout_store(tmp_path / "fleet.sqlite3")
     message = deployment()
     store.create(message, tmp_path / "bundle.edgepkg", RolloutPlan().to_json(), [["a"], ["b", "c"]])
     with pytest.raises(UsageError, match="already exists"):
@@ -138,7 +139,7 @@ def test_deployment_store_records_statuses_in_order(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="'nope' not found"):
         store.get("nope")
     # A second connection (another shell running `fleet status`) sees the same data.
-    assert DeploymentStore(tmp_path / "fleet.sqlite3").devices("dep-1", 0)[0].state == "COMMITTED"
+    assert open_rollout_store(tmp_path / "fleet.sqlite3").devices("dep-1", 0)[0].state == "COMMITTED"
 
 
 class SimulatedFleet:
@@ -150,9 +151,10 @@ class SimulatedFleet:
     COMMITTED (or FAILED when it is in ``failing``), and a rollback of a committed update with
     ROLLED_BACK, as the agent does (``agent/ota/manager.py``: ``rollback_committed``)."""
 
-    def __init__(self, public_key, failing: set[str]) -> None:
+    def __init__(self, public_key, failing: set[str], silent: frozenset[str] = frozenset()) -> None:
         self.public_key = public_key
         self.failing = failing
+        self.silent = silent  # devices that never answer (switched off, or an id no device has)
         self.on_message = None
         self.state: dict[str, str] = {}
         self.rollbacks_received: list[str] = []
@@ -173,6 +175,8 @@ class SimulatedFleet:
         assert message.expires_at is not None and message.expires_at > datetime.now(timezone.utc)
         self.last_sequence[device] = message.sequence
         self.commands.append(message)
+        if device in self.silent:
+            return 1
         if message.action == "install":
             self._report(message, device, "FAILED" if device in self.failing else "COMMITTED")
         elif message.action == "rollback":
@@ -199,7 +203,9 @@ class SimulatedFleet:
 TWENTY_DEVICES = [f"dev-{i:02d}" for i in range(20)]
 
 
-def run_simulated_rollout(tmp_path: Path, operator, plan: RolloutPlan, failing: set[str]):
+def run_simulated_rollout(
+    tmp_path: Path, operator, plan: RolloutPlan, failing: set[str], silent: frozenset[str] = frozenset(), **kwargs
+):
     """Run a real RolloutController over twenty simulated devices; returns (outcome, fleet, store, waves)."""
     private, public = operator
     tmp_path.mkdir(exist_ok=True)
@@ -207,11 +213,11 @@ def run_simulated_rollout(tmp_path: Path, operator, plan: RolloutPlan, failing: 
     bundle.write_bytes(b"x")  # deployment() describes these bytes; the controller serves chunks from them
     # What RolloutController.create stores: an unsigned template; the controller issues commands.
     message = deployment().model_copy(update={"sequence": 0, "targets": TWENTY_DEVICES})
-    store = DeploymentStore(tmp_path / "fleet.sqlite3")
+    store = open_rollout_store(tmp_path / "fleet.sqlite3")
     waves = plan_waves(TWENTY_DEVICES, plan, seed=message.deployment_id)
     store.create(message, bundle, plan.to_json(), waves)
-    fleet = SimulatedFleet(public, failing)
-    controller = RolloutController(store, fleet, "edgesdk", private, poll_s=0.01).start()
+    fleet = SimulatedFleet(public, failing, silent)
+    controller = RolloutController(store, fleet, "edgesdk", private, poll_s=0.01, **kwargs).start()
     return controller.run(message.deployment_id), fleet, store, waves
 
 
@@ -227,6 +233,26 @@ def test_max_failures_tolerates_failures_up_to_its_level(tmp_path: Path, operato
     # The share counts the devices sent so far: the same failure in the first half is 1 of 10.
     outcome, _, store, _ = run_simulated_rollout(tmp_path / "early", operator, plan, failing={waves[0][3]})
     assert outcome == ABORTED and "1 of 10 devices failed" in store.get("dep-1").reason
+
+
+def test_a_device_that_never_answers_fails_its_wave_at_the_deadline_and_polls_log_only_changes(
+    tmp_path: Path, operator
+) -> None:
+    # One of twenty devices never answers (an id no device has, say): at the wave's deadline it
+    # is TIMED_OUT, counted as a failure by the gate, and the rollout ends instead of waiting.
+    plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=0.05, probation_s=1, wave_timeout_s=0.5)
+    silent = frozenset({TWENTY_DEVICES[7]})
+    events: list[tuple[str, dict]] = []
+    outcome, _, store, _ = run_simulated_rollout(
+        tmp_path, operator, plan, failing=set(), silent=silent, on_progress=lambda e, i: events.append((e, i))
+    )
+    assert outcome == SUCCEEDED  # 1 of 20 is within max_failures 5 %
+    row = next(d for d in store.devices("dep-1") if d.device_id in silent)
+    assert (row.state, row.reason) == ("TIMED_OUT", "no answer within 0.5s (last SENT)")
+    # About fifty polls while waiting, two changes (sent, then the timeout): two progress events.
+    progress = [info for event, info in events if event == "wave_progress"]
+    assert len(progress) <= 3, progress
+    assert progress[-1]["states"] == {"COMMITTED": 19, "TIMED_OUT": 1}
 
 
 def test_one_failure_past_max_failures_aborts_and_rolls_back_the_whole_wave(tmp_path: Path, operator) -> None:
@@ -268,10 +294,10 @@ def test_each_wave_gets_its_own_command_addressed_to_exactly_its_devices(tmp_pat
 
 
 def test_sequence_numbers_rise_across_deployments_and_a_new_database(tmp_path: Path) -> None:
-    first = DeploymentStore(tmp_path / "a.sqlite3")
+    first = open_rollout_store(tmp_path / "a.sqlite3")
     numbers = [first.next_sequence("key-1") for _ in range(3)]
     assert numbers == sorted(numbers) and len(set(numbers)) == 3
     assert first.next_sequence("key-2") >= numbers[0]  # each key has its own counter
     # A lost or second database still issues above what the first did (Unix-millisecond floor).
-    assert DeploymentStore(tmp_path / "b.sqlite3").next_sequence("key-1") > numbers[0]
-    assert DeploymentStore(tmp_path / "a.sqlite3").next_sequence("key-1") > numbers[-1]
+    assert open_rollout_store(tmp_path / "b.sqlite3").next_sequence("key-1") > numbers[0]
+    assert open_rollout_store(tmp_path / "a.sqlite3").next_sequence("key-1") > numbers[-1]

@@ -15,7 +15,6 @@ from edgesdk.agent.ota.freshness import ReportBudget
 from edgesdk.fleet.deployments import (
     REFUSAL_OF_SUPERSEDED,
     REFUSAL_OF_UNISSUED,
-    DeploymentStore,
     IssuedCommand,
     judge_refusal,
 )
@@ -67,15 +66,19 @@ def test_judge_refusal(issued, device, row, counted, kind) -> None:
     assert (verdict.counted, verdict.security_event) == (counted, kind)
 
 
-@pytest.fixture(params=["operator-sqlite", "service-sqlalchemy"])
+@pytest.fixture(params=["operator-file", "service-db"])
 def store(request, tmp_path: Path) -> Any:
-    if request.param == "operator-sqlite":
-        yield DeploymentStore(tmp_path / "fleet.sqlite3")
-        return
-    pytest.importorskip("sqlalchemy", reason="the fleet service needs the fleet-service extra")
+    """The one store, opened as ``fleet push`` opens its file and as the service opens its database."""
+    pytest.importorskip("sqlalchemy", reason="the deployment store needs the fleet extra (sqlalchemy, alembic)")
     from edgesdk.fleet.service.database import migrate, open_engine
+    from edgesdk.fleet.service.operator_db import open_rollout_store
     from edgesdk.fleet.service.store import SqlRolloutStore
 
+    if request.param == "operator-file":
+        opened = open_rollout_store(tmp_path / "fleet.sqlite3")
+        yield opened
+        opened.engine.dispose()
+        return
     engine = open_engine(f"sqlite:///{tmp_path / 'service.sqlite3'}")
     migrate(engine)
     yield SqlRolloutStore(engine)

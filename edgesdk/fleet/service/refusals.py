@@ -2,8 +2,9 @@
 
 A device answers a signed command it will not run with a FAILED ``ota/status`` carrying the
 command's digest, and a message whose signature does not verify with an ``ota_refused`` event
-carrying the digest (and no status). The ingest hands both here after its batch committed. The
-store judges each (``RolloutStore.record_refusal``: only a refusal of a command this service
+carrying the digest (and no status). The ingest hands both here after its batch committed.
+:func:`~edgesdk.fleet.deployments.judge_refusals` (the rollout controller's path too) picks them out
+and the store judges each (``RolloutStore.record_refusal``: only a refusal of a command this service
 issued to that device counts, and then the device's row is FAILED with ``refused by DEVICE: …``,
 which the rollout's failure threshold sees at its next poll). A refusal that does not count — a
 forged or replayed copy of a command published on the device's topic — changes no rollout and is
@@ -17,12 +18,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import ValidationError
-
-from edgesdk.fleet.deployments import UNVERIFIED_REFUSALS, RefusalVerdict, RolloutStore
+from edgesdk.fleet.deployments import Refusal, RefusalVerdict, RolloutStore, judge_refusals
 from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
-from edgesdk.schemas.messages import CommandRefusal, Event, OtaStatus
+from edgesdk.schemas.messages import Event, OtaStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,67 +38,41 @@ class Refusals:
     def handle(self, statuses: Iterable[OtaStatus], events: Iterable[Event]) -> tuple[int, int]:
         """Judge every refusal among ``statuses`` and ``events``; (counted, new security events)."""
         counted = recorded = 0
-        for status in statuses:
-            if status.command_sha256 is None:
-                continue
-            verdict = self.store.record_refusal(status.device_id, status.command_sha256, status.reason, status.ts)
-            ok, new = self._after(verdict, status.device_id, status.msg_id, status.ts.timestamp(),
-                                  status.deployment_id, status.command_sha256, None, status.reason)  # fmt: skip
-            counted, recorded = counted + ok, recorded + new
-        for event in events:
-            if event.event != "ota_refused":
-                continue
-            try:
-                refusal = CommandRefusal.model_validate(event.detail)
-            except ValidationError:
-                continue  # an older agent's event, without the digest: nothing to match
-            if refusal.why not in UNVERIFIED_REFUSALS:
-                continue  # a signed command's refusal: its FAILED status (above) carries it
-            reason = f"refused: {refusal.reason}"
-            verdict = self.store.record_refusal(event.device_id, refusal.command_sha256, reason, event.ts)
-            ok, new = self._after(verdict, event.device_id, event.msg_id, event.ts.timestamp(),
-                                  refusal.deployment_id, refusal.command_sha256, refusal.why, reason)  # fmt: skip
-            counted, recorded = counted + ok, recorded + new
+        for refusal, verdict in judge_refusals(self.store, statuses, events):
+            if verdict.counted:
+                log.warning(
+                    "deployment %s: refused by %s: %s", verdict.deployment_id, refusal.device_id, refusal.reason
+                )
+                counted += 1
+            else:
+                recorded += self._security_event(refusal, verdict)
         return counted, recorded
 
-    def _after(
-        self,
-        verdict: RefusalVerdict,
-        device_id: str,
-        msg_id: str,
-        ts: float,
-        claimed: str | None,
-        digest: str,
-        why: str | None,
-        reason: str,
-    ) -> tuple[bool, bool]:
-        """(counted, a new security event written) — a redelivered message writes none."""
-        if verdict.counted:
-            log.warning("deployment %s: refused by %s: %s", verdict.deployment_id, device_id, reason)
-            return True, False
+    def _security_event(self, refusal: Refusal, verdict: RefusalVerdict) -> bool:
+        """Record a refusal that does not count; False when already recorded (a redelivery)."""
         log.warning(
             "security event %s: %s refused a command this service did not issue to it (digest %s, claims "
             "deployment %s): %s",
             verdict.security_event,
-            device_id,
-            digest[:12],
-            claimed,
-            reason,
+            refusal.device_id,
+            refusal.command_sha256[:12],
+            refusal.claimed_deployment,
+            refusal.reason,
         )
         with Transaction(self.engine, self.where) as db:
             written = db.execute(
                 self._insert.values(
-                    ts=ts,
-                    device_id=device_id,
-                    msg_id=msg_id,
+                    ts=refusal.ts.timestamp(),
+                    device_id=refusal.device_id,
+                    msg_id=refusal.msg_id,
                     kind=verdict.security_event or "",
-                    deployment_id=claimed,
-                    command_sha256=digest,
-                    why=why,
-                    reason=reason,
+                    deployment_id=refusal.claimed_deployment,
+                    command_sha256=refusal.command_sha256,
+                    why=refusal.why,
+                    reason=refusal.reason,
                 )
             )
-        return False, written.rowcount == 1
+        return bool(written.rowcount == 1)
 
 
 def recent(

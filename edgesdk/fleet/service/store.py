@@ -1,7 +1,7 @@
-"""The rollout controller's port (``RolloutStore``) on SQLAlchemy Core: the service's deployments.
+"""The one deployment store: the rollout controller's port (``RolloutStore``) on SQLAlchemy Core.
 
-Same behaviour as the operator's :class:`edgesdk.fleet.deployments.DeploymentStore` (a test
-runs both through the same cases), on any database the service supports. Every method is one
+The fleet service keeps it in its database (PostgreSQL or SQLite); the standalone ``edgesdk fleet
+push`` in one SQLite file (:mod:`edgesdk.fleet.service.operator_db`). Every method is one
 short transaction; ``next_sequence`` locks the issuer's row (``SELECT … FOR UPDATE`` on
 PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already holds the write lock) so two rollouts signing
 at once never get the same number.
@@ -86,7 +86,9 @@ class SqlRolloutStore:
         row = self.find(deployment_id)
         if row is None:
             known = [r.id for r in self.all()][-10:]
-            raise UsageError(f"deployment {deployment_id!r} not found; recent: {', '.join(known) or 'none'}")
+            raise UsageError(
+                f"deployment {deployment_id!r} not found in {self.where}; recent: {', '.join(known) or 'none'}"
+            )
         return row
 
     def all(self) -> list[DeploymentRow]:
@@ -147,8 +149,10 @@ class SqlRolloutStore:
     # -- command sequence numbers -----------------------------------------------------------
 
     def next_sequence(self, issuer: str) -> int:
-        """As :meth:`DeploymentStore.next_sequence`: persisted before it is used, strictly above
-        every number issued from this database, at least the Unix time in milliseconds."""
+        """The next sequence number of ``issuer`` (an operator key id), persisted before it is
+        used: strictly above every one this database issued, and at least the current Unix time
+        in milliseconds, so a new or restored database (or a second operator machine with the
+        same key and a sane clock) still issues numbers the devices accept."""
         table = schema.issuers
         floor = int(time.time() * 1000)
         with self._begin() as db:
@@ -219,7 +223,8 @@ class SqlRolloutStore:
             )
 
     def record_refusal(self, device_id: str, command_sha256: str, reason: str, ts: datetime) -> RefusalVerdict:
-        """As :meth:`DeploymentStore.record_refusal` (judged by ``judge_refusal``)."""
+        """Judge a device's refusal of the command ``command_sha256`` (``judge_refusal``); when
+        it counts, the device's row becomes FAILED with the reason."""
         issued_table, table = schema.issued_commands, schema.deployment_devices
         stamp = ts.isoformat()
         with self._begin() as db:
