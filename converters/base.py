@@ -41,6 +41,8 @@ class SourceModel:
     source_kind: str = ""
     #: The source's own precision when it is already quantized or fp16 (a prebuilt int8 .tflite).
     native_precision: Precision = Precision.FP32
+    #: What reading the source changed in it, for the report (source.read_onnx: folded Constant weights).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:

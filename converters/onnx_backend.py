@@ -102,7 +102,7 @@ class OnnxConverter:
         if method in _NEEDS_CALIBRATION and not request.calibration:
             raise ConversionError(f"onnx int8 ({method}) needs calibration data (--calibration)")
         try:
-            build(request, out, keep)
+            build(_at_per_channel_opset(request), out, keep)
         except ConversionError:
             raise
         except Exception as exc:  # noqa: BLE001 - onnxruntime.quantization, NNCF and aimet raise many types
@@ -111,6 +111,34 @@ class OnnxConverter:
             ) from exc
         notes = [f"kept in float: {', '.join(keep)}"] if keep else []
         return ConvertedArtifact({"model.onnx": out}, Precision.INT8, method, notes)
+
+
+#: DequantizeLinear takes a per-channel ``axis`` from opset 13 on; below it, a per-channel QDQ
+#: model is invalid ("Unrecognized attribute: axis"), as paddle2onnx's opset 11/12 exports were.
+PER_CHANNEL_OPSET = 13
+
+
+def _at_per_channel_opset(request: ConversionRequest) -> ConversionRequest:
+    """``request`` with its source raised to :data:`PER_CHANNEL_OPSET` when it is older (the
+    upgraded copy in the build's workdir); the source is left as it is for every other variant."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(request.source.onnx_path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    if opset >= PER_CHANNEL_OPSET:
+        return request
+    try:
+        upgraded = version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    except Exception as exc:  # noqa: BLE001 - the version converter raises many types
+        raise ConversionError(
+            f"onnx int8 needs opset {PER_CHANNEL_OPSET} (per-channel DequantizeLinear); the model is opset {opset} "
+            f"and onnx's version converter failed: {native_cause(str(exc), 'onnx.version_converter')}; "
+            f"re-export it at opset {PER_CHANNEL_OPSET} or newer"
+        ) from exc
+    path = request.workdir / f"source-opset{PER_CHANNEL_OPSET}.onnx"
+    onnx.save_model(upgraded, str(path))
+    return dataclasses.replace(request, source=dataclasses.replace(request.source, onnx_path=path))
 
 
 def _static(request: ConversionRequest, out: Path, keep: list[str], *, u8: bool = False, **options: Any) -> None:

@@ -506,6 +506,7 @@ def convert(
         source, cal, val, decisions = _arrange_data(
             source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
+        decisions = [*source.notes, *decisions]
         if raw_validation and cal:
             repeated = check_disjoint(cal, val)  # UsageError on overlap
             decisions.append(

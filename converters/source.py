@@ -77,9 +77,11 @@ def check_onnx_ops(model: Any, where: str) -> None:
             )
 
 
-def read_onnx(path: Path, workdir: Path) -> tuple[Path, list[TensorSpec], list[TensorSpec]]:
-    """Check and copy an ONNX file into ``workdir`` with its weights embedded."""
+def read_onnx(path: Path, workdir: Path) -> tuple[Path, list[TensorSpec], list[TensorSpec], list[str]]:
+    """Check and copy an ONNX file into ``workdir`` with its weights embedded and held as
+    initializers (constant_weights.py); the last item says what was changed, for the report."""
     import onnx
+    from edgesdk.converters.constant_weights import fold_constant_weights
 
     if not path.is_file():
         raise ModelError(f"model {path}: file not found")
@@ -90,12 +92,14 @@ def read_onnx(path: Path, workdir: Path) -> tuple[Path, list[TensorSpec], list[T
     if not model.graph.node:
         raise ModelError(f"model {path}: the ONNX graph has no nodes")
     check_onnx_ops(model, str(path))
+    folded = fold_constant_weights(model)
+    notes = [f"folded {folded} Constant weights into initializers (the quantizers and onnx2torch read weights there)"]
     initializers = {i.name for i in model.graph.initializer}
     inputs = [_value_info_spec(v) for v in model.graph.input if v.name not in initializers]
     outputs = [_value_info_spec(v) for v in model.graph.output]
     copy = workdir / "source.onnx"
     onnx.save_model(model, str(copy))  # weights embedded: every runtime loads it from bytes
-    return copy, inputs, outputs
+    return copy, inputs, outputs, notes if folded else []
 
 
 def import_factory(spec: str) -> Any:
@@ -217,7 +221,7 @@ def load_source(
         return read_prebuilt(Path(str(model)), workdir, name)
     if isinstance(model, (str, Path)) and str(model).endswith(".onnx"):
         path = Path(model)
-        onnx_path, inputs, outputs = read_onnx(path, workdir)
+        onnx_path, inputs, outputs, notes = read_onnx(path, workdir)
         from edgesdk.converters.data import synthetic_inputs
         from edgesdk.converters.input_spec import resolve_layout
 
@@ -231,6 +235,7 @@ def load_source(
             outputs=outputs,
             example={k: np.array(v) for k, v in feeds.items()},
             layout=layout,
+            notes=notes,
         )
     if isinstance(model, (str, Path)):
         where = str(model)
@@ -257,7 +262,7 @@ def load_source(
 
     example = first_sample(example, batch_axes)  # one sample, in the model's layout
     onnx_path, names = export_torch(module, example, output_names, dynamic_axes, workdir, where, batch_axes)
-    _, inputs, outputs = read_onnx(onnx_path, workdir)
+    _, inputs, outputs, notes = read_onnx(onnx_path, workdir)
     return SourceModel(
         name=name or default_name,
         source=where,
@@ -266,6 +271,7 @@ def load_source(
         outputs=outputs,
         example=example,
         torch_module=module,
+        notes=notes,
     )
 
 
