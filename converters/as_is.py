@@ -1,7 +1,8 @@
 """``--as-is``: a prebuilt artifact (``.onnx``, ``.tflite``, OpenVINO IR) shipped as it is.
 
 No conversion: the file is one variant of its own format, at the precision found in it
-(integer or Q/DQ ops → int8, float16 weights → fp16: :func:`prebuilt.native_precision`),
+(integer or Q/DQ ops → int8, float16 weights → fp16: :func:`prebuilt.native_precision`; a
+.tflite storing fp16 weights for LiteRT to expand at load is fp32 on a profile without fp16),
 validated where its runtime runs here (it loads and runs on the data, its latency and memory
 measured, its outputs its own reference), then signed and packaged like any other variant.
 The profile must run that format at that precision, or the plan says why not.
@@ -29,12 +30,24 @@ _FORMAT_OF_KIND = {"onnx": ModelFormat.ONNX, "tflite": ModelFormat.TFLITE, "open
 def refuse_quantized_source(source: SourceModel) -> str:
     """The source kind for the planner; a prebuilt source that is already quantized cannot climb
     the fp32 → fp16 → int8 ladder (its "fp32" would be int8): it ships with --as-is."""
+    if fp16_storage_only(source):
+        return source.kind  # its fp32 is its fp16 weights dequantized (tflite_graph), the same values
     if source.kind in ("tflite", "openvino") and source.native_precision != Precision.FP32:
         raise UsageError(
             f"model {source.source} is already {source.native_precision.value}: there is no fp32 model to "
             "convert from; ship it as it is with --as-is"
         )
     return source.kind
+
+
+def fp16_storage_only(source: SourceModel) -> bool:
+    """A .tflite whose float16 tensors are all weights feeding Dequantize ops: LiteRT expands them
+    to float32 at load and computes in fp32 (MediaPipe's models): fp16 storage, not fp16 compute."""
+    if source.kind != "tflite" or source.native_precision != Precision.FP16:
+        return False
+    from edgesdk.converters.tflite_graph import fp16_content
+
+    return fp16_content(source.onnx_path.read_bytes()).storage_only
 
 
 def as_is_plan(profile: DeviceProfile, source: SourceModel, host_runtimes: Collection[RuntimeName]) -> Plan:
@@ -53,6 +66,12 @@ def as_is_plan(profile: DeviceProfile, source: SourceModel, host_runtimes: Colle
             f"{profile.name} does not run {fmt.value} (it runs {', '.join(f.value for f in profile.formats)})",
         )
         return plan
+    if precision == Precision.FP16 and Precision.FP16 not in support.precisions and fp16_storage_only(source):
+        precision = Precision.FP32
+        plan.decisions.append(
+            f"--as-is: {source.source} stores float16 weights that LiteRT expands to float32 at load: on "
+            f"{profile.name}, whose {support.runtime.value} does not list fp16, it computes in fp32 and ships as fp32"
+        )
     if precision not in support.precisions:
         plan.reject(fmt, precision, f"{support.runtime.value} on {profile.name} does not list {precision.value}")
         return plan

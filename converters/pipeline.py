@@ -212,13 +212,15 @@ class _Run:
         return _Built(planned, artifact, result, convert_s, kept_float=len(keep_float))
 
     def _checked(self, planned: PlannedVariant, artifact: ConvertedArtifact) -> ConvertedArtifact:
-        """An fp32 artifact sets the size an int8 one must beat; an int8 one must be int8."""
-        from edgesdk.converters.precision_check import check_int8
+        """An fp32 artifact sets the size an int8 one must beat; an int8 one must be int8, an fp16 one fp16."""
+        from edgesdk.converters.precision_check import check_fp16, check_int8
 
         if planned.converter == AS_IS:
             return artifact  # its precision was read from its ops (prebuilt.native_precision)
         if planned.precision == Precision.FP32:
             self.fp32_sizes[planned.format] = artifact.size
+        elif planned.precision == Precision.FP16:
+            check_fp16(planned.format, artifact.files, self.fp32_sizes.get(planned.format, artifact.size))
         elif planned.precision == Precision.INT8:
             fp32_size = self.fp32_sizes.get(planned.format, self.source.onnx_path.stat().st_size)
             onnx_source = self.source.onnx_path if self.source.kind in ("onnx", "pytorch") else None
@@ -506,7 +508,6 @@ def convert(
         source, cal, val, decisions = _arrange_data(
             source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
-        decisions = [*source.notes, *decisions]
         if raw_validation and cal:
             repeated = check_disjoint(cal, val)  # UsageError on overlap
             decisions.append(

@@ -1,5 +1,6 @@
 """A variant is what its name says: an "int8" file holds integer or Q/DQ operators and is
-smaller than fp32; an fp16 ONNX file has consistent types in every sub-graph.
+smaller than fp32; an "fp16" file holds float16 tensors; an fp16 ONNX file has consistent
+types in every sub-graph.
 
 A quantizer that finds nothing to quantize (a model whose layers sit inside ``If``/``Loop``
 branches, which onnxruntime's static QDQ does not enter) writes a float file a little
@@ -152,6 +153,63 @@ def check_int8(fmt: ModelFormat, files: Mapping[str, Path], fp32_size: int, sour
             f"not int8: {size} bytes, not smaller than fp32's {fp32_size} (nothing was quantized worth shipping)"
         )
     return notes
+
+
+def _onnx_fp16_values(path: Path) -> int:
+    """float16 initializers, Constant values, casts to float16 and float16-typed values, anywhere."""
+    import onnx
+
+    fp16 = onnx.TensorProto.FLOAT16
+    model = onnx.load(str(path))
+    count = sum(1 for i in model.graph.initializer if i.data_type == fp16)
+    for node, _ in onnx_nodes(model.graph):
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == fp16:
+                count += 1
+            elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == fp16:
+                count += 1
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    return count + sum(1 for v in values if v.type.tensor_type.elem_type == fp16)
+
+
+def _openvino_fp16_constants(xml_path: Path) -> int:
+    return sum(
+        1
+        for layer in ET.parse(xml_path).getroot().iter("layer")
+        if layer.get("type") == "Const"
+        and (data := layer.find("data")) is not None
+        and data.get("element_type") == "f16"
+    )
+
+
+def _tflite_fp16_tensors(path: Path) -> int | None:
+    """float16 tensors an op reads or writes (weights stored as fp16, or fp16 compute); None without LiteRT."""
+    try:
+        from edgesdk.converters.tflite_graph import fp16_content
+    except ImportError:
+        return None
+    content = fp16_content(path.read_bytes())
+    return content.stored_weights + content.computed
+
+
+def check_fp16(fmt: ModelFormat, files: Mapping[str, Path], fp32_size: int) -> None:
+    """Raise ConversionError unless the fp16 variant holds float16 content: a converter that finds
+    nothing to cast (ai-edge-quantizer's float casting on ops it does not cover) writes the fp32
+    model again, bit-identical; shipped as "fp16" it would be a ladder step that changes nothing."""
+    size = sum(p.stat().st_size for p in files.values())
+    if fmt == ModelFormat.ONNX:
+        found: int | None = _onnx_fp16_values(files["model.onnx"])
+    elif fmt == ModelFormat.OPENVINO:
+        found = _openvino_fp16_constants(files["model.xml"])
+    elif fmt == ModelFormat.TFLITE:
+        found = _tflite_fp16_tensors(files["model.tflite"])
+    else:
+        found = None  # Core ML: its fp16 is a compute precision of the spec, not tensors to count
+    if found == 0:
+        raise ConversionError(
+            f"not fp16: the file holds no float16 tensor ({size} bytes vs fp32 {fp32_size}); "
+            "the converter cast nothing and its outputs would be fp32's"
+        )
 
 
 def check_fp16_onnx(model: Any) -> None:

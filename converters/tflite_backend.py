@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from edgesdk.converters import onnx2tf_route, onnx2torch_route
+from edgesdk.converters import onnx2tf_route, onnx2torch_route, tflite_graph
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
 from edgesdk.converters.input_spec import InputLayout
 from edgesdk.converters.quiet import quiet_native
@@ -209,6 +209,12 @@ def _outputs(out: Any) -> list[np.ndarray]:
     return [np.asarray(o.detach().numpy(), dtype=np.float64) for o in out]
 
 
+#: How the fp32 of a .tflite source with fp16 weight storage is made.
+_DEQUANTIZED = (
+    "the source .tflite with its float16 weights dequantized to float32 ahead of time, as LiteRT does at "
+    "load (the same values: outputs bit-identical)"
+)
+
 #: Why a variant from a PyTorch module has static shapes (measured: docs/converters.md).
 _NO_DYNAMIC_SHAPES = "litert-torch's dynamic shapes do not lower Flatten or Embedding"
 
@@ -233,8 +239,12 @@ class TFLiteConverter:
 
     def _convert_float(self, source: SourceModel, calibration: Any) -> tuple[bytes, _Buckets, str]:
         if source.kind == "tflite":
-            # A float .tflite source is its own fp32 model.
-            return source.onnx_path.read_bytes(), _NO_BUCKETS, "the source .tflite as given"
+            # A float .tflite source is its own fp32 model; one storing fp16 weights for LiteRT
+            # to expand at load (MediaPipe's) gets them expanded here, the same values.
+            content = source.onnx_path.read_bytes()
+            if tflite_graph.fp16_content(content).storage_only:
+                return tflite_graph.dequantize_fp16_weights(content), _NO_BUCKETS, _DEQUANTIZED
+            return content, _NO_BUCKETS, "the source .tflite as given"
         if source.torch_module is None:
             content, route = self._convert_onnx(source)
             return content, _NO_BUCKETS, f"static shapes (batch 1): {route}"
@@ -342,6 +352,7 @@ class TFLiteConverter:
     ) -> bytes:
         from ai_edge_quantizer import quantizer
 
+        model = tflite_graph.with_signature(model)  # the quantizer runs signatures only (MediaPipe's have none)
         try:
             with quiet_native():
                 q = quantizer.Quantizer(model)

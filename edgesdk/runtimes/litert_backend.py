@@ -1,7 +1,9 @@
 """LiteRT backend: the only module of the agent that imports ai-edge-litert (or tflite-runtime).
 
 Models run through their default signature, so tensors are named as the converter named
-them ("image", "logits") rather than by the interpreter's internal tensor names. Full-int8
+them ("image", "logits") rather than by the interpreter's internal tensor names. A model
+without a signature (as MediaPipe ships them) runs by tensor index, its tensors named by the
+interpreter's tensor names. Full-int8
 models take and return int8: the TensorSpecs carry the quantization parameters and callers
 quantize/dequantize with them.
 """
@@ -104,6 +106,55 @@ def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:
     return TensorSpec(name=name, dtype=np.dtype(detail["dtype"]).name, shape=shape, quantization=quantization)
 
 
+class _TensorIndexRunner:
+    """A signature runner's interface over a .tflite without a SignatureDef (MediaPipe ships
+    every model so): the subgraph's inputs and outputs by their tensor names, run by index."""
+
+    def __init__(self, interpreter: Any) -> None:
+        self._interpreter = interpreter
+        self._inputs = {d["name"]: d for d in interpreter.get_input_details()}
+        self._outputs = {d["name"]: d for d in interpreter.get_output_details()}
+        self._shapes = {name: [int(n) for n in d["shape"]] for name, d in self._inputs.items()}
+        if len(self._inputs) != len(interpreter.get_input_details()) or len(self._outputs) != len(
+            interpreter.get_output_details()
+        ):
+            raise RuntimeBackendError(
+                "the .tflite model has no signature and two of its inputs or outputs share a name"
+            )
+
+    def get_input_details(self) -> dict[str, Any]:
+        return dict(self._inputs)
+
+    def get_output_details(self) -> dict[str, Any]:
+        return dict(self._outputs)
+
+    def __call__(self, **feeds: np.ndarray) -> dict[str, np.ndarray]:
+        interpreter = self._interpreter
+        resized = False
+        for name, value in feeds.items():
+            shape = list(np.shape(value))
+            if shape != self._shapes[name]:  # a dynamic axis (-1 in shape_signature) took another size
+                interpreter.resize_tensor_input(self._inputs[name]["index"], shape, strict=True)
+                self._shapes[name] = shape
+                resized = True
+        if resized:
+            interpreter.allocate_tensors()
+        for name, value in feeds.items():
+            interpreter.set_tensor(self._inputs[name]["index"], value)
+        interpreter.invoke()
+        return {name: interpreter.get_tensor(d["index"]) for name, d in self._outputs.items()}
+
+
+def _serving_runner(interpreter: Any, signatures: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """The serving signature's runner, or the tensor-index runner when the model has none."""
+    serving = [key for key in signatures if not is_bucket(key)]
+    if serving:
+        return serving[0], interpreter.get_signature_runner(serving[0])
+    if signatures:
+        raise RuntimeBackendError("the .tflite model has only sequence-bucket signatures and no serving one")
+    return None, _TensorIndexRunner(interpreter)
+
+
 class LiteRTModel:
     """An interpreter built from bytes. Interpreters are not re-entrant, so ``run`` takes a lock."""
 
@@ -117,11 +168,7 @@ class LiteRTModel:
         self._interpreter = interpreter
         self._lock = threading.Lock()
         signatures = interpreter.get_signature_list()
-        serving = [key for key in signatures if not is_bucket(key)]
-        if not serving:
-            raise RuntimeBackendError("the .tflite model has no signature; export it with a serving signature")
-        self._signature = serving[0]
-        self._runner = interpreter.get_signature_runner(self._signature)
+        self._signature, self._runner = _serving_runner(interpreter, signatures)
         # Signatures list names alphabetically; tensor indices keep the model's own order.
         by_index = lambda item: item[1]["index"]  # noqa: E731
         self.inputs = [_spec(n, d) for n, d in sorted(self._runner.get_input_details().items(), key=by_index)]

@@ -1,0 +1,164 @@
+"""Reading and rewriting a ``.tflite`` flatbuffer as on-device frameworks ship it (issue 38).
+
+MediaPipe's models have no SignatureDef (LiteRT runs them by tensor index) and store their
+weights as float16 constants, each feeding a DEQUANTIZE op that LiteRT expands to float32 at
+load: fp16 *storage*, fp32 *compute*. This module tells that apart from fp16 compute (float16
+activations), adds the serving signature ai-edge-quantizer needs (named by the tensors, as
+the runtime names a signature-less model's I/O), and makes the real fp32 model by doing the
+dequantization once, ahead of time (exact: every float16 value is a float32 value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The signature key ai-edge-quantizer and the runtime use (tflite_backend.SIGNATURE).
+SIGNATURE = "serving_default"
+#: Metadata that lets a delegate run the model in reduced precision (fp16): a real fp32 drops it.
+_REDUCED_PRECISION = b"reduced_precision_support"
+
+
+def _schema() -> Any:
+    from ai_edge_litert import schema_py_generated
+
+    return schema_py_generated
+
+
+def _read(model: bytes) -> Any:
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(model))
+
+
+def _write(graph: Any) -> bytes:
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(graph))
+
+
+def _opcode(graph: Any, op: Any) -> int:
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return int(flatbuffer_utils.get_builtin_code_from_operator_code(graph.operatorCodes[op.opcodeIndex]))
+
+
+def _has_data(graph: Any, tensor: Any) -> bool:
+    data = graph.buffers[tensor.buffer].data if tensor.buffer < len(graph.buffers) else None
+    return data is not None and len(data) > 0
+
+
+def _name(tensor: Any) -> str:
+    name = tensor.name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+@dataclass(frozen=True)
+class Fp16Content:
+    """How many float16 tensors a .tflite holds, by what they are for."""
+
+    stored_weights: int  # float16 constants that only feed DEQUANTIZE (fp32 compute)
+    computed: int  # float16 tensors an op computes with (activations, or constants fed to other ops)
+
+    @property
+    def storage_only(self) -> bool:
+        return self.stored_weights > 0 and self.computed == 0
+
+
+def fp16_content(model: bytes) -> Fp16Content:
+    fb = _schema()
+    graph = _read(model)
+    stored = computed = 0
+    for subgraph in graph.subgraphs:
+        consumers: dict[int, set[int]] = {}
+        produced = {int(i) for op in subgraph.operators for i in (op.outputs if op.outputs is not None else [])}
+        for op in subgraph.operators:
+            for index in op.inputs if op.inputs is not None else []:
+                if index >= 0:
+                    consumers.setdefault(int(index), set()).add(_opcode(graph, op))
+        for index, tensor in enumerate(subgraph.tensors):
+            if tensor.type != fb.TensorType.FLOAT16 or (index not in consumers and index not in produced):
+                continue  # not float16, or a tensor no op touches
+            if _has_data(graph, tensor) and consumers.get(index, set()) <= {fb.BuiltinOperator.DEQUANTIZE}:
+                stored += 1
+            else:
+                computed += 1
+    return Fp16Content(stored, computed)
+
+
+def with_signature(model: bytes) -> bytes:
+    """``model`` with a serving signature over its first subgraph's I/O, named by the tensors;
+    ``model`` itself when it has signatures already."""
+    fb = _schema()
+    graph = _read(model)
+    if graph.signatureDefs:
+        return model
+    subgraph = graph.subgraphs[0]
+    signature = fb.SignatureDefT()
+    signature.signatureKey = SIGNATURE
+    signature.subgraphIndex = 0
+    signature.inputs, signature.outputs = [], []
+    for indices, into in ((subgraph.inputs, signature.inputs), (subgraph.outputs, signature.outputs)):
+        for index in indices:
+            entry = fb.TensorMapT()
+            entry.name = _name(subgraph.tensors[index])
+            entry.tensorIndex = int(index)
+            into.append(entry)
+    graph.signatureDefs = [signature]
+    return _write(graph)
+
+
+def dequantize_fp16_weights(model: bytes) -> bytes:
+    """``model`` with every float16 constant → DEQUANTIZE pair replaced by a float32 constant:
+    what LiteRT computes with after its load, so the outputs are bit-identical."""
+    fb = _schema()
+    graph = _read(model)
+    dequantize = fb.BuiltinOperator.DEQUANTIZE
+    for number, subgraph in enumerate(graph.subgraphs):
+        kept = []
+        for op in subgraph.operators:
+            source = subgraph.tensors[op.inputs[0]] if _opcode(graph, op) == dequantize else None
+            if source is None or source.type != fb.TensorType.FLOAT16 or not _has_data(graph, source):
+                kept.append(op)
+                continue
+            values = np.frombuffer(np.asarray(graph.buffers[source.buffer].data, np.uint8).tobytes(), np.float16)
+            target = subgraph.tensors[op.outputs[0]]
+            buffer = fb.BufferT()
+            buffer.data = np.frombuffer(values.astype(np.float32).tobytes(), np.uint8)
+            graph.buffers.append(buffer)
+            target.buffer = len(graph.buffers) - 1
+        subgraph.operators = kept
+        _drop_unused_fp16(graph, number, subgraph)
+    graph.metadata = [m for m in graph.metadata or [] if m.name != _REDUCED_PRECISION] or None
+    return _write(graph)
+
+
+def _drop_unused_fp16(graph: Any, number: int, subgraph: Any) -> None:
+    """Take out the float16 constants no op reads any more, and their data: an unread tensor
+    without data would be an unallocated one, which ai-edge-quantizer's calibration trips on."""
+    fb = _schema()
+    lists = [op.inputs for op in subgraph.operators] + [op.outputs for op in subgraph.operators]
+    lists += [op.intermediates for op in subgraph.operators] + [subgraph.inputs, subgraph.outputs]
+    used = {int(i) for indices in lists if indices is not None for i in indices if i >= 0}
+    gone = [i for i, t in enumerate(subgraph.tensors) if t.type == fb.TensorType.FLOAT16 and i not in used]
+    if not gone:
+        return
+    shared = {subgraph.tensors[i].buffer for i in used}
+    for index in gone:
+        if subgraph.tensors[index].buffer not in shared:
+            graph.buffers[subgraph.tensors[index].buffer].data = None
+    new_index = {old: new for new, old in enumerate(i for i in range(len(subgraph.tensors)) if i not in set(gone))}
+
+    def remap(indices: Any) -> list[int] | None:
+        return None if indices is None else [new_index[int(i)] if i >= 0 else int(i) for i in indices]
+
+    for op in subgraph.operators:
+        op.inputs, op.outputs, op.intermediates = remap(op.inputs), remap(op.outputs), remap(op.intermediates)
+    subgraph.inputs, subgraph.outputs = remap(subgraph.inputs), remap(subgraph.outputs)
+    subgraph.tensors = [t for i, t in enumerate(subgraph.tensors) if i in new_index]
+    for signature in graph.signatureDefs or []:
+        if signature.subgraphIndex == number:
+            for entry in [*(signature.inputs or []), *(signature.outputs or [])]:
+                entry.tensorIndex = new_index[entry.tensorIndex]
