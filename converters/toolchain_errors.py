@@ -35,6 +35,12 @@ _TRAILING_LOCATION = re.compile(r"^(?P<head>.*?):?\s*Exception from src/\S+:\d+:
 #: "While validating ONNX node '<Node(Reshape): y>': Exception from src/…": the node, then framing.
 _WHILE = re.compile(r"^While validating (?:ONNX )?node '<Node\((?P<op>\w+)\): (?P<name>[^>]*)>'")
 
+#: Where LiteRT's C++ error reporter runs two messages together with no newline between them
+#: ("failed to delegate MAX_POOL_2D node #29failed to delegate …", "…(2 != 0)Node number 0 …").
+_LITERT_GLUED = re.compile(r"(?<=\S)(?=failed to delegate |tflite/kernels/|Node number \d+ )")
+#: "failed to delegate MAX_POOL_2D node #29": one of a run that reads better as one line.
+_NOT_DELEGATED = re.compile(r"^(?P<head>.*?)failed to delegate (?P<op>\S+) node #(?P<node>\d+)$")
+
 
 def native_cause(message: str, tool: str) -> str:
     """One line: the op(s) and the cause(s) in ``message``, framing dropped (first line if nothing is left).
@@ -47,7 +53,7 @@ def native_cause(message: str, tool: str) -> str:
 
 def one_line(message: str) -> str:
     """``message`` with the framing lines dropped and the rest joined on one line."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line.strip() for line in _LITERT_GLUED.sub("\n", message).splitlines() if line.strip()]
     parts: list[str] = []
     current_op = ""
     for line in lines:
@@ -72,5 +78,25 @@ def one_line(message: str) -> str:
         current_op = ""
     if not parts:
         return lines[0] if lines else "no message"
-    unique = list(dict.fromkeys(parts))
+    unique = list(dict.fromkeys(_group_not_delegated(parts)))
     return "; ".join(unique)
+
+
+def _group_not_delegated(parts: list[str]) -> list[str]:
+    """Consecutive "failed to delegate OP node #N" lines of one op as one: "… OP nodes #29, #62"."""
+    grouped: list[str] = []
+    run: tuple[str, str, list[str]] | None = None  # (head, op, node numbers)
+    for part in [*parts, ""]:
+        match = _NOT_DELEGATED.match(part)
+        if match and run is not None and match.group("op") == run[1] and not match.group("head"):
+            run[2].append(match.group("node"))
+            continue
+        if run is not None:
+            nodes = ", ".join(f"#{n}" for n in run[2])
+            grouped.append(f"{run[0]}failed to delegate {run[1]} node{'s' if len(run[2]) > 1 else ''} {nodes}")
+            run = None
+        if match:
+            run = (match.group("head"), match.group("op"), [match.group("node")])
+        elif part:
+            grouped.append(part)
+    return grouped

@@ -47,3 +47,20 @@ def test_our_words_before_a_cpp_location_stay() -> None:
     assert one_line(message) == (
         "OpenVINO rejected the input; The input tensor size is not equal to the model input type: got [1] expecting []."
     )
+
+
+#: LiteRT's reporter as it reached a user (issue 38): messages run together with no newline.
+LITERT_GLUED = (
+    "LiteRT could not load the model: failed to delegate MAX_POOL_2D node #29failed to delegate MAX_POOL_2D "
+    "node #62failed to delegate MAX_POOL_2D node #97tflite/kernels/conv.cc:390 "
+    "affine_quantization->zero_point->data[i] != 0 (2 != 0)Node number 0 (CONV_2D) failed to prepare."
+)
+
+
+def test_litert_messages_run_together_are_split_and_one_ops_delegation_misses_grouped() -> None:
+    assert one_line(LITERT_GLUED) == (
+        "LiteRT could not load the model: failed to delegate MAX_POOL_2D nodes #29, #62, #97; "
+        "tflite/kernels/conv.cc:390 affine_quantization->zero_point->data[i] != 0 (2 != 0); "
+        "Node number 0 (CONV_2D) failed to prepare."
+    )
+    assert one_line("failed to delegate ADD node #3") == "failed to delegate ADD node #3"
