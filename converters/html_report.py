@@ -96,6 +96,12 @@ def render_html(report: ConversionReport) -> str:
                 ]
             )
         )
+    per_output = [
+        _row([v.id, o.output, o.metric, f"{o.value:.6g}", o.statistic, "" if o.bound is None else f"{o.bound:.6g}",
+              f"{o.mean:.6g}", f"{'≤' if o.metric in ('abs', 'max_abs') else '≥'} {o.threshold:.4g}", o.verdict, o.why])
+        for v in report.variants
+        for o in v.output_accuracy
+    ]  # fmt: skip
     rejected = [_row([r.format.value, r.precision.value, r.reason]) for r in report.rejected]
     recipes = [
         _row(
@@ -139,6 +145,11 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}th{{background:#f3
 <h2>Shipped variants</h2>
 <table><tr><th>variant</th><th>runtime</th><th>method</th><th>size</th><th>{report.metric}</th><th>95% lower bound</th><th>ladder</th><th>max abs diff</th>
 <th>load ms</th><th>p50 ms</th><th>p95 ms</th><th>peak RSS MB</th><th>convert s</th><th>notes</th></tr>{"".join(shipped)}</table>
+<h2>Every output against its own metric</h2>
+<p>The gate reads the tail of a per-sample figure (the worst sample, or the 5th percentile from 20 samples on;
+95th for an error), or an agreement on its Wilson bound; the mean is shown beside it.</p>
+<table><tr><th>variant</th><th>output</th><th>metric</th><th>value</th><th>statistic</th><th>95% bound</th><th>mean</th>
+<th>gate</th><th>verdict</th><th>why this metric</th></tr>{"".join(per_output) or "<tr><td colspan=10>none</td></tr>"}</table>
 {arch}
 <h2>Every recipe tried (family: {html.escape(report.family or "?")})</h2>
 <table><tr><th>variant</th><th>method</th><th>layers in float</th><th>{report.metric}</th><th>95% lower bound</th>

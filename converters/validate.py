@@ -17,11 +17,13 @@ from typing import Literal
 import numpy as np
 from edgesdk.converters.data import subset
 from edgesdk.converters.input_spec import InputLayout
+from edgesdk.converters.output_metrics import OutputMetric, read_output, requested_metrics, resolve, sentence
+from edgesdk.converters.output_metrics import per_sample as output_per_sample
 from edgesdk.converters.stateful import drift, run_all
 
 from edgesdk.errors import ConversionError
 from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
-from edgesdk.schemas.report import VariantMeasurements
+from edgesdk.schemas.report import OutputAccuracy, VariantMeasurements
 
 Metric = Literal["top1", "cosine", "max_abs"]
 DEFAULT_GATES: dict[str, float] = {"top1": 0.99, "cosine": 0.99, "max_abs": 1e-3}
@@ -91,6 +93,66 @@ def passes(metric: Metric, value: float, gate: float) -> bool:
     return value <= gate if metric == "max_abs" else value >= gate
 
 
+def judge_outputs(
+    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], metrics: Mapping[str, OutputMetric]
+) -> list[tuple[OutputAccuracy, int | None]]:
+    """Every output against its own metric (with the samples an agreement would need to pass)."""
+    judged = []
+    for name, metric in metrics.items():
+        reading = read_output(metric, output_per_sample(metric, outputs[name], reference[name]))
+        judged.append(
+            (
+                OutputAccuracy(
+                    output=name,
+                    metric=metric.kind,
+                    value=round(reading.value, 6),
+                    statistic=reading.statistic,
+                    mean=round(reading.mean, 6),
+                    bound=None if reading.lower_bound is None else round(reading.lower_bound, 6),
+                    threshold=float(metric.threshold or 0.0),
+                    passed=reading.verdict != "fail",
+                    verdict=reading.verdict,
+                    samples=reading.samples,
+                    why=metric.why,
+                    note=sentence(name, metric, reading),
+                ),
+                reading.samples_needed,
+            )
+        )
+    return judged
+
+
+def summary(
+    metric: Metric,
+    gate: float,
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    per_output: list[tuple[OutputAccuracy, int | None]],
+    max_abs: dict[str, float],
+) -> AccuracyResult:
+    """The manifest's one accuracy line: passed when every output passes, the worst verdict, and
+    the figure of the deciding output (the first that fails, else is inconclusive, else the first)
+    where the manifest's metrics can say it (top1, cosine); else the golden check's ``metric``."""
+    order = {"fail": 0, "inconclusive": 1, "pass": 2}
+    deciding, needed = min(per_output, key=lambda item: order[item[0].verdict])
+    if deciding.metric in ("top1", "cosine"):
+        label, value, lower, threshold = deciding.metric, deciding.value, deciding.bound, deciding.threshold
+    else:
+        label, value, lower, threshold, needed = metric, score(metric, outputs, reference), None, gate, None
+    return AccuracyResult(
+        metric=label,
+        value=value,
+        gate=threshold,
+        passed=all(o.passed for o, _ in per_output),
+        samples=int(next(iter(reference.values())).shape[0]),
+        max_abs_diff=max_abs,
+        lower_bound=lower,
+        verdict=deciding.verdict,
+        samples_needed=needed,
+        note="; ".join(o.note for o, _ in per_output),
+    )
+
+
 class _PeakRss:
     """Samples this process's RSS in a thread: the peak while a variant loads and runs."""
 
@@ -145,6 +207,8 @@ class ValidationResult:
     latencies_ms: list[float] = field(default_factory=list)
     #: A stateful model's max |difference| per step of its streams (state fed back), else empty.
     stream_drift: list[float] = field(default_factory=list)
+    #: Every output against its own metric (output_metrics.py); the variant passes when all do.
+    output_accuracy: list[OutputAccuracy] = field(default_factory=list)
 
 
 def validate_numeric(
@@ -158,10 +222,13 @@ def validate_numeric(
     options: Mapping[str, str] | None = None,
     latency_runs: int = 30,
     layout: InputLayout | None = None,
+    metrics: Mapping[str, OutputMetric] | None = None,
 ) -> ValidationResult:
     """Load the variant from bytes in ``runtime`` and compare it with the reference.
 
-    ``data`` and ``reference`` are sample-major; ``layout`` says how the model takes them."""
+    ``data`` and ``reference`` are sample-major; ``layout`` says how the model takes them.
+    ``metrics`` judges each output (output_metrics.resolve); without it ``metric``/``gate`` apply
+    to every output. ``metric`` also labels the summary (the bundle's golden check metric)."""
     from edgesdk.runtimes import load_variant
     from edgesdk.runtimes.sequence_buckets import trim
 
@@ -204,11 +271,8 @@ def validate_numeric(
         return {n: _dequantize(raw[mapping[n]], out_specs.get(mapping[n])) for n in names}
 
     outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
-    value = score(metric, outputs, reference)
     stream_drift = drift(outputs, reference) if layout.state_pairs and layout.steps(data) else []
-    from edgesdk.converters.statistics import per_sample, read_gate
-
-    reading = read_gate(metric, value, gate, None if metric == "max_abs" else per_sample(metric, outputs, reference))
+    per_output = judge_outputs(outputs, reference, metrics or resolve(reference, requested_metrics(metric), gate))
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
     for _ in range(3):
         model.run(one)  # warm-up: first calls allocate and pick kernels
@@ -220,18 +284,8 @@ def validate_numeric(
     inputs, outputs_spec = list(model.inputs), list(model.outputs)
     model.close()
     return ValidationResult(
-        accuracy=AccuracyResult(
-            metric=metric,
-            value=value,
-            gate=gate,
-            passed=passes(metric, value, gate),
-            samples=int(next(iter(reference.values())).shape[0]),
-            max_abs_diff=max_abs,
-            lower_bound=None if reading.lower_bound is None else round(reading.lower_bound, 6),
-            verdict=reading.verdict,
-            samples_needed=reading.samples_needed,
-            note=reading.sentence(metric, gate),
-        ),
+        accuracy=summary(metric, gate, outputs, reference, per_output, max_abs),
+        output_accuracy=[o for o, _ in per_output],
         measurements=VariantMeasurements(
             load_ms=round(load_ms, 3),
             latency_p50_ms=round(float(np.median(latencies)), 4),

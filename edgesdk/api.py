@@ -124,7 +124,7 @@ def convert(
     out: str | Path,
     calibration: str | Path | Mapping[str, np.ndarray] | None = None,
     validation: str | Path | Mapping[str, np.ndarray] | None = None,
-    metric: str = "auto",
+    metric: str | Mapping[str, Any] | Sequence[str] = "auto",
     gate: float | None = None,
     formats: Collection[str] | str | None = None,
     precisions: Collection[str] | str | None = None,
@@ -149,8 +149,12 @@ def convert(
     succeeds (``report.json``, ``report.html``, ``golden.npz``, ``artifacts/<variant>/``).
 
     ``calibration``/``validation``: ``.npz`` files or mappings of arrays keyed by input name
-    (``labels`` for top-1 accuracy). ``metric`` (``auto``, ``top1``, ``cosine``, ``max_abs``)
-    and ``gate`` decide which variants ship. ``formats``, ``precisions``, ``int8_methods``
+    (``labels`` for top-1 accuracy). ``metric`` and ``gate`` decide which variants ship: every
+    output is judged by its own metric (``auto`` chooses one per output from its name and shape),
+    or ``metric`` names them: a kind for every output (``top1``, ``cosine``, ``abs``, ``iou``,
+    ``ctc``, ``max_abs``), a mapping ``{"landmarks": "abs:1.5", "text": "ctc:blank=0"}``, a list
+    of ``"OUTPUT=KIND[:THRESHOLD]"``, or an :class:`edgesdk.converters.output_metrics.OutputMetric`
+    per output (a ``ctc`` one may carry a ``decode`` hook: one sample's output → its text). ``formats``, ``precisions``, ``int8_methods``
     narrow the plan (lists or comma-separated strings). ``example`` (input name → one batch)
     and ``dynamic_axes`` (input name → {axis: label}) describe a PyTorch model's inputs.
     The data keeps the model's own layout: ``batch_axes`` (tensor name → axis, or ``"none"``

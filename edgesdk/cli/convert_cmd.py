@@ -60,8 +60,16 @@ def _read_data_spec(path: Path | None) -> DataSpec:
 )
 @click.option("--calibration", type=click.Path(path_type=Path), help=".npz of calibration inputs, keyed by input name.")
 @click.option("--validation", type=click.Path(path_type=Path), help=".npz of validation inputs (and optional labels).")
-@click.option("--metric", type=click.Choice(["auto", "top1", "cosine", "max_abs"]), default="auto", show_default=True)
-@click.option("--gate", type=float, help="Accuracy gate (default: 0.99 for top1 and cosine).")
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    metavar="[OUTPUT=]KIND[:THRESHOLD]",
+    help="How an output is judged (repeatable; default: chosen per output): top1, cosine, abs (THRESHOLD: "
+    "tolerance in the output's units), iou, ctc (add :blank=N), max_abs; e.g. --metric landmarks=abs:1.5. "
+    "Without OUTPUT= it applies to every output not named.",
+)
+@click.option("--gate", type=float, help="Minimum of every metric but abs (default: 0.99; iou 0.9).")
 @click.option("--formats", help="Comma-separated subset of the profile's formats (onnx,tflite,openvino,coreml).")
 @click.option("--precisions", help="Comma-separated subset of precisions (fp32,fp16,int8).")
 @click.option("--name", help="Model name in the report (default: from the file or factory).")
@@ -120,7 +128,7 @@ def convert(
     out: Path,
     calibration: Path | None,
     validation: Path | None,
-    metric: str,
+    metrics: tuple[str, ...],
     gate: float | None,
     formats: str | None,
     precisions: str | None,
@@ -190,7 +198,7 @@ def convert(
             out=out,
             calibration=calibration,
             validation=validation,
-            metric=metric,
+            metric=list(metrics) or "auto",
             gate=gate,
             formats=formats,
             precisions=precisions,
@@ -235,7 +243,9 @@ def convert(
         if line.startswith(("gate ", "WARNING", "latency ordering")):
             click.echo(line)
     for v in report.variants:
-        if v.accuracy and v.accuracy.verdict == "inconclusive":
+        for judged in v.output_accuracy:  # every output's own figure: the tail, with the mean beside it
+            click.echo(f"{v.id} {judged.note}")
+        if v.accuracy and v.accuracy.verdict == "inconclusive" and not v.output_accuracy:
             click.echo(f"{v.id}: {v.accuracy.note}")
     for r in report.rejected:
         click.echo(f"rejected {r.format.value} {r.precision.value}: {r.reason}")

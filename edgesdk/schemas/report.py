@@ -35,6 +35,23 @@ class VariantMeasurements(Schema):
     note: str = ""
 
 
+class OutputAccuracy(Schema):
+    """One output's figure against its own gate (converters/output_metrics.py says which metric)."""
+
+    output: str
+    metric: Literal["top1", "cosine", "abs", "iou", "ctc", "max_abs"]
+    value: float = Field(description="what the gate reads: an agreement, or a per-sample figure's tail")
+    statistic: str = Field(description="agreement, worst sample, 5th/95th percentile or worst case")
+    mean: float = Field(description="the per-sample mean, shown beside the tail")
+    bound: float | None = Field(None, description="95% bound of value (upper for abs, an error), None for max_abs")
+    threshold: float = Field(description="minimum, or for abs/max_abs the tolerance in the output's units")
+    passed: bool
+    verdict: Literal["pass", "fail", "inconclusive"]
+    samples: int = Field(ge=0)
+    why: str = Field("", description="why this metric was chosen for this output")
+    note: str = ""
+
+
 class ShippedVariant(Schema):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="e.g. 'onnx-int8'")
     format: ModelFormat
@@ -45,6 +62,9 @@ class ShippedVariant(Schema):
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
     accuracy: AccuracyResult | None = Field(None, description="None only where the runtime cannot run here")
+    output_accuracy: list[OutputAccuracy] = Field(
+        default_factory=list, description="every output against its own metric; the variant passes when all do"
+    )
     quantization_method: str | None = None
     measurements: VariantMeasurements = Field(default_factory=VariantMeasurements)
     #: unvalidated: it could not run here (Core ML on Linux; its spec and size were checked).
