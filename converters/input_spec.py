@@ -166,6 +166,36 @@ def model_batch_axis(spec: TensorSpec) -> int | None:
     return ones[0] if len(ones) == 1 else None
 
 
+def sized_like(
+    specs: Sequence[TensorSpec], example: Mapping[str, np.ndarray], layout: InputLayout
+) -> tuple[list[TensorSpec], list[str]]:
+    """``specs`` with each dynamic axis but the batch sized as in ``example`` (one sample in the
+    model's layout: ``--input x=1x3x640x640``, or the data's first sample), for random inputs;
+    and one sentence per input left at size 1 there, naming the flag that sizes it."""
+    sized: list[TensorSpec] = []
+    unsized: list[str] = []
+    for spec in specs:
+        placed = layout.of_input(spec.name)
+        batch = placed.axis if placed.placement in (Placement.BATCHED, Placement.STREAMED) else None
+        given = np.shape(example[spec.name]) if spec.name in example else ()
+        dims = list(spec.shape)
+        for axis, dim in enumerate(dims):
+            if not isinstance(dim, int) and axis != batch:
+                dims[axis] = int(given[axis]) if len(given) == len(dims) else 1
+        ones = [i for i, d in enumerate(spec.shape) if not isinstance(d, int) and i != batch and dims[i] == 1]
+        if ones:
+            shape = "x".join(
+                "1" if i == batch else str(d) if isinstance(d, int) else "?" for i, d in enumerate(spec.shape)
+            )
+            unsized.append(
+                f"input {spec.name!r} has shape {_fmt_shape(spec.shape)}: dynamic axes {', '.join(map(str, ones))} "
+                f"validated at size 1 on random inputs; give their sizes with --input {spec.name}={shape} "
+                "(each ? a size) or give --validation data"
+            )
+        sized.append(spec.model_copy(update={"shape": dims}))
+    return sized, unsized
+
+
 def _fits(found: Sequence[int], expected: Sequence[object], skip: int | None) -> bool:
     return len(found) == len(expected) and all(
         i == skip or not isinstance(want, int) or want == got for i, (got, want) in enumerate(zip(found, expected))

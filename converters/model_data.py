@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 from edgesdk.converters.base import SourceModel
 from edgesdk.converters.data import check_against_inputs, subset, synthetic_inputs
-from edgesdk.converters.input_spec import Placement, TensorLayout, resolve_layout
+from edgesdk.converters.input_spec import Placement, TensorLayout, resolve_layout, sized_like
 from edgesdk.converters.stateful import find_state_pairs
 
 
@@ -50,8 +50,10 @@ def arrange_data(
             "(its ranges were fitted on these samples); give a disjoint --validation set"
         )
     else:
-        val = synthetic_inputs(source.inputs, 32, layout=layout)
+        sized, unsized = sized_like(source.inputs, source.example, layout)  # --input sizes dynamic axes
+        val = synthetic_inputs(sized, 32, layout=layout)
         decisions.append("no --validation or --calibration data: validating on 32 random inputs (less meaningful)")
+        decisions += [f"WARNING: {line}" for line in unsized]
     if not layout.is_plain:
         placed = ", ".join(
             f"{name}: " + (f"axis {t.axis}" if t.placement == Placement.BATCHED else t.placement.value)

@@ -25,7 +25,6 @@ from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
 from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
-from edgesdk.converters.output_metrics import OutputMetric, requested_metrics, resolve
 from edgesdk.converters.planner import Plan, PlannedVariant, make_plan, repairable
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
@@ -147,8 +146,6 @@ class _Run:
         gate: float,
         work: Path,
         progress: _Steps,
-        asked: Mapping[str | None, OutputMetric] | None = None,
-        user_gate: float | None = None,
     ) -> None:
         self.source = source
         self.data = data
@@ -161,8 +158,6 @@ class _Run:
             self.reference = reference_outputs(source, data)
             if calibration is not None and source.layout.state_pairs:
                 self.calibration = calibration_states(source, calibration)
-        #: Each output's metric, chosen on the reference outputs (output_metrics.resolve).
-        self.metrics = resolve(self.reference, asked or {}, user_gate)
         self.decisions: list[str] = []
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None
@@ -203,7 +198,6 @@ class _Run:
                     gate=self.gate,
                     options=planned.options,
                     layout=self.source.layout,
-                    metrics=self.metrics,
                 )
         else:
             from edgesdk.converters.coreml_backend import validate_spec
@@ -297,7 +291,7 @@ class _Run:
                 )
                 return built, ""
             self.trial(planned, method, built, "dropped", f"repair with {what} in float missed the gate")
-            tried.append(f"{what}: {_fmt_metric(built)}" if accuracy else f"{what}: n/a")
+            tried.append(f"{what}: {accuracy.value:.4g}" if accuracy else f"{what}: n/a")
         if not tried:
             return None, ""
         return None, f"repair kept layers in float ({'; '.join(tried)}) without reaching the gate"
@@ -411,28 +405,17 @@ def recipe_trial(
 
 
 def _score(built: _Built) -> float:
-    """Higher is closer to the gate, whatever the metrics: the worst output's margin, relative."""
+    """Higher is closer to the gate, whatever the metric."""
     accuracy = built.result.accuracy
     if accuracy is None:
         return float("-inf")
-    margins = [
-        (o.threshold - o.value) / max(o.threshold, 1e-12) if o.metric in ("abs", "max_abs") else o.value - o.threshold
-        for o in built.result.output_accuracy
-    ]
-    if margins:
-        return min(margins)
     return -accuracy.value if accuracy.metric == "max_abs" else accuracy.value
 
 
 def _fmt_metric(built: _Built) -> str:
-    """The outputs that missed their gate (every output when none did), each with its figure."""
     accuracy = built.result.accuracy
     if accuracy is None:
         return "not measured"
-    judged = built.result.output_accuracy
-    if judged:
-        missed = [o for o in judged if not o.passed]
-        return "; ".join(o.note for o in (missed or judged))
     if accuracy.metric == "top1":
         return f"top-1 agreement {accuracy.value:.2%} vs gate {accuracy.gate:.0%}"
     op = ">" if accuracy.metric == "max_abs" else "<"
@@ -460,7 +443,7 @@ def convert(
     *,
     calibration: Path | str | Mapping[str, np.ndarray] | None = None,
     validation: Path | str | Mapping[str, np.ndarray] | None = None,
-    metric: str | Mapping[str, str | OutputMetric] | Sequence[str] = "auto",
+    metric: str = "auto",
     gate: float | None = None,
     formats: Collection[ModelFormat | str] | None = None,
     precisions: Collection[Precision | str] | None = None,
@@ -493,7 +476,8 @@ def convert(
             f"{exc}; formats: {', '.join(f.value for f in ModelFormat)}; precisions: "
             f"{', '.join(p.value for p in Precision)}"
         ) from exc
-    asked = requested_metrics(metric)  # UsageError on an unknown kind or a bad threshold
+    if metric not in ("auto", "top1", "cosine", "max_abs"):
+        raise UsageError(f"unknown metric {metric!r}; known: auto, top1, cosine, max_abs")
     out = Path(out)
 
     def data_from(
@@ -533,13 +517,10 @@ def convert(
         if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
             val = subset(val, MAX_VALIDATION_SAMPLES)
             decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
-        everywhere = asked.get(None)
-        legacy = everywhere is not None and everywhere.kind in DEFAULT_GATES
-        # The bundle's golden check (on the device) reads one metric: the per-output ones are below.
-        chosen: Metric = everywhere.kind if legacy else choose_metric(source.outputs)  # type: ignore[assignment,union-attr]
+        chosen: Metric = choose_metric(source.outputs) if metric == "auto" else metric  # type: ignore[assignment]
         threshold = gate if gate is not None else DEFAULT_GATES[chosen]
         decisions.append(
-            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if not asked else "")
+            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
         )
         decisions.append(minimum_samples_sentence(chosen, threshold))
         if source.kind in ("onnx", "pytorch"):
@@ -566,11 +547,11 @@ def convert(
         )
         say.builds_planned = sum(len(p.methods) for p in plan.variants)
         say(Stage.REFERENCE, "computing reference outputs")
-        run = _Run(source, val, cal, chosen, threshold, work / "variants", say, asked, gate)
-        per_output = [f"output {n}: {m.describe()} ({m.why})" for n, m in run.metrics.items()]
-        run.decisions = decisions + per_output + plan.decisions
+        run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
+        run.decisions = decisions + plan.decisions
         run.rejected = list(plan.rejected)
         built = [b for b in (run.build_or_reject(p) for p in plan.variants) if b is not None]
+        _measure_batch1_memory(run, built)
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
         run.decisions += assign_roles(shipped, profile, model=source.name)
@@ -607,7 +588,7 @@ def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> li
     kept = []
     for b in built:
         size_mb = _mb(b.artifact.size)
-        peak = _batch1_peak(run, b)
+        peak = b.result.measurements.peak_rss_mb  # at batch 1, in a fresh process: _measure_batch1_memory
         footprint = footprints.get(b.planned.runtime.value)
         runtime_mb = footprint.rss_mb if footprint is not None and footprint.rss_mb is not None else 0.0
         reason = None
@@ -626,21 +607,21 @@ def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> li
     return kept
 
 
-def _batch1_peak(run: _Run, b: _Built) -> float | None:
-    """The variant's memory at batch 1 in a fresh process (batch1_memory.py), recorded in its
-    measurements: the figure the budget and the agent read, whatever the validation batch was."""
+def _measure_batch1_memory(run: _Run, built: list[_Built]) -> None:
+    """Each variant's memory at batch 1 in a fresh process (batch1_memory.py), into its
+    measurements: the figure the RAM budget and the agent read, whatever the validation batch was."""
     from edgesdk.converters.batch1_memory import batch1_peak_mb
     from edgesdk.converters.validate import host_options
 
-    measured = b.result.measurements
-    if measured.peak_rss_mb is None:
-        return None  # not run here (spec-only validation)
-    runtime = b.planned.runtime.value
     feeds = run.source.layout.feed(subset(run.data, 1))
-    peak = round(batch1_peak_mb(runtime, b.artifact.files, host_options(runtime, b.planned.options), feeds), 2)
-    note = measured.note.replace("load + one batch-1 inference", "load + one batch-1 inference in a fresh process")
-    b.result.measurements = measured.model_copy(update={"peak_rss_mb": peak, "note": note})
-    return peak
+    for b in built:
+        measured = b.result.measurements
+        if measured.peak_rss_mb is None:
+            continue  # not run here (spec-only validation)
+        runtime = b.planned.runtime.value
+        peak = batch1_peak_mb(runtime, b.artifact.files, host_options(runtime, b.planned.options), feeds)
+        note = measured.note.replace("load + one batch-1 inference", "load + one batch-1 inference in a fresh process")
+        b.result.measurements = measured.model_copy(update={"peak_rss_mb": round(peak, 2), "note": note})
 
 
 def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
@@ -714,7 +695,6 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 outputs=b.result.outputs,
                 accuracy=b.result.accuracy,
                 quantization_method=b.artifact.method,
-                output_accuracy=b.result.output_accuracy,
                 measurements=measurements,
                 validation=b.result.validation,
                 ladder_role=b.ladder_role,
