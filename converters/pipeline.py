@@ -25,6 +25,7 @@ from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
 from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
+from edgesdk.converters.output_metrics import OutputMetric, requested_metrics, resolve
 from edgesdk.converters.planner import Plan, PlannedVariant, make_plan, repairable
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
@@ -146,6 +147,8 @@ class _Run:
         gate: float,
         work: Path,
         progress: _Steps,
+        asked: Mapping[str | None, OutputMetric] | None = None,
+        user_gate: float | None = None,
     ) -> None:
         self.source = source
         self.data = data
@@ -158,6 +161,8 @@ class _Run:
             self.reference = reference_outputs(source, data)
             if calibration is not None and source.layout.state_pairs:
                 self.calibration = calibration_states(source, calibration)
+        #: Each output's metric, chosen on the reference outputs (output_metrics.resolve).
+        self.metrics = resolve(self.reference, asked or {}, user_gate)
         self.decisions: list[str] = []
         self.rejected: list[RejectedVariant] = []
         self._ranking: list[str] | None = None
@@ -198,6 +203,7 @@ class _Run:
                     gate=self.gate,
                     options=planned.options,
                     layout=self.source.layout,
+                    metrics=self.metrics,
                 )
         else:
             from edgesdk.converters.coreml_backend import validate_spec
@@ -291,7 +297,7 @@ class _Run:
                 )
                 return built, ""
             self.trial(planned, method, built, "dropped", f"repair with {what} in float missed the gate")
-            tried.append(f"{what}: {accuracy.value:.4g}" if accuracy else f"{what}: n/a")
+            tried.append(f"{what}: {_fmt_metric(built)}" if accuracy else f"{what}: n/a")
         if not tried:
             return None, ""
         return None, f"repair kept layers in float ({'; '.join(tried)}) without reaching the gate"
@@ -405,17 +411,28 @@ def recipe_trial(
 
 
 def _score(built: _Built) -> float:
-    """Higher is closer to the gate, whatever the metric."""
+    """Higher is closer to the gate, whatever the metrics: the worst output's margin, relative."""
     accuracy = built.result.accuracy
     if accuracy is None:
         return float("-inf")
+    margins = [
+        (o.threshold - o.value) / max(o.threshold, 1e-12) if o.metric in ("abs", "max_abs") else o.value - o.threshold
+        for o in built.result.output_accuracy
+    ]
+    if margins:
+        return min(margins)
     return -accuracy.value if accuracy.metric == "max_abs" else accuracy.value
 
 
 def _fmt_metric(built: _Built) -> str:
+    """The outputs that missed their gate (every output when none did), each with its figure."""
     accuracy = built.result.accuracy
     if accuracy is None:
         return "not measured"
+    judged = built.result.output_accuracy
+    if judged:
+        missed = [o for o in judged if not o.passed]
+        return "; ".join(o.note for o in (missed or judged))
     if accuracy.metric == "top1":
         return f"top-1 agreement {accuracy.value:.2%} vs gate {accuracy.gate:.0%}"
     op = ">" if accuracy.metric == "max_abs" else "<"
@@ -443,7 +460,7 @@ def convert(
     *,
     calibration: Path | str | Mapping[str, np.ndarray] | None = None,
     validation: Path | str | Mapping[str, np.ndarray] | None = None,
-    metric: str = "auto",
+    metric: str | Mapping[str, str | OutputMetric] | Sequence[str] = "auto",
     gate: float | None = None,
     formats: Collection[ModelFormat | str] | None = None,
     precisions: Collection[Precision | str] | None = None,
@@ -476,8 +493,7 @@ def convert(
             f"{exc}; formats: {', '.join(f.value for f in ModelFormat)}; precisions: "
             f"{', '.join(p.value for p in Precision)}"
         ) from exc
-    if metric not in ("auto", "top1", "cosine", "max_abs"):
-        raise UsageError(f"unknown metric {metric!r}; known: auto, top1, cosine, max_abs")
+    asked = requested_metrics(metric)  # UsageError on an unknown kind or a bad threshold
     out = Path(out)
 
     def data_from(
@@ -508,6 +524,7 @@ def convert(
         source, cal, val, decisions = _arrange_data(
             source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
+        decisions = [*source.notes, *decisions]
         if raw_validation and cal:
             repeated = check_disjoint(cal, val)  # UsageError on overlap
             decisions.append(
@@ -517,10 +534,13 @@ def convert(
         if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
             val = subset(val, MAX_VALIDATION_SAMPLES)
             decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
-        chosen: Metric = choose_metric(source.outputs) if metric == "auto" else metric  # type: ignore[assignment]
+        everywhere = asked.get(None)
+        legacy = everywhere is not None and everywhere.kind in DEFAULT_GATES
+        # The bundle's golden check (on the device) reads one metric: the per-output ones are below.
+        chosen: Metric = everywhere.kind if legacy else choose_metric(source.outputs)  # type: ignore[assignment,union-attr]
         threshold = gate if gate is not None else DEFAULT_GATES[chosen]
         decisions.append(
-            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if metric == "auto" else "")
+            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if not asked else "")
         )
         decisions.append(minimum_samples_sentence(chosen, threshold))
         if source.kind in ("onnx", "pytorch"):
@@ -547,8 +567,9 @@ def convert(
         )
         say.builds_planned = sum(len(p.methods) for p in plan.variants)
         say(Stage.REFERENCE, "computing reference outputs")
-        run = _Run(source, val, cal, chosen, threshold, work / "variants", say)
-        run.decisions = decisions + plan.decisions
+        run = _Run(source, val, cal, chosen, threshold, work / "variants", say, asked, gate)
+        per_output = [f"output {n}: {m.describe()} ({m.why})" for n, m in run.metrics.items()]
+        run.decisions = decisions + per_output + plan.decisions
         run.rejected = list(plan.rejected)
         built = [b for b in (run.build_or_reject(p) for p in plan.variants) if b is not None]
         _measure_batch1_memory(run, built)
@@ -695,6 +716,7 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 outputs=b.result.outputs,
                 accuracy=b.result.accuracy,
                 quantization_method=b.artifact.method,
+                output_accuracy=b.result.output_accuracy,
                 measurements=measurements,
                 validation=b.result.validation,
                 ladder_role=b.ladder_role,
