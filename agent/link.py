@@ -3,7 +3,8 @@
 The daemon builds it when ``mqtt.enabled`` with the ports it needs (:mod:`edgesdk.agent.ports`):
 a ``TelemetrySource`` (the metrics), a ``RunningModelSource`` (for presence), an
 ``EventSource`` (the event bus) and a ``Keyring`` (the device's public key in presence). So it
-can be tested with small stand-ins; :func:`start_link` wires it from an agent-shaped object.
+can be tested with small stand-ins (``tests/agent_wiring_helpers.py`` wires one from an
+agent-shaped object).
 
 * Presence: retained on ``devices/{id}/presence``; ``online`` on every connect, the Last Will
   publishes ``online=False`` if the device vanishes, a clean stop publishes it explicitly.
@@ -28,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from edgesdk.agent.keyring import public_key_text
 from edgesdk.agent.ports import EventSource, Keyring, RunningModelSource, RunningModelsSource, TelemetrySource
@@ -403,27 +404,3 @@ class AgentLink:
                 except Exception:  # noqa: BLE001 - a handler bug must not stop the link
                     self.inbound.handler_errors += 1
                     log.exception("handler for %s failed", topic)
-
-
-class AgentMeasurements(TelemetrySource, RunningModelSource, Protocol):
-    """Metrics as the link reads them: the telemetry snapshot and the model serving."""
-
-
-class LinkedAgent(Keyring, Protocol):
-    """The parts of an agent :func:`start_link` wires into a link (the daemon, test stand-ins)."""
-
-    @property
-    def config(self) -> AgentConfig: ...
-
-    @property
-    def metrics(self) -> AgentMeasurements: ...
-
-    @property
-    def events(self) -> EventSource: ...
-
-
-def start_link(agent: LinkedAgent) -> AgentLink:
-    """Build and start the MQTT link of ``agent``: its metrics, events and keys as the ports."""
-    return AgentLink(
-        agent.config, telemetry=agent.metrics, running_model=agent.metrics, events=agent.events, keyring=agent
-    ).start()

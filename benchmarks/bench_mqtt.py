@@ -304,9 +304,9 @@ def agent_link_main(broker_url: str, data_dir: str, interval: float, duration: f
 
     import numpy as np
     from edgesdk.agent.events import EventBus
-    from edgesdk.agent.link import start_link
 
     from edgesdk.schemas.agent_config import AgentConfig
+    from tests.agent_wiring_helpers import start_link
 
     events = EventBus()
     server, metrics = _served_model(Path(data_dir) / "model", events)

@@ -50,7 +50,7 @@ from edgesdk.offline import disable_vendor_telemetry  # noqa: E402
 
 disable_vendor_telemetry()
 
-from edgesdk.agent.ota import UpdateManager, UpdateState  # noqa: E402
+from edgesdk.agent.ota import UpdateState  # noqa: E402
 from edgesdk.agent.ota.freshness import Admission, CommandGate, SequenceLedger  # noqa: E402
 
 from edgesdk.fleet.rollout import RolloutController, RolloutPlan  # noqa: E402
@@ -60,6 +60,7 @@ from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
 from edgesdk.mqtt.client import ClientOptions, MqttClient, NetworkLoop  # noqa: E402
 from edgesdk.protocol import topics  # noqa: E402
 from edgesdk.schemas.messages import HealthCriteria  # noqa: E402
+from tests.agent_wiring_helpers import updater_for  # noqa: E402
 from tests.bundle_helpers import make_keys, write_convert_dir  # noqa: E402
 from tests.ota_helpers import PROFILE, StandInAgent  # noqa: E402
 
@@ -213,7 +214,7 @@ class SimDevice:
         self.device_id = f"sim-{index:04d}"
         self.link = BenchLink(self.device_id, broker_url, loop)
         self.agent = StandInAgent(root / self.device_id, bundles, device_id=self.device_id, link=self.link)  # type: ignore[arg-type]
-        self.manager = UpdateManager.for_agent(self.agent, gate=None if checks else UncheckedGate())
+        self.manager = updater_for(self.agent, gate=None if checks else UncheckedGate())
         target = self.manager.target
         # Real devices each have their own CPU and RAM; in one process, at most `heavy` simulated
         # devices decrypt and load the model at the same time, or RAM runs out (500 × 5 MB × copies).

@@ -94,6 +94,9 @@ def make_mqtt_device(root: Path, bundles: OtaBundles, broker_url: str, **setting
 
     data_dir = root / "data"
     data_dir.mkdir(parents=True, mode=0o700)
+    from edgesdk.agent.security_state import create_with_new_key
+
+    create_with_new_key(data_dir, bundles.keys.device_key)  # the shared test key's record in this data dir
     device = Device(
         root,
         data_dir,
@@ -222,7 +225,7 @@ class StandInAgent:
         self.trusted_operators = self.trusted_publishers  # no trust document: one key set, both roles
         self.link = link
         if broker_url is not None and link is None:
-            from edgesdk.agent.link import start_link
+            from tests.agent_wiring_helpers import start_link
 
             self.link = start_link(self)
         verified = self.store.load_active(self.trusted_publishers, self.profile)

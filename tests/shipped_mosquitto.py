@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from edgesdk.mqtt.broker import find_mosquitto, write_password_file
-from edgesdk.mqtt.certs import LocalPki
+from tests.pki_helpers import LocalPki
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "firmware_images" / "mosquitto"
 SHIPPED_CONF = SHIPPED_DIR / "mosquitto.conf"

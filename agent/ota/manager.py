@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from edgesdk.agent.openers import OpenerFactory
 from edgesdk.agent.ota.freshness import Admission, CommandGate, CommandRefused, ReportBudget, SequenceLedger
@@ -34,36 +34,12 @@ from edgesdk.agent.ports import EventSink, Keyring, Serving, Slots, UpdateChanne
 from edgesdk.errors import EdgeSDKError, UpdateError
 from edgesdk.protocol.signing import Unverified, check_deployment, command_digest
 from edgesdk.protocol.topics import OTA_CHUNK_DATA, OTA_DEPLOYMENT, OTA_STATUS
-from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.messages import CommandRefusal, Deployment, HealthCriteria, OtaStatus
-from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
 #: Bytes of a chunk frame beyond the chunk itself (magic, length, JSON header).
 _FRAME_HEADROOM = 4096
-
-
-class UpdatableAgent(Keyring, Protocol):
-    """The parts of an agent :meth:`UpdateManager.for_agent` wires into an updater."""
-
-    @property
-    def config(self) -> AgentConfig: ...
-
-    @property
-    def profile(self) -> DeviceProfile: ...
-
-    @property
-    def server(self) -> Serving: ...
-
-    @property
-    def store(self) -> Slots: ...
-
-    @property
-    def events(self) -> EventSink: ...
-
-    @property
-    def link(self) -> UpdateChannel | None: ...
 
 
 def transfer_settings(config: Any) -> dict[str, Any]:
@@ -166,30 +142,6 @@ class UpdateManager:
         if link is not None and listen:
             link.subscribe(OTA_DEPLOYMENT, self.handle_deployment)
             link.subscribe(OTA_CHUNK_DATA, self.target.on_chunk_frame)
-
-    @classmethod
-    def for_agent(
-        cls, agent: UpdatableAgent, *, hooks: OtaHooks | None = None, gate: CommandGate | None = None
-    ) -> UpdateManager:
-        """The updater of ``agent`` (its state under ``data_dir/ota``), wired to its parts."""
-        config = agent.config
-        return cls(
-            Path(config.data_dir) / "ota",
-            device_id=config.device_id,
-            serving=agent.server,
-            slots=agent.store,
-            keyring=agent,
-            profile_name=agent.profile.name,
-            link=agent.link,
-            events=agent.events,
-            max_inbound_bytes=config.mqtt.max_inbound_bytes,
-            hooks=hooks,
-            groups=tuple(config.mqtt.groups),
-            clock_skew_s=config.ota.clock_skew_s,
-            max_command_validity_s=config.ota.max_command_validity_s,
-            gate=gate,
-            **transfer_settings(config),
-        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -93,12 +93,12 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
     import threading
 
     from edgesdk.agent.broker_credentials import accept_credentials
-    from edgesdk.agent.link import start_link
 
-    from edgesdk.mqtt.certs import make_test_pki
     from edgesdk.protocol import topics
+    from tests.agent_wiring_helpers import start_link
     from tests.integration.conftest import require_mosquitto
     from tests.mqtt_helpers import FakeAgent
+    from tests.pki_helpers import make_test_pki
     from tests.shipped_mosquitto import shipped_broker
 
     require_mosquitto()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edgesdk.mqtt.broker import BrokerTls, MosquittoBroker
-from edgesdk.mqtt.certs import make_test_pki
 from tests.integration.conftest import require_mosquitto
+from tests.pki_helpers import make_test_pki
 
 
 def _accepts(port: int) -> bool:

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.link import start_link
 
 from edgesdk.mqtt.broker import MosquittoBroker
+from tests.agent_wiring_helpers import start_link
 from tests.conftest import assert_one_line_error
 from tests.mqtt_helpers import FakeAgent
 

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.link import AgentLink, start_link
+from edgesdk.agent.link import AgentLink
 
 from edgesdk.mqtt.broker import MosquittoBroker
 from edgesdk.schemas.messages import Deployment, Event, Presence, Telemetry
+from tests.agent_wiring_helpers import start_link
 from tests.mqtt_helpers import Collector, FakeAgent, unique_in_order
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is part of the agent extra")

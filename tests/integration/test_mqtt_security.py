@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.link import start_link
 
 from edgesdk.mqtt.broker import BrokerTls, MosquittoBroker, write_password_file
-from edgesdk.mqtt.certs import LocalPki, make_test_pki
+from tests.agent_wiring_helpers import start_link
 from tests.integration.conftest import require_mosquitto
 from tests.mqtt_helpers import FakeAgent
+from tests.pki_helpers import LocalPki, make_test_pki
 from tests.shipped_mosquitto import ShippedBroker, shipped_broker
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is part of the agent extra")

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from edgesdk.agent.ota import UpdateManager
 
+from tests.agent_wiring_helpers import updater_for
 from tests.conftest import assert_one_line_error
 from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles
 
@@ -28,7 +28,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
         agent = StandInAgent(
             tmp_path / f"dev-{i}", bundles, device_id=f"dev-{i}", broker_url=mqtt_broker.url, groups=("lab",)
         )
-        manager = UpdateManager.for_agent(agent)
+        manager = updater_for(agent)
         manager.install_local(bundles.v1, timeout=60)
         assert agent.link.client.wait_connected(10)
         agents.append(agent)
@@ -74,7 +74,7 @@ def test_abort_from_another_shell_cancels_devices_in_probation(
     from edgesdk.agent.ota import UpdateState
 
     agent = StandInAgent(tmp_path / "dev-0", bundles, device_id="dev-0", broker_url=mqtt_broker.url)
-    manager = UpdateManager.for_agent(agent)
+    manager = updater_for(agent)
     manager.install_local(bundles.v1, timeout=60)
     db = tmp_path / "fleet.sqlite3"
     common = ["--broker", mqtt_broker.url, "--operator-key", str(bundles.operator_key), "--db", str(db)]

@@ -17,6 +17,7 @@ from edgesdk.fleet.rollout import STOPPED, RolloutController, RolloutPlan
 from edgesdk.fleet.service.operator_db import open_rollout_store
 from edgesdk.keys import load_publisher_private_key
 from edgesdk.mqtt.client import ClientOptions, MqttClient
+from tests.agent_wiring_helpers import updater_for
 from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ class Fleet:
             agent = StandInAgent(
                 root / f"dev-{i}", bundles, device_id=f"dev-{i}", broker_url=broker_url, groups=("line-1",)
             )
-            manager = UpdateManager.for_agent(agent)
+            manager = updater_for(agent)
             manager.install_local(bundles.v1, timeout=60)
             agent.updates = manager  # type: ignore[attr-defined]
             self.agents.append(agent)

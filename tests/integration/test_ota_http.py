@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from edgesdk.fleet.rollout import RolloutPlan
-from edgesdk.mqtt.certs import make_test_pki
 from edgesdk.schemas.messages import HealthCriteria
 from tests.agent_helpers import AgentProcess, Device
 from tests.integration.test_ota_agent_process import Operator, api_get, make_device
 from tests.mqtt_helpers import Collector
 from tests.nginx_helpers import Nginx, free_port, nginx_available
 from tests.ota_helpers import OtaBundles, build_ota_bundles
+from tests.pki_helpers import make_test_pki
 
 pytestmark = pytest.mark.slow
 

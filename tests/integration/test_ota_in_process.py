@@ -13,6 +13,7 @@ import pytest
 from edgesdk.agent.ota import UpdateManager, UpdateState
 
 from edgesdk.schemas.messages import HealthCriteria, OtaStatus
+from tests.agent_wiring_helpers import updater_for
 from tests.faulty_agent import FaultPlan
 from tests.ota_helpers import OtaBundles, StandInAgent, build_ota_bundles, make_deployment
 
@@ -48,7 +49,7 @@ def fresh_agent(
     tmp_path: Path, bundles: OtaBundles, link=None, faults: FaultPlan | None = None
 ) -> tuple[StandInAgent, UpdateManager]:
     agent = StandInAgent(tmp_path / "agent", bundles, link=link)
-    manager = UpdateManager.for_agent(agent, hooks=faults)
+    manager = updater_for(agent, hooks=faults)
     manager.resume()
     manager.wait_idle(30)
     return agent, manager

@@ -1,4 +1,4 @@
-"""A small X.509 PKI for MQTT over TLS in tests, the demo and first bench setups.
+"""A small X.509 PKI for MQTT over TLS in tests and benchmarks (no production code uses it).
 
 One CA, one server certificate for ``127.0.0.1``/``localhost``, and one client certificate per
 device whose common name is the device id (mosquitto's ``use_identity_as_username`` turns it
