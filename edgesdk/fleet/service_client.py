@@ -19,6 +19,8 @@ from typing import Any
 from edgesdk.errors import FleetServiceError, UsageError
 
 SERVER_ENV = "EDGESDK_FLEET_SERVER"
+#: Items asked per request of a list (the server's most).
+PAGE_SIZE = 1000
 TOKEN_ENV = "EDGESDK_FLEET_TOKEN"
 
 
@@ -38,7 +40,7 @@ class ServiceClient:
     def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None, **query: Any) -> Any:
         params = {k: v for k, v in query.items() if v is not None}
         url = f"{self.server}/api/v1{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json, application/problem+json"}
         data = raw
         if raw is not None:
             headers["Content-Type"] = "application/octet-stream"
@@ -59,11 +61,21 @@ class ServiceClient:
 
     # -- what the CLI asks ------------------------------------------------------------------
 
+    def pages(self, path: str, **filters: Any) -> tuple[list[Any], int]:
+        """Every item of a list endpoint, page after page, and the total the server counted."""
+        items: list[Any] = []
+        while True:
+            page = self.call("GET", path, limit=PAGE_SIZE, offset=len(items), **filters)
+            items += page["items"]
+            if not page["items"] or len(items) >= page["total"]:
+                return items, int(page["total"])
+
     def devices(self, **filters: Any) -> dict[str, Any]:
-        return dict(self.call("GET", "/devices", **filters))
+        devices, total = self.pages("/devices", **filters)
+        return {"devices": devices, "total": total}
 
     def deployments(self) -> list[dict[str, Any]]:
-        return list(self.call("GET", "/deployments"))
+        return self.pages("/deployments")[0]
 
     def deployment(self, deployment_id: str) -> dict[str, Any]:
         return dict(self.call("GET", f"/deployments/{urllib.parse.quote(deployment_id)}"))
@@ -81,21 +93,19 @@ class ServiceClient:
         return dict(self.call("POST", f"/deployments/{urllib.parse.quote(deployment_id)}/{action}", body))
 
     def enrollment(self) -> list[dict[str, Any]]:
-        return list(self.call("GET", "/enrollment"))
+        return self.pages("/enrollment")[0]
 
     def decide(self, device_id: str, action: str, **options: Any) -> dict[str, Any]:
         return dict(self.call("POST", f"/enrollment/{urllib.parse.quote(device_id)}/{action}", options))
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
+    """The server's one line: ``detail`` of its problem+json answer (RFC 9457)."""
     try:
         detail = json.loads(exc.read()).get("detail")
     except (ValueError, OSError, AttributeError):
         return str(exc.reason)
-    if isinstance(detail, list):  # validation errors: the first one, where and why
-        first = detail[0] if detail else {}
-        return f"{'.'.join(str(p) for p in first.get('loc', []))}: {first.get('msg', '')}"
-    return str(detail)
+    return str(detail) if detail else str(exc.reason)
 
 
 def client_from(server: str | None, token_file: Path | None) -> ServiceClient | None:

@@ -110,7 +110,7 @@ def service(tmp_path: Path):
 
 
 def _row(client, device_id: str) -> dict:
-    return {r["device_id"]: r for r in client.get("/api/v1/enrollment").json()}[device_id]
+    return {r["device_id"]: r for r in client.get("/api/v1/enrollment").json()["items"]}[device_id]
 
 
 def test_a_second_key_for_a_pending_device_never_replaces_the_first(service) -> None:

@@ -1,49 +1,67 @@
-"""The fleet service's REST API (FastAPI): devices, history, deployments, enrollment, bundles.
+"""The fleet service's REST API (FastAPI): devices, history, deployments, enrollment, bundles,
+tokens, groups, alerts, the audit log and ``/healthz``.
 
-Every route needs an operator token (``Authorization: Bearer esf_…``); reads need the viewer
-role, writes operator or admin (see ``tokens``). Every write — allowed, refused for a missing
-token or a too-small role, or failed — is written to the audit log. The app gets the
-database and a ``RolloutCommands`` port (the service's rollout controller, which signs and
-publishes abort/rollback commands; a stand-in in unit tests). No CDN: the interactive docs
-pages (which load scripts from one) are off; the OpenAPI document is at ``/openapi.json``.
-Every answer carries the security headers of ``web_security`` (CSP, frame-ancestors, nosniff,
-Referrer-Policy). ``/metrics`` needs a viewer token here; ``create_metrics_app`` serves it
-without one, for a listener of its own that only the scraper reaches (``--metrics-listen``).
+Every route but ``/healthz`` and ``/artifacts`` needs an operator token (``Authorization:
+Bearer esf_…``); reads need the viewer role, writes operator or admin (see ``tokens``). Every
+error is RFC 9457 problem+json (``api_problems``); every list is a page (``limit``, ``offset``;
+``{items, total, limit, offset}``). Every write — allowed, refused (401, 403, 404, 409, 422…) or
+failed — is written to the audit log. The app gets the database and a ``RolloutCommands`` port
+(the service's rollout controller, which signs and publishes abort/rollback commands; a
+stand-in in unit tests). No CDN: the interactive docs pages (which load scripts from one) are
+off; the OpenAPI document is at ``/openapi.json``. Every answer carries the security headers of
+``web_security`` (CSP, frame-ancestors, nosniff, Referrer-Policy). ``/metrics`` needs a viewer
+token here; ``create_metrics_app`` serves it without one, for a listener of its own that only
+the scraper reaches (``--metrics-listen``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from edgesdk.errors import EdgeSDKError, EnrollmentError, FleetServiceError, UsageError
+from edgesdk.errors import EnrollmentError, UsageError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
-from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
+from edgesdk.fleet.service import alerts, api_problems, audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.api_schemas import (
+    Alert,
+    AuditEntry,
+    Bundle,
     CommandOptions,
+    Decommissioned,
     DeploymentCreate,
+    DeploymentDetail,
+    DeploymentSummary,
     Device,
-    DeviceList,
+    DeviceHistory,
+    DeviceState,
     EnrollmentDecision,
+    EnrollmentRequest,
+    EnrollmentStatus,
+    Group,
+    Health,
+    NewToken,
+    Page,
+    Problem,
+    RolloutState,
+    Stats,
+    Token,
     TokenCreate,
 )
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
-from edgesdk.fleet.service.metrics import FleetMetrics
+from edgesdk.fleet.service.metrics import FleetMetrics, latest_telemetry
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
@@ -70,12 +88,58 @@ class ApiContext:
     artifacts: Callable[[str], Path | None] | None = None
     #: Where operators reach the dashboard (``--public-url``); https makes its cookies ``Secure``.
     public_url: str | None = None
+    #: The broker's device password file (``broker_credentials``): a decommissioned device's
+    #: line is removed from it. None: the service issues no broker passwords.
+    device_passwords: Path | None = None
     #: The service's broker connection (``FleetService.broker_status``): ``/healthz``, the
     #: dashboard's banner and its "unknown since" presence read it; None: not known (no banner).
     broker_status: Callable[[], Any] | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
+
+#: The errors each kind of route documents (all application/problem+json).
+_READ_ERRORS = (401, 403, 422)
+_ONE_ERRORS = (401, 403, 404, 422)
+_WRITE_ERRORS = (401, 403, 404, 409, 422)
+MISSING_TOKEN = "no operator token: send Authorization: Bearer <token> (edgesdk fleet serve token create)"
+#: Most items one page holds; ``limit`` defaults to DEFAULT_LIMIT.
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a route: each status as problem+json."""
+    return {
+        status: {
+            "model": Problem,
+            "content": {api_problems.MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for status in statuses
+    }
+
+
+@dataclass(frozen=True)
+class Paging:
+    limit: int
+    offset: int
+
+    def page(self, items: list[Any], total: int | None = None, *, sliced: bool = False) -> dict[str, Any]:
+        """The page of ``items`` (all of them, or already this page when ``sliced``)."""
+        shown = items if sliced else items[self.offset : self.offset + self.limit]
+        return {
+            "items": shown,
+            "total": len(items) if total is None else total,
+            "limit": self.limit,
+            "offset": self.offset,
+        }
+
+
+def paging(
+    limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description=f"items per page, 1 to {MAX_LIMIT}"),
+    offset: int = Query(0, ge=0, le=1 << 31, description="items to skip"),
+) -> Paging:
+    return Paging(limit, offset)
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -85,37 +149,31 @@ def create_app(context: ApiContext) -> FastAPI:
         version="1",
         docs_url=None,
         redoc_url=None,
-        description="Devices, their history, staged rollouts, enrollment and bundles of one edgesdk fleet.",
+        description="Devices, their history, staged rollouts, enrollment and bundles of one edgesdk fleet. "
+        "Errors are RFC 9457 application/problem+json; lists are pages (limit, offset) with a total.",
     )
     from edgesdk.fleet.service.dashboard import SCRIPTS
     from edgesdk.fleet.service.web_security import SecurityHeaders, content_security_policy
 
     app.add_middleware(SecurityHeaders, policy=content_security_policy(SCRIPTS))
     engine = context.engine
+    api_problems.install(app, lambda request, status, detail: _audit_refusal(engine, request, status, detail))
 
     def who(needed: tokens.Role, action: str) -> Any:
-        """A dependency: the operator behind the token, refusing (and auditing) otherwise."""
+        """A dependency: the operator behind the token; 401 (missing or bad token, each its own
+        message) or 403 otherwise. Refused writes reach the audit log through the error handler."""
 
         def dependency(
             request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
         ) -> tokens.Operator:
-            operator = tokens.authenticate(engine, credentials.credentials) if credentials else None
-            write = request.method not in ("GET", "HEAD")
-            target = request.path_params.get("item", "") or ""
+            request.state.action = action
+            if credentials is None:
+                raise HTTPException(401, MISSING_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+            operator, why = tokens.identify(engine, credentials.credentials)
             if operator is None:
-                if write:
-                    audit.record(engine, actor="anonymous", role=None, action=action, target=target, outcome="refused")
-                raise HTTPException(401, "an operator token is required", headers={"WWW-Authenticate": "Bearer"})
+                raise HTTPException(401, why, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            request.state.operator = operator
             if not tokens.allows(operator.role, needed):
-                if write:
-                    audit.record(
-                        engine,
-                        actor=operator.actor,
-                        role=operator.role,
-                        action=action,
-                        target=target,
-                        outcome="refused",
-                    )
                 raise HTTPException(
                     403, f"{action} needs the {needed} role; token {operator.token_id} is {operator.role}"
                 )
@@ -123,223 +181,406 @@ def create_app(context: ApiContext) -> FastAPI:
 
         return dependency
 
-    def audited(operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
-        return audit.audited(engine, operator, action, target, work, detail)
+    _device_routes(app, context, who)
+    _deployment_routes(app, context, who)
+    _bundle_routes(app, context, who)
+    _enrollment_routes(app, context, who)
+    _operator_routes(app, context, who)
 
-    @app.exception_handler(EdgeSDKError)
-    def _edgesdk_error(_request: Request, exc: EdgeSDKError) -> JSONResponse:
-        status = 409 if isinstance(exc, EnrollmentError) else 503 if isinstance(exc, FleetServiceError) else 400
-        return JSONResponse({"detail": str(exc)}, status_code=status)
+    metrics = FleetMetrics(engine, broker_status=context.broker_status)
 
-    @app.exception_handler(RequestValidationError)
-    def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own handler echoes each bad input, and a NaN or Infinity (Python's JSON parser
-        # reads them) cannot be written back as JSON: the 422 became a 500.
-        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"], responses=_errors(401, 403))
+    def prometheus_metrics(_op: tokens.Operator = Depends(who("viewer", "metrics.read"))) -> PlainTextResponse:
+        """The fleet for Prometheus, with a viewer token (every device id is on the page); or with
+        none on a listener of its own (``fleet serve --metrics-listen``)."""
+        return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)
 
-    # -- devices ----------------------------------------------------------------------------
+    @app.get("/healthz", response_model=Health, tags=["monitoring"], responses={503: {"model": Health}})
+    def healthz() -> JSONResponse:
+        """No token: for load balancers and probes. 200 ``ok`` while the service holds its broker
+        connection, 503 ``degraded`` while it has lost it."""
+        broker = _broker_state(context)
+        healthy = broker.get("connected") is not False
+        return JSONResponse(
+            {"status": "ok" if healthy else "degraded", "broker": broker}, status_code=200 if healthy else 503
+        )
 
-    @app.get("/api/v1/devices", response_model=DeviceList, tags=["devices"])
+    from edgesdk.fleet.service.dashboard import add_dashboard
+
+    add_dashboard(app, context)
+    return app
+
+
+def _audit_refusal(engine: Any, request: Request, status: int, detail: str) -> None:
+    """A refused write in the audit log: who (when the token was good), what, on what, why."""
+    operator = getattr(request.state, "operator", None)
+    action = getattr(request.state, "action", None) or f"{request.method} {request.url.path}"
+    target = next(iter(request.path_params.values()), "") if request.path_params else ""
+    audit.record(
+        engine,
+        actor=operator.actor if operator is not None else "anonymous",
+        role=operator.role if operator is not None else None,
+        action=action,
+        target=str(target),
+        outcome="refused",
+        detail={"status": status, "error": detail[:500]},
+    )
+
+
+def _broker_state(context: ApiContext) -> dict[str, Any]:
+    """The service's broker connection as JSON ({} fields unknown when the service has no
+    ``broker_status``, e.g. an API without a service around it)."""
+    if context.broker_status is None:
+        return {"connected": None}
+    state = context.broker_status()
+    if hasattr(state, "as_dict"):
+        return dict(state.as_dict())
+    data = asdict(state) if is_dataclass(state) and not isinstance(state, type) else dict(state)
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in data.items()}
+
+
+# -- devices ----------------------------------------------------------------------------------
+
+
+def _device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get("/api/v1/devices", response_model=Page[Device], tags=["devices"], responses=_errors(*_READ_ERRORS))
     def list_devices(
-        group: str | None = None,
-        model: str | None = None,
-        version: str | None = None,
-        state: str | None = Query(None, description="online, offline, or an OTA state (COMMITTED, FAILED, …)"),
-        limit: int = Query(1000, ge=1, le=10000),
-        offset: int = Query(0, ge=0, le=1 << 31),
+        group: str | None = Query(None, max_length=128),
+        model: str | None = Query(None, max_length=128),
+        version: str | None = Query(None, max_length=64),
+        state: DeviceState | None = Query(None, description="online, offline, or the OTA state last reported"),
+        page: Paging = Depends(paging),
         _op: tokens.Operator = Depends(who("viewer", "devices.read")),
-    ) -> DeviceList:
-        table = schema.devices
-        query = sa.select(table)
-        if model is not None:
-            query = query.where(table.c.model_name == model)
-        if version is not None:
-            query = query.where(table.c.model_version == version)
-        if state in ("online", "offline"):
-            query = query.where(table.c.online.is_(state == "online"))
-        elif state is not None:
-            query = query.where(table.c.ota_state == state)
-        if group is not None:
-            query = query.where(table.c.groups.contains(json.dumps(group)))  # JSON text: a quoted name
-        with Transaction(engine) as db:
-            rows = db.execute(query.order_by(table.c.device_id)).all()
-        rows = [r for r in rows if group is None or group in json.loads(r.groups)]
-        page = rows[offset : offset + limit]
-        return DeviceList(devices=[_device(r) for r in page], total=len(rows))
+    ) -> dict[str, Any]:
+        rows = _devices(engine, group=group, model=model, version=version, state=state)
+        shown = rows[page.offset : page.offset + page.limit]
+        latest = _latest_telemetry(engine, [r.device_id for r in shown])
+        return page.page([_device(r, latest.get(r.device_id)) for r in shown], len(rows), sliced=True)
 
-    @app.get("/api/v1/devices/{item}", response_model=Device, tags=["devices"])
-    def get_device(item: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> Device:
-        table = schema.devices
-        with Transaction(engine) as db:
-            row = db.execute(sa.select(table).where(table.c.device_id == item)).first()
-            if row is None:
-                raise HTTPException(404, f"device {item!r} not known to the fleet service")
-            t = schema.telemetry
-            latest = db.execute(sa.select(t).where(t.c.device_id == item).order_by(t.c.ts.desc()).limit(1)).first()
-        return _device(row, dict(latest._mapping) if latest is not None else None)
+    @app.get("/api/v1/devices/{device_id}", response_model=Device, tags=["devices"], responses=_errors(*_ONE_ERRORS))
+    def get_device(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> Device:
+        row = _known_device(engine, device_id)
+        return _device(row, _latest_telemetry(engine, [device_id]).get(device_id))
 
-    @app.get("/api/v1/devices/{item}/history", tags=["devices"])
+    @app.delete(
+        "/api/v1/devices/{device_id}",
+        response_model=Decommissioned,
+        tags=["devices"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
+    def decommission_device(
+        device_id: str, operator: tokens.Operator = Depends(who("admin", "device.decommission"))
+    ) -> dict[str, Any]:
+        """Decommission: the device's broker password is removed (the broker refuses it from its
+        next reload), its enrollment revoked (no key slot in bundles packaged from now on), and
+        it leaves the device list (its history stays until retention removes it)."""
+        _known_device(engine, device_id)
+        return audited_call(
+            engine, operator, "device.decommission", device_id, lambda: _decommission(context, device_id)
+        )
+
+    @app.get(
+        "/api/v1/devices/{device_id}/history",
+        response_model=DeviceHistory,
+        tags=["devices"],
+        responses=_errors(*_ONE_ERRORS),
+    )
     def device_history(
-        item: str,
+        device_id: str,
         hours: float = Query(24.0, gt=0, le=24 * 366),
         resolution: str = Query("auto", pattern="^(auto|raw|minute)$"),
         _op: tokens.Operator = Depends(who("viewer", "devices.read")),
     ) -> dict[str, Any]:
-        since = time.time() - hours * 3600
-        minute = resolution == "minute" or (resolution == "auto" and hours > 6)
-        with Transaction(engine) as db:
-            if (
-                db.execute(sa.select(schema.devices.c.device_id).where(schema.devices.c.device_id == item)).first()
-                is None
-            ):
-                raise HTTPException(404, f"device {item!r} not known to the fleet service")
-            if minute:
-                m = schema.telemetry_minutely
-                series = db.execute(
-                    sa.select(m).where((m.c.device_id == item) & (m.c.minute >= since)).order_by(m.c.minute)
-                ).all()
-            else:
-                t = schema.telemetry
-                series = db.execute(
-                    sa.select(t).where((t.c.device_id == item) & (t.c.ts >= since)).order_by(t.c.ts)
-                ).all()
-            e = schema.events
-            events = db.execute(
-                sa.select(e).where((e.c.device_id == item) & (e.c.ts >= since)).order_by(e.c.ts.desc()).limit(500)
+        _known_device(engine, device_id)
+        return _history(engine, device_id, hours, resolution)
+
+    @app.get("/api/v1/groups", response_model=Page[Group], tags=["devices"], responses=_errors(*_READ_ERRORS))
+    def list_groups(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
+    ) -> dict[str, Any]:
+        """Every group a device announced, with how many devices are in it and online."""
+        counts: dict[str, list[int]] = {}
+        for row in _devices(engine):
+            for group in json.loads(row.groups or "[]"):
+                count = counts.setdefault(group, [0, 0])
+                count[0] += 1
+                count[1] += 1 if row.online else 0
+        groups = [{"group": g, "devices": n, "online": on} for g, (n, on) in sorted(counts.items())]
+        return page.page(groups)
+
+    @app.get("/api/v1/alerts", response_model=Page[Alert], tags=["devices"], responses=_errors(*_READ_ERRORS))
+    def list_alerts(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "alerts.read"))
+    ) -> dict[str, Any]:
+        """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
+        return page.page(alerts.current_alerts(engine, context.store))
+
+
+def audited_call(engine: Any, operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
+    return audit.audited(engine, operator, action, target, work, detail)
+
+
+def _devices(
+    engine: Any,
+    *,
+    group: str | None = None,
+    model: str | None = None,
+    version: str | None = None,
+    state: str | None = None,
+) -> list[Any]:
+    table = schema.devices
+    query = sa.select(table)
+    if model is not None:
+        query = query.where(table.c.model_name == model)
+    if version is not None:
+        query = query.where(table.c.model_version == version)
+    if state in ("online", "offline"):
+        query = query.where(table.c.online.is_(state == "online"))
+    elif state is not None:
+        query = query.where(table.c.ota_state == state)
+    if group is not None:
+        query = query.where(table.c.groups.contains(json.dumps(group)))  # JSON text: a quoted name
+    with Transaction(engine) as db:
+        rows = db.execute(query.order_by(table.c.device_id)).all()
+    return [r for r in rows if group is None or group in json.loads(r.groups)]
+
+
+def _known_device(engine: Any, device_id: str) -> Any:
+    table = schema.devices
+    with Transaction(engine) as db:
+        row = db.execute(sa.select(table).where(table.c.device_id == device_id)).first()
+    if row is None:
+        raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
+    return row
+
+
+def _latest_telemetry(engine: Any, device_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The newest telemetry row of each of ``device_ids`` (one index seek each)."""
+    if not device_ids:
+        return {}
+    with Transaction(engine) as db:
+        rows = db.execute(latest_telemetry().where(schema.devices.c.device_id.in_(device_ids))).all()
+    return {r.device_id: dict(r._mapping) for r in rows}
+
+
+def _history(engine: Any, device_id: str, hours: float, resolution: str) -> dict[str, Any]:
+    since = time.time() - hours * 3600
+    minute = resolution == "minute" or (resolution == "auto" and hours > 6)
+    with Transaction(engine) as db:
+        if minute:
+            m = schema.telemetry_minutely
+            series = db.execute(
+                sa.select(m).where((m.c.device_id == device_id) & (m.c.minute >= since)).order_by(m.c.minute)
             ).all()
-            h = schema.ota_history
-            ota = db.execute(
-                sa.select(h).where((h.c.device_id == item) & (h.c.ts >= since)).order_by(h.c.ts.desc()).limit(500)
+        else:
+            t = schema.telemetry
+            series = db.execute(
+                sa.select(t).where((t.c.device_id == device_id) & (t.c.ts >= since)).order_by(t.c.ts)
             ).all()
-        return {
-            "device_id": item,
-            "resolution": "minute" if minute else "raw",
-            "telemetry": [dict(r._mapping) for r in series],
-            "events": [{**dict(r._mapping), "detail": json.loads(r.detail)} for r in events],
-            "ota": [dict(r._mapping) for r in ota],
-        }
+        e = schema.events
+        events = db.execute(
+            sa.select(e).where((e.c.device_id == device_id) & (e.c.ts >= since)).order_by(e.c.ts.desc()).limit(500)
+        ).all()
+        h = schema.ota_history
+        ota = db.execute(
+            sa.select(h).where((h.c.device_id == device_id) & (h.c.ts >= since)).order_by(h.c.ts.desc()).limit(500)
+        ).all()
+    return {
+        "device_id": device_id,
+        "resolution": "minute" if minute else "raw",
+        "telemetry": [dict(r._mapping) for r in series],
+        "events": [{**dict(r._mapping), "detail": json.loads(r.detail)} for r in events],
+        "ota": [dict(r._mapping) for r in ota],
+    }
 
-    # -- deployments ------------------------------------------------------------------------
 
-    @app.get("/api/v1/deployments", tags=["deployments"])
-    def list_deployments(_op: tokens.Operator = Depends(who("viewer", "deployments.read"))) -> list[dict[str, Any]]:
-        return [context.store.summary(row.id) for row in reversed(context.store.all())]
+def _decommission(context: ApiContext, device_id: str) -> dict[str, Any]:
+    from edgesdk.fleet.broker_credentials import DevicePasswordFile
+    from edgesdk.fleet.enrollment import RegistryFile
 
-    @app.get("/api/v1/deployments/{item}", tags=["deployments"])
-    def get_deployment(item: str, _op: tokens.Operator = Depends(who("viewer", "deployments.read"))) -> dict[str, Any]:
-        _known_deployment(context.store, item)
-        summary = context.store.summary(item)
-        summary["device_states"] = [
-            {
-                "device_id": d.device_id,
-                "wave": d.wave,
-                "state": d.state,
-                "reason": d.reason,
-                "progress": d.progress,
-                "model_release": d.model_release,
-                "updated": d.updated,
-            }
-            for d in context.store.devices(item)
-        ]
-        with Transaction(engine) as db:
-            h = schema.ota_history
-            rows = db.execute(sa.select(h).where(h.c.deployment_id == item).order_by(h.c.ts)).all()
-        summary["timeline"] = [
-            {"ts": r.ts, "device_id": r.device_id, "state": r.state, "reason": r.reason}
-            for r in rows
-            if r.progress is None  # progress ticks are not events of the timeline
-        ]
-        # Refusals quoting this deployment's id that did not count (forged or replayed copies).
-        summary["security_events"] = refusals.recent(engine, deployment_id=item)
-        return summary
+    removed = False
+    if context.device_passwords is not None:
+        removed = DevicePasswordFile(context.device_passwords).remove(device_id)
+    revoked = False
+    if context.registry_path is not None and context.registry_path.is_file():
+        registry = RegistryFile(context.registry_path)
+        if device_id in registry.load().devices:
+            registry.revoke(device_id, reason="decommissioned")
+            revoked = True
+    requests = schema.enrollment_requests
+    with Transaction(context.engine) as db:
+        revoked = (
+            bool(
+                db.execute(requests.update().where(requests.c.device_id == device_id).values(status="revoked")).rowcount
+            )
+            or revoked
+        )
+        db.execute(schema.devices.delete().where(schema.devices.c.device_id == device_id))
+    return {"device_id": device_id, "broker_credentials_removed": removed, "enrollment_revoked": revoked}
 
-    @app.get("/api/v1/security-events", tags=["deployments"])
+
+def _device(row: Any, latest: dict[str, Any] | None = None) -> Device:
+    data = dict(row._mapping)
+    data["groups"] = json.loads(data.get("groups") or "[]")
+    for name in ("presence_ts", "telemetry_seq", "public_key"):
+        data.pop(name, None)
+    return Device(**data, latest=latest)
+
+
+# -- deployments ------------------------------------------------------------------------------
+
+
+def _deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine, store = context.engine, context.store
+
+    @app.get(
+        "/api/v1/deployments",
+        response_model=Page[DeploymentSummary],
+        tags=["deployments"],
+        responses=_errors(*_READ_ERRORS),
+    )
+    def list_deployments(
+        state: RolloutState | None = None,
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("viewer", "deployments.read")),
+    ) -> dict[str, Any]:
+        """Newest first."""
+        rows = [row for row in reversed(store.all()) if state is None or row.state == state]
+        shown = rows[page.offset : page.offset + page.limit]
+        return page.page([_summary(store, row.id) for row in shown], len(rows), sliced=True)
+
+    @app.get(
+        "/api/v1/deployments/{deployment_id}",
+        response_model=DeploymentDetail,
+        tags=["deployments"],
+        responses=_errors(*_ONE_ERRORS),
+    )
+    def get_deployment(
+        deployment_id: str, _op: tokens.Operator = Depends(who("viewer", "deployments.read"))
+    ) -> dict[str, Any]:
+        _known_deployment(store, deployment_id)
+        return _detail(engine, store, deployment_id)
+
+    @app.get(
+        "/api/v1/security-events",
+        response_model=Page[dict[str, Any]],
+        tags=["deployments"],
+        responses=_errors(*_READ_ERRORS),
+    )
     def security_events(
-        device_id: str | None = None,
-        deployment_id: str | None = None,
-        limit: int = Query(100, gt=0, le=1000),
+        device_id: str | None = Query(None, max_length=64),
+        deployment_id: str | None = Query(None, max_length=64),
+        page: Paging = Depends(paging),
         _op: tokens.Operator = Depends(who("viewer", "security_events.read")),
-    ) -> list[dict[str, Any]]:
+    ) -> dict[str, Any]:
         """Device refusals of commands this service did not issue to them, newest first."""
-        return refusals.recent(engine, deployment_id=deployment_id, device_id=device_id, limit=limit)
+        newest = refusals.recent(
+            engine, deployment_id=deployment_id, device_id=device_id, limit=page.offset + page.limit
+        )
+        table = schema.security_events
+        count = sa.select(sa.func.count()).select_from(table)
+        if deployment_id is not None:
+            count = count.where(table.c.deployment_id == deployment_id)
+        if device_id is not None:
+            count = count.where(table.c.device_id == device_id)
+        with Transaction(engine) as db:
+            total = int(db.execute(count).scalar_one())
+        return page.page(newest[page.offset :], total, sliced=True)
 
-    @app.post("/api/v1/deployments", status_code=201, tags=["deployments"])
+    @app.post(
+        "/api/v1/deployments",
+        status_code=201,
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
     def create_deployment(
         body: DeploymentCreate, operator: tokens.Operator = Depends(who("operator", "deployment.create"))
     ) -> dict[str, Any]:
+        """409 for a deployment id already taken; 422 naming every target device the service has
+        never seen (a rollout to them could never finish); 404 for an unknown bundle."""
         bundle = bundles.find_bundle(engine, body.bundle_id)
         if bundle is None:
             raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
-        plan = RolloutPlan(
-            canary=body.canary,
-            waves=tuple(body.waves),
-            max_failures=body.max_failures,
-            probation_s=body.probation_s,
-            wave_timeout_s=body.wave_timeout_s,
-            command_ttl_s=body.expires_s,
-        )
-        health = HealthCriteria(
-            probation_s=body.probation_s, p95_latency_ms=body.p95_ms, max_error_rate=body.max_error_rate
-        )
+        if body.deployment_id is not None and store.find(body.deployment_id) is not None:
+            raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
+        if body.devices is not None:
+            _refuse_unknown_devices(engine, body.devices)
 
         def work() -> Any:
             return submit_deployment(
-                context.store,
+                store,
                 Path(bundle["path"]),
-                plan,
+                _plan(body),
                 devices=body.devices,
                 group=body.group,
                 deployment_id=body.deployment_id,
-                health=health,
+                health=HealthCriteria(
+                    probation_s=body.probation_s, p95_latency_ms=body.p95_ms, max_error_rate=body.max_error_rate
+                ),
                 chunk_size=body.chunk_size,
                 artifact_urls=body.artifact_urls,
                 mqtt_fallback=body.mqtt_fallback,
             )
 
-        message = audited(operator, "deployment.create", body.deployment_id or "", work, **body.model_dump())
-        return context.store.summary(message.deployment_id)
+        target = body.deployment_id or ""
+        message = audited_call(engine, operator, "deployment.create", target, work, **body.model_dump())
+        return _summary(store, message.deployment_id)
 
-    def _command(item: str, body: CommandOptions | None, operator: tokens.Operator, action: str) -> dict[str, Any]:
-        row = _known_deployment(context.store, item)
+    def command(
+        deployment_id: str, body: CommandOptions | None, operator: tokens.Operator, action: str
+    ) -> dict[str, Any]:
+        row = _known_deployment(store, deployment_id)
         options = body or CommandOptions()
         if action == "deployment.abort" and row.state in FINISHED_ROLLOUT_STATES:
-            raise HTTPException(409, f"deployment {item!r} already ended {row.state}")
+            raise HTTPException(409, f"deployment {deployment_id!r} already ended {row.state}")
         reason = options.reason or f"{action.split('.')[1]} by {operator.name}"
 
         def work() -> Any:
             if action == "deployment.abort":
-                context.commands.abort(item, reason, ttl_s=options.expires_s)
+                context.commands.abort(deployment_id, reason, ttl_s=options.expires_s)
                 return None
-            return context.commands.rollback(item, reason, ttl_s=options.expires_s)
+            return context.commands.rollback(deployment_id, reason, ttl_s=options.expires_s)
 
-        asked = audited(operator, action, item, work, reason=reason)
-        summary = context.store.summary(item)
+        asked = audited_call(engine, operator, action, deployment_id, work, reason=reason)
+        summary = _summary(store, deployment_id)
         if asked is not None:
             summary["asked"] = asked
         return summary
 
-    @app.post("/api/v1/deployments/{item}/abort", tags=["deployments"])
+    @app.post(
+        "/api/v1/deployments/{deployment_id}/abort",
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
     def abort_deployment(
-        item: str,
+        deployment_id: str,
         body: CommandOptions | None = None,
         operator: tokens.Operator = Depends(who("operator", "deployment.abort")),
     ) -> dict[str, Any]:
-        return _command(item, body, operator, "deployment.abort")
+        """409 when the deployment already ended."""
+        return command(deployment_id, body, operator, "deployment.abort")
 
-    @app.post("/api/v1/deployments/{item}/rollback", tags=["deployments"])
+    @app.post(
+        "/api/v1/deployments/{deployment_id}/rollback",
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
     def rollback_deployment(
-        item: str,
+        deployment_id: str,
         body: CommandOptions | None = None,
         operator: tokens.Operator = Depends(who("operator", "deployment.rollback")),
     ) -> dict[str, Any]:
-        return _command(item, body, operator, "deployment.rollback")
-
-    # -- artifacts (devices) ----------------------------------------------------------------
+        return command(deployment_id, body, operator, "deployment.rollback")
 
     # GET and HEAD registered apart: one api_route with both gives the OpenAPI document two
     # operations with the same id (FastAPI warns; schema-driven clients need them unique).
-    @app.head("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_head")
-    @app.get("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_get")
+    @app.head("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_head", responses=_errors(404))
+    @app.get("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_get", responses=_errors(404))
     def artifact(name: str) -> FileResponse:
         """A bundle of a running rollout, with Range (devices resume with it). No token: devices
         have none, the bundle is encrypted to its devices, and they trust the signed hash, not
@@ -350,16 +591,113 @@ def create_app(context: ApiContext) -> FastAPI:
             raise HTTPException(404, f"no bundle {name!r} is being rolled out here")
         return FileResponse(path, media_type="application/octet-stream", filename=f"{sha}.edgepkg")
 
-    # -- bundles ----------------------------------------------------------------------------
 
-    @app.get("/api/v1/bundles", tags=["bundles"])
-    def list_bundles(_op: tokens.Operator = Depends(who("viewer", "bundles.read"))) -> list[dict[str, Any]]:
-        return bundles.list_bundles(engine)
+def _plan(body: DeploymentCreate) -> RolloutPlan:
+    return RolloutPlan(
+        canary=body.canary,
+        waves=tuple(body.waves),
+        max_failures=body.max_failures,
+        probation_s=body.probation_s,
+        wave_timeout_s=body.wave_timeout_s,
+        command_ttl_s=body.expires_s,
+    )
+
+
+def _refuse_unknown_devices(engine: Any, device_ids: list[str]) -> None:
+    """422 naming the target ids no device ever announced (as an unknown group is refused)."""
+    table = schema.devices
+    with Transaction(engine) as db:
+        known = {r.device_id for r in db.execute(sa.select(table.c.device_id).where(table.c.device_id.in_(device_ids)))}
+    unknown = [d for d in dict.fromkeys(device_ids) if d not in known]
+    if unknown:
+        shown = ", ".join(repr(d) for d in unknown[:10]) + (
+            f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        )
+        raise HTTPException(
+            422, f"devices not known to the fleet service: {shown}; a device is known once it announced itself"
+        )
+
+
+def _summary(store: SqlRolloutStore, deployment_id: str) -> dict[str, Any]:
+    """A deployment's summary without the server's file path of its bundle (its name instead)."""
+    summary = store.summary(deployment_id)
+    path = summary.pop("bundle", None)
+    if path:
+        summary["bundle_file"] = Path(str(path)).name
+    return summary
+
+
+def _detail(engine: Any, store: SqlRolloutStore, deployment_id: str) -> dict[str, Any]:
+    summary = _summary(store, deployment_id)
+    summary["device_states"] = [
+        {
+            "device_id": d.device_id,
+            "wave": d.wave,
+            "state": d.state,
+            "reason": d.reason,
+            "progress": d.progress,
+            "model_release": d.model_release,
+            "updated": d.updated,
+        }
+        for d in store.devices(deployment_id)
+    ]
+    with Transaction(engine) as db:
+        h = schema.ota_history
+        rows = db.execute(sa.select(h).where(h.c.deployment_id == deployment_id).order_by(h.c.ts)).all()
+    summary["timeline"] = [
+        {"ts": r.ts, "device_id": r.device_id, "state": r.state, "reason": r.reason}
+        for r in rows
+        if r.progress is None  # progress ticks are not events of the timeline
+    ]
+    # Refusals quoting this deployment's id that did not count (forged or replayed copies).
+    summary["security_events"] = refusals.recent(engine, deployment_id=deployment_id)
+    return summary
+
+
+def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:
+    row = store.find(deployment_id)
+    if row is None:
+        raise HTTPException(404, f"deployment {deployment_id!r} not found")
+    return row
+
+
+# -- bundles ----------------------------------------------------------------------------------
+
+
+def _bundle_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get("/api/v1/bundles", response_model=Page[Bundle], tags=["bundles"], responses=_errors(*_READ_ERRORS))
+    def list_bundles(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "bundles.read"))
+    ) -> dict[str, Any]:
+        """Newest first."""
+        return page.page(bundles.public(engine, context.store, bundles.list_bundles(engine)))
+
+    @app.get("/api/v1/bundles/{bundle_id}", response_model=Bundle, tags=["bundles"], responses=_errors(*_ONE_ERRORS))
+    def get_bundle(bundle_id: str, _op: tokens.Operator = Depends(who("viewer", "bundles.read"))) -> dict[str, Any]:
+        return bundles.public(engine, context.store, [_known_bundle(engine, bundle_id)])[0]
+
+    @app.delete(
+        "/api/v1/bundles/{bundle_id}", response_model=Bundle, tags=["bundles"], responses=_errors(*_WRITE_ERRORS)
+    )
+    def delete_bundle(
+        bundle_id: str, operator: tokens.Operator = Depends(who("operator", "bundle.delete"))
+    ) -> dict[str, Any]:
+        """The bundle and its file; 409 while a deployment that has not ended rolls it out."""
+        (shown,) = bundles.public(engine, context.store, [_known_bundle(engine, bundle_id)])
+        running = bundles.running_deployments(context.store, shown["sha256"])
+        if running:
+            raise HTTPException(409, f"bundle {bundle_id!r} is rolled out by {', '.join(running)}: abort them first")
+        audited_call(engine, operator, "bundle.delete", bundle_id, lambda: bundles.delete_bundle(engine, bundle_id))
+        return shown
 
     @app.post(
         "/api/v1/bundles",
         status_code=201,
+        response_model=Bundle,
         tags=["bundles"],
+        responses=_errors(400, 401, 403, 413, 422),
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -393,24 +731,50 @@ def create_app(context: ApiContext) -> FastAPI:
             raise
 
         def work() -> Any:
-            return bundles.store_bundle(engine, directory, filename, path, uploaded_by=operator.actor)
+            stored = bundles.store_bundle(engine, directory, filename, path, uploaded_by=operator.actor)
+            return bundles.public(engine, context.store, [stored])[0]
 
-        return await run_in_threadpool(audited, operator, "bundle.upload", filename, work, size=size)
+        return await run_in_threadpool(audited_call, engine, operator, "bundle.upload", filename, work, size=size)
 
-    # -- enrollment -------------------------------------------------------------------------
 
-    @app.get("/api/v1/enrollment", tags=["enrollment"])
-    def list_enrollment(_op: tokens.Operator = Depends(who("viewer", "enrollment.read"))) -> list[dict[str, Any]]:
-        table = schema.enrollment_requests
+def _known_bundle(engine: Any, bundle_id: str) -> dict[str, Any]:
+    found = bundles.find_bundle(engine, bundle_id)
+    if found is None:
+        raise HTTPException(404, f"bundle {bundle_id!r} not found (GET /api/v1/bundles lists them)")
+    return found
+
+
+# -- enrollment -------------------------------------------------------------------------------
+
+
+def _enrollment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+    table = schema.enrollment_requests
+
+    @app.get(
+        "/api/v1/enrollment",
+        response_model=Page[EnrollmentRequest],
+        tags=["enrollment"],
+        responses=_errors(*_READ_ERRORS),
+    )
+    def list_enrollment(
+        status: EnrollmentStatus | None = None,
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("viewer", "enrollment.read")),
+    ) -> dict[str, Any]:
+        query = sa.select(table).order_by(table.c.device_id)
+        if status is not None:
+            query = query.where(table.c.status == status)
         with Transaction(engine) as db:
-            return [dict(r._mapping) for r in db.execute(sa.select(table).order_by(table.c.device_id))]
+            return page.page([dict(r._mapping) for r in db.execute(query)])
 
-    def _decide(item: str, approve: bool, body: EnrollmentDecision | None, operator: tokens.Operator) -> dict[str, Any]:
-        table = schema.enrollment_requests
+    def decide(
+        device_id: str, approve: bool, body: EnrollmentDecision | None, operator: tokens.Operator
+    ) -> dict[str, Any]:
         with Transaction(engine) as db:
-            row = db.execute(sa.select(table).where(table.c.device_id == item)).first()
+            row = db.execute(sa.select(table).where(table.c.device_id == device_id)).first()
         if row is None:
-            raise HTTPException(404, f"no enrollment request from device {item!r}")
+            raise HTTPException(404, f"no enrollment request from device {device_id!r}")
         options = body or EnrollmentDecision()
         action = "enrollment.approve" if approve else "enrollment.revoke"
         answer: dict[str, Any] = {}
@@ -418,47 +782,74 @@ def create_app(context: ApiContext) -> FastAPI:
         def work() -> Any:
             if approve:
                 answer.update(_approve(context, row, options))
-            else:
-                if context.registry_path is not None:
-                    from edgesdk.fleet.enrollment import RegistryFile
+                return
+            if context.registry_path is not None:
+                from edgesdk.fleet.enrollment import RegistryFile
 
-                    RegistryFile(context.registry_path).revoke(item, reason=options.reason)
-                with Transaction(engine) as db:
-                    db.execute(table.update().where(table.c.device_id == item).values(status="revoked"))
+                registry = RegistryFile(context.registry_path)
+                if context.registry_path.is_file() and device_id in registry.load().devices:
+                    registry.revoke(device_id, reason=options.reason)
+            with Transaction(engine) as db:
+                db.execute(table.update().where(table.c.device_id == device_id).values(status="revoked"))
 
         key = (options.key_id or "").lower() or row.key_id
-        audited(operator, action, item, work, key_id=key, reason=options.reason)
+        audited_call(engine, operator, action, device_id, work, key_id=key, reason=options.reason)
         with Transaction(engine) as db:
-            current = dict(db.execute(sa.select(table).where(table.c.device_id == item)).one()._mapping)
+            current = dict(db.execute(sa.select(table).where(table.c.device_id == device_id)).one()._mapping)
         return {**current, **answer}
 
-    @app.post("/api/v1/enrollment/{item}/approve", tags=["enrollment"])
+    @app.post(
+        "/api/v1/enrollment/{device_id}/approve",
+        response_model=EnrollmentRequest,
+        tags=["enrollment"],
+        responses=_errors(400, *_WRITE_ERRORS),
+    )
     def approve_enrollment(
-        item: str,
+        device_id: str,
         body: EnrollmentDecision | None = None,
         operator: tokens.Operator = Depends(who("operator", "enrollment.approve")),
     ) -> dict[str, Any]:
-        return _decide(item, True, body, operator)
+        """409 when ``key_id`` names neither key the device offered, or the key is another device's."""
+        return decide(device_id, True, body, operator)
 
-    @app.post("/api/v1/enrollment/{item}/revoke", tags=["enrollment"])
+    @app.post(
+        "/api/v1/enrollment/{device_id}/revoke",
+        response_model=EnrollmentRequest,
+        tags=["enrollment"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
     def revoke_enrollment(
-        item: str,
+        device_id: str,
         body: EnrollmentDecision | None = None,
         operator: tokens.Operator = Depends(who("admin", "enrollment.revoke")),
     ) -> dict[str, Any]:
-        return _decide(item, False, body, operator)
+        return decide(device_id, False, body, operator)
 
-    # -- operators --------------------------------------------------------------------------
 
-    @app.get("/api/v1/tokens", tags=["operators"])
-    def list_tokens(_op: tokens.Operator = Depends(who("admin", "tokens.read"))) -> list[dict[str, Any]]:
-        return tokens.list_tokens(engine)
+# -- operators --------------------------------------------------------------------------------
 
-    @app.post("/api/v1/tokens", status_code=201, tags=["operators"])
+
+def _operator_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get("/api/v1/tokens", response_model=Page[Token], tags=["operators"], responses=_errors(*_READ_ERRORS))
+    def list_tokens(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("admin", "tokens.read"))
+    ) -> dict[str, Any]:
+        return page.page(tokens.list_tokens(engine))
+
+    @app.post(
+        "/api/v1/tokens",
+        status_code=201,
+        response_model=NewToken,
+        tags=["operators"],
+        responses=_errors(*_WRITE_ERRORS),
+    )
     def create_token(
         body: TokenCreate, operator: tokens.Operator = Depends(who("admin", "token.create"))
     ) -> dict[str, Any]:
-        token_id, token = audited(
+        token_id, token = audited_call(
+            engine,
             operator,
             "token.create",
             body.name,
@@ -467,29 +858,33 @@ def create_app(context: ApiContext) -> FastAPI:
         )
         return {"id": token_id, "token": token, "role": body.role, "name": body.name}
 
-    @app.get("/api/v1/audit", tags=["operators"])
+    @app.delete(
+        "/api/v1/tokens/{token_id}", response_model=Token, tags=["operators"], responses=_errors(*_WRITE_ERRORS)
+    )
+    def revoke_token(
+        token_id: str, operator: tokens.Operator = Depends(who("admin", "token.revoke"))
+    ) -> dict[str, Any]:
+        """Revoke a token: every request with it, and every dashboard session it opened, is
+        refused from now on. 409 when it is already revoked."""
+        found = tokens.find_token(engine, token_id)
+        if found is None:
+            raise HTTPException(404, f"token {token_id!r} not found (GET /api/v1/tokens lists them)")
+        if found["revoked"] is not None:
+            raise HTTPException(409, f"token {token_id!r} is already revoked")
+        audited_call(engine, operator, "token.revoke", token_id, lambda: tokens.revoke_token(engine, token_id))
+        return tokens.find_token(engine, token_id) or found
+
+    @app.get("/api/v1/audit", response_model=Page[AuditEntry], tags=["operators"], responses=_errors(*_READ_ERRORS))
     def audit_log(
-        limit: int = Query(200, ge=1, le=5000), _op: tokens.Operator = Depends(who("admin", "audit.read"))
-    ) -> list[dict[str, Any]]:
-        return audit.entries(engine, limit=limit)
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("admin", "audit.read"))
+    ) -> dict[str, Any]:
+        """Newest first."""
+        entries = audit.entries(engine, limit=page.limit, offset=page.offset)
+        return page.page(entries, audit.count(engine), sliced=True)
 
-    metrics = FleetMetrics(engine, broker_status=context.broker_status)
-
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"])
-    def prometheus_metrics(_op: tokens.Operator = Depends(who("viewer", "metrics.read"))) -> PlainTextResponse:
-        """The fleet for Prometheus, with a viewer token (every device id is on the page); or with
-        none on a listener of its own (``fleet serve --metrics-listen``)."""
-        return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)
-
-    from edgesdk.fleet.service.dashboard import add_dashboard
-
-    add_dashboard(app, context)
-
-    @app.get("/api/v1/stats", tags=["operators"])
+    @app.get("/api/v1/stats", response_model=Stats, tags=["operators"], responses=_errors(*_READ_ERRORS))
     def stats(_op: tokens.Operator = Depends(who("viewer", "stats.read"))) -> dict[str, Any]:
         return {"ingest": read_counters(engine, context.store.where)}
-
-    return app
 
 
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -568,29 +963,3 @@ def _approve(context: ApiContext, row: Any, options: EnrollmentDecision) -> dict
     )
     log.warning("enrollment: %s", warning)
     return {"warnings": [warning]}
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float as its text (``"nan"``, ``"inf"``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(item) for item in value]
-    return value
-
-
-def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:
-    row = store.find(deployment_id)
-    if row is None:
-        raise HTTPException(404, f"deployment {deployment_id!r} not found")
-    return row
-
-
-def _device(row: Any, latest: dict[str, Any] | None = None) -> Device:
-    data = dict(row._mapping)
-    data["groups"] = json.loads(data.get("groups") or "[]")
-    for name in ("presence_ts", "telemetry_seq", "public_key"):
-        data.pop(name, None)
-    return Device(**data, latest=latest)

@@ -8,10 +8,11 @@ never a 500 from a date or an integer column it overflows (tests/integration/tes
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edgesdk.protocol.ota import OTA_STATE_NAMES
 from edgesdk.schemas.messages import MAX_CHUNK_SIZE, MAX_COMMAND_VALIDITY_S, MAX_P95_LATENCY_MS, MAX_PROBATION_S
 
 #: Upper bounds of the request numbers that have no natural one: generous for real use, far
@@ -89,6 +90,57 @@ class EnrollmentDecision(_Body):
     )
 
 
+#: ``state`` of ``GET /api/v1/devices``: presence, or the OTA state the device last reported.
+DeviceState = Literal[
+    "online",
+    "offline",
+    "IDLE",
+    "DOWNLOADING",
+    "VERIFYING",
+    "STAGED",
+    "ACTIVATING",
+    "PROBATION",
+    "COMMITTED",
+    "ROLLING_BACK",
+    "ROLLED_BACK",
+    "FAILED",
+]
+if set(get_args(DeviceState)) != {"online", "offline", *OTA_STATE_NAMES}:  # pragma: no cover - a drift guard
+    raise RuntimeError("DeviceState no longer lists every OTA state of edgesdk.protocol.ota")
+RolloutState = Literal["PENDING", "IN_PROGRESS", "SUCCEEDED", "ABORTED", "ROLLED_BACK"]
+EnrollmentStatus = Literal["pending", "approved", "revoked"]
+Role = Literal["viewer", "operator", "admin"]
+
+
+class _Answer(BaseModel):
+    """A response body: typed fields, and any field a newer store adds passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Problem(_Answer):
+    """RFC 9457 problem details (``application/problem+json``): every error of the API."""
+
+    type: str = Field("about:blank", description="about:blank: the status and detail say it all")
+    title: str = Field(description="the HTTP status phrase")
+    status: int
+    detail: str = Field(description="what was wrong and how to fix it, in one line")
+    instance: str = Field(description="the path asked")
+    errors: list[dict[str, Any]] | None = Field(None, description="422 only: one {field, message, value} per bad input")
+
+
+T = TypeVar("T")
+
+
+class Page(_Answer, Generic[T]):
+    """One page of a list: ``limit`` items from ``offset``, of ``total``."""
+
+    items: list[T]
+    total: int = Field(description="items matching the filters, on every page")
+    limit: int
+    offset: int
+
+
 class Device(_Body):
     device_id: str
     online: bool | None
@@ -109,6 +161,116 @@ class Device(_Body):
     latest: dict[str, Any] | None = Field(None, description="the newest telemetry row")
 
 
-class DeviceList(_Body):
-    devices: list[Device]
-    total: int
+class DeviceHistory(_Answer):
+    device_id: str
+    resolution: Literal["raw", "minute"]
+    telemetry: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    ota: list[dict[str, Any]]
+
+
+class DeploymentSummary(_Answer):
+    """A rollout: its state, counts by device state (overall and per wave), its plan."""
+
+    deployment_id: str
+    state: RolloutState
+    reason: str
+    wave: int
+    model: str
+    model_name: str
+    devices: int
+    by_state: dict[str, int]
+    waves: dict[str, dict[str, int]]
+    plan: dict[str, Any]
+    created: str
+    updated: str
+    asked: int | None = Field(None, description="rollback: how many devices were asked to roll back")
+
+
+class DeploymentDetail(DeploymentSummary):
+    device_states: list[dict[str, Any]]
+    timeline: list[dict[str, Any]]
+    security_events: list[dict[str, Any]]
+
+
+class Bundle(_Answer):
+    """An uploaded bundle (kept by its SHA-256; the server's file path is never shown)."""
+
+    id: str
+    sha256: str
+    filename: str
+    size: int
+    model_name: str
+    model_version: str
+    model_release: int
+    uploaded: float
+    uploaded_by: str
+    in_use_by: list[str] = Field(default_factory=list, description="deployments that roll it out")
+
+
+class EnrollmentRequest(_Answer):
+    device_id: str
+    key_id: str
+    public_key: str
+    profile: str | None
+    agent_version: str | None
+    hostname: str | None
+    requested: float
+    status: str
+    offered_key_id: str | None = None
+    warnings: list[str] | None = None
+
+
+class Token(_Answer):
+    id: str
+    name: str
+    role: str
+    created: float
+    created_by: str
+    revoked: float | None
+
+
+class NewToken(_Answer):
+    id: str
+    token: str = Field(description="shown once: only its SHA-256 is kept")
+    role: Role
+    name: str
+
+
+class AuditEntry(_Answer):
+    ts: float
+    actor: str
+    role: str | None
+    action: str
+    target: str
+    outcome: str = Field(description="ok, refused (with detail.status) or failed")
+    detail: dict[str, Any]
+
+
+class Group(_Answer):
+    group: str
+    devices: int
+    online: int
+
+
+class Alert(_Answer):
+    kind: str = Field(description="offline, thermal, rollout_aborted or refused_messages")
+    severity: Literal["warning", "critical"]
+    target: str
+    message: str
+    since: float | None = None
+
+
+class Decommissioned(_Answer):
+    device_id: str
+    broker_credentials_removed: bool
+    enrollment_revoked: bool
+
+
+class Health(_Answer):
+    status: Literal["ok", "degraded"]
+    broker: dict[str, Any]
+
+
+class Stats(_Answer):
+    ingest: dict[str, Any]

@@ -1,4 +1,5 @@
-"""The audit log: every write through the API, allowed or refused — who, what, when, outcome."""
+"""The audit log: every write through the API, allowed or refused — who, what, when, outcome
+(``ok``; ``refused`` with the HTTP status in ``detail.status``; ``failed`` with the error)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def record(
         )
 
 
-def entries(engine: Any, *, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest ``limit`` entries, newest first."""
+def entries(engine: Any, *, limit: int = 200, offset: int = 0) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries after the newest ``offset``, newest first."""
     table = schema.audit_log
     with Transaction(engine) as db:
-        rows = db.execute(sa.select(table).order_by(table.c.id.desc()).limit(limit)).all()
+        rows = db.execute(sa.select(table).order_by(table.c.id.desc()).limit(limit).offset(offset)).all()
     return [
         {
             "ts": r.ts,
@@ -53,6 +54,12 @@ def entries(engine: Any, *, limit: int = 200) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def count(engine: Any) -> int:
+    """How many entries the log holds."""
+    with Transaction(engine) as db:
+        return int(db.execute(sa.select(sa.func.count()).select_from(schema.audit_log)).scalar_one())
 
 
 def audited(
@@ -74,6 +81,7 @@ def audited(
             outcome="failed",
             detail={**(detail or {}), "error": str(exc)},
         )
+        exc.edgesdk_audited = True  # type: ignore[attr-defined]  # the API's error handler records it once
         raise
     record(engine, actor=operator.actor, role=operator.role, action=action, target=target, detail=detail)
     return result

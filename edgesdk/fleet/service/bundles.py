@@ -32,8 +32,9 @@ def store_bundle(engine: Any, directory: Path, filename: str, upload: Path, *, u
             raise UsageError("empty upload: send the .edgepkg file as the request body")
         try:
             model = inspect_bundle(upload).manifest.model
-        except BundleError as exc:
-            raise UsageError(f"upload {filename!r} is not a readable bundle: {exc}") from exc
+        except BundleError as exc:  # its message may name the temp file: the client sees its own name
+            reason = str(exc).replace(str(upload), filename)
+            raise UsageError(f"upload {filename!r} is not a readable bundle: {reason}") from exc
         digest = hashlib.sha256()
         with open(upload, "rb") as handle:
             while block := handle.read(1 << 20):
@@ -86,3 +87,31 @@ def list_bundles(engine: Any) -> list[dict[str, Any]]:
     table = schema.bundles
     with Transaction(engine) as db:
         return [dict(r._mapping) for r in db.execute(sa.select(table).order_by(table.c.uploaded.desc()))]
+
+
+def public(engine: Any, store: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` as the API shows them: without the server's file path, with the deployments
+    that roll each out (``in_use_by``)."""
+    users: dict[str, list[str]] = {}
+    for deployment in store.all():
+        users.setdefault(Path(deployment.bundle_path).name, []).append(deployment.id)
+    return [
+        {**{k: v for k, v in row.items() if k != "path"}, "in_use_by": users.get(f"{row['sha256']}.edgepkg", [])}
+        for row in rows
+    ]
+
+
+def running_deployments(store: Any, sha256: str) -> list[str]:
+    """Deployments of the bundle ``sha256`` that have not ended (it must not be deleted)."""
+    from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
+
+    name = f"{sha256}.edgepkg"
+    return [d.id for d in store.all() if Path(d.bundle_path).name == name and d.state not in FINISHED_ROLLOUT_STATES]
+
+
+def delete_bundle(engine: Any, bundle_id: str) -> None:
+    """Forget a bundle and remove its file."""
+    found = get_bundle(engine, bundle_id)
+    with Transaction(engine) as db:
+        db.execute(schema.bundles.delete().where(schema.bundles.c.id == bundle_id))
+    Path(found["path"]).unlink(missing_ok=True)

@@ -79,14 +79,22 @@ def create_token(engine: Any, *, name: str, role: str, created_by: str) -> tuple
 
 def authenticate(engine: Any, token: str) -> Operator | None:
     """The operator a token belongs to, or None (unknown, malformed or revoked)."""
+    return identify(engine, token)[0]
+
+
+def identify(engine: Any, token: str) -> tuple[Operator | None, str]:
+    """The operator a token belongs to and "", or None and why not (for the 401's message:
+    a malformed, unknown or revoked token). A revoked token's holder learns only that it was."""
     if not token.startswith("esf_") or len(token) > 200:
-        return None
+        return None, "the token is not an operator token (esf_…); create one: edgesdk fleet serve token create"
     table = schema.operator_tokens
     with Transaction(engine) as db:
         row = db.execute(sa.select(table).where(table.c.token_sha256 == _digest(token))).first()
-    if row is None or row.revoked is not None or row.role not in ROLES:
-        return None
-    return Operator(token_id=row.id, name=row.name, role=row.role)
+    if row is None or row.role not in ROLES:
+        return None, "the token is not known to this fleet service"
+    if row.revoked is not None:
+        return None, f"token {row.id} was revoked"
+    return Operator(token_id=row.id, name=row.name, role=row.role), ""
 
 
 def list_tokens(engine: Any) -> list[dict[str, Any]]:
@@ -112,6 +120,11 @@ def revoke_token(engine: Any, token_id: str) -> None:
         done = db.execute(table.update().where(table.c.id == token_id).values(revoked=time.time())).rowcount
     if not done:
         raise UsageError(f"token {token_id!r} not found")
+
+
+def find_token(engine: Any, token_id: str) -> dict[str, Any] | None:
+    """One token's row as ``list_tokens`` shows it, or None."""
+    return next((t for t in list_tokens(engine) if t["id"] == token_id), None)
 
 
 #: How long a dashboard sign-in lasts.

@@ -1,0 +1,52 @@
+"""The fleet's current alerts, as data (``GET /api/v1/alerts``): the same conditions the
+dashboard's Alerts box shows — a device offline, a device stepped down for heat, a rollout
+aborted, device messages refused. Nothing is stored: each is read from the state it describes,
+so an alert ends when its condition does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from edgesdk.fleet.service import schema
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.ingest import read_counters
+from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
+
+#: How many recent rollouts are looked at for aborts (the dashboard shows the last 20).
+RECENT_ROLLOUTS = 20
+
+
+def current_alerts(engine: Any, store: Any) -> list[dict[str, Any]]:
+    """Every alert now, critical first, then by target."""
+    with Transaction(engine) as db:
+        offline = db.execute(
+            sa.select(schema.devices.c.device_id, schema.devices.c.last_seen).where(schema.devices.c.online.is_(False))
+        ).all()
+        hot = [r for r in db.execute(latest_telemetry()).all() if r.governor_state in THERMAL_STATES]
+    found = [_alert("offline", "critical", r.device_id, f"{r.device_id} is offline", r.last_seen) for r in offline]
+    found += [
+        _alert(
+            "thermal",
+            "warning",
+            r.device_id,
+            f"{r.device_id} stepped down for heat ({r.governor_state}, {r.temperature_c or 0:.0f} °C)",
+            None,
+        )
+        for r in hot
+    ]
+    found += [
+        _alert("rollout_aborted", "critical", row.id, f"rollout {row.id} aborted: {row.reason}", row.updated)
+        for row in store.all()[-RECENT_ROLLOUTS:]
+        if row.state == "ABORTED"
+    ]
+    counters = read_counters(engine, "alerts")
+    refused = counters.get("malformed", 0) + counters.get("impersonating", 0)
+    if refused:
+        found.append(_alert("refused_messages", "warning", "ingest", f"{refused} device messages refused", None))
+    return sorted(found, key=lambda a: (a["severity"] != "critical", a["kind"], a["target"]))
+
+
+def _alert(kind: str, severity: str, target: str, message: str, since: float | None) -> dict[str, Any]:
+    return {"kind": kind, "severity": severity, "target": target, "message": message, "since": since}
