@@ -368,10 +368,10 @@ def test_the_bootstrap_account_is_never_a_device(tmp_path: Path) -> None:
 
                 # cam-real's presence came after the forged ones, on the same connection: in order.
                 assert _wait(lambda: api("/api/v1/devices", viewer)["total"] >= 1)
-                devices = [d["device_id"] for d in api("/api/v1/devices", viewer)["devices"]]
+                devices = [d["device_id"] for d in api("/api/v1/devices", viewer)["items"]]
                 assert devices == ["cam-real"]  # not edgesdk-enroll, not one of the enrolling ids
                 assert _wait(lambda: counter("not_a_device") >= 2)
-                pending = api("/api/v1/enrollment", viewer)
+                pending = api("/api/v1/enrollment", viewer)["items"]
                 assert len(pending) == 10 and counter("enroll_refused") == 15
                 assert counter("unstorable") == 0
                 operator_client.stop()
