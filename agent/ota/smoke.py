@@ -52,7 +52,9 @@ def score(metric: str, got: np.ndarray, want: np.ndarray) -> float:
         norms = np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1)
         # Two all-zero rows agree (a detector saying "nothing" to silence), as the converter scores them.
         both_zero = (np.linalg.norm(got, axis=-1) == 0) & (np.linalg.norm(want, axis=-1) == 0)
-        return float(np.mean(np.where(both_zero, 1.0, num / (norms + 1e-12))))
+        # No additive epsilon: a mask that is ~1e-7 everywhere has a norm product under 1e-12 and
+        # would score 0 against itself (a selfie segmenter on an image without a person).
+        return float(np.mean(np.where(both_zero, 1.0, num / np.maximum(norms, np.finfo(np.float64).tiny))))
     return float(np.max(np.abs(got - want))) if got.size else 0.0
 
 
