@@ -152,6 +152,14 @@ def _private_files(data_dir: Path | None) -> None:
     help="Enrollment registry that API approvals are written to (default DATA_DIR/enrollment.json).",
 )
 @click.option(
+    "--device-passwords",
+    "device_passwords",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The broker's device password file (fleet enroll approve --device-passwords): "
+    "DELETE /api/v1/devices/ID removes the device's line.",
+)
+@click.option(
     "--workers",
     type=int,
     default=0,
@@ -180,6 +188,7 @@ def serve(
     max_pending_enrollments: int,
     artifact_url: str | None,
     registry: Path | None,
+    device_passwords: Path | None,
     workers: int,
     share_group: str,
     no_shared_subscriptions: bool,
@@ -215,6 +224,7 @@ def serve(
         api_bind=api_bind,
         artifact_url=artifact_url,
         registry_path=registry or data_dir / "enrollment.json",
+        device_passwords=device_passwords,
         workers=workers,
         share_group=None if no_shared_subscriptions else check_name(share_group, "--share-group"),
         instance=check_name(instance, "--instance") if instance is not None else None,

@@ -48,6 +48,7 @@ class Service:
     tokens: dict[str, str]
     bundle_id: str
     log: Path
+    passwords: Path = Path()
 
     def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None, role: str = "operator"):
         """(status, JSON answer) of one request; errors are answers here, not exceptions."""
@@ -101,6 +102,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     log = root / "service.log"
     argv = [sys.executable, "-m", "edgesdk.cli.main", "fleet", "serve", "--broker", broker.url, "--db", db]
     argv += ["--operator-key", str(operator_key), "--data-dir", str(root), "--api", f"127.0.0.1:{port}"]
+    passwords = root / "device-passwords"  # lines as mosquitto_passwd writes them (decommission removes one)
+    passwords.write_text("".join(f"{d}:$7$101$c2FsdA==$aGFzaA==\n" for d in ("dev-1", "dev-2")))
+    argv += ["--device-passwords", str(passwords)]
     with open(log, "w") as handle:
         proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, text=True)
     try:
@@ -114,14 +118,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"fleet serve did not answer (rc {proc.poll()}):\n{log.read_text()[-3000:]}")
                 time.sleep(0.2)
-        _announce(broker.port, "dev-1", url, tokens["operator"])  # rollouts to unknown devices are refused
+        for device_id in ("dev-1", "dev-2"):  # rollouts to devices the service never saw are refused
+            _announce(broker.port, device_id, url, tokens["operator"])
         # A real bundle in the service, so a rollout request gets past "bundle not found" to the
         # numbers (random model bytes: the service never runs the model).
         bundle = placeholder_bundle(root, make_keys(root / "keys"))
         probe = Service(url, tokens, "", log)
         status, uploaded = probe.call("POST", "/api/v1/bundles?filename=digits.edgepkg", raw=bundle.read_bytes())
         assert status == 201, uploaded
-        yield Service(url, tokens, uploaded["id"], log)
+        yield Service(url, tokens, uploaded["id"], log, passwords)
     finally:
         proc.terminate()
         try:
@@ -183,6 +188,22 @@ def test_non_finite_numbers_are_a_422_and_a_week_is_accepted(service: Service) -
     )
     assert status == 201, created
     assert created["deployment_id"] == "a-week" and created["plan"]["command_ttl_s"] == 7 * 86400, created
+
+
+def test_the_real_service_decommissions_a_device_and_answers_problems_and_healthz(service: Service) -> None:
+    status, problem = service.call("GET", "/api/v1/devices?state=banana")
+    assert status == 422 and problem["errors"][0]["field"] == "query.state", problem
+    assert problem["status"] == 422 and problem["instance"] == "/api/v1/devices"
+    status, ghost = service.call("POST", "/api/v1/deployments", _rollout(service, devices=["ghost-9"]))
+    assert status == 422 and "'ghost-9'" in ghost["detail"], ghost
+    with urllib.request.urlopen(service.url + "/healthz", timeout=10) as response:  # no token
+        health = json.loads(response.read())
+    assert response.status == 200 and health["status"] == "ok" and health["broker"]["connected"] is True, health
+    assert service.call("DELETE", "/api/v1/devices/dev-2", role="operator")[0] == 403
+    status, done = service.call("DELETE", "/api/v1/devices/dev-2", role="admin")
+    assert status == 200 and done["broker_credentials_removed"] is True, done
+    assert service.passwords.read_text().startswith("dev-1:") and "dev-2" not in service.passwords.read_text()
+    assert service.call("GET", "/api/v1/devices/dev-2")[0] == 404
 
 
 def test_schemathesis_finds_no_server_error_in_the_openapi_operations(service: Service, tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ class ServiceSettings:
     data_dir: Path = Path(".")  # uploaded bundles live in DATA_DIR/bundles
     api_bind: str | None = None  # HOST:PORT of the REST API and dashboard; None: no HTTP
     registry_path: Path | None = None  # the enrollment registry approvals are written to
+    device_passwords: Path | None = None  # the broker's device password file (decommission removes a line)
     # Base URL devices fetch bundles from (the API's /artifacts, or a proxy/CDN in front of it);
     # None: http://HOST:PORT/artifacts of the API. Only with the API on.
     artifact_url: str | None = None
@@ -211,6 +212,7 @@ class FleetService:
                 commands=self.controller,
                 data_dir=self.settings.data_dir,
                 registry_path=self.settings.registry_path,
+                device_passwords=self.settings.device_passwords,
                 artifacts=self.controller.chunks.path_of,
                 public_url=self.settings.public_url,
                 broker_status=self.broker_status,
