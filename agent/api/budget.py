@@ -6,7 +6,7 @@ a short body). The sizes are checked where they are DECLARED (zip directory, ``.
 X-Tensors, JSON list lengths, v2 ``binary_data_size``) against the model's signature and
 against this budget, and refused before anything is allocated:
 
-* :class:`MemoryBudget` — one per server: ``max_inflight_bytes`` of bodies being read or
+* :class:`InflightBytesBudget` — one per server: ``max_inflight_bytes`` of bodies being read or
   waiting plus arrays being decoded, across every connection. A body that would not fit is
   answered 503 with ``Retry-After`` before it is read (its ``Content-Length`` is known first).
   It is then charged by the bytes that arrive, read by read, never by the size it declares:
@@ -39,7 +39,7 @@ class BudgetRefused(AgentError):
         return [("Retry-After", str(self.retry_after))] if self.retry_after is not None else []
 
 
-class MemoryBudget:
+class InflightBytesBudget:
     """Bytes held for requests, process-wide. Thread-safe: bodies are counted on the event loop,
     decoded arrays in the inference pool."""
 
@@ -74,7 +74,7 @@ class Allowance:
 
     __slots__ = ("budget", "max_decoded", "held", "decoded", "released")
 
-    def __init__(self, budget: MemoryBudget, max_decoded: int) -> None:
+    def __init__(self, budget: InflightBytesBudget, max_decoded: int) -> None:
         self.budget = budget
         self.max_decoded = max_decoded
         self.held = 0
@@ -85,7 +85,7 @@ class Allowance:
         """Hold ``size`` more body bytes, ones that have arrived; False when the budget is full
         (the caller answers 503)."""
         budget = self.budget
-        with budget.lock:  # MemoryBudget.try_take, written out: once per read of a body
+        with budget.lock:  # InflightBytesBudget.try_take, written out: once per read of a body
             if budget.used + size > budget.capacity:
                 budget.refused += 1
                 return False
@@ -145,4 +145,4 @@ class Allowance:
 
 def unlimited_allowance() -> Allowance:
     """For decoding outside the server (tests, tools): no shared budget, no cap."""
-    return Allowance(MemoryBudget(1 << 62), 1 << 62)
+    return Allowance(InflightBytesBudget(1 << 62), 1 << 62)

@@ -43,7 +43,7 @@ import orjson
 from edgesdk.agent.api import grpc_codec
 from edgesdk.agent.api import open_inference_v2_pb2 as pb
 from edgesdk.agent.api.app import ApiApp
-from edgesdk.agent.api.budget import Allowance, MemoryBudget
+from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 from edgesdk.agent.api.http import Request, Response
 from edgesdk.agent.api.open_inference import ModelRoute, served_model
 from edgesdk.agent.serving import ModelNotFoundError, NoModelError
@@ -82,7 +82,7 @@ def _error_message(response: Response) -> str:
 class GrpcInferenceService:
     """The RPC handlers (plain methods: ``handlers`` wires them to grpc)."""
 
-    def __init__(self, app: ApiApp, budget: MemoryBudget, max_decoded_bytes: int) -> None:
+    def __init__(self, app: ApiApp, budget: InflightBytesBudget, max_decoded_bytes: int) -> None:
         self.app = app
         self.server = app.server
         self.metrics = app.metrics
@@ -172,7 +172,9 @@ class GrpcInferenceService:
 class GrpcServer:
     """The listening gRPC server around :class:`GrpcInferenceService`."""
 
-    def __init__(self, app: ApiApp, budget: MemoryBudget, *, max_message_bytes: int, max_decoded_bytes: int) -> None:
+    def __init__(
+        self, app: ApiApp, budget: InflightBytesBudget, *, max_message_bytes: int, max_decoded_bytes: int
+    ) -> None:
         self.service = GrpcInferenceService(app, budget, max_decoded_bytes)
         capacity = app.capacity + _EXTRA_RPCS
         self._server = grpc.server(

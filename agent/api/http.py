@@ -56,7 +56,7 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
-from edgesdk.agent.api.budget import Allowance, MemoryBudget
+from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 
 from edgesdk.errors import AgentError
 
@@ -851,7 +851,7 @@ class HttpServer:
         self.over_budget = 0
         #: Open connections per peer address (only the ones counted: see ``_counted_client``).
         self.per_client: dict[str, int] = {}
-        self.budget = MemoryBudget(limits.inflight_bytes)
+        self.budget = InflightBytesBudget(limits.inflight_bytes)
         self.decoded_bytes = limits.decoded_bytes
         #: Header blocks parsed before, by their exact bytes (see KnownHead); bounded.
         self.known_heads: dict[bytes, KnownHead] = {}

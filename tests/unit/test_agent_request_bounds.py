@@ -10,7 +10,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from edgesdk.agent.api.budget import Allowance, BudgetRefused, MemoryBudget
+from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget
 from edgesdk.agent.api.codec import (
     JSON_VALUE_BYTES,
     NPY,
@@ -35,7 +35,7 @@ MiB = 1 << 20
 
 
 def allowance(cap: int = 4 * MiB, budget: int = 64 * MiB) -> Allowance:
-    return Allowance(MemoryBudget(budget), cap)
+    return Allowance(InflightBytesBudget(budget), cap)
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
@@ -187,7 +187,7 @@ def test_v2_json_data_length_is_checked_against_the_declared_shape_first() -> No
 
 
 def test_the_budget_is_shared_and_given_back() -> None:
-    budget = MemoryBudget(10 * MiB)
+    budget = InflightBytesBudget(10 * MiB)
     first, second = Allowance(budget, 8 * MiB), Allowance(budget, 8 * MiB)
     assert first.take_body(6 * MiB)
     assert not second.take_body(6 * MiB)  # the caller answers 503 before reading the body

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from edgesdk.agent.api import codec, tensor_json
-from edgesdk.agent.api.budget import Allowance, MemoryBudget
+from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 from edgesdk.agent.api.codec import decode_json
 from edgesdk.agent.signature import Signature, TensorSlot
 
@@ -35,7 +35,7 @@ def body(value: Any, **extra: Any) -> bytes:
 
 
 def allowance() -> Allowance:
-    return Allowance(MemoryBudget(1 << 40), 1 << 40)
+    return Allowance(InflightBytesBudget(1 << 40), 1 << 40)
 
 
 def read_both_ways(
@@ -198,7 +198,7 @@ def test_a_body_over_the_requests_cap_on_this_road_takes_the_orjson_road(monkeyp
     text = json.dumps({"inputs": {"input": x.tolist()}}).encode()
     model = Signature([TensorSlot("input", np.dtype("float32"), (1, 3, 64, 64))], [], allow_nonfinite=False)
     cost, _, _ = tensor_json.parse_cost(text, text.index(b"[") - 2)
-    held = Allowance(MemoryBudget(1 << 40), cost - 1)
+    held = Allowance(InflightBytesBudget(1 << 40), cost - 1)
     seen: list[int] = []
     reading = codec._parse_json
     monkeypatch.setattr(codec, "_parse_json", lambda text: seen.append(len(text)) or reading(text))

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("google.protobuf", reason="protobuf (the grpc extra) not installed")
 from edgesdk.agent.api import open_inference_v2_pb2 as pb  # noqa: E402 - after the skip above
-from edgesdk.agent.api.budget import Allowance, BudgetRefused, MemoryBudget  # noqa: E402
+from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget  # noqa: E402
 from edgesdk.agent.api.codec import DecodeError  # noqa: E402
 from edgesdk.agent.api.grpc_codec import decode_grpc_request, encode_grpc_response  # noqa: E402
 from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
@@ -100,7 +100,7 @@ def test_refusals_name_the_bad_value() -> None:
 
 
 def test_typed_contents_are_charged_to_the_allowance() -> None:
-    allowance = Allowance(MemoryBudget(1 << 30), max_decoded=16)
+    allowance = Allowance(InflightBytesBudget(1 << 30), max_decoded=16)
     with pytest.raises(BudgetRefused, match="input 'x'") as caught:
         decode_grpc_request(contents_request(), SIGNATURE, allowance)
     assert caught.value.status == 413
