@@ -27,7 +27,7 @@ import numpy as np
 from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
-from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
+from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
 from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgesdk.agent.api import tensor_json  # noqa: E402
 from edgesdk.agent.api.budget import unlimited_allowance  # noqa: E402
 from edgesdk.agent.api.codec import decode_json, json_parse_cost, only_key_strings  # noqa: E402
-from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
+from edgesdk.agent.tensor_signature import Signature, TensorSlot  # noqa: E402
 
 
 def best_ms(rows: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

@@ -35,7 +35,7 @@ from edgesdk.agent.api import tensor_json
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.http import dumps
 from edgesdk.agent.nonfinite import all_finite
-from edgesdk.agent.signature import Signature
+from edgesdk.agent.tensor_signature import Signature
 
 from edgesdk.errors import AgentError, InferenceInputError
 from edgesdk.protocol.tensor_header import MAX_DIM, RAW, TensorEntry, describe, parse_header

@@ -41,7 +41,7 @@ from edgesdk.agent.api.open_inference import (
     tensor_from_values,
 )
 from edgesdk.agent.serving import ModelServer, ServedModel
-from edgesdk.agent.signature import Signature
+from edgesdk.agent.tensor_signature import Signature
 
 #: Protocol datatype → the ``InferTensorContents`` field that carries it (FP16: raw only).
 CONTENTS_FIELDS = {

@@ -42,7 +42,7 @@ from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape, parse_json
 from edgesdk.agent.api.http import Request, Response, dumps, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
-from edgesdk.agent.signature import Signature, TensorSlot
+from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 from edgesdk._version import __version__
 from edgesdk.errors import InferenceInputError

@@ -24,7 +24,7 @@ class LoadedModel(Protocol):
     thread_safe: bool
     #: True when a run leaves a CPU core idle (an accelerator runs it, or fewer runtime threads
     #: than cores): the agent then NaN/Inf-scans large inputs on that core during the run
-    #: instead of before it (agent/signature.py). Backends that do not know say False.
+    #: instead of before it (agent/tensor_signature.py). Backends that do not know say False.
     cores_free_while_running: bool
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

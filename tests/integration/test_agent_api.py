@@ -172,7 +172,7 @@ def test_a_large_input_with_one_nonfinite_value_is_refused_and_serving_goes_on(c
     """Inputs of 256 KiB and more are scanned where this machine's runtime threads leave room:
     beside the run or before it (LoadedModel.cores_free_while_running). Either way one NaN/Inf
     in the last element of a 1,100-image batch (282 KB) gets the 422, and the agent serves on."""
-    from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES
+    from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES
 
     images = np.random.default_rng(7).random((1100, 1, 8, 8), dtype=np.float32)
     assert images.nbytes >= DEFERRED_SCAN_MIN_BYTES

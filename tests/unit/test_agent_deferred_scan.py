@@ -17,7 +17,7 @@ import pytest
 from edgesdk.agent import nonfinite as nonfinite_module
 from edgesdk.agent.nonfinite import ScanThread
 from edgesdk.agent.serving import ModelServer
-from edgesdk.agent.signature import DEFERRED_SCAN_MIN_BYTES, Signature, TensorSlot
+from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, TensorSlot
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
 from edgesdk.schemas.manifest import QuantParams, TensorSpec, Variant

@@ -13,7 +13,7 @@ import pytest
 from edgesdk.agent.api import codec
 from edgesdk.agent.api.budget import unlimited_allowance
 from edgesdk.agent.api.codec import DecodeError, decode_json, only_key_strings
-from edgesdk.agent.signature import Signature, TensorSlot
+from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 from edgesdk.errors import InferenceInputError
 

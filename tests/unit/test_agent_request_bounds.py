@@ -22,7 +22,7 @@ from edgesdk.agent.api.codec import (
     json_parse_cost,
 )
 from edgesdk.agent.api.open_inference import decode_infer_request
-from edgesdk.agent.signature import Signature, TensorSlot
+from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 from edgesdk.schemas.manifest import TensorSpec
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, NoModelError, order_ladder
-from edgesdk.agent.signature import dequantize, quantize
+from edgesdk.agent.tensor_signature import dequantize, quantize
 
 from edgesdk.errors import AgentError, InferenceInputError
 from edgesdk.profiles import get_profile
@@ -303,7 +303,7 @@ def test_a_damaged_bundle_is_not_served_in_part(monkeypatch) -> None:
 
 
 def test_fully_fixed_shape_takes_the_one_comparison_path_and_still_checks_everything() -> None:
-    from edgesdk.agent.signature import Signature, TensorSlot
+    from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
     slot = TensorSlot("image", np.dtype("float32"), (1, 3, 64, 64))
     signature = Signature([slot], [], allow_nonfinite=False)

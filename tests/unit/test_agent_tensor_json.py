@@ -17,7 +17,7 @@ import pytest
 from edgesdk.agent.api import codec, tensor_json
 from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 from edgesdk.agent.api.codec import decode_json
-from edgesdk.agent.signature import Signature, TensorSlot
+from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 pytestmark = pytest.mark.skipif(not tensor_json.AVAILABLE, reason="pysimdjson (the agent extra) is not installed")
 

@@ -12,7 +12,7 @@ from edgesdk.agent.api import open_inference_v2_pb2 as pb  # noqa: E402 - after 
 from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget  # noqa: E402
 from edgesdk.agent.api.codec import DecodeError  # noqa: E402
 from edgesdk.agent.api.grpc_codec import decode_grpc_request, encode_grpc_response  # noqa: E402
-from edgesdk.agent.signature import Signature, TensorSlot  # noqa: E402
+from edgesdk.agent.tensor_signature import Signature, TensorSlot  # noqa: E402
 
 from edgesdk.errors import InferenceInputError  # noqa: E402
 

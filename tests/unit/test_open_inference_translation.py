@@ -19,7 +19,7 @@ from edgesdk.agent.api.open_inference import (
     model_metadata,
     parse_model_route,
 )
-from edgesdk.agent.signature import Signature, TensorSlot
+from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 from edgesdk.errors import InferenceInputError
 from tests.unit.test_agent_api_app import make_app, run_requests

@@ -1,4 +1,4 @@
-"""A model's public input/output signature, and checking requests against it.
+"""A model's public input/output tensor signature (names, dtypes, shapes), and checking requests against it.
 
 Every variant of a model (fp32 ONNX, int8 TFLite, ...) is served behind ONE public
 signature so that a precision switch is invisible to clients: float inputs stay float even
