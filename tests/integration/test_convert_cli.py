@@ -259,6 +259,8 @@ def _bad_npz(path, **arrays):
         ("export-op", ["aten::fft_rfft", "not supported"]),
         ("tflite-op", ["tflite", "aten._linalg_det"]),
         ("bad-factory", ["user_models:nothing_here", "no callable"]),
+        ("bad-metric", ["--metric 'output=l2'", "unknown kind 'l2'", "abs"]),
+        ("metric-of-no-output", ["--metric", "['landmarks']", "its outputs: ['logits']"]),
     ],
 )
 def test_bad_input_is_one_clear_line_and_leaves_nothing(
@@ -296,6 +298,10 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(
         model, extra = "user_models:det", ["--input", "x=1x3x3", "--formats", "tflite"]
     elif case == "bad-factory":
         model = "user_models:nothing_here"
+    elif case == "bad-metric":
+        extra = ["--metric", "output=l2"]
+    elif case == "metric-of-no-output":
+        extra = ["--metric", "landmarks=abs:1.5", "--validation", str(digits.validation)]
     out = tmp_path / "out"
     proc = edgesdk_cli_module("convert", model, "--profile", profile, "--out", str(out), *extra, env=factory_env)
     assert_one_line_error(proc, *needles)
