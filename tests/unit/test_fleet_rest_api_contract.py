@@ -289,3 +289,20 @@ def test_the_openapi_document_names_parameters_types_answers_and_documents_probl
         p for p, ops in document["paths"].items() if "Page_" in json.dumps(ops.get("get", {}).get("responses", {}))
     ]
     assert len(lists) >= 9, lists  # every list: devices, groups, alerts, deployments, security events, bundles, ...
+
+
+def test_fleet_devices_through_the_server_shows_p95_errors_and_outbox(api: Api, edgesdk_cli, tmp_path: Path) -> None:
+    from edgesdk.fleet.service.api_server import ApiServer
+
+    server = ApiServer(api.client.app, "127.0.0.1:0").start()
+    try:
+        token = tmp_path / "viewer.token"
+        token.write_text(api.keys["viewer"])
+        listing = edgesdk_cli(
+            "fleet", "devices", "--server", f"http://127.0.0.1:{server.port}", "--token-file", str(token)
+        )
+    finally:
+        server.stop()
+    assert listing.returncode == 0, listing.stderr
+    (row,) = [line for line in listing.stdout.splitlines() if "dev-1" in line]
+    assert "2.00" in row, listing.stdout  # dev-1's p95 from the list's `latest` (it was "-")
