@@ -2,7 +2,8 @@
 ``edgesdk fleet serve``, a real mosquitto and a real ``edge-agent run``.
 
 Broker lost while running: ``edgesdk_fleet_broker_connected`` goes to 0, the log says so once
-(WARNING), the dashboard shows a banner and the device as "unknown since HH:MM" (not offline,
+(WARNING), the dashboard shows a banner and the device as "unknown since HH:MM" (the database
+says offline: mosquitto publishes the devices' Last Wills as it stops; yet not offline,
 no offline alert, no ``device_up`` sample for Prometheus' offline rule). Broker back: the gauge
 is 1 again, one INFO line gives the outage's length, the disconnect is counted, the device is
 online. A start with the broker down waits for it (``--broker-wait``) and comes up when it
@@ -54,6 +55,13 @@ def _get(url: str, cookie: str | None = None) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _stored_online(data: Path) -> list[tuple[str, int]]:
+    import sqlite3
+
+    with sqlite3.connect(str(data / "fleet-service.sqlite3")) as db:
+        return db.execute("SELECT device_id, online FROM devices").fetchall()
+
+
 def _agent(root: Path, broker_url: str):  # type: ignore[no-untyped-def]
     """A real agent (no model installed: presence is what matters here)."""
     from tests.agent_helpers import AgentProcess, make_device
@@ -81,6 +89,8 @@ def test_a_lost_broker_is_reported_and_devices_are_unknown_not_offline(mqtt_brok
 
             mqtt_broker.stop()
             _until(lambda: "edgesdk_fleet_broker_connected 0.0" in metrics(), "the gauge at 0")
+            # mosquitto publishes every device's Last Will as it goes down: the database says offline
+            _until(lambda: _stored_online(data) == [(DEVICE, 0)], "the will stored", timeout=10)
             page = metrics()
             assert 'edgesdk_fleet_devices{state="unknown"} 1.0' in page, page
             assert f'edgesdk_fleet_device_up{{device="{DEVICE}"}}' not in page  # nothing for the offline rule
@@ -126,14 +136,17 @@ def test_a_start_with_the_broker_down_waits_for_it_or_says_why_not(mqtt_broker, 
         "--broker-wait",
     )
 
-    starter = threading.Timer(2.0, mqtt_broker.start)
+    log = tmp_path / "svc" / "serve.log"
+
+    def start_broker_once_the_service_waits() -> None:
+        _until(lambda: log.exists() and "not reachable yet" in log.read_text(), "the service waiting", timeout=60)
+        mqtt_broker.start()
+
+    starter = threading.Thread(target=start_broker_once_the_service_waits, daemon=True)
     starter.start()
-    try:
-        with fleet_serve(
-            tmp_path / "svc", ["--broker", mqtt_broker.url], "--data-dir", str(data), "--broker-wait", "30s"
-        ) as svc:
-            assert _get(svc.api + "/login")[0] == 200
-            log = (tmp_path / "svc" / "serve.log").read_text()
-            assert "not reachable yet" in log and "still trying for" in log, log[-2000:]
-    finally:
-        starter.join()
+    with fleet_serve(
+        tmp_path / "svc", ["--broker", mqtt_broker.url], "--data-dir", str(data), "--broker-wait", "60s"
+    ) as svc:
+        assert _get(svc.api + "/login")[0] == 200
+        assert "still trying for" in log.read_text(), log.read_text()[-2000:]
+    starter.join(5)
