@@ -148,6 +148,8 @@ def test_validation_errors_are_problems_naming_the_field_the_value_and_the_allow
     _is_problem(api.client.get("/api/v1/deployments?state=DONE", headers=api.as_("viewer")), 422)
     _is_problem(api.client.get("/api/v1/bundles?limit=0", headers=api.as_("viewer")), 422)
     _is_problem(api.client.get("/api/v1/nowhere", headers=api.as_("viewer")), 404)
+    coarse = api.client.get("/api/v1/devices/dev-1/history?resolution=hourly", headers=api.as_("viewer"))
+    assert "'minute'" in _is_problem(coarse, 422)["errors"][0]["message"]
 
 
 def test_a_rollout_to_an_unknown_device_is_refused_and_a_taken_id_is_a_conflict(api: Api) -> None:
@@ -156,6 +158,8 @@ def test_a_rollout_to_an_unknown_device_is_refused_and_a_taken_id_is_a_conflict(
         api.client.post("/api/v1/deployments", json=_rollout(api, devices=["dev-1", "ghost-7"]), headers=operator), 422
     )
     assert "'ghost-7'" in ghost["detail"] and "'dev-1'" not in ghost["detail"]
+    nobody = api.client.post("/api/v1/deployments", json=_rollout(api, devices=None, group="ghosts"), headers=operator)
+    assert "'ghosts'" in _is_problem(nobody, 422)["detail"]  # an unknown group: the same answer
     created = api.client.post("/api/v1/deployments", json=_rollout(api, deployment_id="dup-1"), headers=operator)
     assert created.status_code == 201, created.text
     assert str(api.root) not in created.text  # no server path (the bundle's file is named, not its place)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -290,7 +290,7 @@ def _device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     def device_history(
         device_id: str,
         hours: float = Query(24.0, gt=0, le=24 * 366),
-        resolution: str = Query("auto", pattern="^(auto|raw|minute)$"),
+        resolution: Literal["auto", "raw", "minute"] = "auto",
         _op: tokens.Operator = Depends(who("viewer", "devices.read")),
     ) -> dict[str, Any]:
         _known_device(engine, device_id)
@@ -508,6 +508,8 @@ def _deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
             raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
         if body.devices is not None:
             _refuse_unknown_devices(engine, body.devices)
+        else:
+            _refuse_unknown_group(engine, body.group or "")
 
         def work() -> Any:
             return submit_deployment(
@@ -616,6 +618,16 @@ def _refuse_unknown_devices(engine: Any, device_ids: list[str]) -> None:
         raise HTTPException(
             422, f"devices not known to the fleet service: {shown}; a device is known once it announced itself"
         )
+
+
+def _refuse_unknown_group(engine: Any, group: str) -> None:
+    """422 naming a group no known device announced (the same answer as unknown devices)."""
+    from edgesdk.fleet.service.submit import devices_in_group
+
+    try:
+        devices_in_group(engine, group)
+    except UsageError as exc:
+        raise HTTPException(422, f"{exc}; a device is known once it announced itself") from exc
 
 
 def _summary(store: SqlRolloutStore, deployment_id: str) -> dict[str, Any]:
