@@ -238,10 +238,11 @@ def _service_devices(client: Any, params: dict[str, Any]) -> None:
         print_json(listing)
         return
     now = time.time()
+    broker = _service_broker(client)
     rows = [
         [
             d["device_id"],
-            _fmt(d["online"]),
+            _presence(d["online"], broker),
             _fmt(d["profile"]),
             _fmt(d["model_name"]),
             _fmt(d["model_version"]),
@@ -255,7 +256,45 @@ def _service_devices(client: Any, params: dict[str, Any]) -> None:
         for d in listing["devices"]
     ]
     online = sum(1 for d in listing["devices"] if d["online"])
-    print_table(f"{listing['total']} device(s), {online} online ({client.server})", COLUMNS, rows)
+    lost = "" if broker is None or broker.presence_known() else f"; {_broker_note(broker)}"
+    print_table(f"{listing['total']} device(s), {online} online ({client.server}{lost})", COLUMNS, rows)
+
+
+def _service_broker(client: Any) -> Any:
+    """The service's broker connection from its ``/healthz`` (200 or 503); None when it has no
+    such route or does not answer (the listing then shows what the database says)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from edgesdk.fleet.service.broker_watch import BrokerStatus
+
+    try:
+        with urllib.request.urlopen(f"{client.server}/healthz", timeout=client.timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read() if exc.code == 503 else b""
+    except (urllib.error.URLError, OSError):
+        return None
+    try:
+        return BrokerStatus.from_dict(json.loads(body).get("broker"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _presence(online: bool | None, broker: Any) -> str:
+    """yes / no, or "unknown since HH:MM" while the service cannot trust a stored offline."""
+    from edgesdk.fleet.service.broker_watch import presence_label
+
+    label = presence_label(online, broker)
+    return label if label.startswith("unknown") else _fmt(online)
+
+
+def _broker_note(broker: Any) -> str:
+    since = broker.since.astimezone().strftime("%H:%M")
+    if broker.connected:
+        return f"the service's broker is back since {since}: re-learning presence"
+    return f"the service has lost its broker since {since}: presence unknown"
 
 
 @fleet.command()

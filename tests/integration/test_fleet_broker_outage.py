@@ -55,6 +55,24 @@ def _get(url: str, cookie: str | None = None) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _fleet_devices(server: str, secret: str, tmp_path: Path) -> str:
+    """``edgesdk fleet devices --server``'s table (wide: no column is cut)."""
+    token_file = tmp_path / "viewer.token"
+    token_file.write_text(secret)
+    argv = [sys.executable, "-m", "edgesdk.cli.main", "fleet", "devices", "--server", server]
+    listed = subprocess.run(
+        [*argv, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60, env=_wide()
+    )
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout
+
+
+def _wide() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "COLUMNS": "250"}
+
+
 def _stored_online(data: Path) -> list[tuple[str, int]]:
     import sqlite3
 
@@ -100,6 +118,10 @@ def test_a_lost_broker_is_reported_and_devices_are_unknown_not_offline(mqtt_brok
             assert row and re.search(r"unknown since \d\d:\d\d", row.group(0)), overview
             assert "is offline" not in overview  # no offline alert while the service cannot see
             assert 'id="broker-banner"' in _get(svc.api + f"/ui/devices/{DEVICE}", session)[1]
+            health_status, health = _get(svc.api + "/healthz")
+            assert health_status == 503 and '"connected":false' in health.replace(" ", ""), health
+            listing = _fleet_devices(svc.api, viewer, tmp_path)
+            assert re.search(rf"{DEVICE}\W+unknown since \d\d:\d\d", listing) and "presence unknown" in listing, listing
             lost = [line for line in log.read_text().splitlines() if "lost the broker" in line]
             assert len(lost) == 1 and "WARNING" in lost[0], log.read_text()[-2000:]
 

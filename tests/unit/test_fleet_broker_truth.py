@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from edgesdk.fleet.service import tokens  # noqa: E402
 from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
-from edgesdk.fleet.service.broker_watch import BrokerWatch, presence_label  # noqa: E402
+from edgesdk.fleet.service.broker_watch import BrokerStatus, BrokerWatch, presence_label  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
 from edgesdk.fleet.service.metrics import FleetMetrics  # noqa: E402
@@ -64,7 +64,8 @@ def test_broker_watch_logs_once_per_change_and_relearns_presence_after_an_outage
     assert presence_label(True, back, during) == "online"  # a device that said so is online at once
     assert "re-learning" in presence_label(False, back, during)  # a stored offline may be stale
     assert presence_label(False, back, during + timedelta(seconds=30)) == "offline"
-    assert json.loads(json.dumps(back.as_dict()))["disconnects"] == 1
+    assert BrokerStatus.from_dict(json.loads(json.dumps(back.as_dict()))) == back  # /healthz and back
+    assert BrokerStatus.from_dict({"connected": None}) is None  # an API without a service around it
 
 
 @pytest.fixture

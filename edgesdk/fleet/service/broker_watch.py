@@ -50,6 +50,23 @@ class BrokerStatus:
             "relearn_until": None if self.relearn_until is None else self.relearn_until.isoformat(),
         }
 
+    @classmethod
+    def from_dict(cls, data: Any) -> BrokerStatus | None:
+        """Read :meth:`as_dict`'s JSON back (``fleet devices --server`` reads ``/healthz``); None
+        when ``data`` is not one (a service without the field, or one that does not know)."""
+        if not isinstance(data, dict) or not isinstance(data.get("connected"), bool):
+            return None
+        try:
+            until = data.get("relearn_until")
+            return cls(
+                connected=data["connected"],
+                since=datetime.fromisoformat(data["since"]),
+                disconnects=int(data.get("disconnects", 0)),
+                relearn_until=datetime.fromisoformat(until) if until else None,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def presence_known(self, now: datetime | None = None) -> bool:
         """False while a device's stored "offline" may be stale: broker lost, or re-learning."""
         if not self.connected:
