@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from edgesdk.mqtt.broker import find_mosquitto, write_password_file
+from edgesdk.mqtt.broker import find_mosquitto
+from tests.broker_password_helpers import write_password_file
 from tests.pki_helpers import LocalPki
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "firmware_images" / "mosquitto"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.mqtt.broker import BrokerTls, MosquittoBroker, write_password_file
+from edgesdk.mqtt.broker import BrokerTls, MosquittoBroker
 from tests.agent_wiring_helpers import start_link
+from tests.broker_password_helpers import write_password_file
 from tests.integration.conftest import require_mosquitto
 from tests.mqtt_helpers import FakeAgent
 from tests.pki_helpers import LocalPki, make_test_pki

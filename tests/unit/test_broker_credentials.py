@@ -17,7 +17,7 @@ from edgesdk.fleet.broker_credentials import (
     mosquitto_password_hash,
     mosquitto_password_matches,
 )
-from edgesdk.mqtt.broker import find_mosquitto_passwd
+from tests.broker_password_helpers import find_mosquitto_passwd
 
 
 def test_our_hash_is_the_mosquitto_2_format_and_verifies() -> None:
