@@ -1,7 +1,8 @@
 """Prebuilt sources: a ``.tflite`` file, an OpenVINO IR (``.xml`` + ``.bin``), or any artifact
 shipped as it is (``--as-is``).
 
-A ``.tflite`` source is read and validated in LiteRT (its signature names the tensors); its
+A ``.tflite`` source is read and validated in LiteRT (its signature names the tensors, or
+without one its tensor details do: edgesdk/runtimes/litert_backend.py); its
 float model feeds the TFLite converter (fp16 and int8 through ai-edge-quantizer, which works on
 ``.tflite``) and OpenVINO's TFLite frontend, which reads ``.tflite`` directly. An IR feeds the
 OpenVINO converter (NNCF quantizes an ``ov.Model``). The reference outputs come from the

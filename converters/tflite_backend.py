@@ -241,10 +241,10 @@ class TFLiteConverter:
         if source.kind == "tflite":
             # A float .tflite source is its own fp32 model; one storing fp16 weights for LiteRT
             # to expand at load (MediaPipe's) gets them expanded here, the same values.
-            content = source.onnx_path.read_bytes()
-            if tflite_graph.fp16_content(content).storage_only:
-                return tflite_graph.dequantize_fp16_weights(content), _NO_BUCKETS, _DEQUANTIZED
-            return content, _NO_BUCKETS, "the source .tflite as given"
+            given = source.onnx_path.read_bytes()
+            if tflite_graph.fp16_content(given).storage_only:
+                return tflite_graph.dequantize_fp16_weights(given), _NO_BUCKETS, _DEQUANTIZED
+            return given, _NO_BUCKETS, "the source .tflite as given"
         if source.torch_module is None:
             content, route = self._convert_onnx(source)
             return content, _NO_BUCKETS, f"static shapes (batch 1): {route}"
@@ -277,7 +277,7 @@ class TFLiteConverter:
             if "lower" in first.lower() or "not supported" in first.lower() or "unsupported" in first.lower():
                 raise UnsupportedOpError(f"tflite cannot express an op of {source.source}: {first}") from exc
             raise ConversionError(f"litert-torch conversion of {source.source} failed: {first}") from exc
-        content: bytes = converted.model_content()
+        content = bytes(converted.model_content())
         return content, buckets, f"static shapes (batch 1): {_NO_DYNAMIC_SHAPES}"
 
     def _convert_onnx(self, source: SourceModel) -> tuple[bytes, str]:
