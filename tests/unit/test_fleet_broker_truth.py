@@ -145,3 +145,21 @@ def test_metrics_page_with_the_broker_lost_passes_promtool_and_has_no_device_up(
         pytest.skip("promtool not installed (Debian prometheus; scripts/test installs it)")
     checked = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_alerts_endpoint_raises_no_offline_alert_while_presence_is_unknown(dashboard) -> None:
+    client, engine, store, watch = dashboard
+    _store_offline_device(engine, store)
+    secret = tokens.create_token(engine, name="reader", role="viewer", created_by="test")[1]
+
+    def offline_alerts() -> list[str]:
+        answer = client.get("/api/v1/alerts", headers={"Authorization": f"Bearer {secret}"})
+        assert answer.status_code == 200, answer.text
+        return [a["target"] for a in answer.json()["items"] if a["kind"] == "offline"]
+
+    watch.connected()
+    assert offline_alerts() == ["dev-1"]
+    watch.lost("connection lost")
+    assert offline_alerts() == []
+    watch.connected()  # back, re-learning: still no offline alert for a stored offline
+    assert offline_alerts() == []

@@ -18,13 +18,17 @@ from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
 RECENT_ROLLOUTS = 20
 
 
-def current_alerts(engine: Any, store: Any) -> list[dict[str, Any]]:
-    """Every alert now, critical first, then by target."""
+def current_alerts(engine: Any, store: Any, broker: Any = None) -> list[dict[str, Any]]:
+    """Every alert now, critical first, then by target. ``broker``: the service's
+    ``BrokerStatus``; while it says presence is unknown (broker lost, or re-learning after)
+    no device is alerted as offline (``broker_watch``)."""
     with Transaction(engine) as db:
         offline = db.execute(
             sa.select(schema.devices.c.device_id, schema.devices.c.last_seen).where(schema.devices.c.online.is_(False))
         ).all()
         hot = [r for r in db.execute(latest_telemetry()).all() if r.governor_state in THERMAL_STATES]
+    if broker is not None and not broker.presence_known():
+        offline = []
     found = [_alert("offline", "critical", r.device_id, f"{r.device_id} is offline", r.last_seen) for r in offline]
     found += [
         _alert(

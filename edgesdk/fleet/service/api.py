@@ -315,7 +315,8 @@ def _device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "alerts.read"))
     ) -> dict[str, Any]:
         """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
-        return page.page(alerts.current_alerts(engine, context.store))
+        broker = context.broker_status() if context.broker_status is not None else None
+        return page.page(alerts.current_alerts(engine, context.store, broker))
 
 
 def audited_call(engine: Any, operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
