@@ -724,7 +724,7 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
             )
         )
     golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
-    np.savez(staging / "golden.npz", **golden)  # type: ignore[arg-type]
+    np.savez_compressed(staging / "golden.npz", **golden)  # type: ignore[arg-type]
     report = ConversionReport(
         model_name=run.source.name,
         source=run.source.source,

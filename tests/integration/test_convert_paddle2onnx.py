@@ -7,6 +7,7 @@
 - Memory is judged per inference at batch 1: the detector ships or not on a Pi Zero 2 W the
   same whether the user gave 4 validation samples or 24 (batched, 24 grew RSS past the budget).
 - A dynamic HxW (the detector) takes its size from ``--input`` when no data is given.
+- golden.npz holds a few compressed samples, not a copy of the validation set's first eight.
 """
 
 from __future__ import annotations
@@ -96,20 +97,28 @@ def test_weights_held_as_constant_nodes_quantize_to_real_int8(tmp_path: Path) ->
     assert "DequantizeLinear" in _integer_ops(tmp_path / "out" / shipped["onnx-int8"].files[0])
 
 
-def _detector_ram_verdict(tmp_path: Path, samples: int) -> ConversionReport | str:
-    model = extract(RAPIDOCR, "ch_PP-OCRv4_det_infer.onnx", tmp_path)
-    out = tmp_path / f"out-{samples}"
-    try:
-        return convert(
-            model, PI_ZERO, out=out, validation={"x": _images(samples, 256, 256)},
-            formats=["onnx"], precisions=["fp32"],
-        )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - the verdict under test is ship or not, with the reason
-        return str(exc)
+@pytest.fixture(scope="module")
+def detector_runs(tmp_path_factory) -> dict[int, tuple[ConversionReport | str, Path]]:
+    """The detector converted for a Pi Zero 2 W with 4 and with 24 validation images of 256x256:
+    samples → (the report, or the error when nothing shipped; the output directory)."""
+    folder = tmp_path_factory.mktemp("detector")
+    model = extract(RAPIDOCR, "ch_PP-OCRv4_det_infer.onnx", folder)
+    runs: dict[int, tuple[ConversionReport | str, Path]] = {}
+    for samples in (4, 24):
+        out = folder / f"out-{samples}"
+        try:
+            report: ConversionReport | str = convert(
+                model, PI_ZERO, out=out, validation={"x": _images(samples, 256, 256)},
+                formats=["onnx"], precisions=["fp32"],
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the verdict under test is ship or not, with the reason
+            report = str(exc)
+        runs[samples] = (report, out)
+    return runs
 
 
-def test_the_ram_budget_verdict_does_not_depend_on_how_many_validation_samples_were_given(tmp_path: Path) -> None:
-    few, many = _detector_ram_verdict(tmp_path, 4), _detector_ram_verdict(tmp_path, 24)
+def test_the_ram_budget_verdict_does_not_depend_on_how_many_validation_samples_were_given(detector_runs) -> None:
+    few, many = detector_runs[4][0], detector_runs[24][0]
     # Batched over 24 samples of 256x256 the detector grew RSS by ~230 MB (> the Pi Zero's 160);
     # one inference at batch 1, in a fresh process, takes ~35 MB whatever the data.
     assert isinstance(few, ConversionReport), few
@@ -118,6 +127,15 @@ def test_the_ram_budget_verdict_does_not_depend_on_how_many_validation_samples_w
     assert all(p is not None and 0 < p < 160 for p in peaks), peaks
     assert abs(peaks[0] - peaks[1]) < 16, peaks
     assert "batch-1 inference in a fresh process" in many.variants[0].measurements.note
+
+
+def test_the_golden_file_holds_a_few_compressed_samples_not_a_second_model(detector_runs) -> None:
+    report, out = detector_runs[4]
+    assert isinstance(report, ConversionReport), report
+    golden = out / "golden.npz"
+    # One 256x256 image and its map are ~1 MB raw; four of them, uncompressed, were 4.2 MB.
+    assert golden.stat().st_size < 1.2 * 2**20, golden.stat().st_size
+    assert np.load(golden)["x"].shape == (1, 3, 256, 256)
 
 
 def test_a_dynamic_height_and_width_take_their_size_from_input_when_no_data_is_given(tmp_path: Path) -> None:
