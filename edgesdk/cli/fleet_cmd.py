@@ -166,15 +166,17 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def _rows(views: list[Any]) -> list[list[str]]:
+def _rows(views: list[Any], lost_since: float | None = None) -> list[list[str]]:
+    """Table rows; ``lost_since``: the monitor lost the broker then, so presence is unknown."""
     now = time.time()
+    unknown = None if lost_since is None else f"unknown since {time.strftime('%H:%M', time.localtime(lost_since))}"
     rows = []
     for v in views:
         seen = f"{max(0.0, now - v.last_seen.timestamp()):.0f}s ago" if v.last_seen else "-"
         rows.append(
             [
                 v.device_id,
-                _fmt(v.online),
+                unknown or _fmt(v.online),
                 _fmt(v.profile),
                 _fmt(v.model),
                 _fmt(v.model_version),
@@ -316,9 +318,12 @@ def watch(params: dict[str, Any]) -> None:
 
     def render() -> Table:
         views = monitor.view.snapshot()
+        lost = monitor.lost_since
         online = sum(1 for v in views if v.online)
         title = f"{params['broker']} — {len(views)} device(s), {online} online"
-        table = make_table(title, COLUMNS, _rows(views), whole_cells=not out.is_terminal)
+        if lost is not None:
+            title = f"{params['broker']} — lost since {time.strftime('%H:%M:%S', time.localtime(lost))}, reconnecting"
+        table = make_table(title, COLUMNS, _rows(views, lost), whole_cells=not out.is_terminal)
         fit_when_piped(out, table)
         return table
 

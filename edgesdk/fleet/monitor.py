@@ -162,7 +162,9 @@ class FleetView:
 
 
 class FleetMonitor:
-    """Connects to the broker and keeps a :class:`FleetView` up to date."""
+    """Connects to the broker and keeps a :class:`FleetView` up to date. ``lost_since``: when
+    its connection was lost (Unix time; None while connected): the view is then what was seen
+    before, and presence is unknown (``fleet watch`` says so)."""
 
     SUFFIXES = (topics.PRESENCE, topics.TELEMETRY, topics.EVENTS, topics.OTA_STATUS)
 
@@ -174,6 +176,9 @@ class FleetMonitor:
         self.view = FleetView(namespace)
         self.client = MqttClient(options)
         self.client.on_message = self.view.handle
+        self.lost_since: float | None = None
+        self.client.on_connected = self._connected
+        self.client.on_disconnected = self._lost
         for suffix in self.SUFFIXES:
             self.client.subscribe(topics.all_devices_filter(namespace, suffix), qos=1)
 
@@ -199,6 +204,12 @@ class FleetMonitor:
 
     def stop(self) -> None:
         self.client.stop()
+
+    def _connected(self, _session_present: bool) -> None:
+        self.lost_since = None
+
+    def _lost(self, _reason: str) -> None:
+        self.lost_since = time.time()
 
 
 def monitor_client_id() -> str:
