@@ -153,7 +153,10 @@ _OPTIONS = [
     click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms)."),
     click.option("--max-error-rate", default="1%", show_default=True, help="Error rate allowed during probation."),
     click.option(
-        "--wave-timeout", default=None, help="Give up on silent devices after this (default probation + 10m)."
+        "--wave-timeout",
+        default=None,
+        help="Each wave's deadline: a device without a final word by then counts as failed "
+        "('no answer within …'). Default: probation + 10m (20m with the default --probation).",
     ),
     click.option(
         "--artifact-url",
