@@ -183,6 +183,7 @@ class DeviceRow:
     progress: float | None
     model_release: int | None
     updated: float | None
+    sent: float | None = None  # when the device was first sent its wave's command (the deadline counts from it)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ published, so a controller killed between the decision and the publish sends it 
 one implementation (``SqlRolloutStore``): in the operator's SQLite file for ``fleet push``, in the
 fleet service's database there.
 
-Every wave has a deadline (``--wave-timeout``; by default probation + 10 minutes): a device
-with no final word by then is TIMED_OUT ("no answer within 20m") and counts as failed for the
-wave's gate, so a rollout to a device that never answers ends instead of waiting for ever.
+Every wave has a deadline (``--wave-timeout``; by default probation + 10 minutes), counted
+from the wave's first send (a resumed wave keeps it): a device with no final word by then is
+TIMED_OUT ("no answer within 20m") and counts as failed for the wave's gate, so a rollout to a
+device that never answers ends instead of waiting for ever.
 ``wave_progress`` is reported when a wave's counts change, not at every poll.
 
 Refusals. Every command's digest is stored before it is sent. A device that refuses a signed
@@ -383,7 +384,7 @@ class RolloutController:
             "wave_sent",
             {"deployment_id": deployment_id, "wave": wave, "devices": len(pending), "deadline_s": plan.timeout()},
         )
-        deadline = time.monotonic() + plan.timeout()
+        deadline = time.monotonic() + plan.timeout() - self._wave_age(deployment_id, wave)
         last_sent = time.monotonic()
         last_progress: dict[str, Any] | None = None
         while True:
@@ -448,6 +449,12 @@ class RolloutController:
                 self._send(command, silent)  # the same command again is a repeat to a device that has it
                 last_sent = now
             time.sleep(self.poll_s)
+
+    def _wave_age(self, deployment_id: str, wave: int) -> float:
+        """Seconds since the wave's command was first sent: a resumed wave (a restarted service
+        or ``fleet push --deployment-id``) keeps its deadline instead of starting a new one."""
+        sent = [d.sent for d in self.store.devices(deployment_id, wave) if d.sent is not None]
+        return max(0.0, time.time() - min(sent)) if sent else 0.0
 
     def _abort_wave(self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, reason: str) -> None:
         """Stop the rollout and roll the failing wave back (earlier waves passed and stay)."""

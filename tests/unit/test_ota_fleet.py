@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -253,6 +254,36 @@ def test_a_device_that_never_answers_fails_its_wave_at_the_deadline_and_polls_lo
     progress = [info for event, info in events if event == "wave_progress"]
     assert len(progress) <= 3, progress
     assert progress[-1]["states"] == {"COMMITTED": 19, "TIMED_OUT": 1}
+
+
+def test_a_resumed_wave_keeps_the_deadline_of_its_first_send(tmp_path: Path, operator) -> None:
+    # The wave was sent 100 s ago by a controller that then stopped (a restarted service): its
+    # 5 s deadline has passed, so the resumed controller times the silent device out at once
+    # instead of granting it another full deadline (a service restarted often never ended it).
+    import sqlalchemy as sa
+
+    from edgesdk.fleet.service import schema
+
+    private, public = operator
+    bundle = tmp_path / "bundle.edgepkg"
+    bundle.write_bytes(b"x")
+    plan = RolloutPlan(canary=0.0, waves=(1.0,), max_failures=0.5, probation_s=1, wave_timeout_s=5)
+    store = open_rollout_store(tmp_path / "fleet.sqlite3")
+    store.create(
+        deployment().model_copy(update={"sequence": 0, "targets": ["a", "b"]}), bundle, plan.to_json(), [["a", "b"]]
+    )
+    store.set_state("dep-1", "IN_PROGRESS", wave=0)
+    store.mark_sent("dep-1", ["a", "b"])
+    with store.engine.begin() as db:
+        db.execute(
+            schema.deployment_devices.update().values(sent=sa.func.coalesce(schema.deployment_devices.c.sent, 0) - 100)
+        )
+    fleet = SimulatedFleet(public, set(), frozenset({"b"}))
+    controller = RolloutController(store, fleet, "edgesdk", private, poll_s=0.01).start()
+    started = time.monotonic()
+    assert controller.run("dep-1") == SUCCEEDED  # 1 of 2 within max_failures 50 %
+    assert time.monotonic() - started < 3.0
+    assert {d.device_id: d.state for d in store.devices("dep-1")} == {"a": "COMMITTED", "b": "TIMED_OUT"}
 
 
 def test_one_failure_past_max_failures_aborts_and_rolls_back_the_whole_wave(tmp_path: Path, operator) -> None:

@@ -174,7 +174,9 @@ class SqlRolloutStore:
         with self._begin() as db:
             rows = db.execute(query.order_by(table.c.wave, table.c.device_id)).all()
         return [
-            DeviceRow(r.deployment_id, r.device_id, r.wave, r.state, r.reason, r.progress, r.model_release, r.updated)
+            DeviceRow(
+                r.deployment_id, r.device_id, r.wave, r.state, r.reason, r.progress, r.model_release, r.updated, r.sent
+            )
             for r in rows
         ]
 
@@ -193,7 +195,8 @@ class SqlRolloutStore:
         now = time.time()
         with self._begin() as db:
             match = (table.c.deployment_id == deployment_id) & table.c.device_id.in_(device_ids)
-            db.execute(table.update().where(match).values(sent=now))
+            # The first time only: a resumed wave's deadline still counts from its first send.
+            db.execute(table.update().where(match).values(sent=sa.func.coalesce(table.c.sent, now)))
             db.execute(table.update().where(match & (table.c.state == "PENDING")).values(state="SENT"))
 
     def set_device_state(self, deployment_id: str, device_id: str, state: str, reason: str) -> None:
