@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from edgesdk.fleet.service import audit, tokens  # noqa: E402
 from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
+from edgesdk.fleet.service.broker_watch import BrokerStatus  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
@@ -68,7 +69,8 @@ def api(tmp_path_factory: pytest.TempPathFactory):
     engine = open_engine(f"sqlite:///{root / 'api.sqlite3'}")
     migrate(engine)
     store = SqlRolloutStore(engine)
-    broker: dict[str, Any] = {"connected": True, "since": "2026-01-01T00:00:00+00:00", "disconnects": 0}
+    since = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    broker = {"now": BrokerStatus(connected=True, since=since, disconnects=0)}
     (root / "passwords").write_text("dev-1:$7$101$c2FsdA==$aGFzaA==\ndev-2:$7$101$c2FsdA==$aGFzaA==\n")
     context = ApiContext(
         engine=engine,
@@ -77,7 +79,7 @@ def api(tmp_path_factory: pytest.TempPathFactory):
         data_dir=root,
         registry_path=root / "enrollment.json",
         device_passwords=root / "passwords",
-        broker_status=lambda: dict(broker),
+        broker_status=lambda: broker["now"],
     )
     app = create_app(context)
     keys = {role: tokens.create_token(engine, name=f"{role}-p", role=role, created_by="t")[1] for role in tokens.ROLES}
@@ -254,13 +256,15 @@ def test_every_refused_write_is_audited_with_its_status(api: Api) -> None:
 
 def test_healthz_follows_the_broker_connection_without_a_token(api: Api) -> None:
     ok = api.client.get("/healthz")
-    assert ok.status_code == 200 and ok.json() == {"status": "ok", "broker": api.broker}
-    api.broker["connected"] = False
+    assert ok.status_code == 200 and ok.json() == {"status": "ok", "broker": api.broker["now"].as_dict()}
+    connected = api.broker["now"]
+    api.broker["now"] = replace(connected, connected=False, disconnects=1)
     try:
         lost = api.client.get("/healthz")
         assert lost.status_code == 503 and lost.json()["status"] == "degraded"
+        assert lost.json()["broker"]["connected"] is False and lost.json()["broker"]["disconnects"] == 1
     finally:
-        api.broker["connected"] = True
+        api.broker["now"] = connected
 
 
 def test_the_openapi_document_names_parameters_types_answers_and_documents_problems(api: Api) -> None:

@@ -1,0 +1,282 @@
+"""The REST API's deployments: list, one (per-device states, timeline, security events),
+create (refusing what cannot succeed: unknown devices or group, a taken id), abort, rollback;
+the security events; and ``/artifacts``, the bundles of running rollouts for devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import FileResponse
+
+from edgesdk.errors import UsageError
+from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
+from edgesdk.fleet.rollout import RolloutPlan
+from edgesdk.fleet.service import bundles, refusals, schema, tokens
+from edgesdk.fleet.service.api_routing import (
+    ONE_ERRORS,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Paging,
+    audited_call,
+    documented,
+    paging,
+)
+from edgesdk.fleet.service.api_schemas import (
+    CommandOptions,
+    DeploymentCreate,
+    DeploymentDetail,
+    DeploymentSummary,
+    Page,
+    RolloutState,
+)
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.store import SqlRolloutStore
+from edgesdk.fleet.service.submit import submit_deployment
+from edgesdk.schemas.messages import HealthCriteria
+
+if TYPE_CHECKING:
+    from edgesdk.fleet.service.api import ApiContext
+
+
+def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine, store = context.engine, context.store
+
+    @app.get(
+        "/api/v1/deployments",
+        response_model=Page[DeploymentSummary],
+        tags=["deployments"],
+        responses=documented(*READ_ERRORS),
+    )
+    def list_deployments(
+        state: RolloutState | None = None,
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("viewer", "deployments.read")),
+    ) -> dict[str, Any]:
+        """Newest first."""
+        rows = [row for row in reversed(store.all()) if state is None or row.state == state]
+        shown = rows[page.offset : page.offset + page.limit]
+        return page.page([_summary(store, row.id) for row in shown], len(rows), sliced=True)
+
+    @app.get(
+        "/api/v1/deployments/{deployment_id}",
+        response_model=DeploymentDetail,
+        tags=["deployments"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def get_deployment(
+        deployment_id: str, _op: tokens.Operator = Depends(who("viewer", "deployments.read"))
+    ) -> dict[str, Any]:
+        _known_deployment(store, deployment_id)
+        return _detail(engine, store, deployment_id)
+
+    @app.get(
+        "/api/v1/security-events",
+        response_model=Page[dict[str, Any]],
+        tags=["deployments"],
+        responses=documented(*READ_ERRORS),
+    )
+    def security_events(
+        device_id: str | None = Query(None, max_length=64),
+        deployment_id: str | None = Query(None, max_length=64),
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("viewer", "security_events.read")),
+    ) -> dict[str, Any]:
+        """Device refusals of commands this service did not issue to them, newest first."""
+        newest = refusals.recent(
+            engine, deployment_id=deployment_id, device_id=device_id, limit=page.offset + page.limit
+        )
+        table = schema.security_events
+        count = sa.select(sa.func.count()).select_from(table)
+        if deployment_id is not None:
+            count = count.where(table.c.deployment_id == deployment_id)
+        if device_id is not None:
+            count = count.where(table.c.device_id == device_id)
+        with Transaction(engine) as db:
+            total = int(db.execute(count).scalar_one())
+        return page.page(newest[page.offset :], total, sliced=True)
+
+    @app.post(
+        "/api/v1/deployments",
+        status_code=201,
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def create_deployment(
+        body: DeploymentCreate, operator: tokens.Operator = Depends(who("operator", "deployment.create"))
+    ) -> dict[str, Any]:
+        """409 for a deployment id already taken; 422 naming every target device the service has
+        never seen (a rollout to them could never finish); 404 for an unknown bundle."""
+        bundle = bundles.find_bundle(engine, body.bundle_id)
+        if bundle is None:
+            raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
+        if body.deployment_id is not None and store.find(body.deployment_id) is not None:
+            raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
+        if body.devices is not None:
+            _refuse_unknown_devices(engine, body.devices)
+        else:
+            _refuse_unknown_group(engine, body.group or "")
+
+        def work() -> Any:
+            return submit_deployment(
+                store,
+                Path(bundle["path"]),
+                _plan(body),
+                devices=body.devices,
+                group=body.group,
+                deployment_id=body.deployment_id,
+                health=HealthCriteria(
+                    probation_s=body.probation_s, p95_latency_ms=body.p95_ms, max_error_rate=body.max_error_rate
+                ),
+                chunk_size=body.chunk_size,
+                artifact_urls=body.artifact_urls,
+                mqtt_fallback=body.mqtt_fallback,
+            )
+
+        target = body.deployment_id or ""
+        message = audited_call(engine, operator, "deployment.create", target, work, **body.model_dump())
+        return _summary(store, message.deployment_id)
+
+    def command(
+        deployment_id: str, body: CommandOptions | None, operator: tokens.Operator, action: str
+    ) -> dict[str, Any]:
+        row = _known_deployment(store, deployment_id)
+        options = body or CommandOptions()
+        if action == "deployment.abort" and row.state in FINISHED_ROLLOUT_STATES:
+            raise HTTPException(409, f"deployment {deployment_id!r} already ended {row.state}")
+        reason = options.reason or f"{action.split('.')[1]} by {operator.name}"
+
+        def work() -> Any:
+            if action == "deployment.abort":
+                context.commands.abort(deployment_id, reason, ttl_s=options.expires_s)
+                return None
+            return context.commands.rollback(deployment_id, reason, ttl_s=options.expires_s)
+
+        asked = audited_call(engine, operator, action, deployment_id, work, reason=reason)
+        summary = _summary(store, deployment_id)
+        if asked is not None:
+            summary["asked"] = asked
+        return summary
+
+    @app.post(
+        "/api/v1/deployments/{deployment_id}/abort",
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def abort_deployment(
+        deployment_id: str,
+        body: CommandOptions | None = None,
+        operator: tokens.Operator = Depends(who("operator", "deployment.abort")),
+    ) -> dict[str, Any]:
+        """409 when the deployment already ended."""
+        return command(deployment_id, body, operator, "deployment.abort")
+
+    @app.post(
+        "/api/v1/deployments/{deployment_id}/rollback",
+        response_model=DeploymentSummary,
+        tags=["deployments"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def rollback_deployment(
+        deployment_id: str,
+        body: CommandOptions | None = None,
+        operator: tokens.Operator = Depends(who("operator", "deployment.rollback")),
+    ) -> dict[str, Any]:
+        return command(deployment_id, body, operator, "deployment.rollback")
+
+    # GET and HEAD registered apart: one api_route with both gives the OpenAPI document two
+    # operations with the same id (FastAPI warns; schema-driven clients need them unique).
+    @app.head("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_head", responses=documented(404))
+    @app.get("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_get", responses=documented(404))
+    def artifact(name: str) -> FileResponse:
+        """A bundle of a running rollout, with Range (devices resume with it). No token: devices
+        have none, the bundle is encrypted to its devices, and they trust the signed hash, not
+        this server; only bundles of rollouts in progress are served, by their sha256."""
+        sha, _, suffix = name.partition(".")
+        path = context.artifacts(sha) if context.artifacts is not None and suffix == "edgepkg" else None
+        if path is None or not path.is_file():
+            raise HTTPException(404, f"no bundle {name!r} is being rolled out here")
+        return FileResponse(path, media_type="application/octet-stream", filename=f"{sha}.edgepkg")
+
+
+def _plan(body: DeploymentCreate) -> RolloutPlan:
+    return RolloutPlan(
+        canary=body.canary,
+        waves=tuple(body.waves),
+        max_failures=body.max_failures,
+        probation_s=body.probation_s,
+        wave_timeout_s=body.wave_timeout_s,
+        command_ttl_s=body.expires_s,
+    )
+
+
+def _refuse_unknown_devices(engine: Any, device_ids: list[str]) -> None:
+    """422 naming the target ids no device ever announced (as an unknown group is refused)."""
+    table = schema.devices
+    with Transaction(engine) as db:
+        known = {r.device_id for r in db.execute(sa.select(table.c.device_id).where(table.c.device_id.in_(device_ids)))}
+    unknown = [d for d in dict.fromkeys(device_ids) if d not in known]
+    if unknown:
+        shown = ", ".join(repr(d) for d in unknown[:10]) + (
+            f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        )
+        raise HTTPException(
+            422, f"devices not known to the fleet service: {shown}; a device is known once it announced itself"
+        )
+
+
+def _refuse_unknown_group(engine: Any, group: str) -> None:
+    """422 naming a group no known device announced (the same answer as unknown devices)."""
+    from edgesdk.fleet.service.submit import devices_in_group
+
+    try:
+        devices_in_group(engine, group)
+    except UsageError as exc:
+        raise HTTPException(422, f"{exc}; a device is known once it announced itself") from exc
+
+
+def _summary(store: SqlRolloutStore, deployment_id: str) -> dict[str, Any]:
+    """A deployment's summary without the server's file path of its bundle (its name instead)."""
+    summary = store.summary(deployment_id)
+    path = summary.pop("bundle", None)
+    if path:
+        summary["bundle_file"] = Path(str(path)).name
+    return summary
+
+
+def _detail(engine: Any, store: SqlRolloutStore, deployment_id: str) -> dict[str, Any]:
+    summary = _summary(store, deployment_id)
+    summary["device_states"] = [
+        {
+            "device_id": d.device_id,
+            "wave": d.wave,
+            "state": d.state,
+            "reason": d.reason,
+            "progress": d.progress,
+            "model_release": d.model_release,
+            "updated": d.updated,
+        }
+        for d in store.devices(deployment_id)
+    ]
+    with Transaction(engine) as db:
+        h = schema.ota_history
+        rows = db.execute(sa.select(h).where(h.c.deployment_id == deployment_id).order_by(h.c.ts)).all()
+    summary["timeline"] = [
+        {"ts": r.ts, "device_id": r.device_id, "state": r.state, "reason": r.reason}
+        for r in rows
+        if r.progress is None  # progress ticks are not events of the timeline
+    ]
+    # Refusals quoting this deployment's id that did not count (forged or replayed copies).
+    summary["security_events"] = refusals.recent(engine, deployment_id=deployment_id)
+    return summary
+
+
+def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:
+    row = store.find(deployment_id)
+    if row is None:
+        raise HTTPException(404, f"deployment {deployment_id!r} not found")
+    return row

@@ -1,0 +1,220 @@
+"""The REST API's devices: list (filters, a page, each with its newest telemetry row), one,
+its history, decommission; the groups they announced and the fleet's current alerts."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException, Query
+
+from edgesdk.fleet.service import alerts, schema, tokens
+from edgesdk.fleet.service.api_routing import (
+    ONE_ERRORS,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Paging,
+    audited_call,
+    documented,
+    paging,
+)
+from edgesdk.fleet.service.api_schemas import (
+    Alert,
+    Decommissioned,
+    Device,
+    DeviceHistory,
+    DeviceState,
+    Group,
+    Page,
+)
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.metrics import latest_telemetry
+
+if TYPE_CHECKING:
+    from edgesdk.fleet.service.api import ApiContext
+
+
+def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get("/api/v1/devices", response_model=Page[Device], tags=["devices"], responses=documented(*READ_ERRORS))
+    def list_devices(
+        group: str | None = Query(None, max_length=128),
+        model: str | None = Query(None, max_length=128),
+        version: str | None = Query(None, max_length=64),
+        state: DeviceState | None = Query(None, description="online, offline, or the OTA state last reported"),
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
+    ) -> dict[str, Any]:
+        rows = _devices(engine, group=group, model=model, version=version, state=state)
+        shown = rows[page.offset : page.offset + page.limit]
+        latest = _latest_telemetry(engine, [r.device_id for r in shown])
+        return page.page([_device(r, latest.get(r.device_id)) for r in shown], len(rows), sliced=True)
+
+    @app.get("/api/v1/devices/{device_id}", response_model=Device, tags=["devices"], responses=documented(*ONE_ERRORS))
+    def get_device(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> Device:
+        row = _known_device(engine, device_id)
+        return _device(row, _latest_telemetry(engine, [device_id]).get(device_id))
+
+    @app.delete(
+        "/api/v1/devices/{device_id}",
+        response_model=Decommissioned,
+        tags=["devices"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def decommission_device(
+        device_id: str, operator: tokens.Operator = Depends(who("admin", "device.decommission"))
+    ) -> dict[str, Any]:
+        """Decommission: the device's broker password is removed (the broker refuses it from its
+        next reload), its enrollment revoked (no key slot in bundles packaged from now on), and
+        it leaves the device list (its history stays until retention removes it)."""
+        _known_device(engine, device_id)
+        return audited_call(
+            engine, operator, "device.decommission", device_id, lambda: _decommission(context, device_id)
+        )
+
+    @app.get(
+        "/api/v1/devices/{device_id}/history",
+        response_model=DeviceHistory,
+        tags=["devices"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def device_history(
+        device_id: str,
+        hours: float = Query(24.0, gt=0, le=24 * 366),
+        resolution: Literal["auto", "raw", "minute"] = "auto",
+        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
+    ) -> dict[str, Any]:
+        _known_device(engine, device_id)
+        return _history(engine, device_id, hours, resolution)
+
+    @app.get("/api/v1/groups", response_model=Page[Group], tags=["devices"], responses=documented(*READ_ERRORS))
+    def list_groups(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
+    ) -> dict[str, Any]:
+        """Every group a device announced, with how many devices are in it and online."""
+        counts: dict[str, list[int]] = {}
+        for row in _devices(engine):
+            for group in json.loads(row.groups or "[]"):
+                count = counts.setdefault(group, [0, 0])
+                count[0] += 1
+                count[1] += 1 if row.online else 0
+        groups = [{"group": g, "devices": n, "online": on} for g, (n, on) in sorted(counts.items())]
+        return page.page(groups)
+
+    @app.get("/api/v1/alerts", response_model=Page[Alert], tags=["devices"], responses=documented(*READ_ERRORS))
+    def list_alerts(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "alerts.read"))
+    ) -> dict[str, Any]:
+        """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
+        broker = context.broker_status() if context.broker_status is not None else None
+        return page.page(alerts.current_alerts(engine, context.store, broker))
+
+
+def _devices(
+    engine: Any,
+    *,
+    group: str | None = None,
+    model: str | None = None,
+    version: str | None = None,
+    state: str | None = None,
+) -> list[Any]:
+    table = schema.devices
+    query = sa.select(table)
+    if model is not None:
+        query = query.where(table.c.model_name == model)
+    if version is not None:
+        query = query.where(table.c.model_version == version)
+    if state in ("online", "offline"):
+        query = query.where(table.c.online.is_(state == "online"))
+    elif state is not None:
+        query = query.where(table.c.ota_state == state)
+    if group is not None:
+        query = query.where(table.c.groups.contains(json.dumps(group)))  # JSON text: a quoted name
+    with Transaction(engine) as db:
+        rows = db.execute(query.order_by(table.c.device_id)).all()
+    return [r for r in rows if group is None or group in json.loads(r.groups)]
+
+
+def _known_device(engine: Any, device_id: str) -> Any:
+    table = schema.devices
+    with Transaction(engine) as db:
+        row = db.execute(sa.select(table).where(table.c.device_id == device_id)).first()
+    if row is None:
+        raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
+    return row
+
+
+def _latest_telemetry(engine: Any, device_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The newest telemetry row of each of ``device_ids`` (one index seek each)."""
+    if not device_ids:
+        return {}
+    with Transaction(engine) as db:
+        rows = db.execute(latest_telemetry().where(schema.devices.c.device_id.in_(device_ids))).all()
+    return {r.device_id: dict(r._mapping) for r in rows}
+
+
+def _history(engine: Any, device_id: str, hours: float, resolution: str) -> dict[str, Any]:
+    since = time.time() - hours * 3600
+    minute = resolution == "minute" or (resolution == "auto" and hours > 6)
+    with Transaction(engine) as db:
+        if minute:
+            m = schema.telemetry_minutely
+            series = db.execute(
+                sa.select(m).where((m.c.device_id == device_id) & (m.c.minute >= since)).order_by(m.c.minute)
+            ).all()
+        else:
+            t = schema.telemetry
+            series = db.execute(
+                sa.select(t).where((t.c.device_id == device_id) & (t.c.ts >= since)).order_by(t.c.ts)
+            ).all()
+        e = schema.events
+        events = db.execute(
+            sa.select(e).where((e.c.device_id == device_id) & (e.c.ts >= since)).order_by(e.c.ts.desc()).limit(500)
+        ).all()
+        h = schema.ota_history
+        ota = db.execute(
+            sa.select(h).where((h.c.device_id == device_id) & (h.c.ts >= since)).order_by(h.c.ts.desc()).limit(500)
+        ).all()
+    return {
+        "device_id": device_id,
+        "resolution": "minute" if minute else "raw",
+        "telemetry": [dict(r._mapping) for r in series],
+        "events": [{**dict(r._mapping), "detail": json.loads(r.detail)} for r in events],
+        "ota": [dict(r._mapping) for r in ota],
+    }
+
+
+def _decommission(context: ApiContext, device_id: str) -> dict[str, Any]:
+    from edgesdk.fleet.broker_credentials import DevicePasswordFile
+    from edgesdk.fleet.enrollment import RegistryFile
+
+    removed = False
+    if context.device_passwords is not None:
+        removed = DevicePasswordFile(context.device_passwords).remove(device_id)
+    revoked = False
+    if context.registry_path is not None and context.registry_path.is_file():
+        registry = RegistryFile(context.registry_path)
+        if device_id in registry.load().devices:
+            registry.revoke(device_id, reason="decommissioned")
+            revoked = True
+    requests = schema.enrollment_requests
+    with Transaction(context.engine) as db:
+        revoked = (
+            bool(
+                db.execute(requests.update().where(requests.c.device_id == device_id).values(status="revoked")).rowcount
+            )
+            or revoked
+        )
+        db.execute(schema.devices.delete().where(schema.devices.c.device_id == device_id))
+    return {"device_id": device_id, "broker_credentials_removed": removed, "enrollment_revoked": revoked}
+
+
+def _device(row: Any, latest: dict[str, Any] | None = None) -> Device:
+    data = dict(row._mapping)
+    data["groups"] = json.loads(data.get("groups") or "[]")
+    for name in ("presence_ts", "telemetry_seq", "public_key"):
+        data.pop(name, None)
+    return Device(**data, latest=latest)
