@@ -281,7 +281,7 @@ def one_blas_thread() -> None:
     large calls between them. The agent's BLAS calls are the NaN/Inf scan's dot products:
     a 602 KB MobileNetV2 input's takes 12.2 µs on one thread and on two here, at 13.3 µs of
     CPU instead of 12.2 (a second thread woken beside the model runtime's own, for nothing;
-    benchmarks/probe_blas_threads.py). OpenBLAS reads this when numpy loads, which nothing has done yet here; an
+    the one-off benchmarks/probe_blas_threads.py, in git at e3a1c3b). OpenBLAS reads this when numpy loads, which nothing has done yet here; an
     operator's own setting stays."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 

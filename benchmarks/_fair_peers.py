@@ -17,7 +17,7 @@ little-endian float32 with an ``X-Tensors`` header answered the same way.
 Run as ``python _fair_peers.py fastapi|raw MODEL.onnx PORT (--inline | --pool N) [--threads N] [--spinning on|off]
 [--json orjson|simdjson] [--floor model|decode|encode|answer|echo]``.
 
-``--floor`` (raw only) makes the server a bound, not a peer (``probe_c1_floor.py``): ``model``
+``--floor`` (raw only) makes the server a bound, not a peer (``bench_api_floors.py``): ``model``
 runs the model on the first request's input for every request and sends its first answer again
 (no decode, no encode); ``decode`` also reads each JSON body and runs the model on it,
 ``encode`` also writes each JSON answer (the model floor plus one of the two); ``answer`` sends the first answer without running anything (httptools and

@@ -4,7 +4,7 @@ per number.
 Why: orjson's document of a 3 MB MobileNetV2 body is 150,528 Python floats in 677 lists, built
 (~4.6 ms) only for numpy to read them back (~2.7 ms); simdjson parses the same text and copies
 its numbers into one float64 buffer in ~3.6 ms, and the memory charge's count adds ~0.7 ms
-(``decode_json`` in all: 5.1 against 7.9 ms; benchmarks/probe_json_decode.py, BENCHMARKS.md,
+(``decode_json`` in all: 5.1 against 7.9 ms; benchmarks/probe_json_decode.py, in git at e3a1c3b;
 issue 15, tenth session).
 
 Only the usual body takes this road: ``{"inputs": {"<name>": [[...]]}}`` holding one float

@@ -1,12 +1,12 @@
 """The agent against the raw peer under wrk, counting what throughput hides (issue 15,
-BENCHMARKS.md "Eighth session"): per server, requests/s, CPU per answer and involuntary context
+BENCHMARKS.md, "Local API vs fair peers"): per server, requests/s, CPU per answer and involuntary context
 switches per answer, both summed over all its threads from /proc. ``--other-tree DIR`` adds a
 second agent run from another checkout (e.g. ``git worktree add /tmp/base HEAD~1``, with
 ``edgesdk/agent`` and ``edgesdk/converters`` symlinked to its ``agent`` and ``converters``), so a
 change can be measured side by side with the code before it; run this from outside the
 repository (``cd /tmp``) so that checkout's ``edgesdk`` is the one the second agent imports.
 
-    .venv/bin/python benchmarks/probe_wrk_threads.py --model mobilenet --body raw --concurrency 1 \
+    .venv/bin/python benchmarks/bench_api_side_by_side.py --model mobilenet --body raw --concurrency 1 \
         --rounds 8 --seconds 4 [--other-tree /tmp/base]
 
 ``--batched-agent N`` adds this tree's agent with ``api.inline_batch_max = N``.

@@ -1,5 +1,5 @@
 """How fast can any Python server answer the digits CNN at one connection? (issue 15's "≥ 2×
-FastAPI for the tiny model at c=1" goal, BENCHMARKS.md "Eleventh session").
+FastAPI for the tiny model at c=1" goal, BENCHMARKS.md, "Local API vs fair peers").
 
 Beside the agent, the fair FastAPI peer and the raw uvloop + httptools peer (as
 ``bench_api.py`` runs them), bounds built from the raw peer (``_fair_peers.py --floor``):
@@ -14,7 +14,7 @@ Beside the agent, the fair FastAPI peer and the raw uvloop + httptools peer (as
 Any server that reads the body and runs the model does at least the model floor's work, so
 ``model floor ÷ FastAPI`` bounds what ``agent ÷ FastAPI`` can reach on this machine with uvloop.
 
-    .venv/bin/python benchmarks/probe_c1_floor.py --body json --rounds 6 --seconds 4
+    .venv/bin/python benchmarks/bench_api_floors.py --body json --rounds 6 --seconds 4
 
 Rounds interleave the servers and rotate their order; printed: each server's medians (req/s,
 CPU per answer of the server process, p50) and its per-round throughput ratio to FastAPI.
