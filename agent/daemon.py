@@ -215,6 +215,8 @@ class Agent:
 
         state = SecurityState(self.data_dir, state_key_provider(self.device_key_path, unseal=self.config.unseal))
         try:
+            if self._made_device_key:  # the record is made with the key, never later (strict rule)
+                state.create()
             state.open()
         except EdgeSDKError as exc:  # the key cannot be derived (a bad key file): fail closed, say why
             state.problem = f"security state: {exc}"
@@ -230,10 +232,12 @@ class Agent:
 
     def _device_key_path(self) -> Path:
         path = self.config.device_key
+        self._made_device_key = False
         if path is not None:
             return Path(path)  # configured: must exist (checked with the other key files)
         default = self.data_dir / "device.key"
-        if not default.exists():
+        self._made_device_key = not default.exists()
+        if self._made_device_key:
             from edgesdk import keys  # first start only: the crypto library is needed to make a key
 
             priv, pub = keys.generate_device_key(self.data_dir)

@@ -14,33 +14,37 @@ that key (op ``state_key``), so the daemon still never holds the device key. Eve
 read–modify–write under a file lock (the daemon and ``edge-agent install`` / ``trust install``
 may both write), and written temp + fsync + rename + fsync-dir.
 
-At start (:meth:`SecurityState.open`):
+The record is made **with the device key**: the agent writes an empty one in the moment it
+creates ``data_dir/device.key`` (first start, ``edge-agent key``, an image's first boot), and a
+key made elsewhere (``edgesdk keys device``, a configured ``device_key``) gets its record once from
+``edge-agent security-state seed`` before the agent runs with it. From then on the rule is strict,
+checked at every start (:meth:`SecurityState.open`):
 
 ==============================================  ===============================================
 record                                          the device
 ==============================================  ===============================================
 present, MAC valid                              uses it
-absent, data dir holds no state of a former     first start: an empty record is created
-life (no trust.json, models, ledger)
-absent while such state is there, or present    **tampered**: installs, commands and trust
-with a bad MAC / unreadable                     updates are refused; the model that serves goes
+absent (whatever else the data dir holds), or   **tampered**: installs, commands and trust
+present with a bad MAC / unreadable             updates are refused; the model that serves goes
                                                 on serving; ``/v1/status`` reports it and a
                                                 ``security_state_tampered`` event is sent
 ==============================================  ===============================================
 
-So deleting ``trust.json``, ``models/``, the ledger, or any subset of them, changes nothing (the
-record holds all three), and deleting or editing the record itself is seen. Recovery is
+So deleting ``trust.json``, ``models/``, the ledger, the record, or all of them, changes nothing
+an attacker wants: a device key without a valid record is tampered with. Recovery is an
+operator-signed re-provision command over MQTT (``edgesdk fleet reprovision``, the floors it
+states, :func:`reprovisioned_record`), re-enrollment (a new device key is a new record), or
 ``edge-agent security-state seed``, run by someone who holds the device (it needs the device
-key): it writes a new record from the files as they are, after an operator has checked them or
-re-provisioned the device. The same command is the one-time step after upgrading from an
-agent that had no record: seeding automatically would let anyone who deletes the record
-choose what it is seeded from (docs/security.md, "Device security state").
+key): it writes a new record from the files as they are. The same command is the one-time step
+after upgrading from an agent that had no record, or that made its key before the record came
+with it: seeding automatically would let anyone who deletes the record choose what it is seeded
+from (docs/security.md, "Device security state").
 
 Residual risks (docs/security.md): whoever can read the device key can forge the record; a
 rollback of the whole data partition to an older snapshot (record included) is not seen without
 a hardware counter (the :class:`~edgesdk.agent.rollback_floor.MonotonicCounter` port, for TPM NV
-or eMMC RPMB); and deleting the record *together with* every piece of state looks like a first
-start when the device key is provisioned outside the data dir.
+or eMMC RPMB); and deleting the device key too makes a new device (a new key, a new record) that
+the fleet sees as a re-key request needing approval.
 """
 
 from __future__ import annotations
@@ -72,17 +76,6 @@ _LOCK_FILE = ".security_state.lock"
 _KDF_INFO = b"edgesdk security state"
 SCHEMA_VERSION = 1
 
-#: What only a device that ran before holds in its data dir (relative paths; ``models`` is
-#: searched for the files a store writes).
-_FORMER_LIFE_FILES = (
-    "trust.json",
-    "ota/command_sequence.json",
-    "ota/state.json",
-    "models/index.json",
-    *("store.json", "rollback_floor", "slots"),  # a single-model agent's store, migrated at start
-)
-_STORE_FILES = ("store.json", "rollback_floor", "committed", "bundle.edgepkg")
-
 
 def derive_state_key(device_private_raw: bytes) -> bytes:
     """HKDF-SHA256 (RFC 5869, zero salt) of the raw device private key: 32 bytes."""
@@ -110,7 +103,7 @@ class SecurityRecord(Schema):
 
 
 class SecurityStateError(AgentError):
-    """The record is missing or invalid on a device that has run before: tampered with."""
+    """The record is missing or invalid beside a device key: tampered with."""
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
@@ -137,6 +130,7 @@ class SecurityState:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # seeded before the first start
         fd = os.open(self.data_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -149,9 +143,9 @@ class SecurityState:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             raise SecurityStateError(
-                f"security state {self.path} is missing on a device that has run before: its anti-rollback "
-                "and replay records may have been deleted; installs, commands and trust updates are refused "
-                "until it is re-provisioned (edge-agent security-state seed)"
+                f"security state {self.path} is missing beside the device key: its anti-rollback and replay "
+                "records may have been deleted; installs, commands and trust updates are refused until it is "
+                "re-provisioned (edgesdk fleet reprovision, or edge-agent security-state seed on the device)"
             ) from None
         except OSError as exc:
             raise SecurityStateError(f"security state {self.path} is unreadable: {exc.strerror or exc}") from exc
@@ -164,7 +158,8 @@ class SecurityState:
         except (ValueError, KeyError, TypeError, ValidationError) as exc:
             raise SecurityStateError(
                 f"security state {self.path} is not valid ({str(exc).splitlines()[0]}): installs, commands and "
-                "trust updates are refused until it is re-provisioned (edge-agent security-state seed)"
+                "trust updates are refused until it is re-provisioned (edgesdk fleet reprovision, or edge-agent "
+                "security-state seed on the device)"
             ) from exc
         if record.schema_version != SCHEMA_VERSION:
             raise SecurityStateError(f"security state {self.path} has schema_version {record.schema_version}")
@@ -192,28 +187,18 @@ class SecurityState:
 
     # -- start and recovery -----------------------------------------------------------------------
 
-    def former_life(self) -> str | None:
-        """A file that only a device which ran before holds, or None for a fresh data dir."""
-        for name in _FORMER_LIFE_FILES:
-            if (self.data_dir / name).exists():
-                return name
-        models = self.data_dir / "models"
-        if models.is_dir():
-            for path in models.rglob("*"):
-                if path.name in _STORE_FILES:
-                    return str(path.relative_to(self.data_dir))
-        return None
+    def create(self) -> None:
+        """Write a new, empty record: only in the moment a new device key is made (a record of
+        an older key, if any, is of another device)."""
+        with self._locked():
+            self._write(SecurityRecord())
+        self.problem = None
+        log.info("security state %s created with the device key", self.path)
 
     def open(self) -> str:
-        """Check the record at start: ``"ok"``, ``"created"`` (first start) or ``"tampered"``
-        (then :attr:`problem` says why). Never raises for a missing or bad record."""
+        """Check the record at start: ``"ok"`` or ``"tampered"`` (then :attr:`problem` says why).
+        Never creates one (that is :meth:`create`, with the key) and never raises."""
         with self._locked():
-            if not self.path.exists():
-                found = self.former_life()
-                if found is None:
-                    self._write(SecurityRecord())
-                    log.debug("security state %s created (first start)", self.path)
-                    return "created"
             try:
                 self._read()
             except SecurityStateError as exc:
@@ -305,6 +290,14 @@ def state_key_provider(device_key_path: Path, *, unseal: str) -> Callable[[], by
             return unsealer.state_key()
 
     return derive
+
+
+def create_with_new_key(data_dir: Path, device_key: Path) -> SecurityState:
+    """The empty record of a device key made just now outside the agent (an image build step,
+    a test fixture), derived in process: the same step that makes the key makes its record."""
+    state = SecurityState(Path(data_dir), state_key_provider(Path(device_key), unseal="in_process"))
+    state.create()
+    return state
 
 
 def device_key_path(config: AgentConfig) -> Path:

@@ -103,12 +103,15 @@ def to_toml(settings: dict[str, Any]) -> str:
 
 
 def make_device(root: Path) -> Device:
+    from edgesdk.agent.security_state import create_with_new_key
+
     from edgesdk.keys import generate_device_key, generate_publisher_key
 
     root.mkdir(parents=True, exist_ok=True)
     data_dir = root / "data"
     data_dir.mkdir(mode=0o700)
-    _, device_pub = generate_device_key(data_dir)
+    device_key, device_pub = generate_device_key(data_dir)
+    create_with_new_key(data_dir, device_key)  # a key without its security state record is tampered with
     publisher_key, publisher_pub = generate_publisher_key(root / "publisher")
     device = Device(root, data_dir, publisher_key, publisher_pub, device_pub, root / "agent.toml")
     device.write_config()

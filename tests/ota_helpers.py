@@ -94,6 +94,9 @@ def make_mqtt_device(root: Path, bundles: OtaBundles, broker_url: str, **setting
 
     data_dir = root / "data"
     data_dir.mkdir(parents=True, mode=0o700)
+    from edgesdk.agent.security_state import create_with_new_key
+
+    create_with_new_key(data_dir, bundles.keys.device_key)  # the shared test key's record in this data dir
     device = Device(
         root,
         data_dir,

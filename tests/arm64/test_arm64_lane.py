@@ -371,6 +371,8 @@ def onnx_fp32_int8(digits, tmp_path_factory) -> Path:
 def test_precision_follows_a_scripted_heat_trace(
     device_side: DeviceSide, installed_image, lane_root: Path, onnx_fp32_int8: Path, images: np.ndarray
 ) -> None:
+    from edgesdk.agent.security_state import create_with_new_key
+
     from edgesdk.keys import generate_device_key, generate_publisher_key
 
     publisher_key, publisher_pub = generate_publisher_key(lane_root / "publisher")
@@ -380,7 +382,8 @@ def test_precision_follows_a_scripted_heat_trace(
     readings = [(0, 55.0), (15, 79.0), (60, 55.0)]
     trace.write_text("\n".join(json.dumps({"at_s": at, "temperatures_c": {"soc": c}}) for at, c in readings) + "\n")
     device = lane_device(lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile)
-    generate_device_key(device.data_dir)
+    key, _ = generate_device_key(device.data_dir)
+    create_with_new_key(device.data_dir, key)  # a key without its security state record is tampered with
     reconfigure(
         device,
         governor={"enabled": True, "source": "trace", "trace_file": str(trace), "poll_interval_s": 0.2,
@@ -413,12 +416,15 @@ def test_profile_times_every_variant_on_the_device_and_orders_the_ladder(
 ) -> None:
     """``edge-agent profile`` on the device side: each variant timed there (which is faster under
     emulation means nothing; that the served ladder follows what was measured does)."""
+    from edgesdk.agent.security_state import create_with_new_key
+
     from edgesdk.keys import generate_device_key, generate_publisher_key
     from edgesdk.profiles import get_profile
 
     publisher_key, publisher_pub = generate_publisher_key(lane_root / "publisher")
     device = lane_device(lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile)
-    generate_device_key(device.data_dir)
+    key, _ = generate_device_key(device.data_dir)
+    create_with_new_key(device.data_dir, key)  # a key without its security state record is tampered with
     cool = lane_root / "cool.jsonl"
     cool.write_text(json.dumps({"at_s": 0, "temperatures_c": {"soc": 50.0}}) + "\n")
     reconfigure(device, governor={"enabled": True, "source": "trace", "trace_file": str(cool)})
@@ -476,6 +482,8 @@ def test_sigkill_mid_update_then_the_new_model_serves(
 ) -> None:
     """Killed (SIGKILL, like a power cut) right after the STAGED state is persisted; started
     again as plain ``edge-agent run``, it resumes and commits, and reports what it serves."""
+    from edgesdk.agent.security_state import create_with_new_key
+
     from edgesdk.keys import generate_device_key, generate_publisher_key
 
     require_mosquitto()
@@ -484,7 +492,8 @@ def test_sigkill_mid_update_then_the_new_model_serves(
         lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile,
         mqtt={"enabled": True, "broker": mqtt_broker.url, "telemetry_interval_s": 3600},
     )  # fmt: skip
-    generate_device_key(device.data_dir)
+    key, _ = generate_device_key(device.data_dir)
+    create_with_new_key(device.data_dir, key)  # a key without its security state record is tampered with
     reconfigure(device, device_key=str(device.data_dir / "device.key"))
     _install_on_device(device_side, device, device.bundle(onnx_fp32_int8, version="1.0.0", release=1))
     v2 = device.bundle(onnx_fp32_int8, version="2.0.0", release=2)
@@ -536,6 +545,8 @@ def test_an_update_downloaded_over_http_commits(
     import functools
     import http.server
 
+    from edgesdk.agent.security_state import create_with_new_key
+
     from edgesdk.keys import generate_device_key, generate_publisher_key
 
     require_mosquitto()
@@ -544,7 +555,8 @@ def test_an_update_downloaded_over_http_commits(
         lane_root / "device", publisher_key, publisher_pub, profile=device_side.profile,
         mqtt={"enabled": True, "broker": mqtt_broker.url, "telemetry_interval_s": 3600},
     )  # fmt: skip
-    generate_device_key(device.data_dir)
+    key, _ = generate_device_key(device.data_dir)
+    create_with_new_key(device.data_dir, key)  # a key without its security state record is tampered with
     reconfigure(device, device_key=str(device.data_dir / "device.key"))
     _install_on_device(device_side, device, device.bundle(onnx_fp32_int8, version="1.0.0", release=1))
     v2 = device.bundle(onnx_fp32_int8, version="2.0.0", release=2)

@@ -154,6 +154,29 @@ def test_security_state_deleted_or_edited_installs_are_refused_and_reported(
     assert any(p.startswith("security state") for p in status["problems"]), status["problems"]
 
 
+def test_everything_but_the_device_key_deleted_is_tampered_not_a_new_device(device_on_release_2) -> None:
+    """The strict rule (issue 37): the record is made with the device key, so a data dir holding
+    the key and nothing else was emptied, not new. Before, deleting the record together with
+    every piece of state looked like a first start and release 1 installed over release 2."""
+    device, old = device_on_release_2
+    for path in device.data_dir.iterdir():
+        if path.name not in ("device.key", "device.pub"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert_refused(install(device, old), "missing beside the device key")
+
+
+def test_a_device_key_the_agent_makes_comes_with_its_record(tmp_path) -> None:
+    from edgesdk.agent.security_state import SecurityState, state_key_provider
+
+    device = make_device(tmp_path / "dev")
+    for made in ("device.key", "device.pub", "security_state.json"):
+        (device.data_dir / made).unlink()
+    proc = run_agent_cli("key", "--config", str(device.config))
+    assert proc.returncode == 0 and proc.stdout.startswith("key id: "), proc.stderr
+    key = device.data_dir / "device.key"
+    assert SecurityState(device.data_dir, state_key_provider(key, unseal="in_process")).open() == "ok"
+
+
 def test_downgrade_outside_its_range_is_refused(device_on_release_2, convert_dir) -> None:
     device, _ = device_on_release_2
     later = datetime.now(timezone.utc) + timedelta(days=1)

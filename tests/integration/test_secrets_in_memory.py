@@ -136,6 +136,8 @@ def _parent(proc_dir: Path) -> int | None:
 def test_sideload_into_a_running_daemon_keeps_key_and_crypto_out_of_it(tmp_path: Path, bundles: OtaBundles) -> None:
     """``edge-agent install`` beside a running daemon, then SIGHUP: the daemon loads the new
     bundle through the helper; neither the key nor cryptography's native library enter it."""
+    from edgesdk.agent.security_state import create_with_new_key
+
     from tests.agent_helpers import Device
 
     data_dir = tmp_path / "data"
@@ -143,6 +145,7 @@ def test_sideload_into_a_running_daemon_keeps_key_and_crypto_out_of_it(tmp_path:
     keys = bundles.keys
     device = Device(tmp_path, data_dir, keys.publisher_key, keys.publisher_pub, keys.device_pub, tmp_path / "a.toml")
     device.write_config(device_key=str(keys.device_key), governor={"enabled": False, "source": "psutil"})
+    create_with_new_key(data_dir, keys.device_key)  # the shared test key's record in this data dir
     assert run_agent_cli("install", "--config", str(device.config), str(bundles.v1)).returncode == 0
     with AgentProcess(device) as agent:
         proc = run_agent_cli("install", "--config", str(device.config), str(bundles.v2))

@@ -1,5 +1,5 @@
-"""The device's security state record (agent/security_state.py): created on a fresh data dir,
-used when its MAC holds, tampered when it is missing on a device that ran before or edited;
+"""The device's security state record (agent/security_state.py): made with the device key,
+used when its MAC holds, tampered when it is missing (whatever else is left) or edited;
 the floor and ledger ports read and write through it."""
 
 from __future__ import annotations
@@ -38,20 +38,23 @@ def test_derive_state_key_is_rfc5869_hkdf_sha256() -> None:
     assert derive_state_key(bytes(32)) != expected
 
 
-def test_a_fresh_data_dir_gets_an_empty_record_and_the_next_start_uses_it(tmp_path: Path) -> None:
-    assert state(tmp_path).open() == "created"
+def test_the_record_made_with_the_device_key_is_used_at_the_next_start(tmp_path: Path) -> None:
+    state(tmp_path).create()
     assert state(tmp_path).open() == "ok"
     assert state(tmp_path).read() == SecurityRecord()
     assert (tmp_path / STATE_FILE).stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("former", ["trust.json", "ota/command_sequence.json", "models/digits/rollback_floor"])
-def test_a_missing_record_beside_state_of_a_former_life_is_tampered(tmp_path: Path, former: str) -> None:
-    (tmp_path / former).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / former).write_text("{}")
+@pytest.mark.parametrize("left", ["nothing", "trust.json", "ota/command_sequence.json", "models/digits/rollback_floor"])
+def test_a_device_key_without_its_record_is_tampered_whatever_else_is_left(tmp_path: Path, left: str) -> None:
+    """The strict rule: the record is made with the key, so a missing one was deleted, even
+    when every other piece of state went with it (it used to look like a first start)."""
+    if left != "nothing":
+        (tmp_path / left).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / left).write_text("{}")
     checked = state(tmp_path)
     assert checked.open() == "tampered"
-    assert checked.problem is not None and "missing on a device that has run before" in checked.problem
+    assert checked.problem is not None and "missing beside the device key" in checked.problem
     assert not (tmp_path / STATE_FILE).exists()  # never created over the evidence
     with pytest.raises(SecurityStateError, match="edge-agent security-state seed"):
         checked.read()
@@ -59,7 +62,7 @@ def test_a_missing_record_beside_state_of_a_former_life_is_tampered(tmp_path: Pa
 
 @pytest.mark.parametrize("damage", ["edited", "other key", "not json", "no mac"])
 def test_an_edited_record_or_one_of_another_device_key_is_tampered(tmp_path: Path, damage: str) -> None:
-    state(tmp_path).open()
+    state(tmp_path).create()
     state(tmp_path).release_floor("digits").write(3)
     path = tmp_path / STATE_FILE
     document = json.loads(path.read_text())
@@ -81,7 +84,7 @@ def test_an_edited_record_or_one_of_another_device_key_is_tampered(tmp_path: Pat
 
 def test_the_recorded_floor_holds_when_the_model_files_are_gone_and_follows_commits(tmp_path: Path) -> None:
     security = state(tmp_path)
-    security.open()
+    security.create()
     model_dir = tmp_path / "models" / "digits"
     (model_dir / "slots" / "a").mkdir(parents=True)
     floor = RollbackFloor(model_dir, recorded=security.release_floor("digits"))
@@ -96,7 +99,7 @@ def test_the_recorded_floor_holds_when_the_model_files_are_gone_and_follows_comm
 
 def test_the_ledger_lives_in_the_record(tmp_path: Path) -> None:
     security = state(tmp_path)
-    security.open()
+    security.create()
     ledger = SequenceLedger(tmp_path / "ota" / "command_sequence.json", store=RecordLedgerStore(security))
     assert ledger.admit("op", 5, "sig-5", what="install 'a'") is Admission.ACT
     assert not (tmp_path / "ota" / "command_sequence.json").exists()
@@ -111,7 +114,7 @@ def test_the_ledger_lives_in_the_record(tmp_path: Path) -> None:
 
 def test_seed_never_replaces_a_valid_record_unless_asked(tmp_path: Path) -> None:
     security = state(tmp_path)
-    security.open()
+    security.create()
     with pytest.raises(AgentError, match="present and valid"):
         security.seed(SecurityRecord(release_floors={"digits": 1}))
     security.seed(SecurityRecord(release_floors={"digits": 1}), replace_valid=True)
