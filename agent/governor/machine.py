@@ -43,7 +43,9 @@ class State(str, Enum):
     SAVE_STEPPED_DOWN = "SAVE_STEPPED_DOWN"  # below the battery ceiling for heat
 
 
-class Event(str, Enum):
+class GovernorEvent(str, Enum):
+    """What the state machine reacts to (not an event of the agent's event bus, ``schemas.messages.Event``)."""
+
     MODEL_CHANGED = "MODEL_CHANGED"  # a new ladder (bundle swap)
     TEMP_CRITICAL = "TEMP_CRITICAL"  # >= throttle_c, or the firmware is throttling
     TEMP_HIGH = "TEMP_HIGH"  # >= step_down_c
@@ -64,11 +66,11 @@ class Action(str, Enum):
     UNCAP = "UNCAP"  # ceiling = top; level stays (steps up later, when cool)
 
 
-S, E, A = State, Event, Action
+S, E, A = State, GovernorEvent, Action
 
 # fmt: off
 #: (state, event) → (action, next state). A pair not listed is ignored.
-TRANSITIONS: dict[tuple[State, Event], tuple[Action, State]] = {
+TRANSITIONS: dict[tuple[State, GovernorEvent], tuple[Action, State]] = {
     (S.STARTING,          E.MODEL_CHANGED): (A.RESET,         S.NOMINAL),
     (S.NOMINAL,           E.MODEL_CHANGED): (A.RESET,         S.NOMINAL),
     (S.NOMINAL,           E.TEMP_HIGH):     (A.STEP_DOWN,     S.STEPPED_DOWN),
@@ -145,27 +147,27 @@ class PrecisionStateMachine:
         self.ladder = list(ladder)
         self.level = 0
         self.last_switch_at = float("-inf")  # a fresh model may step down at once if hot
-        self._fire(Event.MODEL_CHANGED, "new model")
+        self._fire(GovernorEvent.MODEL_CHANGED, "new model")
         new = self.current
         return Switch(old, new, "new model") if old and new and old != new else None
 
-    def events_for(self, reading: SensorReading) -> list[Event]:
+    def events_for(self, reading: SensorReading) -> list[GovernorEvent]:
         """Level-triggered events of a reading: power first, then temperature."""
-        events: list[Event] = []
+        events: list[GovernorEvent] = []
         on_battery = reading.power_source == "battery"
         if on_battery and self.state not in _ON_BATTERY_STATES:
-            events.append(Event.ON_BATTERY)
+            events.append(GovernorEvent.ON_BATTERY)
         elif not on_battery and self.state in _ON_BATTERY_STATES:
-            events.append(Event.ON_AC)
+            events.append(GovernorEvent.ON_AC)
         hottest = reading.hottest_c
         if reading.firmware_throttling or (hottest is not None and hottest >= self.thermal.throttle_c):
-            events.append(Event.TEMP_CRITICAL)
+            events.append(GovernorEvent.TEMP_CRITICAL)
         elif hottest is not None and hottest >= self.thermal.step_down_c:
-            events.append(Event.TEMP_HIGH)
+            events.append(GovernorEvent.TEMP_HIGH)
         elif hottest is not None and hottest <= self.thermal.step_up_c:
-            events.append(Event.TEMP_LOW)
+            events.append(GovernorEvent.TEMP_LOW)
         elif hottest is not None:
-            events.append(Event.TEMP_OK)
+            events.append(GovernorEvent.TEMP_OK)
         return events
 
     def update(self, reading: SensorReading) -> Switch | None:
@@ -188,25 +190,25 @@ class PrecisionStateMachine:
     def current(self) -> str | None:
         return self.ladder[self.level].variant_id if self.ladder else None
 
-    def _reason(self, event: Event, reading: SensorReading) -> str:
+    def _reason(self, event: GovernorEvent, reading: SensorReading) -> str:
         hottest = reading.hottest_c
         t = self.thermal
-        if event == Event.TEMP_CRITICAL:
+        if event == GovernorEvent.TEMP_CRITICAL:
             if reading.firmware_throttling:
                 return f"firmware reports throttling ({', '.join(k for k, v in reading.throttled.items() if v and not k.endswith('_occurred'))})"
             return f"temperature {hottest:.1f} °C >= throttle point {t.throttle_c:g} °C"
-        if event == Event.TEMP_HIGH:
+        if event == GovernorEvent.TEMP_HIGH:
             return f"temperature {hottest:.1f} °C >= step-down point {t.step_down_c:g} °C"
-        if event == Event.TEMP_LOW:
+        if event == GovernorEvent.TEMP_LOW:
             return f"temperature {hottest:.1f} °C <= step-up point {t.step_up_c:g} °C"
-        if event == Event.ON_BATTERY:
+        if event == GovernorEvent.ON_BATTERY:
             cap = self.power.on_battery_max_precision
             return f"on battery (max precision {cap.value if cap else 'unrestricted'})"
-        if event == Event.ON_AC:
+        if event == GovernorEvent.ON_AC:
             return "back on mains power"
         return event.value.lower()
 
-    def _fire(self, event: Event, reason: str) -> bool:
+    def _fire(self, event: GovernorEvent, reason: str) -> bool:
         """Apply one event; True when the transition was taken."""
         row = TRANSITIONS.get((self.state, event))
         if row is None:
@@ -219,7 +221,7 @@ class PrecisionStateMachine:
         self.state = next_state
         self.transitions += 1
         if self.state in _STEPPED and self.level <= self.ceiling:
-            self._fire(Event.AT_CEILING, reason)
+            self._fire(GovernorEvent.AT_CEILING, reason)
         return True
 
     def _dwell_over(self) -> bool:

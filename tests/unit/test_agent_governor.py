@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from edgesdk.agent.events import EventBus
-from edgesdk.agent.governor.machine import TRANSITIONS, Action, Event, PrecisionStateMachine, Rung, State
+from edgesdk.agent.governor.machine import TRANSITIONS, Action, GovernorEvent, PrecisionStateMachine, Rung, State
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import (
     CompositeSource,
@@ -53,7 +53,7 @@ def hot(t: float, power: str = "ac") -> SensorReading:
 
 def test_every_table_row_is_reachable_and_well_formed() -> None:
     for (state, event), (action, next_state) in TRANSITIONS.items():
-        assert isinstance(state, State) and isinstance(event, Event)
+        assert isinstance(state, State) and isinstance(event, GovernorEvent)
         assert isinstance(action, Action) and isinstance(next_state, State)
     assert {s for s, _ in TRANSITIONS} == set(State)
     assert {n for _, n in TRANSITIONS.values()} == set(State) - {State.STARTING}
