@@ -179,8 +179,13 @@ def test_an_unexpected_error_is_a_500_problem_without_internals(api: Api) -> Non
         "/api/v1/deployments", json=_rollout(api, deployment_id="boom"), headers=api.as_("operator")
     )
     assert created.status_code == 201, created.text
-    failed = _is_problem(api.client.post("/api/v1/deployments/boom/abort", headers=api.as_("operator")), 500)
+    answer = api.client.post("/api/v1/deployments/boom/abort", headers=api.as_("operator"))
+    failed = _is_problem(answer, 500)
     assert "secret" not in json.dumps(failed) and "Traceback" not in json.dumps(failed)
+    assert (
+        answer.headers["x-content-type-options"] == "nosniff"
+        and "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    )
 
 
 def test_bundles_are_listed_fetched_and_deleted_only_when_not_in_use(api: Api, tmp_path: Path) -> None:

@@ -103,7 +103,20 @@ def install(app: FastAPI, on_refused: OnRefused) -> None:
     @app.exception_handler(Exception)
     def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.error("API %s %s failed", request.method, request.url.path, exc_info=exc)
-        return problem(request, 500, "the fleet service failed on this request; its log has the details")
+        # Answered outside the app's middleware (Starlette's outermost error layer): the security
+        # headers every other answer gets from web_security are set here.
+        return problem(
+            request, 500, "the fleet service failed on this request; its log has the details", headers=_BARE_HEADERS
+        )
+
+
+_BARE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 def _phrase(status: int) -> str:
