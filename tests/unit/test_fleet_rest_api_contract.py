@@ -319,3 +319,21 @@ def test_fleet_devices_through_the_server_shows_p95_errors_and_outbox(api: Api, 
     assert listing.returncode == 0, listing.stderr
     (row,) = [line for line in listing.stdout.splitlines() if "dev-1" in line]
     assert "2.00" in row, listing.stdout  # dev-1's p95 from the list's `latest` (it was "-")
+
+
+def test_security_events_are_a_typed_page_newest_first(api: Api) -> None:
+    from edgesdk.fleet.service import schema
+    from edgesdk.fleet.service.database import Transaction
+
+    with Transaction(api.engine) as db:
+        for n in range(3):
+            db.execute(
+                schema.security_events.insert().values(
+                    ts=1000.0 + n, device_id="dev-1", msg_id=f"m{n}", kind="forged_command", deployment_id="sec-1",
+                    command_sha256="c" * 64, why="signature", reason=f"refusal {n}",
+                )
+            )  # fmt: skip
+    page = api.client.get("/api/v1/security-events?deployment_id=sec-1&limit=1&offset=1", headers=api.as_("viewer"))
+    assert page.status_code == 200, page.text
+    assert page.json()["total"] == 3 and [e["msg_id"] for e in page.json()["items"]] == ["m1"]
+    assert api.client.get("/api/v1/security-events?deployment_id=other", headers=api.as_("viewer")).json()["total"] == 0

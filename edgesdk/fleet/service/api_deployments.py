@@ -31,6 +31,7 @@ from edgesdk.fleet.service.api_schemas import (
     DeploymentSummary,
     Page,
     RolloutState,
+    SecurityEvent,
 )
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.store import SqlRolloutStore
@@ -74,7 +75,7 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
 
     @app.get(
         "/api/v1/security-events",
-        response_model=Page[dict[str, Any]],
+        response_model=Page[SecurityEvent],
         tags=["deployments"],
         responses=documented(*READ_ERRORS),
     )

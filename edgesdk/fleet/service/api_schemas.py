@@ -190,7 +190,21 @@ class DeploymentSummary(_Answer):
 class DeploymentDetail(DeploymentSummary):
     device_states: list[dict[str, Any]]
     timeline: list[dict[str, Any]]
-    security_events: list[dict[str, Any]]
+    security_events: list[SecurityEvent]
+
+
+class SecurityEvent(_Answer):
+    """A device's refusal of a command this service did not issue to it (``refusals``)."""
+
+    id: int
+    ts: float
+    device_id: str
+    msg_id: str
+    kind: str
+    deployment_id: str | None
+    command_sha256: str | None
+    why: str | None
+    reason: str
 
 
 class Bundle(_Answer):
