@@ -677,6 +677,10 @@ class Agent:
         self._report_security_state()
         self._start_trust()
         updates = self._start_updates()
+        if self.link is not None:  # a tampered device's way back: an operator-signed re-provision
+            from edgesdk.agent.ota.reprovision import attach
+
+            attach(self)
         self._connect_link()
         if updates:
             self._resume_updates()

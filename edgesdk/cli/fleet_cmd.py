@@ -30,6 +30,7 @@ FLEET_COMMANDS: dict[str, str] = {
     "serve": "edgesdk.cli.fleet_serve_cmd:serve",
     "submit": "edgesdk.cli.fleet_serve_cmd:submit",
     "ingest": "edgesdk.cli.fleet_ingest_cmd:ingest",
+    "reprovision": "edgesdk.cli.reprovision_cmd:reprovision",
 }
 
 COLUMNS = (
