@@ -187,12 +187,6 @@ class DeploymentSummary(_Answer):
     asked: int | None = Field(None, description="rollback: how many devices were asked to roll back")
 
 
-class DeploymentDetail(DeploymentSummary):
-    device_states: list[dict[str, Any]]
-    timeline: list[dict[str, Any]]
-    security_events: list[SecurityEvent]
-
-
 class SecurityEvent(_Answer):
     """A device's refusal of a command this service did not issue to it (``refusals``)."""
 
@@ -205,6 +199,33 @@ class SecurityEvent(_Answer):
     command_sha256: str | None
     why: str | None
     reason: str
+
+
+class DeviceRolloutState(_Answer):
+    """Where one target device is in a rollout."""
+
+    device_id: str
+    wave: int
+    state: str
+    reason: str | None
+    progress: float | None
+    model_release: int | None
+    updated: float | None
+
+
+class TimelineEntry(_Answer):
+    """One OTA status a device reported for the rollout."""
+
+    ts: float
+    device_id: str
+    state: str
+    reason: str | None
+
+
+class DeploymentDetail(DeploymentSummary):
+    device_states: list[DeviceRolloutState]
+    timeline: list[TimelineEntry]
+    security_events: list[SecurityEvent]
 
 
 class Bundle(_Answer):
