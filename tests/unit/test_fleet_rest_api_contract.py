@@ -227,10 +227,18 @@ def test_devices_groups_and_alerts_are_pages_and_the_list_carries_latest(api: Ap
 
 
 def test_decommissioning_a_device_removes_its_broker_password_and_revokes_its_enrollment(api: Api) -> None:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from edgesdk.fleet.enrollment import RegistryFile
+
+    registry = RegistryFile(api.root / "enrollment.json")
+    registry.approve("dev-2", X25519PrivateKey.generate().public_key(), profile="rpi5-8gb")
     _is_problem(api.client.delete("/api/v1/devices/dev-2", headers=api.as_("operator")), 403)
+    assert registry.load().devices["dev-2"].status == "approved"  # the refused call changed nothing
     done = api.client.delete("/api/v1/devices/dev-2", headers=api.as_("admin"))
     assert done.status_code == 200, done.text
-    assert done.json()["broker_credentials_removed"] is True
+    assert done.json() == {"device_id": "dev-2", "broker_credentials_removed": True, "enrollment_revoked": True}
+    assert registry.load().devices["dev-2"].status == "revoked"  # no key slot in bundles packaged from now on
     assert (api.root / "passwords").read_text().startswith("dev-1:") and "dev-2" not in (
         api.root / "passwords"
     ).read_text()

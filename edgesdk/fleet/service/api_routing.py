@@ -55,4 +55,5 @@ def paging(
 
 
 def audited_call(engine: Any, operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
+    """``work()`` in the audit log as ``operator``'s ``action`` on ``target`` (ok, or failed)."""
     return audit.audited(engine, operator, action, target, work, detail)
