@@ -34,7 +34,9 @@ def _read(source: SourceModel) -> object:
     try:
         if source.kind == "openvino":
             return ov.Core().read_model(str(source.onnx_path))  # an IR: read, not converted
-        model = ov.convert_model(str(source.onnx_path))  # ONNX, or .tflite through the TFLite frontend
+        from edgesdk.converters.prebuilt import float_source  # a .tflite's fp16 weight storage expanded
+
+        model = ov.convert_model(str(float_source(source)))  # ONNX, or .tflite through the TFLite frontend
         if source.kind == "tflite":
             _signature_names(model, source)
         return model

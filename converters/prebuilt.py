@@ -128,6 +128,25 @@ def native_precision(fmt: ModelFormat, files: dict[str, Path]) -> Precision:
     return Precision.FP32
 
 
+def float_source(source: SourceModel) -> Path:
+    """The file a converter starts from: the source itself, or for a .tflite storing float16
+    weights that LiteRT expands at load (MediaPipe's), a copy with them expanded ahead of time
+    (tflite_graph.dequantize_fp16_weights: the same values), so that "fp32" is fp32 in every
+    format and int8 is measured against it. Written once, beside the source's copy."""
+    if source.kind != "tflite":
+        return source.onnx_path
+    from edgesdk.converters.tflite_graph import dequantize_fp16_weights, fp16_content
+
+    expanded = source.onnx_path.with_name(source.onnx_path.stem + ".fp32.tflite")
+    if expanded.is_file():
+        return expanded
+    given = source.onnx_path.read_bytes()
+    if not fp16_content(given).storage_only:
+        return source.onnx_path
+    expanded.write_bytes(dequantize_fp16_weights(given))
+    return expanded
+
+
 def reference_model(source: SourceModel) -> object:
     """The source itself loaded in its own runtime, for the reference outputs."""
     runtime = RuntimeName.OPENVINO if source.kind == "openvino" else RuntimeName.LITERT

@@ -241,10 +241,11 @@ class TFLiteConverter:
         if source.kind == "tflite":
             # A float .tflite source is its own fp32 model; one storing fp16 weights for LiteRT
             # to expand at load (MediaPipe's) gets them expanded here, the same values.
-            given = source.onnx_path.read_bytes()
-            if tflite_graph.fp16_content(given).storage_only:
-                return tflite_graph.dequantize_fp16_weights(given), _NO_BUCKETS, _DEQUANTIZED
-            return given, _NO_BUCKETS, "the source .tflite as given"
+            from edgesdk.converters.prebuilt import float_source
+
+            start = float_source(source)
+            made = _DEQUANTIZED if start != source.onnx_path else "the source .tflite as given"
+            return start.read_bytes(), _NO_BUCKETS, made
         if source.torch_module is None:
             content, route = self._convert_onnx(source)
             return content, _NO_BUCKETS, f"static shapes (batch 1): {route}"

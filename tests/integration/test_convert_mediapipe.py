@@ -51,37 +51,25 @@ def _convert(model: Path, profile: str, out: Path, **options) -> ConversionRepor
     return convert(model, profile, out, calibration=_images(model, 2, 0), validation=_images(model, 3, 1), **options)
 
 
-def test_hand_landmark_converts_for_a_pi_zero_its_fp32_dequantized_bit_identical_its_int8_miss_not_repaired(
+def test_hand_landmark_converts_for_a_pi_5_to_a_real_openvino_fp32_and_its_int8_miss_is_not_repaired(
     tmp_path,
 ) -> None:
-    pytest.importorskip("ai_edge_quantizer", reason="tflite int8 needs edgesdk[convert-tflite]")
+    pytest.importorskip("nncf", reason="OpenVINO int8 needs edgesdk[convert-openvino]")
     model = extract(MEDIAPIPE, HAND, tmp_path)
-    out = tmp_path / "out"
     report = _convert(
-        model, PI_ZERO, out, formats=["tflite"], precisions=["fp32", "int8"],
-        int8_methods=["static-int8-full-integer"],
-    )  # fmt: skip
-    # Signature-less: the I/O are the interpreter's tensors, by name.
+        model, PI_5, tmp_path / "out", formats=["openvino"], precisions=["fp32", "int8"], int8_methods=["nncf-ptq"]
+    )
     (fp32,) = report.variants
-    assert fp32.id == "tflite-fp32"
+    assert fp32.id == "openvino-fp32"
+    # Signature-less: the I/O are the interpreter's tensors, by name.
     assert [s.name for s in fp32.inputs] == ["input_1"]
     assert sorted(s.name for s in fp32.outputs) == ["Identity", "Identity_1", "Identity_2", "Identity_3"]
-    # Its fp16 weights dequantized ahead of time: float32 weights (about twice the bytes), the same outputs.
-    from edgesdk.converters.tflite_graph import fp16_content
-
-    from edgesdk.runtimes import load_model
-
-    shipped = (out / fp32.files[0]).read_bytes()
-    assert fp16_content(model.read_bytes()).storage_only and fp16_content(shipped).stored_weights == 0
+    # Converted from the weights dequantized ahead of time: float32 weights, about twice the bytes.
     assert fp32.size > 1.9 * model.stat().st_size
-    served = load_model("litert", shipped)
-    image = _images(model, 1, 7)["input_1"]
-    got, want = served.run({"input_1": image}), _by_tensor_index(model, image)
-    for name, value in want.items():
-        np.testing.assert_array_equal(got[name], value)
-    # Its static int8 misses on random images; the miss is reported, the fp32 still ships.
-    (int8,) = [r for r in report.rejected if r.format.value == "tflite" and r.precision.value == "int8"]
-    assert "not repaired: repair reads an ONNX graph and this source is a tflite file" in int8.reason
+    # The int8 misses on random images; repair (which reads ONNX graphs) is skipped with the
+    # reason instead of opening the .tflite as ONNX, and the fp32 still ships.
+    (int8,) = [r for r in report.rejected if r.format.value == "openvino" and r.precision.value == "int8"]
+    assert "not repaired: repair reads an ONNX graph and this source is a tflite file" in int8.reason, int8
 
 
 def test_selfie_segmentation_fp16_storage_ships_as_is_to_a_pi_zero_as_fp32_and_to_a_pi_5_as_fp16(
@@ -133,13 +121,25 @@ def test_an_fp16_with_no_float16_tensor_is_dropped_and_a_real_one_ships(tmp_path
     assert fp16_content(fp16).stored_weights > 0 and shipped["tflite-fp16"].size < shipped["tflite-fp32"].size
 
 
-def test_selfie_segmentation_gets_an_int8_for_a_pi_zero_from_its_dequantized_fp32(tmp_path) -> None:
+def test_selfie_segmentation_for_a_pi_zero_gets_its_weights_dequantized_bit_identical_and_an_int8_from_them(
+    tmp_path,
+) -> None:
     pytest.importorskip("ai_edge_quantizer", reason="tflite int8 needs edgesdk[convert-tflite]")
+    from edgesdk.converters.tflite_graph import fp16_content
+
+    from edgesdk.runtimes import load_model
+
     model = extract(MEDIAPIPE, SELFIE, tmp_path)
+    out = tmp_path / "out"
     report = _convert(
-        model, PI_ZERO, tmp_path / "out", formats=["tflite"], precisions=["fp32", "int8"],
-        int8_methods=["dynamic-int8"],
-    )  # fmt: skip
+        model, PI_ZERO, out, formats=["tflite"], precisions=["fp32", "int8"], int8_methods=["dynamic-int8"]
+    )
     shipped = {v.id: v for v in report.variants}
     assert set(shipped) == {"tflite-fp32", "tflite-int8"}, report.rejected
+    fp32 = (out / shipped["tflite-fp32"].files[0]).read_bytes()
+    assert fp16_content(model.read_bytes()).storage_only and fp16_content(fp32).stored_weights == 0
+    assert shipped["tflite-fp32"].size > 1.7 * model.stat().st_size
+    image = _images(model, 1, 7)["input_1"]
+    got, want = load_model("litert", fp32).run({"input_1": image}), _by_tensor_index(model, image)
+    np.testing.assert_array_equal(got["activation_10"], want["activation_10"])
     assert shipped["tflite-int8"].size < shipped["tflite-fp32"].size
