@@ -83,6 +83,7 @@ def start_service(
             "--broker", broker_url, "--namespace", namespace,
             "--db", db_url, "--data-dir", str(data_dir), "--registry", str(data_dir / "enrollment.json"),
             "--operator-key", str(operator_key), "--api", "127.0.0.1:0",
+            "--broker-wait", "10s",  # the demo's broker is up already: no minute of retries
         ],
         log_file=log_file,
         env=env,
