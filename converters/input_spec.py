@@ -264,9 +264,12 @@ def layout_of_input(
 
 def output_layouts(
     outputs: Sequence[TensorSpec], inputs: Sequence[TensorSpec], layouts: Mapping[str, TensorLayout],
-    declared: Mapping[str, int | str],
+    declared: Mapping[str, int | str], state_pairs: Mapping[str, str] | None = None,
 ) -> dict[str, TensorLayout]:  # fmt: skip
-    """Where each output's samples are: on the axis named like a batched input's batch dim."""
+    """Where each output's samples are: on the axis named like a batched input's batch dim; a
+    state output where its state input has them (Silero VAD's ``stateN [2, ?, 128]``: axis 1,
+    which unnamed dims alone cannot tell)."""
+    carried = _carried_state_axes(inputs, layouts, state_pairs or {})
     batch_names = {
         spec.shape[layouts[spec.name].axis]
         for spec in inputs
@@ -282,7 +285,9 @@ def output_layouts(
             result[spec.name] = TensorLayout(Placement.BATCHED, wanted)
             continue
         same = [i for i, d in enumerate(spec.shape) if isinstance(d, str) and d in batch_names]
-        if not batched or not spec.shape or wanted == CONSTANT:
+        if wanted is None and (spec.name, len(spec.shape)) in carried:
+            result[spec.name] = TensorLayout(Placement.BATCHED, carried[spec.name, len(spec.shape)])
+        elif not batched or not spec.shape or wanted == CONSTANT:
             result[spec.name] = TensorLayout(Placement.UNBATCHED)
         elif len(same) == 1:
             result[spec.name] = TensorLayout(Placement.BATCHED, same[0])
@@ -290,6 +295,18 @@ def output_layouts(
             axis = model_batch_axis(spec)
             result[spec.name] = TensorLayout(Placement.BATCHED, 0 if axis is None else axis)
     return result
+
+
+def _carried_state_axes(
+    inputs: Sequence[TensorSpec], layouts: Mapping[str, TensorLayout], state_pairs: Mapping[str, str]
+) -> dict[tuple[str, int], int]:
+    """(state output, its rank) → the batch axis of the state input it carries to the next step."""
+    carried = {}
+    for spec in inputs:
+        layout = layouts.get(spec.name)
+        if spec.name in state_pairs and layout and layout.placement in (Placement.BATCHED, Placement.STREAMED):
+            carried[state_pairs[spec.name], len(spec.shape)] = layout.axis
+    return carried
 
 
 def resolve_layout(
@@ -323,9 +340,10 @@ def resolve_layout(
             wanted = declared.get(spec.name)
             axis = wanted if isinstance(wanted, int) else model_batch_axis(spec)
             layouts[spec.name] = TensorLayout(Placement.BATCHED, 0 if axis is None else axis)
+    outputs_at = output_layouts(outputs, inputs, layouts, declared, pairs)
     if pairs and not any(t.placement == Placement.STREAMED for t in layouts.values()):
         pairs = {}  # no input has a step axis: single steps, validated as a plain model
-    return InputLayout(inputs=layouts, outputs=output_layouts(outputs, inputs, layouts, declared), state_pairs=pairs)
+    return InputLayout(inputs=layouts, outputs=outputs_at, state_pairs=pairs)
 
 
 def to_sample_major(

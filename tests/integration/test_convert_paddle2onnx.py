@@ -1,4 +1,5 @@
-"""RapidOCR's paddle2onnx exports, exactly as its wheel ships them (issue 38, defects 3, 4 and 5).
+"""Public ONNX models exactly as their wheels ship them: RapidOCR's paddle2onnx exports and Silero VAD
+(issue 38, defects 3, 4 and 5, and the golden file's size).
 
 - ``dim_value -1`` is paddle2onnx's "any size": the classifier's batch axis is dynamic, not fixed.
 - Every weight is a ``Constant`` node (no initializer): folded into initializers when the model
@@ -8,6 +9,8 @@
   same whether the user gave 4 validation samples or 24 (batched, 24 grew RSS past the budget).
 - A dynamic HxW (the detector) takes its size from ``--input`` when no data is given.
 - golden.npz holds a few compressed samples, not a copy of the validation set's first eight.
+- Silero VAD (unnamed dims, every one `""`): its carried state `stateN` has its samples where
+  the state input has them (axis 1).
 """
 
 from __future__ import annotations
@@ -149,3 +152,19 @@ def test_a_dynamic_height_and_width_take_their_size_from_input_when_no_data_is_g
     unsized = convert(model, PI5, out=tmp_path / "unsized", formats=["onnx"], precisions=["fp32"])
     warning = [d for d in unsized.decisions if "--input x=1x3x?x?" in d]
     assert warning and warning[0].startswith("WARNING: input 'x'"), unsized.decisions
+
+
+def test_silero_vads_unnamed_dims_put_the_carried_state_on_its_inputs_batch_axis(tmp_path: Path) -> None:
+    from tests.prebuilt_models import SILERO_VAD
+
+    model = extract(SILERO_VAD, "silero_vad.onnx", tmp_path)  # input [?, ?], state [2, ?, 128] → stateN [?, ?, ?]
+    rng = np.random.default_rng(0)
+    data = {
+        "input": (rng.standard_normal((4, 512)) * 0.1).astype(np.float32),
+        "state": np.zeros((2, 4, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
+    report = convert(model, PI_ZERO, out=tmp_path / "out", validation=data, formats=["onnx"], precisions=["fp32"])
+    assert [v.id for v in report.variants] == ["onnx-fp32"], [r.reason for r in report.rejected]
+    golden = np.load(tmp_path / "out" / "golden.npz")
+    assert golden["output:stateN"].shape == golden["state"].shape == (2, 1, 128)  # one sample, on axis 1
