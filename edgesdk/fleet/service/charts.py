@@ -1,7 +1,7 @@
 """Inline SVG charts for the dashboard: no script, no CDN, readable without JavaScript.
 
 ``line_chart`` draws numeric series over time (latency percentiles, temperature) with the
-axis range and the last value labelled; ``state_band`` draws a categorical value over time
+axis range (in its unit) and the last value labelled; ``state_band`` draws a categorical value over time
 (precision, power source) as coloured spans with their names.
 """
 
@@ -29,10 +29,10 @@ def line_chart(
 ) -> str:
     """One SVG with a polyline per series (points are (unix time, value))."""
     points = [p for values in series.values() for p in values]
-    label = html.escape(title)
+    label = html.escape(f"{title} ({unit})")  # the unit on the chart itself, not only in its legend
     if not points:
         return f'<figure class="chart"><figcaption>{label}</figcaption><p class="empty">no data yet</p></figure>'
-    left, right, top, bottom = 48, 8, 8, 22
+    left, right, top, bottom = 64, 8, 8, 22  # room for "123 ms" left of the plot
     t0, t1 = min(p[0] for p in points), max(p[0] for p in points)
     v0, v1 = min(0.0, min(p[1] for p in points)), max(p[1] for p in points)
     t1 = t1 if t1 > t0 else t0 + 1
@@ -47,8 +47,8 @@ def line_chart(
     parts = [
         f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{label}">',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ddd"/>',
-        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end" class="axis">{v1:.3g}</text>',
-        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" class="axis">{v0:.3g}</text>',
+        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end" class="axis">{v1:.3g} {html.escape(unit)}</text>',
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" class="axis">{v0:.3g} {html.escape(unit)}</text>',
         f'<text x="{left}" y="{height - 6}" class="axis">{_clock(t0)}</text>',
         f'<text x="{width - right}" y="{height - 6}" text-anchor="end" class="axis">{_clock(t1)}</text>',
     ]
