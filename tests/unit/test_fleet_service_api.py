@@ -66,7 +66,12 @@ def test_reads_need_a_token_and_writes_a_role_and_every_write_is_audited(api, tm
 
     assert client.get("/api/v1/devices").status_code == 401
     assert client.get("/api/v1/devices", headers=_auth("esf_nope_nope")).status_code == 401
-    assert client.get("/api/v1/devices", headers=_auth(keys["viewer"])).json() == {"items": [], "total": 0, "limit": 100, "offset": 0}
+    assert client.get("/api/v1/devices", headers=_auth(keys["viewer"])).json() == {
+        "items": [],
+        "total": 0,
+        "limit": 100,
+        "offset": 0,
+    }
     # Writes without a token, and with a viewer's.
     assert client.post("/api/v1/deployments/dep-1/abort").status_code == 401
     refused = client.post("/api/v1/deployments/dep-1/abort", headers=_auth(keys["viewer"]))
@@ -150,9 +155,12 @@ def test_lookups_filters_validation_and_the_openapi_document(api) -> None:
     assert history["resolution"] == "raw" and len(history["telemetry"]) == 1
 
     document = client.get("/openapi.json").json()
-    assert {"/api/v1/devices", "/api/v1/deployments", "/api/v1/deployments/{deployment_id}/rollback", "/api/v1/bundles"} <= set(
-        document["paths"]
-    )
+    assert {
+        "/api/v1/devices",
+        "/api/v1/deployments",
+        "/api/v1/deployments/{deployment_id}/rollback",
+        "/api/v1/bundles",
+    } <= set(document["paths"])
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert client.get("/docs").status_code == 404  # the docs page would load scripts from a CDN
 
