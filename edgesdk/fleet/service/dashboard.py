@@ -31,15 +31,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
-from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
 from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
+from edgesdk.fleet.service.rollout_form import FieldError, plan_from, rollout_form
 from edgesdk.fleet.service.submit import submit_deployment
-from edgesdk.schemas.messages import HealthCriteria
 
 COOKIE = "edgesdk_fleet_session"
 #: The sign-in form's CSRF cookie (double submit: the form's hidden value must match it).
@@ -352,7 +351,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<th>by state</th></tr>{rollouts}</table></section>"
         )
         if tokens.allows(operator.role, "operator"):
-            body += _new_rollout_form(bundles.list_bundles(engine), csrf_for(token))
+            body += rollout_form(bundles.list_bundles(engine), csrf_for(token)) + _UPLOAD
         return page("overview", body, operator)
 
     # -- a device ---------------------------------------------------------------------------
@@ -542,8 +541,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         if refusal is not None or operator is None:
             return page("refused", f'<section><p class="bad">{_e(refusal)}</p></section>', operator, refresh=False)
         try:
-            bundle = bundles.get_bundle(engine, fields.get("bundle_id", ""))
-            plan, health, devices, group = _plan_from(fields)
+            bundle = _bundle(engine, fields.get("bundle_id", ""))
+            plan, health, devices, group = plan_from(fields)
             message = await run_in_threadpool(
                 audit.audited,
                 engine,
@@ -554,12 +553,12 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                 {k: v for k, v in fields.items() if k != "csrf"},
             )
         except (EdgeSDKError, ValueError) as exc:
-            return page(
-                "refused",
-                f'<section><p class="bad">{_e(exc)}</p><a href="/">back</a></section>',
-                operator,
-                refresh=False,
-            )
+            # The form again, as typed, the reason beside the field it is about (or above it).
+            field = exc.field if isinstance(exc, FieldError) else ""
+            kept = {k: v for k, v in fields.items() if k != "csrf"}
+            again = rollout_form(bundles.list_bundles(engine), csrf_for(token), kept, {field: str(exc)}) + _UPLOAD
+            title = '<section><h1>Rollout not started</h1><p><a href="/">back to the overview</a></p></section>'
+            return page("refused", title + again, operator, refresh=False, status_code=422)
         return RedirectResponse(f"/ui/deployments/{urllib.parse.quote(message.deployment_id)}", status_code=303)
 
     @app.post("/ui/bundles", include_in_schema=False)
@@ -619,63 +618,17 @@ def _fmt(row: Any, column: str) -> str | None:
     return f"{getattr(row, column):.2f}" if column == "p95_ms" else f"{getattr(row, column):.0f}"
 
 
+def _bundle(engine: Any, bundle_id: str) -> dict[str, Any]:
+    """The chosen bundle; a FieldError beside the bundle field when there is none."""
+    if not bundle_id:
+        raise FieldError("bundle_id", "upload a bundle first, then choose it here")
+    try:
+        return bundles.get_bundle(engine, bundle_id)
+    except EdgeSDKError as exc:
+        raise FieldError("bundle_id", str(exc)) from None
+
+
 def _path(bundle: dict[str, Any]) -> Any:
     from pathlib import Path
 
     return Path(bundle["path"])
-
-
-def _percent(text: str, name: str) -> float:
-    value = float(text.strip().rstrip("%")) / 100.0
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} {text!r} must be between 0% and 100%")
-    return value
-
-
-def _plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list[str] | None, str | None]:
-    """The new-rollout form's fields as a plan (ValueError naming the bad field)."""
-    waves = tuple(_percent(w, "waves") for w in fields.get("waves", "100%").split(",") if w.strip())
-    if not waves or list(waves) != sorted(waves) or waves[-1] != 1.0:
-        raise ValueError(f"waves {fields.get('waves')!r} must rise and end at 100%")
-    probation = float(fields.get("probation_s") or 600)
-    p95 = float(fields["p95_ms"]) if fields.get("p95_ms") else None
-    plan = RolloutPlan(
-        canary=_percent(fields.get("canary") or "10", "canary"),
-        waves=waves,
-        max_failures=_percent(fields.get("max_failures") or "0", "max failures"),
-        probation_s=probation,
-    )
-    target = fields.get("target", "").strip()
-    if not target:
-        raise ValueError("give a group or a comma-separated list of devices")
-    if fields.get("target_kind") == "devices":
-        return (
-            plan,
-            HealthCriteria(probation_s=probation, p95_latency_ms=p95),
-            [d.strip() for d in target.split(",")],
-            None,
-        )
-    return plan, HealthCriteria(probation_s=probation, p95_latency_ms=p95), None, target
-
-
-def _new_rollout_form(uploaded: list[dict[str, Any]], csrf: str) -> str:
-    options = "".join(
-        f'<option value="{_e(b["id"])}">{_e(b["model_name"])} {_e(b["model_version"])} (release {b["model_release"]}, {_e(b["filename"])})</option>'
-        for b in uploaded
-    )
-    return (
-        "<section><h2>Upload a bundle</h2>"
-        f'<form id=upload-form data-csrf="{csrf}"><input type=file id=bundle-file accept=".edgepkg">'
-        "<button type=submit id=upload>Upload</button> <span id=upload-status></span></form></section>"
-        "<section><h2>Start a rollout</h2><form method=post action=/ui/deployments id=new-rollout>"
-        f'<input type=hidden name=csrf value="{csrf}">'
-        f"<label>bundle <select name=bundle_id id=bundle>{options}</select></label>"
-        "<label><select name=target_kind><option value=group>group</option><option value=devices>devices</option></select>"
-        ' <input type=text name=target id=target placeholder="line-1"></label>'
-        '<label>canary <input type=text name=canary value="10%"></label>'
-        '<label>waves <input type=text name=waves value="10%,50%,100%"></label>'
-        '<label>max failures <input type=text name=max_failures value="0%"></label>'
-        '<label>probation s <input type=number name=probation_s value="600" min=0></label>'
-        '<label>p95 SLO ms <input type=text name=p95_ms value=""></label>'
-        "<button type=submit id=start-rollout>Start</button></form></section>" + _UPLOAD
-    )

@@ -1,0 +1,136 @@
+"""The dashboard's *Start a rollout* form: its HTML, and its fields read as a plan.
+
+A bad value is a :class:`FieldError` naming the field; the dashboard then answers 422 with the
+form again, every value the operator typed kept and the message beside the field it is about
+(issue 40: a bare "could not convert string to float: 'abc'" page, HTTP 200, the form lost).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from edgesdk.fleet.rollout import RolloutPlan
+from edgesdk.schemas.messages import HealthCriteria
+
+#: The form's fields and what they hold when the page first shows it.
+DEFAULTS = {
+    "bundle_id": "",
+    "target_kind": "group",
+    "target": "",
+    "canary": "10%",
+    "waves": "10%,50%,100%",
+    "max_failures": "0%",
+    "probation_s": "600",
+    "p95_ms": "",
+}
+
+
+class FieldError(ValueError):
+    """A bad value of one form field (``field``), with what to type instead."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _percent(fields: dict[str, str], name: str, label: str, text: str | None = None) -> float:
+    raw = text if text is not None else (fields.get(name, "").strip() or DEFAULTS[name])
+    try:
+        value = float(raw.strip().rstrip("%")) / 100.0
+    except ValueError:
+        raise FieldError(name, f"{label} {raw!r} is not a percentage, e.g. 10%") from None
+    if not 0.0 <= value <= 1.0:
+        raise FieldError(name, f"{label} {raw!r} must be between 0% and 100%")
+    return value
+
+
+def _seconds_or_ms(fields: dict[str, str], name: str, label: str) -> float | None:
+    raw = fields.get(name, "").strip() or DEFAULTS[name]
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise FieldError(name, f"{label} {raw!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise FieldError(name, f"{label} {raw!r} must be a number of 0 or more")
+    return value
+
+
+def plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list[str] | None, str | None]:
+    """The form's fields as (plan, health, devices, group); FieldError naming the bad field."""
+    waves_text = fields.get("waves", "").strip() or DEFAULTS["waves"]
+    waves = tuple(_percent(fields, "waves", "waves", w) for w in waves_text.split(",") if w.strip())
+    if not waves or list(waves) != sorted(waves) or waves[-1] != 1.0:
+        raise FieldError("waves", f"waves {waves_text!r} must rise and end at 100%")
+    probation = _seconds_or_ms(fields, "probation_s", "probation")
+    p95 = _seconds_or_ms(fields, "p95_ms", "p95 SLO")
+    try:
+        plan = RolloutPlan(
+            canary=_percent(fields, "canary", "canary"),
+            waves=waves,
+            max_failures=_percent(fields, "max_failures", "max failures"),
+            probation_s=probation or 0.0,
+        )
+        health = HealthCriteria(probation_s=probation or 0.0, p95_latency_ms=p95)
+    except FieldError:
+        raise
+    except ValueError as exc:  # the models' own bounds (pydantic's ValidationError is one)
+        raise FieldError("", f"the plan is refused: {exc}") from None
+    target = fields.get("target", "").strip()
+    if not target:
+        raise FieldError("target", "give a group or a comma-separated list of devices")
+    if fields.get("target_kind") == "devices":
+        return plan, health, [d.strip() for d in target.split(",") if d.strip()], None
+    return plan, health, None, target
+
+
+def rollout_form(
+    uploaded: list[dict[str, Any]],
+    csrf: str,
+    values: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+) -> str:
+    """The upload and new-rollout sections; ``values`` refill the fields, ``errors`` sit beside them."""
+    values = {**DEFAULTS, **(values or {})}
+    errors = errors or {}
+
+    def error(name: str) -> str:
+        return f' <span class="bad field-error" id="error-{name}">{_e(errors[name])}</span>' if name in errors else ""
+
+    def text(name: str, label: str, kind: str = "text", extra: str = "") -> str:
+        return f'<label>{label} <input type={kind} name={name} value="{_e(values[name])}"{extra}>{error(name)}</label>'
+
+    options = "".join(
+        f'<option value="{_e(b["id"])}"{" selected" if b["id"] == values["bundle_id"] else ""}>'
+        f"{_e(b['model_name'])} {_e(b['model_version'])} (release {b['model_release']}, {_e(b['filename'])})</option>"
+        for b in uploaded
+    )
+    kinds = "".join(
+        f"<option value={k}{' selected' if values['target_kind'] == k else ''}>{k}</option>"
+        for k in ("group", "devices")
+    )
+    general = f'<p class="bad field-error" id="error-form">{_e(errors[""])}</p>' if "" in errors else ""
+    return (
+        "<section><h2>Upload a bundle</h2>"
+        f'<form id=upload-form data-csrf="{csrf}"><input type=file id=bundle-file accept=".edgepkg">'
+        "<button type=submit id=upload>Upload</button> <span id=upload-status></span></form></section>"
+        f"<section><h2>Start a rollout</h2>{general}<form method=post action=/ui/deployments id=new-rollout>"
+        f'<input type=hidden name=csrf value="{csrf}">'
+        f"<label>bundle <select name=bundle_id id=bundle>{options}</select>{error('bundle_id')}</label>"
+        f"<label><select name=target_kind>{kinds}</select>"
+        f' <input type=text name=target id=target placeholder="line-1" value="{_e(values["target"])}">'
+        f"{error('target')}</label>"
+        + text("canary", "canary")
+        + text("waves", "waves")
+        + text("max_failures", "max failures")
+        + text("probation_s", "probation s", "number", " min=0")
+        + text("p95_ms", "p95 SLO ms")
+        + "<button type=submit id=start-rollout>Start</button></form></section>"
+    )
