@@ -3,7 +3,7 @@
 A top-1 agreement of 21/22 is 95.5 %, but the agreement on the next thousand inputs could well
 be 85 %: a gate on the point estimate passes or fails by chance on small data. So the gate is
 read on a one-sided lower confidence bound (95 %): the Wilson score bound for an agreement (a
-proportion), a bootstrap percentile bound for the mean cosine. A variant whose point estimate
+proportion); a per-sample figure's tail (below) gets an order-statistic bound. A variant whose point estimate
 holds the gate but whose bound does not is *inconclusive*: more validation samples would tell.
 
 A per-sample figure that a user relies on sample by sample (every embedding, every landmark) is
@@ -205,8 +205,9 @@ def minimum_samples_sentence(metric: str, gate: float) -> str:
         )
     if metric == "cosine":
         return (
-            f"gate cosine ≥ {gate:g} is read on a bootstrap 95% lower bound of the mean; its width shrinks with "
-            "1/√samples: a few hundred samples make it tight"
+            f"gate cosine ≥ {gate:g} is read on the tail of the per-sample cosines: the worst sample under "
+            f"{TAIL_MIN_SAMPLES} samples, else the {TAIL_PERCENT:g}th percentile, whose 95% lower bound needs ≥ "
+            "59 samples (the worst sample stands in below); the mean is shown beside it"
         )
     return f"gate max_abs ≤ {gate:g} is a worst case over the validation samples (no bound)"
 
