@@ -469,13 +469,9 @@ def _decode_npz(body: bytes, signature: Signature, allowance: Allowance) -> dict
     return feeds
 
 
-def parse_tensor_header(header: str) -> list[tuple[str, np.dtype[Any], tuple[int, ...]]]:
-    """``"a=float32[1,8]; b=int64[1]"`` → [(name, dtype, shape)]."""
-    return [(e.name, e.dtype, e.shape) for e in tensor_entries(header)]
-
-
 @functools.lru_cache(maxsize=256)
 def tensor_entries(header: str) -> tuple[TensorEntry, ...]:
+    """``"a=float32[1,8]; b=int64[1]"`` → one (name, dtype, shape, count) entry per tensor."""
     # Cached here too (parse_header is): one call per request on the hot path, as before.
     if not header.strip():
         raise DecodeError("raw tensors need an X-Tensors header, e.g. 'X-Tensors: image=float32[1,1,8,8]'")

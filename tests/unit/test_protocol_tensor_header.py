@@ -39,15 +39,15 @@ def test_bad_headers_name_the_problem(header: str, message: str) -> None:
 def test_the_agent_and_the_client_refuse_the_same_header() -> None:
     for module in ("orjson", "httptools"):
         pytest.importorskip(module, reason=f"the agent extra ({module}) is not installed")
-    from edgesdk.agent.api.codec import DecodeError, parse_tensor_header
+    from edgesdk.agent.api.codec import DecodeError, tensor_entries
 
     from edgesdk.client.wire import _parse_tensors
     from edgesdk.errors import AgentRequestError
 
     with pytest.raises(DecodeError, match="unknown dtype 'complex64'"):
-        parse_tensor_header("y=complex64[2]")
+        tensor_entries("y=complex64[2]")
     with pytest.raises(AgentRequestError, match="unknown dtype 'complex64'"):
         _parse_tensors("y=complex64[2]", bytearray(16))
     ok = "y=float32[2]"
-    assert parse_tensor_header(ok) == [("y", np.dtype("<f4"), (2,))]
+    assert [entry[:3] for entry in tensor_entries(ok)] == [("y", np.dtype("<f4"), (2,))]
     np.testing.assert_array_equal(_parse_tensors(ok, bytearray(np.float32([1, 2]).tobytes()))["y"], [1, 2])
