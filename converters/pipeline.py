@@ -640,7 +640,11 @@ def _measure_batch1_memory(run: _Run, built: list[_Built]) -> None:
         if measured.peak_rss_mb is None:
             continue  # not run here (spec-only validation)
         runtime = b.planned.runtime.value
-        peak = batch1_peak_mb(runtime, b.artifact.files, host_options(runtime, b.planned.options), feeds)
+        try:
+            peak = batch1_peak_mb(runtime, b.artifact.files, host_options(runtime, b.planned.options), feeds)
+        except ConversionError as exc:  # one variant's probe never loses the others
+            run.decisions.append(f"{b.planned.id}: {exc}; its peak memory is the in-process figure")
+            continue
         note = measured.note.replace("load + one batch-1 inference", "load + one batch-1 inference in a fresh process")
         b.result.measurements = measured.model_copy(update={"peak_rss_mb": round(peak, 2), "note": note})
 
