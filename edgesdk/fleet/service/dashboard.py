@@ -453,8 +453,9 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             current = " (current)" if wave == row.wave and row.state not in FINISHED_ROLLOUT_STATES else ""
             cells = "".join(
                 f'<tr id="dd-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
-                f"<td class=state>{_state(d.state)}</td><td>{'' if d.progress is None else f'{d.progress:.0%}'}</td>"
-                f"<td>{_e(d.model_release)}</td><td class=reason>{_e(d.reason)}</td></tr>"
+                f"<td class=state>{_device_state(d.state, row.state)}</td>"
+                f"<td>{'' if d.progress is None else f'{d.progress:.0%}'}</td>"
+                f"<td>{_e(d.model_release)}</td><td class=reason>{_e(_device_reason(d, row.state))}</td></tr>"
                 for d in members
             )
             wave_sections += (
@@ -479,7 +480,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                     f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/abort">'
                     f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="abort">Abort</button></form> '
                 )
-            if row.state != "ROLLED_BACK":
+            # Rolling back needs a device the rollout reached (a wave never sent has nothing to undo).
+            if row.state != "ROLLED_BACK" and any(d.state != "PENDING" for d in devices):
                 buttons += (
                     f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/rollback">'
                     f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="rollback">Roll back</button></form>'
@@ -610,6 +612,19 @@ def _no_devices_hint(server: str) -> str:
         f"edgesdk fleet enroll approve DEVICE_ID --server {_e(server)} --token-file TOKEN_FILE --key-id KEY_ID</pre>"
         "<p>See docs/enrollment.md.</p></section>"
     )
+
+
+def _device_state(state: str, rollout_state: str) -> str:
+    """A device still PENDING in a rollout that ended was never sent anything: say so."""
+    if state == "PENDING" and rollout_state in FINISHED_ROLLOUT_STATES:
+        return '<span class="idle">NOT SENT</span>'
+    return _state(state)
+
+
+def _device_reason(device: Any, rollout_state: str) -> str | None:
+    if device.state == "PENDING" and rollout_state in FINISHED_ROLLOUT_STATES and not device.reason:
+        return f"the rollout was {rollout_state.lower().replace('_', ' ')} before this wave"
+    return device.reason
 
 
 def _fmt(row: Any, column: str) -> str | None:
