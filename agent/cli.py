@@ -6,7 +6,7 @@
     edge-agent status --config ...       (asks the running agent over its local API)
     edge-agent profile --config ...      (times every variant of the installed model on this device)
     edge-agent trust install --config ... trust.json   (a newer root-signed trust document)
-    edge-agent security-state seed --config ...   (once after an upgrade; to re-provision a tampered device)
+    edge-agent security-state seed --config ...   (once: after an upgrade, or for a device key made elsewhere)
 
 Every user error is one ``error: ...`` line; exit status 2 for a usage error (an unknown option,
 a missing argument or ``--config``), 1 for every other error (same as ``edgesdk``: edgesdk/cli/main.py).
@@ -248,8 +248,9 @@ def security_state() -> None:
 @click.option("--replace-valid", is_flag=True, help="Replace a record that is present and valid.")
 def security_state_seed(config_path: Path | None, floors: tuple[str, ...], replace_valid: bool) -> None:
     """Write the security state from the data dir's files as they are now: once after upgrading
-    from an agent without one, or to re-provision a device reported tampered with (after an
-    operator has checked its files). Needs the device key; stop the agent first."""
+    from an agent without one or for a device key made outside the agent, or to re-provision a
+    device reported tampered with (after an operator has checked its files; remotely:
+    edgesdk fleet reprovision). Needs the device key; stop the agent first."""
     config = _load(config_path)
     from edgesdk.agent.security_state import for_config, record_from_files
 
