@@ -74,10 +74,11 @@ class OutputMetric:
 
 def parse_metric(text: str) -> tuple[str | None, OutputMetric]:
     """``OUTPUT=KIND[:THRESHOLD][:blank=N]`` or a bare ``KIND[...]`` (output None: every output)."""
-    output, sep, spec = text.partition("=")
-    if not sep:
+    named, sep, spec = text.partition("=")
+    output: str | None = named
+    if not sep or ":" in named:  # "ctc:blank=3" names no output
         output, spec = None, text
-    elif not output:
+    elif not named:
         raise UsageError(f"--metric {text!r}: no output name before '='; expected OUTPUT=KIND[:THRESHOLD]")
     kind, *options = spec.split(":")
     if kind not in KINDS:

@@ -135,10 +135,11 @@ def summary(
     where the manifest's metrics can say it (top1, cosine); else the golden check's ``metric``."""
     order = {"fail": 0, "inconclusive": 1, "pass": 2}
     deciding, needed = min(per_output, key=lambda item: order[item[0].verdict])
-    if deciding.metric in ("top1", "cosine"):
+    label: Metric = metric
+    if deciding.metric == "top1" or deciding.metric == "cosine":
         label, value, lower, threshold = deciding.metric, deciding.value, deciding.bound, deciding.threshold
     else:
-        label, value, lower, threshold, needed = metric, score(metric, outputs, reference), None, gate, None
+        value, lower, threshold, needed = score(metric, outputs, reference), None, gate, None
     return AccuracyResult(
         metric=label,
         value=value,

@@ -119,6 +119,7 @@ def test_metric_syntax_per_output_and_its_errors() -> None:
     assert parse_metric("landmarks=abs:1.5") == ("landmarks", OutputMetric("abs", 1.5))
     assert parse_metric("text=ctc:0.95:blank=36") == ("text", OutputMetric("ctc", 0.95, blank=36))
     assert parse_metric("cosine") == (None, OutputMetric("cosine"))
+    assert parse_metric("ctc:blank=3") == (None, OutputMetric("ctc", blank=3))
     for bad, named in [
         ("x=l2", "'l2'"),
         ("x=abs:wide", "'wide'"),
