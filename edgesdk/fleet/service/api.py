@@ -35,6 +35,7 @@ from edgesdk.fleet.service.api_deployments import add_deployment_routes
 from edgesdk.fleet.service.api_devices import add_device_routes
 from edgesdk.fleet.service.api_routing import documented
 from edgesdk.fleet.service.api_schemas import Health
+from edgesdk.fleet.service.api_targeting import add_targeting_routes
 from edgesdk.fleet.service.metrics import FleetMetrics
 from edgesdk.fleet.service.store import SqlRolloutStore
 
@@ -117,6 +118,7 @@ def create_app(context: ApiContext) -> FastAPI:
     add_bundle_routes(app, context, who)
     add_enrollment_routes(app, context, who)
     add_operator_routes(app, context, who)
+    add_targeting_routes(app, context, who)
 
     metrics = FleetMetrics(engine, broker_status=context.broker_status)
 

@@ -33,6 +33,7 @@ from edgesdk.fleet.service.api_schemas import (
     RolloutState,
     SecurityEvent,
 )
+from edgesdk.fleet.service.api_targeting import resolve_target
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
@@ -116,8 +117,11 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
             raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
         if body.deployment_id is not None and store.find(body.deployment_id) is not None:
             raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
-        if body.devices is not None:
-            _refuse_unknown_devices(engine, body.devices)
+        devices = body.devices if body.group is None else None
+        if body.target_filter is not None or body.where is not None:
+            devices = resolve_target(engine, body.target_filter, body.where)
+        if devices is not None:
+            _refuse_unknown_devices(engine, devices)
         else:
             _refuse_unknown_group(engine, body.group or "")
 
@@ -126,7 +130,7 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
                 store,
                 Path(bundle["path"]),
                 _plan(body),
-                devices=body.devices,
+                devices=devices,
                 group=body.group,
                 deployment_id=body.deployment_id,
                 health=HealthCriteria(

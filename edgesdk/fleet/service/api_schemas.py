@@ -31,6 +31,8 @@ class DeploymentCreate(_Body):
     bundle_id: str = Field(description="id from POST /api/v1/bundles")
     devices: list[str] | None = Field(None, description="target device ids (or give group)")
     group: str | None = Field(None, description="every device the service saw announce this group")
+    target_filter: str | None = Field(None, description="a saved dynamic group, resolved now (or give where)")
+    where: str | None = Field(None, max_length=1000, description="e.g. tag.site=berlin and profile=pi5, resolved now")
     deployment_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     canary: float = Field(0.10, ge=0, le=1, description="share of devices in the first wave")
     waves: list[float] = Field(
@@ -55,8 +57,8 @@ class DeploymentCreate(_Body):
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentCreate:
-        if (self.devices is None) == (self.group is None):
-            raise ValueError("give exactly one of devices or group")
+        if [self.devices, self.group, self.target_filter, self.where].count(None) != 3:
+            raise ValueError("give exactly one of devices, group, target_filter or where")
         if self.waves != sorted(self.waves) or self.waves[-1] != 1.0 or any(not 0 < w <= 1 for w in self.waves):
             raise ValueError(f"waves {self.waves} must rise and end at 1.0")
         return self

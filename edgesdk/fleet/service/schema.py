@@ -306,3 +306,56 @@ security_events = Table(
     Index("ix_security_events_ts", "ts"),
     Index("ix_security_events_deployment", "deployment_id"),
 )
+
+
+# -- targeting and notifications (revision 0007) ----------------------------------------------
+
+#: Tags the operator set on a device (``PUT /api/v1/devices/{id}/tags/{key}``): the service's own
+#: labels, never sent by the device (unlike its announced groups).
+device_tags = Table(
+    "device_tags",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("key", String(64), primary_key=True),
+    Column("value", String(255), nullable=False),
+    Column("updated", Float, nullable=False),
+)
+
+#: Dynamic groups: a saved ``where`` expression (``targeting``), resolved when a rollout starts.
+target_filters = Table(
+    "target_filters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("query", Text, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("created_by", String(128), nullable=False),
+)
+
+#: Webhooks for rollout and alert events. The secret signs each payload (HMAC-SHA256), so it is
+#: kept as given (a hash could not sign); the API never shows it back.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("secret", String(255), nullable=False),
+    Column("events", Text, nullable=False, default="[]"),  # JSON list of prefixes; [] = every event
+    Column("format", String(16), nullable=False, default="edgesdk"),  # edgesdk | alertmanager
+    Column("created", Float, nullable=False),
+    Column("created_by", String(128), nullable=False),
+)
+
+#: The outcome of each webhook delivery (after its last try): delivered, failed or dropped.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("webhook_id", String(16), nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("ts", Float, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Column("status", Integer),
+    Column("error", Text, nullable=False, default=""),
+    Index("ix_webhook_deliveries_webhook", "webhook_id", "ts"),
+)

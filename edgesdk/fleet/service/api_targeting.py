@@ -1,0 +1,330 @@
+"""The REST API's server-side device tags, dynamic groups (saved target filters) and webhooks
+(issue 40). Tags and filters are the operator's, never the device's; a filter is resolved when
+a rollout is created from it (``targeting``). Webhooks are delivered by a ``WebhookNotifier``
+this module starts with the app (``webhooks``)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException, Path
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgesdk.fleet.service import schema, targeting, tokens, webhooks
+from edgesdk.fleet.service.api_routing import (
+    ONE_ERRORS,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Paging,
+    audited_call,
+    documented,
+    paging,
+)
+from edgesdk.fleet.service.api_schemas import Page
+from edgesdk.fleet.service.database import Transaction
+
+if TYPE_CHECKING:
+    from edgesdk.fleet.service.api import ApiContext
+
+
+def _key() -> Any:
+    """A tag key or filter name in the path (a new FieldInfo each: FastAPI keeps one per parameter)."""
+    return Path(pattern=targeting.KEY_PATTERN, description="letters, digits, . _ - (at most 64)")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TagValue(_Body):
+    value: str = Field(min_length=1, max_length=255)
+
+
+class DeviceTags(BaseModel):
+    device_id: str
+    tags: dict[str, str]
+
+
+class TargetFilterBody(_Body):
+    where: str = Field(min_length=1, max_length=1000, description="e.g. tag.site=berlin and profile=pi5")
+
+
+class TargetFilter(BaseModel):
+    name: str
+    where: str
+    devices: list[str] = Field(description="the devices it selects now")
+
+
+class WebhookCreate(_Body):
+    url: str = Field(max_length=2000)
+    secret: str = Field(min_length=16, max_length=255, description="signs each payload (HMAC-SHA256); never shown back")
+    events: list[str] = Field(
+        default_factory=list, max_length=32, description="event prefixes (rollout., alert.firing); empty: every event"
+    )
+    format: Literal["edgesdk", "alertmanager"] = "edgesdk"
+
+
+class Webhook(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    format: str
+    created: float
+    created_by: str
+
+
+class WebhookDelivery(BaseModel):
+    id: int
+    webhook_id: str
+    event: str
+    ts: float
+    attempts: int
+    outcome: str
+    status: int | None
+    error: str
+
+
+def add_targeting_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    _add_tag_routes(app, context, who)
+    _add_filter_routes(app, context, who)
+    _add_webhook_routes(app, context, who)
+    app.state.webhooks = webhooks.WebhookNotifier(
+        context.engine, context.store, context.broker_status, **webhooks.retry_settings()
+    ).start()
+
+
+def _add_tag_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get(
+        "/api/v1/devices/{device_id}/tags",
+        response_model=DeviceTags,
+        tags=["targeting"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def get_tags(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> dict[str, Any]:
+        _known_device(engine, device_id)
+        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
+
+    @app.put(
+        "/api/v1/devices/{device_id}/tags/{key}",
+        response_model=DeviceTags,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def put_tag(
+        device_id: str,
+        body: TagValue,
+        key: str = _key(),
+        operator: tokens.Operator = Depends(who("operator", "device.tag")),
+    ) -> dict[str, Any]:
+        _known_device(engine, device_id)
+        audited_call(
+            engine,
+            operator,
+            "device.tag",
+            device_id,
+            lambda: targeting.set_tag(engine, device_id, key, body.value),
+            key=key,
+            value=body.value,
+        )
+        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
+
+    @app.delete(
+        "/api/v1/devices/{device_id}/tags/{key}",
+        response_model=DeviceTags,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def delete_tag(
+        device_id: str, key: str = _key(), operator: tokens.Operator = Depends(who("operator", "device.untag"))
+    ) -> dict[str, Any]:
+        _known_device(engine, device_id)
+        if key not in targeting.device_tags(engine, device_id):
+            raise HTTPException(404, f"device {device_id!r} has no tag {key!r}")
+        audited_call(
+            engine, operator, "device.untag", device_id, lambda: targeting.delete_tag(engine, device_id, key), key=key
+        )
+        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
+
+
+def _add_filter_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+    table = schema.target_filters
+
+    @app.get(
+        "/api/v1/target-filters",
+        response_model=Page[TargetFilter],
+        tags=["targeting"],
+        responses=documented(*READ_ERRORS),
+    )
+    def list_filters(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "target_filters.read"))
+    ) -> dict[str, Any]:
+        with Transaction(engine) as db:
+            rows = db.execute(sa.select(table).order_by(table.c.name)).all()
+        return page.page([_filter(engine, r.name, r.query) for r in rows])
+
+    @app.get(
+        "/api/v1/target-filters/{name}",
+        response_model=TargetFilter,
+        tags=["targeting"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def get_filter(
+        name: str = _key(), _op: tokens.Operator = Depends(who("viewer", "target_filters.read"))
+    ) -> dict[str, Any]:
+        return _filter(engine, name, _saved(engine, name))
+
+    @app.put(
+        "/api/v1/target-filters/{name}",
+        response_model=TargetFilter,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def put_filter(
+        body: TargetFilterBody,
+        name: str = _key(),
+        operator: tokens.Operator = Depends(who("operator", "target_filter.save")),
+    ) -> dict[str, Any]:
+        """Save (or replace) a dynamic group; 422 naming the bad token of ``where``."""
+        try:
+            targeting.parse(body.where)
+        except targeting.TargetError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+        def work() -> None:
+            with Transaction(engine) as db:
+                db.execute(table.delete().where(table.c.name == name))
+                db.execute(
+                    table.insert().values(name=name, query=body.where, created=time.time(), created_by=operator.actor)
+                )
+
+        audited_call(engine, operator, "target_filter.save", name, work, where=body.where)
+        return _filter(engine, name, body.where)
+
+    @app.delete(
+        "/api/v1/target-filters/{name}",
+        status_code=204,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def delete_filter(
+        name: str = _key(), operator: tokens.Operator = Depends(who("operator", "target_filter.delete"))
+    ) -> None:
+        _saved(engine, name)
+
+        def work() -> None:
+            with Transaction(engine) as db:
+                db.execute(table.delete().where(table.c.name == name))
+
+        audited_call(engine, operator, "target_filter.delete", name, work)
+
+
+def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+
+    @app.get("/api/v1/webhooks", response_model=Page[Webhook], tags=["webhooks"], responses=documented(*READ_ERRORS))
+    def list_webhooks(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("admin", "webhooks.read"))
+    ) -> dict[str, Any]:
+        return page.page([webhooks.shown(r) for r in webhooks.all_webhooks(engine)])
+
+    @app.post(
+        "/api/v1/webhooks",
+        status_code=201,
+        response_model=Webhook,
+        tags=["webhooks"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def create_webhook(
+        body: WebhookCreate, operator: tokens.Operator = Depends(who("admin", "webhook.create"))
+    ) -> dict[str, Any]:
+        """422 for a URL that is not http(s) or that resolves to a link-local or metadata address."""
+        try:
+            webhooks.check_url(body.url)
+        except webhooks.UsageError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+        def work() -> dict[str, Any]:
+            return webhooks.register(
+                engine,
+                url=body.url,
+                secret=body.secret,
+                events=body.events,
+                fmt=body.format,
+                created_by=operator.actor,
+            )
+
+        return audited_call(engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
+
+    @app.get(
+        "/api/v1/webhooks/{webhook_id}/deliveries",
+        response_model=Page[WebhookDelivery],
+        tags=["webhooks"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def list_deliveries(
+        webhook_id: str,
+        page: Paging = Depends(paging),
+        _op: tokens.Operator = Depends(who("admin", "webhooks.read")),
+    ) -> dict[str, Any]:
+        """The outcome of each delivery after its last try, newest first."""
+        _known_webhook(engine, webhook_id)
+        return page.page(webhooks.deliveries(engine, webhook_id, limit=page.offset + page.limit + 1000))
+
+    @app.delete(
+        "/api/v1/webhooks/{webhook_id}", status_code=204, tags=["webhooks"], responses=documented(*WRITE_ERRORS)
+    )
+    def delete_webhook(webhook_id: str, operator: tokens.Operator = Depends(who("admin", "webhook.delete"))) -> None:
+        _known_webhook(engine, webhook_id)
+
+        def work() -> None:
+            with Transaction(engine) as db:
+                db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
+
+        audited_call(engine, operator, "webhook.delete", webhook_id, work)
+
+
+def _known_device(engine: Any, device_id: str) -> None:
+    d = schema.devices
+    with Transaction(engine) as db:
+        if db.execute(sa.select(d.c.device_id).where(d.c.device_id == device_id)).first() is None:
+            raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
+
+
+def _known_webhook(engine: Any, webhook_id: str) -> None:
+    w = schema.webhooks
+    with Transaction(engine) as db:
+        if db.execute(sa.select(w.c.id).where(w.c.id == webhook_id)).first() is None:
+            raise HTTPException(404, f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)")
+
+
+def _saved(engine: Any, name: str) -> str:
+    try:
+        return targeting.saved_filter(engine, name)
+    except targeting.TargetError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+def _filter(engine: Any, name: str, where: str) -> dict[str, Any]:
+    return {"name": name, "where": where, "devices": targeting.select_devices(engine, where)}
+
+
+def resolve_target(engine: Any, filter_name: str | None, where: str | None) -> list[str]:
+    """The devices a rollout to a saved filter (or a ``where``) goes to, resolved now; an
+    HTTPException 404 for an unknown filter, 422 for a bad expression or one selecting nobody."""
+    if filter_name is not None:
+        try:
+            where = targeting.saved_filter(engine, filter_name)
+        except targeting.TargetError as exc:
+            raise HTTPException(404, str(exc)) from None
+    try:
+        found = targeting.select_devices(engine, where or "")
+    except targeting.TargetError as exc:
+        raise HTTPException(422, str(exc)) from None
+    if not found:
+        raise HTTPException(422, f"no known device matches {where!r}; check the tags (GET /api/v1/target-filters)")
+    return found
