@@ -540,7 +540,9 @@ def convert(
         chosen: Metric = everywhere.kind if legacy else choose_metric(source.outputs)  # type: ignore[assignment,union-attr]
         threshold = gate if gate is not None else DEFAULT_GATES[chosen]
         decisions.append(
-            f"metric {chosen}, gate {threshold:g}" + (" (chosen from the output shape)" if not asked else "")
+            f"metric {chosen}, gate {threshold:g} for the bundle's golden check on the device"
+            + (" (chosen from the output shape)" if not asked else "")
+            + "; each output's own gate follows"
         )
         decisions.append(minimum_samples_sentence(chosen, threshold))
         if source.kind in ("onnx", "pytorch"):
@@ -719,8 +721,8 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 inputs=b.result.inputs,
                 outputs=b.result.outputs,
                 accuracy=b.result.accuracy,
-                quantization_method=b.artifact.method,
                 output_accuracy=b.result.output_accuracy,
+                quantization_method=b.artifact.method,
                 measurements=measurements,
                 validation=b.result.validation,
                 ladder_role=b.ladder_role,
