@@ -69,11 +69,15 @@ class Reprovisioner:
         digest = command_digest(payload)
         try:
             command = Reprovision.parse_json_clear(payload, source="re-provision message")
-            keys = self._operator_keys(command)
-            signer = check_deployment(command, keys)  # type: ignore[arg-type]
         except EdgeSDKError as exc:
             self._unverified({"command_sha256": digest, "why": "malformed", "reason": str(exc)[:1024]})
             return
+        try:
+            keys = self._operator_keys(command)
+        except EdgeSDKError as exc:  # the carried document is not the root's, or the one in force expired
+            self._unverified({"command_sha256": digest, "why": "trust_document", "reason": str(exc)[:1024]})
+            return
+        signer = check_deployment(command, keys)  # type: ignore[arg-type]
         if isinstance(signer, Unverified):
             self._unverified({"command_sha256": digest, "why": signer.why, "reason": signer.message[:1024]})
             return

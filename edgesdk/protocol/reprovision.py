@@ -66,5 +66,5 @@ def sign_reprovision(command: Reprovision, private_key: Any) -> Reprovision:
     """A copy of ``command`` signed by the operator (the deployment signing, unchanged)."""
     from edgesdk.protocol.signing import sign_deployment
 
-    signed: Reprovision = sign_deployment(command, private_key)  # type: ignore[arg-type]
-    return signed
+    # The same fields are signed the same way; the function is typed for its first user.
+    return sign_deployment(command, private_key)  # type: ignore[arg-type,return-value]

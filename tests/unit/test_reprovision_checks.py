@@ -55,6 +55,11 @@ def command(signer: Path, *, trust: Path | None = None, key: str = DEVICE_KEY_ID
     return sign_reprovision(unsigned, load_publisher_private_key(signer))
 
 
+def write_json(path: Path, value: dict) -> Path:
+    path.write_text(json.dumps(value))
+    return path
+
+
 def device(tmp_path: Path, image: Path) -> tuple[Reprovisioner, SecurityState, Events]:
     state = SecurityState(tmp_path / "data", lambda: derive_state_key(bytes(32)))
     events = Events()
@@ -98,7 +103,12 @@ def test_the_signed_command_writes_the_stated_floors_and_the_carried_document(
 
 @pytest.mark.parametrize(
     ("case", "why"),
-    [("another device key", "not_addressed"), ("expired", "expired"), ("a revoked key, no document", "unknown_key")],
+    [
+        ("another device key", "not_addressed"),
+        ("expired", "expired"),
+        ("a revoked key, no document", "unknown_key"),
+        ("a document the root did not sign", "trust_document"),
+    ],
 )
 def test_refused_commands_write_nothing(tmp_path: Path, fleet: dict[str, Path], case: str, why: str) -> None:
     handler, state, events = device(tmp_path, fleet["image"])
@@ -106,8 +116,12 @@ def test_refused_commands_write_nothing(tmp_path: Path, fleet: dict[str, Path], 
         signed = command(fleet["old_op"], key="cd" * 16)
     elif case == "expired":
         signed = command(fleet["old_op"], ago_min=20)
-    else:  # the image's document trusts old_op only; new_op needs the v2 document carried
+    elif case == "a revoked key, no document":  # the image's document trusts old_op only
         signed = command(fleet["new_op"])
+    else:
+        forged = json.loads(fleet["v2"].read_text())
+        forged["version"] = 3
+        signed = command(fleet["new_op"], trust=write_json(tmp_path / "forged.json", forged))
     handler.handle(signed.model_dump_json().encode())
     assert [(name, detail["why"]) for name, detail in events.seen] == [("reprovision_refused", why)], events.seen
     assert not state.path.exists()
