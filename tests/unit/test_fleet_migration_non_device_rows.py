@@ -59,7 +59,7 @@ def test_migration_0006_removes_rows_enrollment_and_reserved_accounts_made(tmp_p
     try:
         _upgrade_to(engine, "0005")
         _old_rows(engine)
-        assert migrate(engine) == "0006"
+        assert migrate(engine) >= "0006"  # the head: later revisions leave these rows be
         with engine.connect() as db:
             devices = sorted(db.execute(sa.select(schema.devices.c.device_id)).scalars())
             requests = sorted(db.execute(sa.select(schema.enrollment_requests.c.device_id)).scalars())

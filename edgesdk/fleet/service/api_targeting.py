@@ -207,20 +207,22 @@ def _add_filter_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
 
     @app.delete(
         "/api/v1/target-filters/{name}",
-        status_code=204,
+        response_model=TargetFilter,
         tags=["targeting"],
         responses=documented(*WRITE_ERRORS),
     )
     def delete_filter(
         name: str = _key(), operator: tokens.Operator = Depends(who("operator", "target_filter.delete"))
-    ) -> None:
-        _saved(engine, name)
+    ) -> dict[str, Any]:
+        """The filter as it was (rollouts made from it keep their devices)."""
+        removed = _filter(engine, name, _saved(engine, name))
 
         def work() -> None:
             with Transaction(engine) as db:
                 db.execute(table.delete().where(table.c.name == name))
 
         audited_call(engine, operator, "target_filter.delete", name, work)
+        return removed
 
 
 def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
@@ -276,16 +278,20 @@ def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         return page.page(webhooks.deliveries(engine, webhook_id, limit=page.offset + page.limit + 1000))
 
     @app.delete(
-        "/api/v1/webhooks/{webhook_id}", status_code=204, tags=["webhooks"], responses=documented(*WRITE_ERRORS)
+        "/api/v1/webhooks/{webhook_id}", response_model=Webhook, tags=["webhooks"], responses=documented(*WRITE_ERRORS)
     )
-    def delete_webhook(webhook_id: str, operator: tokens.Operator = Depends(who("admin", "webhook.delete"))) -> None:
-        _known_webhook(engine, webhook_id)
+    def delete_webhook(
+        webhook_id: str, operator: tokens.Operator = Depends(who("admin", "webhook.delete"))
+    ) -> dict[str, Any]:
+        """The webhook as it was (its delivery records stay until retention)."""
+        removed = _known_webhook(engine, webhook_id)
 
         def work() -> None:
             with Transaction(engine) as db:
                 db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
 
         audited_call(engine, operator, "webhook.delete", webhook_id, work)
+        return removed
 
 
 def _known_device(engine: Any, device_id: str) -> None:
@@ -295,11 +301,13 @@ def _known_device(engine: Any, device_id: str) -> None:
             raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
 
 
-def _known_webhook(engine: Any, webhook_id: str) -> None:
+def _known_webhook(engine: Any, webhook_id: str) -> dict[str, Any]:
     w = schema.webhooks
     with Transaction(engine) as db:
-        if db.execute(sa.select(w.c.id).where(w.c.id == webhook_id)).first() is None:
-            raise HTTPException(404, f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)")
+        row = db.execute(sa.select(w).where(w.c.id == webhook_id)).first()
+    if row is None:
+        raise HTTPException(404, f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)")
+    return webhooks.shown(row)
 
 
 def _saved(engine: Any, name: str) -> str:
