@@ -480,8 +480,9 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                     f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/abort">'
                     f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="abort">Abort</button></form> '
                 )
-            # Rolling back needs a device the rollout reached (a wave never sent has nothing to undo).
-            if row.state != "ROLLED_BACK" and any(d.state != "PENDING" for d in devices):
+            # A rollout that ended without reaching a device has nothing to roll back.
+            reached = any(d.state != "PENDING" for d in devices)
+            if row.state != "ROLLED_BACK" and (reached or row.state not in FINISHED_ROLLOUT_STATES):
                 buttons += (
                     f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/rollback">'
                     f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="rollback">Roll back</button></form>'
