@@ -31,6 +31,9 @@ FLEET_COMMANDS: dict[str, str] = {
     "submit": "edgesdk.cli.fleet_serve_cmd:submit",
     "ingest": "edgesdk.cli.fleet_ingest_cmd:ingest",
     "reprovision": "edgesdk.cli.reprovision_cmd:reprovision",
+    "tag": "edgesdk.cli.fleet_targeting_cmd:tag",
+    "filter": "edgesdk.cli.fleet_targeting_cmd:target_filter",
+    "webhook": "edgesdk.cli.fleet_targeting_cmd:webhook",
 }
 
 COLUMNS = (

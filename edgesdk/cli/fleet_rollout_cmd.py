@@ -166,6 +166,8 @@ def push(
         created = client.create({**body, "bundle_id": uploaded["id"]})
         _follow(client, created["deployment_id"], as_json)
         return
+    if rollout.dynamic:
+        raise UsageError("--target-filter and --where need --server: tags and filters live in the fleet service")
     require_broker(params)
     store = _store(db_path)
     resuming = False

@@ -381,7 +381,7 @@ def submit(bundle: Path, db_url: str | None, data_dir: Path | None, rollout: Rol
         store,
         bundle,
         plan,
-        devices=rollout.device_list(),
+        devices=rollout.resolved_devices(engine),
         group=rollout.group,
         deployment_id=rollout.deployment_id,
         health=health,

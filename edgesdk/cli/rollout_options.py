@@ -28,6 +28,8 @@ class RolloutArgs:
 
     group: str | None
     devices: str | None
+    target_filter: str | None
+    where: str | None
     canary: str
     waves: str
     max_failures: str
@@ -54,8 +56,27 @@ class RolloutArgs:
         return [d.strip() for d in self.devices.split(",") if d.strip()] if self.devices is not None else None
 
     def check_targets(self) -> None:
-        if (self.group is None) == (self.devices is None):
-            raise UsageError("give exactly one of --group G or --devices A,B")
+        if [self.group, self.devices, self.target_filter, self.where].count(None) != 3:
+            raise UsageError("give exactly one of --group G, --devices A,B, --target-filter NAME or --where EXPR")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the targets are a dynamic group (resolved by the fleet service, from its tags)."""
+        return self.target_filter is not None or self.where is not None
+
+    def resolved_devices(self, engine: Any) -> list[str] | None:
+        """The device ids: ``--devices``, or what ``--target-filter``/``--where`` select now in the
+        fleet service's database ``engine``; None for ``--group``."""
+        self.check_targets()
+        if not self.dynamic:
+            return self.device_list()
+        from edgesdk.fleet.service import targeting
+
+        where = self.where if self.where is not None else targeting.saved_filter(engine, self.target_filter or "")
+        found = targeting.select_devices(engine, where)
+        if not found:
+            raise UsageError(f"no known device matches {where!r} (edgesdk fleet filter list --server …)")
+        return found
 
     def urls(self) -> list[str]:
         """``--artifact-url`` values, each checked to be http(s)://HOST/..."""
@@ -97,6 +118,8 @@ class RolloutArgs:
         body = {
             "group": self.group,
             "devices": self.device_list(),
+            "target_filter": self.target_filter,
+            "where": self.where,
             "deployment_id": self.deployment_id,
             "canary": plan.canary,
             "waves": list(plan.waves),
@@ -144,6 +167,17 @@ def positive_duration(text: str) -> float:
 _OPTIONS = [
     click.option("--group", default=None, help="Deploy to every device of this group."),
     click.option("--devices", default=None, help="Comma-separated device ids."),
+    click.option(
+        "--target-filter",
+        default=None,
+        help="Deploy to the devices a saved dynamic group selects when the rollout is created (fleet filter save).",
+    ),
+    click.option(
+        "--where",
+        default=None,
+        help="Deploy to the devices this filter selects when the rollout is created, e.g. "
+        "'tag.site=berlin and profile=pi5' (fields tag.KEY, profile, model, version, group; = or !=; and).",
+    ),
     click.option("--canary", default="10%", show_default=True, help="Share of devices in the first wave."),
     click.option("--waves", default="10%,50%,100%", show_default=True, help="Cumulative shares per wave."),
     click.option(

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -37,6 +34,7 @@ from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from tests.bundle_helpers import make_keys, placeholder_bundle  # noqa: E402
+from tests.webhook_receiver import closed_port, running_receiver  # noqa: E402
 
 SECRET = "a-webhook-secret-of-some-length"
 
@@ -141,56 +139,12 @@ def test_operator_tags_and_saved_filters_pick_a_rollouts_devices_when_it_is_crea
     assert {("device.tag", "ok"), ("device.untag", "ok"), ("target_filter.save", "refused")} <= actions
 
 
-@dataclass
-class Receiver:
-    """A real HTTP endpoint that keeps every POST it gets (headers and raw body)."""
-
-    server: ThreadingHTTPServer
-    got: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def wait_for(self, event: str, about: bytes = b"", timeout: float = 15) -> tuple[dict[str, str], bytes]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for headers, body in list(self.got):
-                if headers.get("X-Edgesdk-Event") == event and about in body:
-                    return headers, body
-            time.sleep(0.1)
-        raise AssertionError(f"no {event} in {[h.get('X-Edgesdk-Event') for h, _ in self.got]}")
+def test_webhooks_are_signed_retried_and_never_show_their_secret(fleet: Fleet) -> None:
+    with running_receiver() as receiver:
+        _signed_retried_secret_kept(fleet, receiver)
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    got: list[tuple[dict[str, str], bytes]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            got.append((dict(self.headers.items()), body))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Receiver(server, got)
-    server.shutdown()
-    server.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_webhooks_are_signed_retried_and_never_show_their_secret(fleet: Fleet, receiver: Receiver) -> None:
+def _signed_retried_secret_kept(fleet: Fleet, receiver: Any) -> None:
     client, admin = fleet.client, fleet.as_("admin")
     hook = {"url": receiver.url, "secret": SECRET, "events": ["rollout."]}
     assert client.post("/api/v1/webhooks", json=hook, headers=fleet.as_("operator")).status_code == 403
@@ -200,7 +154,7 @@ def test_webhooks_are_signed_retried_and_never_show_their_secret(fleet: Fleet, r
     assert client.post("/api/v1/webhooks", json=hook, headers=admin).status_code == 201
     alerts = {**hook, "events": ["alert."], "format": "alertmanager"}
     assert client.post("/api/v1/webhooks", json=alerts, headers=admin).status_code == 201
-    dead = client.post("/api/v1/webhooks", json={**hook, "url": f"http://127.0.0.1:{_closed_port()}/"}, headers=admin)
+    dead = client.post("/api/v1/webhooks", json={**hook, "url": f"http://127.0.0.1:{closed_port()}/"}, headers=admin)
     assert dead.status_code == 201
     listed = client.get("/api/v1/webhooks", headers=admin)
     assert listed.json()["total"] == 3 and SECRET not in listed.text and "secret" not in listed.text
