@@ -1,0 +1,169 @@
+"""Tags, dynamic groups and webhooks through a real ``edgesdk fleet serve`` (issue 40): a real
+mosquitto, devices announced by real retained presences, the real CLI (``fleet tag``, ``fleet
+filter save``, ``fleet webhook add``, ``fleet submit --where``), the REST API for a rollout to a
+saved filter, and real HTTP receivers checking every delivery's HMAC signature: a rollout's
+state changes and a device going offline reach the receiver; a receiver that is down is retried
+and then recorded as failed; bad input is one line without a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_fleet_web_and_enrollment_identity import fleet_serve, token
+from tests.webhook_receiver import closed_port, running_receiver
+
+pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
+pytest.importorskip("fastapi", reason="needs the fleet-service extra")
+pytest.importorskip("paho.mqtt", reason="needs paho-mqtt")
+
+pytestmark = [pytest.mark.integration]
+
+EDGESDK = [sys.executable, "-m", "edgesdk.cli.main"]
+SECRET = "integration-webhook-secret"
+
+
+def _presence(broker_url: str, device_id: str, *, online: bool, profile: str) -> None:
+    from edgesdk.mqtt.client import ClientOptions, MqttClient
+
+    client = MqttClient(ClientOptions(client_id=f"presence-{device_id}", broker_url=broker_url))
+    client.start()
+    assert client.wait_connected(10), client.stats.last_error
+    now = datetime.now(timezone.utc).isoformat()
+    presence = {"device_id": device_id, "online": online, "ts": now, "profile": profile, "groups": ["line-1"]}
+    client.publish(f"edgesdk/devices/{device_id}/presence", json.dumps(presence).encode(), qos=1, retain=True)
+    time.sleep(0.3)  # the PUBACK
+    client.stop()
+
+
+def _api(base: str, secret: str, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"{base}/api/v1{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - the test's own service
+        return json.loads(answer.read())
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EDGESDK, "fleet", *args], capture_output=True, text=True, timeout=120)
+
+
+def _until(what: str, check: Any, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_tags_filters_and_signed_webhooks_through_fleet_serve(mqtt_broker, tmp_path: Path, monkeypatch) -> None:
+    from edgesdk.fleet.service import webhooks
+    from tests.bundle_helpers import make_keys, placeholder_bundle
+
+    monkeypatch.setenv(webhooks.ATTEMPTS_ENV, "2")
+    monkeypatch.setenv(webhooks.BACKOFF_ENV, "0.2")
+    data = tmp_path / "data"
+    operator, admin = token(data, "operator"), token(data, "admin")
+    (tmp_path / "operator.token").write_text(operator)
+    (tmp_path / "admin.token").write_text(admin)
+    (tmp_path / "secret").write_text(SECRET)
+    with fleet_serve(tmp_path / "svc", ["--broker", mqtt_broker.url], "--data-dir", str(data)) as svc:
+        as_operator = ["--server", svc.api, "--token-file", str(tmp_path / "operator.token")]
+        as_admin = ["--server", svc.api, "--token-file", str(tmp_path / "admin.token")]
+        _presence(mqtt_broker.url, "cam-1", online=True, profile="pi5")
+        _presence(mqtt_broker.url, "cam-2", online=True, profile="x86")
+        _until("two devices", lambda: _api(svc.api, operator, "GET", "/devices")["total"] == 2)
+
+        tagged = _cli("tag", "cam-1", "site=berlin", "rack=7", *as_operator)
+        assert tagged.returncode == 0 and "berlin" in tagged.stdout, tagged.stderr
+        assert _cli("tag", "cam-2", "site=berlin", *as_operator).returncode == 0
+        bad = _cli("tag", "cam-1", "site", *as_operator)
+        assert bad.returncode != 0 and "'site'" in bad.stderr and "Traceback" not in bad.stderr
+        saved = _cli("filter", "save", "berlin-pi5", "tag.site=berlin and profile=pi5", *as_operator)
+        assert saved.returncode == 0 and "cam-1" in saved.stdout and "cam-2" not in saved.stdout, saved.stdout
+        wrong = _cli("filter", "save", "x", "tag.site=berlin or profile=pi5", *as_operator)
+        assert wrong.returncode != 0 and "'or'" in wrong.stderr and "Traceback" not in wrong.stderr
+
+        with running_receiver() as receiver:
+            refused = _cli(
+                "webhook", "add", "http://169.254.169.254/latest", "--secret-file", str(tmp_path / "secret"), *as_admin
+            )
+            assert refused.returncode != 0 and "169.254.169.254" in refused.stderr and "Traceback" not in refused.stderr
+            added = _cli("webhook", "add", receiver.url, "--secret-file", str(tmp_path / "secret"), *as_admin)
+            assert added.returncode == 0, added.stderr
+            dead = _cli(
+                "webhook",
+                "add",
+                f"http://127.0.0.1:{closed_port()}/",
+                "--secret-file",
+                str(tmp_path / "secret"),
+                "--event",
+                "rollout.",
+                "--json",
+                *as_admin,
+            )
+            assert dead.returncode == 0, dead.stderr
+            listed = _cli("webhook", "list", "--json", *as_admin)
+            assert listed.returncode == 0 and SECRET not in listed.stdout
+            time.sleep(1.5)  # the notifier's first look at the fleet (changes are what it reports)
+
+            bundle = placeholder_bundle(tmp_path / "bundle", make_keys(tmp_path / "keys"))
+            request = urllib.request.Request(
+                f"{svc.api}/api/v1/bundles?filename=digits.edgepkg",
+                data=bundle.read_bytes(),
+                method="POST",
+                headers={"Authorization": f"Bearer {operator}", "Content-Type": "application/octet-stream"},
+            )
+            with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310
+                bundle_id = json.loads(answer.read())["id"]
+            rollout = {"bundle_id": bundle_id, "target_filter": "berlin-pi5", "canary": 0, "waves": [1.0]}
+            created = _api(svc.api, operator, "POST", "/deployments", {**rollout, "deployment_id": "berlin-1"})
+            assert created["devices"] == 1, created
+            headers, body = receiver.wait_for("rollout.in_progress", about=b"berlin-1", timeout=30)
+            assert webhooks.verify(SECRET, headers["X-Edgesdk-Timestamp"], body, headers["X-Edgesdk-Signature"])
+            _api(svc.api, operator, "POST", "/deployments/berlin-1/abort", {"reason": "test"})
+            receiver.wait_for("rollout.aborted", about=b"berlin-1", timeout=30)
+
+            submitted = _cli(
+                "submit",
+                str(bundle),
+                "--data-dir",
+                str(data),
+                "--where",
+                "tag.site=berlin and profile=x86",
+                "--deployment-id",
+                "sub-1",
+                "--json",
+            )
+            assert submitted.returncode == 0 and json.loads(submitted.stdout)["devices"] == 1, submitted.stderr
+            standalone = _cli("push", str(bundle), "--where", "profile=x86", "--broker", mqtt_broker.url)
+            assert standalone.returncode != 0 and "need --server" in standalone.stderr, standalone.stderr
+
+            _presence(mqtt_broker.url, "cam-2", online=False, profile="x86")  # its Last Will
+            headers, body = receiver.wait_for("alert.firing", about=b'"cam-2"', timeout=30)
+            assert webhooks.verify(SECRET, headers["X-Edgesdk-Timestamp"], body, headers["X-Edgesdk-Signature"])
+
+            dead_id = json.loads(dead.stdout)["id"]
+            failed = _until(
+                "the dead receiver's failure",
+                lambda: [
+                    d
+                    for d in _api(svc.api, admin, "GET", f"/webhooks/{dead_id}/deliveries")["items"]
+                    if d["outcome"] == "failed"
+                ],
+            )
+            assert failed[0]["attempts"] == 2 and failed[0]["event"].startswith("rollout."), failed
