@@ -49,6 +49,7 @@ EMBEDDING_HINTS = ("emb", "feature", "hidden", "pool", "vector", "encod")
 REGRESSION_HINTS = ("landmark", "keypoint", "coord", "point", "box", "regress", "pose", "depth")
 MASK_HINTS = ("mask", "seg", "matte")
 SEQUENCE_HINTS = ("ctc",)
+CLASSIFIER_HINTS = ("logit", "prob", "class", "cls", "score", "softmax", "pred", "label")
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,12 @@ def requested_metrics(metric: str | Mapping[str, str | OutputMetric] | Iterable[
     return asked
 
 
-def choose(name: str, reference: np.ndarray) -> OutputMetric:
-    """The metric for an output nobody named, from its name, shape ([samples, ...]) and values."""
+def choose(name: str, reference: np.ndarray, alone: bool = True) -> OutputMetric:
+    """The metric for an output nobody named, from its name, shape ([samples, ...]) and values.
+
+    ``alone``: the model's only output. A ``[samples, n]`` float is read as class scores when it
+    is a softmax, named like scores, or alone; beside other outputs without such a name it is
+    read as a regression (MediaPipe's landmarks are ``Identity [1, 63]`` beside three others)."""
     lowered = name.lower()
     shape = reference.shape[1:]
     floating = reference.dtype.kind == "f"
@@ -140,7 +145,12 @@ def choose(name: str, reference: np.ndarray) -> OutputMetric:
     if int(np.prod(shape)) <= 1:
         return OutputMetric("abs", why="one value per sample: a regression or score, judged in its own units")
     if len(shape) == 1 and floating:
-        return OutputMetric("top1", why=f"[samples, {shape[0]}] float: read as class scores (a regressor: say abs)")
+        if _rows_are_distributions(reference) or any(h in lowered for h in CLASSIFIER_HINTS) or alone:
+            return OutputMetric("top1", why=f"[samples, {shape[0]}] float: read as class scores (a regressor: say abs)")
+        return OutputMetric(
+            "abs", why=f"[samples, {shape[0]}] float beside other outputs, not named like scores: read as "
+            "coordinates or a regression (a classifier: say top1)"
+        )  # fmt: skip
     if len(shape) == 3 and floating and 1 in (shape[0], shape[-1]) and _within_unit(reference):
         return OutputMetric("iou", why=f"a one-channel map of probabilities {list(shape)}: a mask")
     return OutputMetric("cosine", why=f"shape {list(shape)}: compared as a whole (cosine)")
@@ -174,7 +184,7 @@ def resolve(
     for name, ref in reference.items():
         metric = asked.get(name) or asked.get(None)
         if metric is None:
-            metric = choose(name, np.asarray(ref))
+            metric = choose(name, np.asarray(ref), alone=len(reference) == 1)
         elif not metric.why:
             metric = replace(metric, why="named with --metric" if name in asked else "--metric for every output")
         if metric.threshold is None:

@@ -113,6 +113,11 @@ def test_each_output_gets_a_metric_from_its_name_shape_and_values() -> None:
         chosen = choose(name, reference)
         assert chosen.kind == kind, name
         assert chosen.why, name  # the report says why
+    # MediaPipe's hand landmarks: Identity [1, 63] beside three other outputs is not a classifier.
+    coordinates = np.random.default_rng(0).uniform(0, 224, (2, 63))
+    assert choose("Identity", coordinates, alone=False).kind == "abs"
+    assert choose("Identity", coordinates, alone=True).kind == "top1"  # a model's only [N, n] output: scores
+    assert choose("Identity", np.full((2, 5), 0.2), alone=False).kind == "top1"  # a softmax is class scores
 
 
 def test_metric_syntax_per_output_and_its_errors() -> None:
