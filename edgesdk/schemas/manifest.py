@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
+from edgesdk.schemas.pipeline import Pipeline
 
 SEMVER_PATTERN = (
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -221,6 +222,9 @@ class BundleManifest(Schema):
     )
     encryption: BundleEncryption | None = Field(
         None, description="key slots and payload layout; every bundle edgesdk writes has it"
+    )
+    pipeline: Pipeline | None = Field(
+        None, description="pre/post-processing for POST /v1/models/{name}/predict, signed with the model"
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,55 @@
+"""A model output → the task result: top-k labels with scores, or an argmax mask as PNG."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.pipeline.image import PipelineInputError
+
+from edgesdk.schemas.pipeline import PostProcess
+
+
+def activate(scores: np.ndarray, activation: str) -> np.ndarray:
+    """Softmax or sigmoid over the last axis (or the scores as they are), in float64."""
+    scores = scores.astype(np.float64)
+    if activation == "softmax":
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-scores))
+    return scores
+
+
+def top_classes(output: np.ndarray, post: PostProcess) -> list[dict[str, Any]]:
+    """The ``top_k`` best classes of a batch-of-one output, at or above ``threshold``, best first."""
+    scores = activate(output.reshape(-1), post.activation)
+    if not np.isfinite(scores).all():
+        raise PipelineInputError(500, "the model's output has NaN or Inf; no classes can be ranked")
+    k = min(post.top_k, scores.size)
+    best = np.argsort(-scores, kind="stable")[:k]
+    labels = post.labels
+    result = []
+    for index in best.tolist():
+        score = float(scores[index])
+        if post.threshold is not None and score < post.threshold:
+            break
+        label = labels[index] if labels is not None and index < len(labels) else str(index)
+        result.append({"label": label, "index": index, "score": score})
+    return result
+
+
+def mask_png(output: np.ndarray, post: PostProcess) -> bytes:
+    """Argmax over the class axis of a (1, C, H, W) or (1, H, W, C) output → an 8-bit PNG of class indices."""
+    from PIL import Image
+
+    if output.ndim != 4 or output.shape[0] != 1:
+        raise PipelineInputError(500, f"a mask needs a (1, C, H, W) or (1, H, W, C) output, got {output.shape}")
+    axis = 1 if post.mask_layout == "NCHW" else 3
+    if output.shape[axis] > 256:
+        raise PipelineInputError(500, f"a mask PNG holds at most 256 classes, the output has {output.shape[axis]}")
+    classes = np.argmax(output, axis=axis)[0].astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(classes).save(buffer, format="PNG")
+    return buffer.getvalue()
