@@ -260,6 +260,8 @@ def package(
     description: str = "",
     profiles_dirs: Iterable[str | Path] = (),
     allow_unvalidated: bool = False,
+    pipeline: str | Path | None = None,
+    labels: str | Path | None = None,
 ) -> Path:
     """Sign and encrypt the variants of a conversion into one bundle file; returns its path.
 
@@ -273,7 +275,9 @@ def package(
     report's profile. ``downgrade_from`` ``(min, max)`` signs permission to install this older
     release on a device whose rollback floor lies in that range, until ``downgrade_expires``
     (a duration from now or a moment; default 7 days). ``allow_unvalidated`` admits variants
-    that could not be run where they were converted (Core ML on Linux), marked off the ladder."""
+    that could not be run where they were converted (Core ML on Linux), marked off the ladder.
+    ``pipeline`` (a YAML file) and ``labels`` (one class a line) sign the pre/post-processing
+    of ``POST /v1/models/{name}/predict`` into the manifest (docs/bundle-format.md, "Pipeline")."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
     from edgesdk.bundle import package_bundle
@@ -309,7 +313,19 @@ def package(
         publisher_name=publisher_name,
         description=description,
         allow_unvalidated=allow_unvalidated,
+        pipeline=_pipeline_of(pipeline, labels),
     )
+
+
+def _pipeline_of(pipeline: str | Path | None, labels: str | Path | None) -> Any:
+    """The validated pipeline of a pipeline file (+ labels file), or None without one."""
+    if pipeline is None:
+        if labels is not None:
+            raise UsageError("--labels goes with --pipeline (a pipeline file whose post step ranks classes)")
+        return None
+    from edgesdk.schemas.pipeline import load_pipeline
+
+    return load_pipeline(pipeline, labels)
 
 
 def _bundle_name_of(report: ConversionReport) -> str:

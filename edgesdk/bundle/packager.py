@@ -44,6 +44,7 @@ from edgesdk.schemas.manifest import (
     Variant,
     VariantFile,
 )
+from edgesdk.schemas.pipeline import Pipeline
 from edgesdk.schemas.report import ConversionReport, ShippedVariant
 
 DEFAULT_SEGMENT_SIZE = 1024 * 1024
@@ -209,6 +210,7 @@ def package_bundle(
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     now: datetime | None = None,
     allow_unvalidated: bool = False,
+    pipeline: Pipeline | None = None,
 ) -> Path:
     """Package the variants of ``convert_dir`` (a ``edgesdk convert`` output) into ``out``.
 
@@ -219,7 +221,8 @@ def package_bundle(
     signs a bounded, expiring permission to install this release over newer ones (see
     :class:`~edgesdk.schemas.manifest.DowngradePermission`). A variant that could not be run
     where it was converted (Core ML on Linux: ``validation`` unvalidated) is refused unless
-    ``allow_unvalidated``; it then ships marked off the governor's ladder."""
+    ``allow_unvalidated``; it then ships marked off the governor's ladder. ``pipeline`` (the
+    pre/post-processing of ``/predict``) is signed into the manifest."""
     root = Path(convert_dir)
     report_path = root / "report.json"
     if not report_path.is_file():
@@ -295,6 +298,7 @@ def package_bundle(
                 variants=variants,
                 golden=golden,
                 downgrade=downgrade,
+                pipeline=pipeline,
                 encryption=BundleEncryption(segment_size=segment_size, key_slots=slots, payloads=locations),
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError

@@ -89,6 +89,16 @@ def _release_range(text: str) -> tuple[int, int]:
 )
 @click.option("--publisher-name", default="edgesdk-publisher", show_default=True, help="Shown to operators.")
 @click.option("--description", default="", help="Free text stored in the manifest.")
+@click.option(
+    "--pipeline",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A pipeline file (YAML): the pre/post-processing of /predict, signed into the bundle.",
+)
+@click.option(
+    "--labels",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Class names, one a line by index, for the pipeline's top-k (needs --pipeline).",
+)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.edgepkg to write.")
 @json_option
 @click.pass_context
@@ -113,6 +123,8 @@ def package(
     allow_unvalidated: bool,
     publisher_name: str,
     description: str,
+    pipeline: Path | None,
+    labels: Path | None,
     out: Path,
     as_json: bool,
 ) -> None:
@@ -145,6 +157,8 @@ def package(
         description=description,
         profiles_dirs=profiles_dirs(ctx),
         allow_unvalidated=allow_unvalidated,
+        pipeline=pipeline,
+        labels=labels,
     )
     manifest = inspect_bundle(path).manifest
     summary = {
@@ -156,12 +170,22 @@ def package(
         "targets": manifest.targets,
         "expires": manifest.expires.isoformat() if manifest.expires else None,
         "variants": [v.id for v in manifest.variants],
+        "pipeline": _pipeline_summary(manifest.pipeline),
         "recipients": [s.recipient for s in manifest.encryption.key_slots] if manifest.encryption else [],
     }
     if as_json:
         print_json(summary)
         return
     print_table(f"packaged {path}", ["field", "value"], [(k, v) for k, v in summary.items()])
+
+
+def _pipeline_summary(pipeline: Any) -> str | None:
+    """One line: what /predict does with this bundle (None without a pipeline)."""
+    if pipeline is None:
+        return None
+    post = pipeline.post
+    labels = f", {len(post.labels)} labels" if post.labels else ""
+    return f"{pipeline.input} -> {post.kind} ({post.activation}, top {post.top_k}{labels})"
 
 
 def _approved_on_service(server: str | None, token_file: Path | None) -> list[Any]:
