@@ -38,6 +38,7 @@ from edgesdk.schemas.common import PRECISION_LADDER, Precision
 from edgesdk.schemas.manifest import TensorSpec, Variant
 from edgesdk.schemas.measurements import DeviceMeasurements
 from edgesdk.schemas.messages import RunningModel
+from edgesdk.schemas.pipeline import Pipeline
 from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger("edgesdk.agent.serving")
@@ -159,6 +160,8 @@ class ServedModel:
     batcher: DynamicBatcher | None = None
     #: Every variant of the bundle: loaded, or why not (agent/variant_choice.py).
     choices: tuple[VariantChoice, ...] = ()
+    #: The bundle's signed pre/post-processing (POST /v1/models/{name}/predict), if it has one.
+    pipeline: Pipeline | None = None
 
     def run_active(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
         """Run checked feeds on the active variant, taken once; the batcher's ``run_batch``."""
@@ -388,6 +391,7 @@ class ModelServer:
             bundle_sha256=getattr(verified_bundle, "sha256", None),
             variants=loaded,
             choices=choices.result(),
+            pipeline=getattr(manifest, "pipeline", None),
         )
 
     def _measured_steps(self, manifest: Any, eligible: list[Variant]) -> list[Variant]:
@@ -443,6 +447,7 @@ class ModelServer:
         bundle_sha256: str | None = None,
         start_variant: str | None = None,
         choices: Sequence[VariantChoice] = (),
+        pipeline: Pipeline | None = None,
     ) -> ServedModel:
         """Serve already-loaded variants (best first) — the switch itself; ``swap`` ends here."""
         if not variants:
@@ -468,6 +473,7 @@ class ModelServer:
                 )
                 for v in ladder
             )
+            model.pipeline = pipeline
             model.batcher = self._batcher_for(model)
             running = model.running()  # built first: a bad hash fails here with the old model serving
             self._model = model  # the switch: one reference assignment

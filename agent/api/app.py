@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
-from edgesdk.agent.api import open_inference
+from edgesdk.agent.api import open_inference, predict
 from edgesdk.agent.api.budget import BudgetRefused
 from edgesdk.agent.api.codec import (
     DeclaredInputError,
@@ -151,6 +151,10 @@ class ApiApp:
         if path.startswith(_INFER_PREFIX) and path.endswith(_INFER_SUFFIX):
             if request.method == "POST" or self._method_allowed(request, "POST", respond):
                 self._infer(request, respond, answer_v1, path[_INFER_PREFIX_LEN:_INFER_SUFFIX_AT])
+            return
+        if path.startswith(_INFER_PREFIX) and path.endswith(predict.SUFFIX):  # the bundle's pipeline around infer
+            if request.method == "POST" or self._method_allowed(request, "POST", respond):
+                self._infer(request, respond, predict.answer_predict, path[_INFER_PREFIX_LEN : -len(predict.SUFFIX)])
             return
         if path.startswith(open_inference.MODELS_PREFIX):
             self._v2_model_route(request, respond)

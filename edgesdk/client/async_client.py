@@ -69,6 +69,11 @@ class AsyncAgentClient:
         call = wire.infer_call(model, inputs)
         return wire.read_outputs(self.endpoint, call, await self._send(call))
 
+    async def predict(self, model: str, image: str | Path | bytes) -> dict[str, Any] | bytes:
+        """``model``'s bundled pipeline on one JPEG or PNG: labels and scores, or a mask's PNG."""
+        call = wire.predict_call(model, image)
+        return wire.read_prediction(self.endpoint, call, await self._send(call))
+
     async def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
         """Poll ``/readyz`` until a model is loaded (the agent may still be starting)."""
         loop = asyncio.get_running_loop()

@@ -96,6 +96,12 @@ class AgentClient:
         call = wire.infer_call(model, inputs)
         return wire.read_outputs(self.endpoint, call, self._send(call))
 
+    def predict(self, model: str, image: str | Path | bytes) -> dict[str, Any] | bytes:
+        """Run ``model``'s bundled pipeline on one JPEG or PNG (a path or its bytes): the task
+        result, ``{"labels": [{"label", "index", "score"}, ...], ...}``, or a mask's PNG bytes."""
+        call = wire.predict_call(model, image)
+        return wire.read_prediction(self.endpoint, call, self._send(call))
+
     def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
         """Poll ``/readyz`` until a model is loaded (the agent may still be starting)."""
         deadline = time.monotonic() + timeout

@@ -256,3 +256,34 @@ def not_ready(where: Endpoint, timeout: float, last: str) -> AgentTimeoutError:
     """``wait_ready``'s error: no model loaded within ``timeout`` (``last``: what it said)."""
     url = where.url("/readyz")
     return AgentTimeoutError(f"{url}: not ready within {timeout:g} s ({last})", url=url)
+
+
+#: Leading bytes → the media type ``/predict`` is sent as.
+_IMAGE_MAGIC = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"))
+
+
+def predict_call(model: str, image: str | Path | bytes) -> Call:
+    """The request that runs ``model``'s bundled pipeline on one JPEG or PNG (a path or its bytes)."""
+    data = image if isinstance(image, (bytes, bytearray, memoryview)) else _read_image(Path(image))
+    data = bytes(data)
+    media = next((kind for magic, kind in _IMAGE_MAGIC if data.startswith(magic)), None)
+    if media is None:
+        raise UsageError(f"predict takes a JPEG or PNG image; these {len(data)} bytes are neither")
+    headers = {"Content-Type": media, "Accept": "application/json, image/png"}
+    return Call("POST", f"/v1/models/{quote(model, safe='')}/predict", headers, [data], len(data))
+
+
+def _read_image(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read image {path}: {exc.strerror or exc}") from None
+
+
+def read_prediction(where: Endpoint, call: Call, answer: Answer) -> dict[str, Any] | bytes:
+    """A 200 of ``/predict``: the JSON result (``{"labels": [...]}``), or a mask's PNG bytes."""
+    status, headers, body = answer
+    raise_for_status(call.method, where.url(call.path), status, headers, body)
+    if headers.get("content-type", "").startswith("image/png"):
+        return bytes(body)
+    return json_body(body, where.url(call.path))  # type: ignore[no-any-return]
