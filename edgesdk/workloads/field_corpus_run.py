@@ -157,6 +157,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
+def converters_revision() -> str:
+    """The commit the converters were at, and whether converters/ had uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "converters"],
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:
+        return "unknown (no git)"
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + (" with uncommitted changes in converters/" if dirty.stdout.strip() else "")
+
+
 def _pick(text: str | None, known: tuple[str, ...], what: str) -> list[str]:
     if not text:
         return list(known)
@@ -188,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     models = _pick(args.models, tuple(BY_NAME), "model")
     profiles = _pick(args.profiles, PROFILES, "profile")
     _check_profiles(profiles)
-    code = _code_digest()
+    code, revision = _code_digest(), converters_revision()
     started, rows = time.monotonic(), []
     for i, (name, profile) in enumerate([(m, p) for m in models for p in profiles], 1):
         say(f"[{i}/{len(models) * len(profiles)}] {name} for {profile}")
@@ -202,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = args.doc or (REPO / "docs" / "field-corpus.md" if not (args.models or args.profiles) else None)
     if doc:
         stamp = {"command": command, "machine": machine(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "minutes": minutes, "models": models, "profiles": profiles}  # fmt: skip
+                 "minutes": minutes, "models": models, "profiles": profiles, "revision": revision}  # fmt: skip
         doc.write_text(render(rows, stamp))
         say(f"wrote {doc}")
     if args.json:

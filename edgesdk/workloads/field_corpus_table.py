@@ -56,6 +56,7 @@ def render(rows: list[dict], stamp: dict) -> str:
     lines = [HEADER, "## How it was made", "", "```bash",
              f"# not run by the docs tests: takes {minutes} minutes on the machine below", stamp["command"], "```", "",
              f"- machine: {stamp['machine']}", f"- date: {stamp['date']}",
+             f"- edgesdk at commit {stamp['revision']}",
              f"- {len(rows)} conversions ({len(stamp['models'])} models × {len(stamp['profiles'])} profiles: "
              f"{', '.join(stamp['profiles'])}); {shipped} shipped at least one variant", "",
              *_models_section(stamp["models"]), "", "## Results", "",
