@@ -1,5 +1,5 @@
 """The web dashboard, served by the service next to its API: server-rendered HTML, inline SVG
-charts (``charts``), a few lines of JavaScript (auto-refresh, the bundle upload), nothing from
+charts (``charts``), a few lines of JavaScript (live updates by server-sent events, the bundle upload), nothing from
 a CDN.
 
 Pages: the fleet at a glance (``/``), a device (``/ui/devices/{id}``: latency p50/p95/p99,
@@ -34,6 +34,7 @@ from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
+from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
 from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
@@ -73,10 +74,7 @@ input[type=text],input[type=number]{width:110px}.alerts li{margin:2px 0}
 
 # The page's only scripts: constant texts, so the Content-Security-Policy allows them by hash
 # (SCRIPTS) and nothing else runs — no inline handler, no script a stored value could inject.
-_REFRESH_JS = """
-// Refresh the page every 5 s unless the operator is typing in a form.
-setInterval(function(){var a=document.activeElement;if(!a||!/INPUT|SELECT|TEXTAREA/.test(a.tagName))location.reload();},5000);
-"""
+# LIVE_JS (dashboard_live) swaps the [data-live] parts of a page when the server says they changed.
 
 _UPLOAD_JS = """
 document.getElementById('upload-form').addEventListener('submit',function(ev){
@@ -92,8 +90,8 @@ document.getElementById('upload-form').addEventListener('submit',function(ev){
 });
 """
 
-SCRIPTS = (_REFRESH_JS, _UPLOAD_JS)
-_REFRESH = f"<script>{_REFRESH_JS}</script>"
+SCRIPTS = (LIVE_JS, _UPLOAD_JS)
+_LIVE = f"<script>{LIVE_JS}</script>"
 _UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 
@@ -135,7 +133,8 @@ def _page(
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)} — edgesdk fleet</title>"
         f'<meta name="viewport" content="width=device-width"><style>{_STYLE}</style></head><body>'
         f'<header><a href="/"><b>edgesdk fleet</b></a><a href="/">overview</a>{who}</header>'
-        f"<main>{banner}{body}</main>{_REFRESH if refresh and operator is not None else ''}</body></html>",
+        f"<main><div id=live-banner data-live>{banner}</div>{body}</main>"
+        f"{_LIVE if refresh and operator is not None else ''}</body></html>",
         status_code=status_code,
     )
 
@@ -215,6 +214,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             )
             return f"{action} needs the operator role; you are {operator.role}"
         return None
+
+    add_live_events(app, context, lambda request: request.cookies.get(COOKIE, ""), broker)
 
     # -- signing in -------------------------------------------------------------------------
 
@@ -318,7 +319,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         if refused:
             alerts.append(f'<li class="warn">{refused} device messages refused (malformed or impersonating)</li>')
         cards = (
-            f'<div class="cards"><div class="card" id="online">online<b>{online}</b></div>'
+            f'<div class="cards" id="cards" data-live><div class="card" id="online">online<b>{online}</b></div>'
             f'<div class="card" id="offline">offline<b>{offline}</b></div>'
             + (
                 f'<div class="card" id="unknown">unknown<b>{len(devices) - online - offline}</b></div>'
@@ -344,10 +345,10 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         )
         body = (
             f"<h1>Fleet</h1>{cards}{'' if devices else _no_devices_hint(str(request.base_url).rstrip('/'))}"
-            f"<section><h2>Alerts</h2><ul class=alerts id=alerts>{''.join(alerts) or '<li class=ok>none</li>'}</ul></section>"
-            "<section><h2>Devices</h2><table id=devices><tr><th>device</th><th>presence</th><th>model</th><th>precision</th>"
+            f"<section><h2>Alerts</h2><ul class=alerts id=alerts data-live>{''.join(alerts) or '<li class=ok>none</li>'}</ul></section>"
+            "<section><h2>Devices</h2><table id=devices data-live><tr><th>device</th><th>presence</th><th>model</th><th>precision</th>"
             f"<th>OTA</th><th>p95 ms</th><th>°C</th><th>groups</th><th>seen</th></tr>{rows}</table></section>"
-            "<section><h2>Rollouts</h2><table id=rollouts><tr><th>deployment</th><th>state</th><th>model</th><th>devices</th>"
+            "<section><h2>Rollouts</h2><table id=rollouts data-live><tr><th>deployment</th><th>state</th><th>model</th><th>devices</th>"
             f"<th>by state</th></tr>{rollouts}</table></section>"
         )
         if tokens.allows(operator.role, "operator"):
@@ -421,9 +422,9 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             for o in ota
         )
         body = (
-            f"<h1>Device {_e(device_id)}</h1><section><table id=facts>{fact_rows}</table></section>"
+            f"<h1>Device {_e(device_id)}</h1><section><table id=facts data-live>{fact_rows}</table></section>"
             f"<section><h2>Last {hours:g} h</h2>{latency}{temperature}{precision}{power}{governor}</section>"
-            f"<section><h2>OTA history</h2><table id=ota><tr><th>time</th><th>deployment</th><th>state</th><th>reason</th></tr>{ota_rows}</table></section>"
+            f"<section><h2>OTA history</h2><table id=ota data-live><tr><th>time</th><th>deployment</th><th>state</th><th>reason</th></tr>{ota_rows}</table></section>"
             f"<section><h2>Events</h2><table id=events><tr><th>time</th><th>event</th><th>detail</th></tr>{event_rows}</table></section>"
         )
         return page(device_id, body, operator)
@@ -490,14 +491,14 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         message = f'<p class="bad">{_e(error)}</p>' if error else ""
         plan = row.plan
         body = (
-            f"<h1>Rollout {_e(deployment_id)}</h1>{message}<section>"
+            f"<h1>Rollout {_e(deployment_id)}</h1>{message}<section id=rollout-head data-live>"
             f"<p>State: <b id=rollout-state>{_state(row.state)}</b> · {_e(summary['model'])} · "
             f"{summary['devices']} devices · canary {plan.get('canary', 0):.0%} · waves "
             f"{_e(', '.join(f'{w:.0%}' for w in plan.get('waves', [])))} · max failures {plan.get('max_failures', 0):.0%} · "
             f"probation {plan.get('probation_s', 0):g} s</p>"
             f"<p id=rollout-reason>{_e(row.reason) if row.reason else ''}</p>{buttons}</section>"
-            f"<section>{wave_sections}</section>"
-            f"<section><h2>Timeline</h2><table id=timeline><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
+            f"<section id=waves data-live>{wave_sections}</section>"
+            f"<section><h2>Timeline</h2><table id=timeline data-live><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
         )
         if ignored:
             body += (

@@ -1,0 +1,184 @@
+"""The dashboard an operator works in (issue 40), through one real ``edgesdk fleet serve``
+process over a real mosquitto, driven by Debian's Chromium through Playwright (never
+``playwright install``). One service and one browser for the module (CI time).
+
+Devices speak as agents do: retained presence and enrollment requests published to the broker.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
+pytest.importorskip("fastapi", reason="needs the fleet-service extra")
+pytest.importorskip("paho.mqtt", reason="needs paho-mqtt")
+
+from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
+from edgesdk.mqtt.client import ClientOptions, MqttClient  # noqa: E402
+from tests.integration.conftest import require_mosquitto  # noqa: E402
+
+pytestmark = [pytest.mark.integration]
+
+EDGESDK = [sys.executable, "-m", "edgesdk.cli.main"]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync"]
+
+
+@dataclass
+class Dashboard:
+    api: str
+    broker: MosquittoBroker
+    operator: str  # token
+    viewer: str
+    device: MqttClient  # publishes as the devices do
+
+
+def _token(data_dir: Path, role: str) -> str:
+    made = subprocess.run(
+        [*EDGESDK, "fleet", "serve", "token", "create", "--role", role, "--name", role, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: Any) -> Iterator[Dashboard]:
+    require_mosquitto()
+    from edgesdk.keys import generate_publisher_key
+
+    root = tmp_path_factory.mktemp("dashboard-flows")
+    data = root / "data"
+    operator, viewer = _token(data, "operator"), _token(data, "viewer")
+    operator_key, _ = generate_publisher_key(root / "operator")
+    with MosquittoBroker(data_dir=root / "mosquitto") as broker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGESDK_FLEET")} | {"HOME": str(root)}
+        argv = [*EDGESDK, "fleet", "serve", "--broker", broker.url, "--operator-key", str(operator_key)]
+        argv += ["--api", "127.0.0.1:0", "--data-dir", str(data)]
+        with open(root / "serve.log", "w") as err:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            device = MqttClient(ClientOptions(client_id="dashboard-test-devices", broker_url=broker.url))
+            try:
+                assert proc.stdout is not None
+                banner = proc.stdout.readline()
+                api = re.search(r"API on (http://\S+)", banner)
+                assert api, banner + (root / "serve.log").read_text()[-2000:]
+                device.start()
+                assert device.wait_connected(10), device.stats.last_error
+                yield Dashboard(api.group(1), broker, operator, viewer, device)
+            finally:
+                device.stop()
+                proc.terminate()
+                proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def browser(dashboard: Dashboard) -> Iterator[Any]:
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).is_file():
+        pytest.skip("Debian's chromium is not installed (scripts/test installs it)")
+    with playwright_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def signed_in(browser: Any, dashboard: Dashboard, token: str) -> Any:
+    """A fresh browser context (its own cookies) signed in with ``token``, on the overview."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(20_000)
+    page.goto(dashboard.api + "/")
+    page.fill("#token", token)
+    with page.expect_navigation():
+        page.click("#sign-in")
+    return page
+
+
+def publish_presence(dashboard: Dashboard, device_id: str, *, online: bool, groups: list[str] | None = None) -> None:
+    from edgesdk.schemas.messages import Presence
+
+    presence = Presence(device_id=device_id, online=online, ts=datetime.now(UTC), groups=groups or ["line-1"])
+    info = dashboard.device.publish(
+        f"edgesdk/devices/{device_id}/presence", presence.model_dump_json().encode(), qos=1, retain=True
+    )
+    assert info is not None
+
+
+def session_cookie(dashboard: Dashboard, token: str) -> str:
+    """Sign in the way the browser does (login page's CSRF pair) and return the session cookie."""
+    url = urllib.parse.urlsplit(dashboard.api)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("GET", "/login")
+    page = conn.getresponse()
+    html = page.read().decode()
+    login = next(c for c in page.headers.get_all("set-cookie") or [] if c.startswith("edgesdk_fleet_login="))
+    csrf = re.search(r'name=csrf value="([^"]+)"', html)
+    assert csrf, html
+    body = urllib.parse.urlencode({"csrf": csrf.group(1), "token": token})
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": login.split(";", 1)[0]}
+    conn.request("POST", "/login", body=body, headers=headers)
+    answer = conn.getresponse()
+    answer.read()
+    conn.close()
+    session = next(c for c in answer.headers.get_all("set-cookie") or [] if c.startswith("edgesdk_fleet_session="))
+    return session.split(";", 1)[0]
+
+
+def open_stream(dashboard: Dashboard, cookie: str | None) -> tuple[http.client.HTTPConnection, Any]:
+    url = urllib.parse.urlsplit(dashboard.api)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=20)
+    conn.request("GET", "/ui/events", headers={"Cookie": cookie} if cookie else {})
+    return conn, conn.getresponse()
+
+
+# -- live by server-sent events --------------------------------------------------------------
+
+
+def test_a_device_state_change_appears_on_the_overview_without_a_reload(browser: Any, dashboard: Dashboard) -> None:
+    page = signed_in(browser, dashboard, dashboard.operator)
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    publish_presence(dashboard, "live-1", online=True)
+    page.locator("#device-live-1 .presence .ok").wait_for()
+    publish_presence(dashboard, "live-1", online=False)
+    page.locator("#device-live-1 .presence .bad").wait_for()
+    page.locator("#alerts li.bad", has_text="live-1 is offline").wait_for()
+    assert navigations == [], f"the page reloaded instead of updating in place: {navigations}"
+    page.context.close()
+
+
+def test_the_live_stream_needs_a_session_is_bounded_and_ends_at_sign_out(dashboard: Dashboard) -> None:
+    _conn, anonymous = open_stream(dashboard, None)
+    assert anonymous.status == 401
+    cookie = session_cookie(dashboard, dashboard.viewer)
+    streams = [open_stream(dashboard, cookie) for _ in range(4)]
+    assert [r.status for _c, r in streams] == [200] * 4
+    assert streams[0][1].getheader("content-type", "").startswith("text/event-stream")
+    assert "retry:" in streams[0][1].readline().decode()
+    _conn, fifth = open_stream(dashboard, cookie)
+    assert fifth.status == 429 and "at most 4" in fifth.read().decode()
+    url = urllib.parse.urlsplit(dashboard.api)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=20)
+    conn.request("GET", "/logout", headers={"Cookie": cookie})
+    conn.getresponse().read()
+    started = time.monotonic()
+    for _c, response in streams:
+        text = response.read().decode()  # the server ends the stream: read() returns
+        assert "event: end" in text, text
+    assert time.monotonic() - started < 10
