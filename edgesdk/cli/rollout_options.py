@@ -42,6 +42,9 @@ class RolloutArgs:
     chunk_size: int | None
     deployment_id: str | None
     expires: str
+    start_at: str | None
+    window: str | None
+    window_tz: str | None
 
     def __post_init__(self) -> None:
         from edgesdk.schemas.messages import MAX_CHUNK_SIZE, MAX_P95_LATENCY_MS
@@ -98,7 +101,24 @@ class RolloutArgs:
             probation_s=bounded_duration(self.probation, option="--probation"),
             wave_timeout_s=bounded_duration(self.wave_timeout, option="--wave-timeout") if self.wave_timeout else None,
             command_ttl_s=positive_duration(self.expires),
+            **self.schedule(),
         )
+
+    def schedule(self) -> dict[str, Any]:
+        """``start_at``, ``window`` and ``window_tz`` of the plan, each checked."""
+        from edgesdk.fleet import schedule
+
+        if self.window is not None:
+            schedule.parse_window(self.window)
+        if self.window_tz is not None:
+            if self.window is None:
+                raise UsageError("--window-tz names the zone of --window; give --window HH:MM-HH:MM too")
+            schedule.zone(self.window_tz)
+        return {
+            "start_at": schedule.parse_start_at(self.start_at) if self.start_at is not None else None,
+            "window": self.window,
+            "window_tz": self.window_tz,
+        }
 
     def health(self, plan: Any) -> Any:
         from edgesdk.fleet.rollout import parse_percent
@@ -132,6 +152,9 @@ class RolloutArgs:
             "chunk_size": self.chunk_size,
             "artifact_urls": self.urls() or None,
             "mqtt_fallback": self.mqtt_fallback,
+            "start_at": self.start_at,
+            "window": self.window,
+            "window_tz": self.window_tz,
         }
         return {k: v for k, v in body.items() if v is not None}
 
@@ -211,6 +234,23 @@ _OPTIONS = [
         "--deployment-id", default=None, help="Id for the deployment; an unfinished one with this id resumes."
     ),
     click.option("--expires", default="6h", show_default=True, help=EXPIRES_HELP),
+    click.option(
+        "--start-at",
+        default=None,
+        help="Send nothing before this time (ISO 8601 with its zone, e.g. 2026-12-06T02:00Z); PENDING until then.",
+    ),
+    click.option(
+        "--window",
+        default=None,
+        help="Maintenance window HH:MM-HH:MM in the devices' local time (22:00-04:00 wraps midnight): "
+        "each wave starts, and commands are sent, only inside it.",
+    ),
+    click.option(
+        "--window-tz",
+        default=None,
+        help="The devices' zone for --window (IANA, e.g. Europe/Berlin); default: the fleet service's "
+        "$EDGESDK_FLEET_TIMEZONE, else UTC (devices do not report one).",
+    ),
 ]
 _FIELDS = tuple(f.name for f in fields(RolloutArgs))
 

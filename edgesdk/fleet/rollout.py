@@ -69,6 +69,7 @@ from edgesdk.fleet.deployments import (
     issue_command,
     judge_refusals,
 )
+from edgesdk.fleet.schedule import waiting_for
 from edgesdk.protocol.signing import command_digest, command_payload
 from edgesdk.protocol.topics import (
     EVENTS,
@@ -101,6 +102,12 @@ class RolloutPlan:
     wave_timeout_s: float | None = None
     resend_s: float = 30.0
     command_ttl_s: float = DEFAULT_COMMAND_TTL_S  # each issued command's lifetime (``--expires``)
+    #: Scheduled start (Unix seconds, ``--start-at``): nothing is sent before it; state PENDING.
+    start_at: float | None = None
+    #: Maintenance window ``HH:MM-HH:MM`` (``--window``) in ``window_tz`` (else the service's
+    #: default zone, ``edgesdk.fleet.schedule``): a wave starts, and commands are sent, only inside it.
+    window: str | None = None
+    window_tz: str | None = None
 
     def timeout(self) -> float:
         """The wave's deadline in seconds (``--wave-timeout``, else probation + 10 minutes)."""
@@ -338,6 +345,9 @@ class RolloutController:
             total = len(self.store.devices(deployment_id))
             waves = self.store.wave_count(deployment_id)
             first = max(row.wave, 0)
+            held = self._wait_until_open(deployment_id, plan, row.state, first)
+            if held is not None:
+                return held
             self.store.set_state(deployment_id, IN_PROGRESS, wave=first)
             for wave in range(first, waves):
                 outcome = self._run_wave(deployment_id, message, plan, wave, waves, total)
@@ -377,6 +387,10 @@ class RolloutController:
         ]
         # Issued now, for this wave only: a wave that starts after the canary's probation gets a
         # command dated now, and the canary's message is not valid for anyone else.
+        if self._wave_age(deployment_id, wave) == 0.0:  # a fresh wave starts inside the window only
+            held = self._wait_until_open(deployment_id, plan, IN_PROGRESS, wave)
+            if held is not None:
+                return held
         command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
         self._send(command, pending)
         self.store.mark_sent(deployment_id, pending)
@@ -441,7 +455,7 @@ class RolloutController:
                             f"no answer within {format_duration(plan.timeout())} (last {device.state})",
                         )
                 continue  # judged again with the timeouts counted as failures
-            if now - last_sent > plan.resend_s:
+            if now - last_sent > plan.resend_s and self._may_send(plan):
                 # A device that never answered may have been offline: send again (devices ignore repeats).
                 silent = [d.device_id for d in in_wave if d.state == "SENT"]
                 if command.expires_at is None or command.expires_at - _utcnow() < _seconds(2 * plan.resend_s):
@@ -449,6 +463,31 @@ class RolloutController:
                 self._send(command, silent)  # the same command again is a repeat to a device that has it
                 last_sent = now
             time.sleep(self.poll_s)
+
+    def _wait_until_open(self, deployment_id: str, plan: RolloutPlan, state: str, wave: int) -> str | None:
+        """Wait for the plan's start and window, the reason shown in the deployment's status;
+        None when it may send, or the state to return (ended from elsewhere, or STOPPED)."""
+        shown = None
+        while True:
+            why = waiting_for(time.time(), plan.start_at, plan.window, plan.window_tz)
+            if why is None:
+                if shown is not None:
+                    self.store.set_state(deployment_id, state, wave=wave, reason="")
+                return None
+            if why != shown:  # the "opens in" countdown changes once a minute
+                if shown is None or why.split(" (")[0] != shown.split(" (")[0]:
+                    self.on_progress("waiting", {"deployment_id": deployment_id, "wave": wave, "reason": why})
+                self.store.set_state(deployment_id, state, wave=wave, reason=why)
+                shown = why
+            row = self.store.get(deployment_id)
+            if row.state in FINISHED_ROLLOUT_STATES:
+                return row.state
+            if self._stopping.wait(max(self.poll_s, 0.05)):
+                return STOPPED
+
+    @staticmethod
+    def _may_send(plan: RolloutPlan) -> bool:
+        return plan.window is None or waiting_for(time.time(), None, plan.window, plan.window_tz) is None
 
     def _wave_age(self, deployment_id: str, wave: int) -> float:
         """Seconds since the wave's command was first sent: a resumed wave (a restarted service

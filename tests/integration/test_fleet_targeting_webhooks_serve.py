@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +167,53 @@ def test_tags_filters_and_signed_webhooks_through_fleet_serve(mqtt_broker, tmp_p
                 ],
             )
             assert failed[0]["attempts"] == 2 and failed[0]["event"].startswith("rollout."), failed
+
+
+def _window_closed_now() -> str:
+    """A one-hour UTC window that starts two hours from now (so it is closed now)."""
+    opens = datetime.now(timezone.utc) + timedelta(hours=2)
+    return f"{opens:%H}:00-{(opens + timedelta(hours=1)):%H}:00"
+
+
+def test_scheduled_start_and_maintenance_window_hold_the_waves_through_fleet_serve(
+    mqtt_broker, tmp_path: Path, monkeypatch
+) -> None:
+    from tests.bundle_helpers import make_keys, placeholder_bundle
+
+    monkeypatch.setenv("EDGESDK_FLEET_TIMEZONE", "UTC")
+    data = tmp_path / "data"
+    operator = token(data, "operator")
+    (tmp_path / "operator.token").write_text(operator)
+    with fleet_serve(tmp_path / "svc", ["--broker", mqtt_broker.url], "--data-dir", str(data)) as svc:
+        as_operator = ["--server", svc.api, "--token-file", str(tmp_path / "operator.token")]
+        _presence(mqtt_broker.url, "cam-1", online=True, profile="pi5")
+        _until("the device", lambda: _api(svc.api, operator, "GET", "/devices")["total"] == 1)
+        bundle = placeholder_bundle(tmp_path / "bundle", make_keys(tmp_path / "keys"))
+        later = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%MZ")
+        common = ["--devices", "cam-1", "--canary", "0", "--waves", "100%", "--data-dir", str(data), "--json"]
+        assert _cli("submit", str(bundle), *common, "--deployment-id", "tomorrow", "--start-at", later).returncode == 0
+        window = _window_closed_now()
+        closed = _cli("submit", str(bundle), *common, "--deployment-id", "in-window", "--window", window)
+        assert closed.returncode == 0, closed.stderr
+        everywhen = _cli("submit", str(bundle), *common, "--deployment-id", "now", "--window", "00:00-23:59")
+        assert everywhen.returncode == 0, everywhen.stderr
+
+        def states(deployment_id: str) -> dict[str, Any]:
+            return _api(svc.api, operator, "GET", f"/deployments/{deployment_id}")
+
+        waiting = _until("the scheduled rollout's status", lambda: states("tomorrow")["reason"] or None)
+        assert waiting == f"scheduled: waiting for its start at {later}"
+        held = _until("the window's status", lambda: states("in-window")["reason"] or None)
+        assert held.startswith(f"waiting for its maintenance window {window} (UTC, opens in 1h"), held
+        _until("the open window's wave sent", lambda: states("now")["device_states"][0]["state"] != "PENDING")
+        for deployment_id in ("tomorrow", "in-window"):
+            detail = states(deployment_id)
+            assert detail["state"] == "PENDING" and detail["device_states"][0]["state"] == "PENDING", detail
+        shown = _cli("status", "tomorrow", *as_operator)
+        assert shown.returncode == 0 and f"waiting for its start at {later}" in shown.stdout, shown.stdout
+        bad = _cli("submit", str(bundle), *common, "--window", "25:00-02:00")
+        assert bad.returncode != 0 and "'25:00-02:00'" in bad.stderr and "Traceback" not in bad.stderr
+        naive = _cli("submit", str(bundle), *common, "--start-at", "2026-12-06T02:00")
+        assert naive.returncode != 0 and "zone" in naive.stderr and "Traceback" not in naive.stderr
+        _api(svc.api, operator, "POST", "/deployments/tomorrow/abort", {"reason": "not needed"})
+        assert states("tomorrow")["state"] == "ABORTED"

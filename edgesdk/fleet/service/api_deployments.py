@@ -216,6 +216,9 @@ def _plan(body: DeploymentCreate) -> RolloutPlan:
         probation_s=body.probation_s,
         wave_timeout_s=body.wave_timeout_s,
         command_ttl_s=body.expires_s,
+        start_at=body.start_at.timestamp() if body.start_at is not None else None,
+        window=body.window,
+        window_tz=body.window_tz,
     )
 
 

@@ -8,6 +8,7 @@ never a 500 from a date or an integer column it overflows (tests/integration/tes
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -54,14 +55,33 @@ class DeploymentCreate(_Body):
         default_factory=list, max_length=8, description="HTTP(S) URLs devices try first (the service's own follows)"
     )
     mqtt_fallback: bool = Field(True, description="devices fetch MQTT chunks when every URL fails")
+    start_at: datetime | None = Field(None, description="send nothing before (ISO 8601 with its zone); PENDING until")
+    window: str | None = Field(None, description="maintenance window HH:MM-HH:MM in the devices' local time")
+    window_tz: str | None = Field(None, max_length=64, description="IANA zone of window; default the service's")
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentCreate:
+        _check_schedule(self.start_at, self.window, self.window_tz)
         if [self.devices, self.group, self.target_filter, self.where].count(None) != 3:
             raise ValueError("give exactly one of devices, group, target_filter or where")
         if self.waves != sorted(self.waves) or self.waves[-1] != 1.0 or any(not 0 < w <= 1 for w in self.waves):
             raise ValueError(f"waves {self.waves} must rise and end at 1.0")
         return self
+
+
+def _check_schedule(start_at: datetime | None, window: str | None, window_tz: str | None) -> None:
+    from edgesdk.errors import UsageError
+    from edgesdk.fleet import schedule
+
+    if start_at is not None and start_at.tzinfo is None:
+        raise ValueError("start_at needs its zone (2026-12-06T02:00Z)")
+    try:
+        if window is not None:
+            schedule.parse_window(window, option="window")
+        if window_tz is not None:
+            schedule.zone(window_tz, option="window_tz")
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class CommandOptions(_Body):
