@@ -267,7 +267,10 @@ def test_ingest_workers_keep_at_most_max_pending_enrollments(
     from edgesdk.agent.enrollment import enrollment_request
 
     db_url = postgres.create_database("pending")
-    serve = Serve(tmp_path / "serve", broker, db_url, operator_key, "--workers", "1", "--max-pending-enrollments", "3")
+    # A share group of its own: the earlier tests' worker sessions persist at this module's broker
+    # and would take their round-robin share of the requests.
+    extra = ("--workers", "1", "--max-pending-enrollments", "3", "--share-group", "pending-limit")
+    serve = Serve(tmp_path / "serve", broker, db_url, operator_key, *extra)
     engine = open_engine(db_url)
     try:
         serve.wait_for(r"ingest worker w0 \(pid \d+\) on")
@@ -288,7 +291,7 @@ def test_ingest_workers_keep_at_most_max_pending_enrollments(
             counters = read_counters(engine, "edgesdk")
         with engine.connect() as db:
             rows = db.execute(sa.select(sa.func.count()).select_from(schema.enrollment_requests)).scalar()
-        assert (rows, counters.get("enroll_refused", 0)) == (3, 5), serve.text()[-3000:]
+        assert (rows, counters.get("enroll_refused", 0)) == (3, 5), (counters, serve.text()[-3000:])
     finally:
         serve.stop()
         engine.dispose()
