@@ -45,8 +45,57 @@ def test_pipeline_schema_refuses_not_yet_inputs_and_bad_steps_in_one_line() -> N
         Pipeline.parse_obj_clear({"image": {"colour": "RGB"}}, source="p.yaml")
 
 
-def test_pipeline_is_a_field_of_the_signed_manifest() -> None:
-    assert BundleManifest.model_fields["pipeline"].annotation == Pipeline | None
+def test_packaged_pipeline_and_labels_are_covered_by_the_bundle_signature(tmp_path) -> None:
+    from edgesdk.api import package
+    from edgesdk.bundle import verify_bundle
+    from edgesdk.errors import SignatureError
+    from edgesdk.keys import load_publisher_public_key
+    from tests.bundle_helpers import make_keys, write_convert_dir
+
+    keys = make_keys(tmp_path / "keys")
+    convert = write_convert_dir(tmp_path / "convert", {"onnx-fp32": {"model.onnx": b"not a model"}})
+    (tmp_path / "pipeline.yaml").write_text("image: {color: L}\npost: {activation: softmax, top_k: 2}\n")
+    (tmp_path / "labels.txt").write_text("cat\ndog\n\n")
+    bundle = package(
+        convert,
+        out=tmp_path / "b.edgepkg",
+        version="1.0.0",
+        release=1,
+        publisher_key=keys.publisher_key,
+        recipients=keys.device_pub,
+        pipeline=tmp_path / "pipeline.yaml",
+        labels=tmp_path / "labels.txt",
+    )
+    trusted = [load_publisher_public_key(keys.publisher_pub)]
+    manifest = verify_bundle(bundle, trusted_publishers=trusted).manifest
+    assert isinstance(manifest, BundleManifest) and manifest.pipeline is not None
+    assert manifest.pipeline.post.labels == ["cat", "dog"] and manifest.pipeline.image.color == "L"
+
+    data = bundle.read_bytes()
+    swapped = tmp_path / "swapped.edgepkg"
+    swapped.write_bytes(data.replace(b'"cat","dog"', b'"dog","cat"', 1))
+    assert swapped.read_bytes() != data
+    with pytest.raises(SignatureError):
+        verify_bundle(swapped, trusted_publishers=trusted)
+
+
+def test_package_command_refuses_a_bad_pipeline_file_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "pipeline.yaml").write_text("input: audio\n")
+    base = [sys.executable, "-m", "edgesdk.cli.main", "package", str(tmp_path), "--name", "m", "--version", "1.0.0"]
+    base += ["--publisher-key", "p.key", "--recipient", "d.pub", "--out", str(tmp_path / "o.edgepkg")]
+    bad_field = subprocess.run(
+        [*base, "--pipeline", str(tmp_path / "pipeline.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert bad_field.returncode == 1
+    assert bad_field.stderr.strip().count("\n") == 0 and "Traceback" not in bad_field.stderr
+    assert "field 'input'" in bad_field.stderr and "'audio' is not supported yet" in bad_field.stderr
+    missing = subprocess.run(
+        [*base, "--pipeline", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 1 and "nope.yaml: cannot read it" in missing.stderr
 
 
 def test_image_steps_match_pillow_and_numpy_reference() -> None:
