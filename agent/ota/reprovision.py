@@ -82,9 +82,10 @@ class Reprovisioner:
             self._unverified({"command_sha256": digest, "why": signer.why, "reason": signer.message[:1024]})
             return
         try:
-            if self._admit(command, signer) is Admission.REPEAT:
+            admission, current = self._admit(command, signer)
+            if admission is Admission.REPEAT:
                 return  # the same command again (QoS 1 redelivery): it was done, floors may have risen since
-            record = self._new_record(command, signer, keys)
+            record = self._new_record(command, signer, keys, current)
             self.security.seed(record, replace_valid=True)
         except (CommandRefused, EdgeSDKError) as exc:
             why = getattr(exc, "why", "refused")
@@ -104,25 +105,29 @@ class Reprovisioner:
             {"deployment_id": command.deployment_id, "command_sha256": digest, "trust_version": record.trust_version},
         )
 
-    def _admit(self, command: Reprovision, signer: str) -> Admission:
-        """The deployment gate's checks; the replay check against the record when it is valid."""
+    def _admit(self, command: Reprovision, signer: str) -> tuple[Admission, SecurityRecord | None]:
+        """The deployment gate's checks; the replay check against the record when it is valid
+        (returned too: a healthy device's floors are never lowered by a re-provision)."""
         if command.key_id != self._key_id():
             raise CommandRefused(
                 "not_addressed",
                 f"re-provision {command.deployment_id!r} is for device key {command.key_id}, not this one",
             )
+        current: SecurityRecord | None
         try:
-            self.security.read()
+            current = self.security.read()
             store: Any = RecordLedgerStore(self.security)
         except EdgeSDKError:
-            store = _NoLedger()
+            current, store = None, _NoLedger()
         gate = CommandGate(
             SequenceLedger(Path("/nonexistent"), store=store), device_id=self.device_id, **self._gate_settings
         )
-        return gate.admit(command, signer)  # type: ignore[arg-type]
+        return gate.admit(command, signer), current  # type: ignore[arg-type]
 
     @staticmethod
-    def _new_record(command: Reprovision, signer: str, keys: list[Any]) -> SecurityRecord:
+    def _new_record(
+        command: Reprovision, signer: str, keys: list[Any], current: SecurityRecord | None
+    ) -> SecurityRecord:
         from edgesdk.keys import key_id
 
         digest = hashlib.sha256((command.signature or "").encode()).hexdigest()
@@ -133,10 +138,17 @@ class Reprovisioner:
             from edgesdk.trust.document import parse_document
 
             trust_version = parse_document(command.trust_document.encode(), source="re-provision").version
+        floors = dict(command.release_floors)
+        trust_document = command.trust_document
+        if current is not None:  # a valid record: nothing it holds is lowered
+            for model, floor in current.release_floors.items():
+                floors[model] = max(floor, floors.get(model, 0))
+            if current.trust_version is not None and (trust_version or 0) < current.trust_version:
+                trust_document, trust_version = current.trust_document, current.trust_version
         return SecurityRecord(
-            trust_document=command.trust_document,
+            trust_document=trust_document,
             trust_version=trust_version,
-            release_floors=dict(command.release_floors),
+            release_floors=floors,
             ledger=ledger,
         )
 

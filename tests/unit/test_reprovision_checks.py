@@ -125,3 +125,18 @@ def test_refused_commands_write_nothing(tmp_path: Path, fleet: dict[str, Path], 
     handler.handle(signed.model_dump_json().encode())
     assert [(name, detail["why"]) for name, detail in events.seen] == [("reprovision_refused", why)], events.seen
     assert not state.path.exists()
+
+
+def test_a_healthy_device_is_never_lowered_by_a_reprovision(tmp_path: Path, fleet: dict[str, Path]) -> None:
+    """With a valid record, the new one keeps the higher of each floor and the newer trust document."""
+    handler, state, events = device(tmp_path, fleet["image"])
+    handler.handle(command(fleet["new_op"], trust=fleet["v2"]).model_dump_json().encode())
+    state.release_floor("digits").write(5)
+    later = command(fleet["old_op"]).model_copy(update={"deployment_id": "reprovision-2"})
+    later = sign_reprovision(
+        later.model_copy(update={"sequence": later.sequence + 1}), load_publisher_private_key(fleet["old_op"])
+    )
+    handler.handle(later.model_dump_json().encode())
+    assert [name for name, _ in events.seen] == ["security_state_reprovisioned"] * 2, events.seen
+    record = state.read()
+    assert record.release_floors == {"digits": 5} and record.trust_version == 2
