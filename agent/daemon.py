@@ -88,7 +88,7 @@ class Agent:
         self.device_key_path = self._device_key_path()
         self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
         # The trust floor, the release floors and the command ledger in one authenticated record
-        # (agent/security_state.py): missing or invalid on a device that ran before = tampered.
+        # (agent/security_state.py): made with the device key, so missing or invalid = tampered.
         self.security = self._security_state()
         self.stores = ModelStores(self.data_dir, security=self.security)
         self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
