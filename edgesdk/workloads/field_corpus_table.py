@@ -64,7 +64,27 @@ def render(rows: list[dict], stamp: dict) -> str:
              "|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         lines += ["| " + " | ".join(cell) + " |" for cell in _cells(row)]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *_dropped_section(rows)]) + "\n"
+
+
+def _dropped_section(rows: list[dict]) -> list[str]:
+    """What each cell built and dropped, with the converter's reason (repeats said once)."""
+    lines = [
+        "## Dropped variants",
+        "",
+        "The converter's reason for each variant it built or tried and did not ship.",
+        "",
+    ]
+    for row in rows:
+        reasons = list(dict.fromkeys(row.get("rejected", [])))
+        if reasons:
+            lines.append(f"- **{row['model']} @ {row['profile']}**")
+            lines += [f"  - {_short(r)}" for r in reasons]
+    return lines
+
+
+def _short(reason: str, limit: int = 400) -> str:
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
