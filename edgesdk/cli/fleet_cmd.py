@@ -34,6 +34,7 @@ FLEET_COMMANDS: dict[str, str] = {
     "tag": "edgesdk.cli.fleet_targeting_cmd:tag",
     "filter": "edgesdk.cli.fleet_targeting_cmd:target_filter",
     "webhook": "edgesdk.cli.fleet_targeting_cmd:webhook",
+    "window": "edgesdk.cli.fleet_targeting_cmd:window",
 }
 
 COLUMNS = (

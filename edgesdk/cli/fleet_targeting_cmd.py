@@ -96,6 +96,48 @@ def delete_filter(name: str, **params: Any) -> None:
     click.echo(f"target filter {name} deleted")
 
 
+@click.group("window")
+def window() -> None:
+    """Maintenance windows per group: a rollout to ``--group G`` without ``--window`` takes G's."""
+
+
+@window.command("set")
+@click.argument("group")
+@click.argument("hours", metavar="HH:MM-HH:MM")
+@click.option("--window-tz", default=None, help="The devices' zone (IANA); default the service's.")
+@server_options
+def set_window(group: str, hours: str, window_tz: str | None, **params: Any) -> None:
+    """Give GROUP the maintenance window HOURS (in the devices' local time)."""
+    from edgesdk.fleet import schedule
+
+    schedule.parse_window(hours)  # one line here, before any request
+    body = {"window": hours, "window_tz": window_tz}
+    saved = _client(params, "group windows").call("PUT", f"/groups/{_quoted(group)}/window", body)
+    click.echo(f"group {group}: window {saved['window']} ({saved['window_tz'] or 'the service default zone'})")
+
+
+@window.command("list")
+@server_options
+@json_option
+def list_windows(as_json: bool, **params: Any) -> None:
+    """Every group's maintenance window."""
+    windows, _ = _client(params, "group windows").pages("/group-windows")
+    if as_json:
+        print_json(windows)
+    else:
+        rows = [[w["group"], w["window"], w["window_tz"] or "service default"] for w in windows]
+        print_table("maintenance windows", ("group", "window", "zone"), rows)
+
+
+@window.command("clear")
+@click.argument("group")
+@server_options
+def clear_window(group: str, **params: Any) -> None:
+    """Remove GROUP's maintenance window (rollouts made already keep theirs)."""
+    _client(params, "group windows").call("DELETE", f"/groups/{_quoted(group)}/window")
+    click.echo(f"group {group}: no maintenance window")
+
+
 @click.group("webhook")
 def webhook() -> None:
     """Webhooks for rollout and alert events (signed with HMAC-SHA256; admin token)."""

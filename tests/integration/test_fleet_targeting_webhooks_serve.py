@@ -198,6 +198,12 @@ def test_scheduled_start_and_maintenance_window_hold_the_waves_through_fleet_ser
         everywhen = _cli("submit", str(bundle), *common, "--deployment-id", "now", "--window", "00:00-23:59")
         assert everywhen.returncode == 0, everywhen.stderr
 
+        grouped = _cli("window", "set", "line-1", window, "--window-tz", "UTC", *as_operator)
+        assert grouped.returncode == 0 and window in grouped.stdout, grouped.stderr
+        by_group = [*common[2:], "--group", "line-1", "--deployment-id", "group-window"]  # no --window of its own
+        assert _cli("submit", str(bundle), *by_group).returncode == 0
+        assert _cli("window", "set", "line-1", "2-4", *as_operator).returncode != 0
+
         def states(deployment_id: str) -> dict[str, Any]:
             return _api(svc.api, operator, "GET", f"/deployments/{deployment_id}")
 
@@ -206,7 +212,9 @@ def test_scheduled_start_and_maintenance_window_hold_the_waves_through_fleet_ser
         held = _until("the window's status", lambda: states("in-window")["reason"] or None)
         assert held.startswith(f"waiting for its maintenance window {window} (UTC, opens in 1h"), held
         _until("the open window's wave sent", lambda: states("now")["device_states"][0]["state"] != "PENDING")
-        for deployment_id in ("tomorrow", "in-window"):
+        by_window = _until("the group window's status", lambda: states("group-window")["reason"] or None)
+        assert by_window.startswith(f"waiting for its maintenance window {window} (UTC"), by_window
+        for deployment_id in ("tomorrow", "in-window", "group-window"):
             detail = states(deployment_id)
             assert detail["state"] == "PENDING" and detail["device_states"][0]["state"] == "PENDING", detail
         shown = _cli("status", "tomorrow", *as_operator)

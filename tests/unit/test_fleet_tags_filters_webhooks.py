@@ -191,3 +191,23 @@ def _signed_retried_secret_kept(fleet: Fleet, receiver: Any) -> None:
     assert "refused" in records[0]["error"].lower() or records[0]["error"], records
     assert client.delete(f"/api/v1/webhooks/{dead_id}", headers=admin).json()["id"] == dead_id
     assert client.get(f"/api/v1/webhooks/{dead_id}/deliveries", headers=admin).status_code == 404
+
+
+def test_a_groups_maintenance_window_needs_an_operator_and_a_valid_window(fleet: Fleet) -> None:
+    client, operator = fleet.client, fleet.as_("operator")
+    body = {"window": "02:00-04:00", "window_tz": "Europe/Berlin"}
+    assert client.put("/api/v1/groups/line-1/window", json=body, headers=fleet.as_("viewer")).status_code == 403
+    bad = client.put("/api/v1/groups/line-1/window", json={"window": "2-4"}, headers=operator)
+    assert bad.status_code == 422 and "'2-4'" in bad.json()["detail"]
+    zone = client.put("/api/v1/groups/line-1/window", json={**body, "window_tz": "Mars/Base"}, headers=operator)
+    assert zone.status_code == 422 and "'Mars/Base'" in zone.json()["detail"]
+    assert client.put("/api/v1/groups/line-1/window", json=body, headers=operator).json() == {"group": "line-1", **body}
+    assert client.get("/api/v1/group-windows", headers=fleet.as_("viewer")).json()["items"] == [
+        {"group": "line-1", **body}
+    ]
+    rollout = {"bundle_id": fleet.bundle_id, "canary": 0, "waves": [1.0], "group": "line-1", "deployment_id": "g-w"}
+    assert client.post("/api/v1/deployments", json=rollout, headers=operator).status_code == 201
+    assert fleet.store.get("g-w").plan["window"] == "02:00-04:00"  # copied when the rollout was made
+    assert client.delete("/api/v1/groups/line-1/window", headers=operator).status_code == 200
+    assert client.get("/api/v1/groups/line-1/window", headers=operator).status_code == 404
+    assert fleet.store.get("g-w").plan["window_tz"] == "Europe/Berlin"

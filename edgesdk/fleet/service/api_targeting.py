@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Path
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgesdk.errors import UsageError
+from edgesdk.fleet import schedule
 from edgesdk.fleet.service import schema, targeting, tokens, webhooks
 from edgesdk.fleet.service.api_routing import (
     ONE_ERRORS,
@@ -57,6 +59,17 @@ class TargetFilter(BaseModel):
     devices: list[str] = Field(description="the devices it selects now")
 
 
+class WindowBody(_Body):
+    window: str = Field(description="HH:MM-HH:MM in the devices' local time (22:00-04:00 wraps midnight)")
+    window_tz: str | None = Field(None, max_length=64, description="IANA zone; default the service's")
+
+
+class GroupWindow(BaseModel):
+    group: str
+    window: str
+    window_tz: str | None
+
+
 class WebhookCreate(_Body):
     url: str = Field(max_length=2000)
     secret: str = Field(min_length=16, max_length=255, description="signs each payload (HMAC-SHA256); never shown back")
@@ -89,6 +102,7 @@ class WebhookDelivery(BaseModel):
 def add_targeting_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     _add_tag_routes(app, context, who)
     _add_filter_routes(app, context, who)
+    _add_window_routes(app, context, who)
     _add_webhook_routes(app, context, who)
     app.state.webhooks = webhooks.WebhookNotifier(
         context.engine, context.store, context.broker_status, **webhooks.retry_settings()
@@ -225,6 +239,86 @@ def _add_filter_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         return removed
 
 
+def _add_window_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+    engine = context.engine
+    table = schema.maintenance_windows
+
+    def known(group: str) -> dict[str, Any]:
+        with Transaction(engine) as db:
+            row = db.execute(sa.select(table).where(table.c.group_name == group)).first()
+        if row is None:
+            raise HTTPException(404, f"group {group!r} has no maintenance window (PUT /api/v1/groups/{group}/window)")
+        return {"group": group, "window": row.window, "window_tz": row.window_tz}
+
+    @app.get(
+        "/api/v1/group-windows",
+        response_model=Page[GroupWindow],
+        tags=["targeting"],
+        responses=documented(*READ_ERRORS),
+    )
+    def list_windows(
+        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
+    ) -> dict[str, Any]:
+        with Transaction(engine) as db:
+            rows = db.execute(sa.select(table).order_by(table.c.group_name)).all()
+        return page.page([{"group": r.group_name, "window": r.window, "window_tz": r.window_tz} for r in rows])
+
+    @app.get(
+        "/api/v1/groups/{group}/window",
+        response_model=GroupWindow,
+        tags=["targeting"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def get_window(group: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> dict[str, Any]:
+        return known(group)
+
+    @app.put(
+        "/api/v1/groups/{group}/window",
+        response_model=GroupWindow,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def put_window(
+        group: str, body: WindowBody, operator: tokens.Operator = Depends(who("operator", "group.window"))
+    ) -> dict[str, Any]:
+        """The window a rollout to ``group`` takes when it names none (read when the rollout is created)."""
+        try:
+            schedule.parse_window(body.window, option="window")
+            schedule.zone(body.window_tz, option="window_tz")
+        except UsageError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+        def work() -> None:
+            with Transaction(engine) as db:
+                db.execute(table.delete().where(table.c.group_name == group))
+                db.execute(
+                    table.insert().values(
+                        group_name=group, window=body.window.strip(), window_tz=body.window_tz, updated=time.time()
+                    )
+                )
+
+        audited_call(engine, operator, "group.window", group, work, window=body.window, window_tz=body.window_tz)
+        return known(group)
+
+    @app.delete(
+        "/api/v1/groups/{group}/window",
+        response_model=GroupWindow,
+        tags=["targeting"],
+        responses=documented(*WRITE_ERRORS),
+    )
+    def delete_window(
+        group: str, operator: tokens.Operator = Depends(who("operator", "group.window_clear"))
+    ) -> dict[str, Any]:
+        removed = known(group)
+
+        def work() -> None:
+            with Transaction(engine) as db:
+                db.execute(table.delete().where(table.c.group_name == group))
+
+        audited_call(engine, operator, "group.window_clear", group, work)
+        return removed
+
+
 def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     engine = context.engine
 
@@ -247,7 +341,7 @@ def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         """422 for a URL that is not http(s) or that resolves to a link-local or metadata address."""
         try:
             webhooks.check_url(body.url)
-        except webhooks.UsageError as exc:
+        except UsageError as exc:
             raise HTTPException(422, str(exc)) from None
 
         def work() -> dict[str, Any]:

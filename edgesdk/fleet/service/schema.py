@@ -331,6 +331,17 @@ target_filters = Table(
     Column("created_by", String(128), nullable=False),
 )
 
+#: A group's maintenance window (``PUT /api/v1/groups/{group}/window``): a rollout to the group
+#: that names no window of its own takes this one when it is created (``edgesdk.fleet.schedule``).
+maintenance_windows = Table(
+    "maintenance_windows",
+    metadata,
+    Column("group_name", String(128), primary_key=True),
+    Column("window", String(16), nullable=False),
+    Column("window_tz", String(64)),
+    Column("updated", Float, nullable=False),
+)
+
 #: Webhooks for rollout and alert events. The secret signs each payload (HMAC-SHA256), so it is
 #: kept as given (a hash could not sign); the API never shows it back.
 webhooks = Table(

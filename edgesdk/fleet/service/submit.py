@@ -3,6 +3,7 @@ at its next poll (from ``edgesdk fleet submit``, the REST API, tests)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,23 @@ def submit_deployment(
         store,
         bundle,
         targets,
-        plan,
+        with_group_window(store.engine, plan, group),
         deployment_id=deployment_id,
         health=health,
         chunk_size=chunk_size,
         artifact_urls=artifact_urls,
         mqtt_fallback=mqtt_fallback,
     )
+
+
+def with_group_window(engine: Any, plan: RolloutPlan, group: str | None) -> RolloutPlan:
+    """``plan`` with ``group``'s maintenance window when it names none of its own."""
+    if group is None or plan.window is not None:
+        return plan
+    table = schema.maintenance_windows
+    with Transaction(engine) as db:
+        row = db.execute(sa.select(table).where(table.c.group_name == group)).first()
+    return plan if row is None else dataclasses.replace(plan, window=row.window, window_tz=row.window_tz)
 
 
 def devices_in_group(engine: Any, group: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Server-side device tags, dynamic groups (saved target filters), webhooks and their
-deliveries (issue 40).
+"""Server-side device tags, dynamic groups (saved target filters), groups' maintenance windows,
+webhooks and their deliveries (issue 40).
 
 Revision ID: 0007
 Revises: 0006
@@ -35,6 +35,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name"),
     )
     op.create_table(
+        "maintenance_windows",
+        sa.Column("group_name", sa.String(length=128), nullable=False),
+        sa.Column("window", sa.String(length=16), nullable=False),
+        sa.Column("window_tz", sa.String(length=64), nullable=True),
+        sa.Column("updated", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("group_name"),
+    )
+    op.create_table(
         "webhooks",
         sa.Column("id", sa.String(length=16), nullable=False),
         sa.Column("url", sa.Text(), nullable=False),
@@ -64,5 +72,6 @@ def downgrade() -> None:
     op.drop_index("ix_webhook_deliveries_webhook", table_name="webhook_deliveries")
     op.drop_table("webhook_deliveries")
     op.drop_table("webhooks")
+    op.drop_table("maintenance_windows")
     op.drop_table("target_filters")
     op.drop_table("device_tags")
