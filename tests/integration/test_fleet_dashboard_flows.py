@@ -182,3 +182,77 @@ def test_the_live_stream_needs_a_session_is_bounded_and_ends_at_sign_out(dashboa
         text = response.read().decode()  # the server ends the stream: read() returns
         assert "event: end" in text, text
     assert time.monotonic() - started < 10
+
+
+# -- pending enrollment ----------------------------------------------------------------------
+
+
+def request_enrollment(dashboard: Dashboard, device_id: str) -> str:
+    """Publish a device's retained enrollment request, as its agent does; its full key id."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from edgesdk.agent.enrollment import enrollment_request
+
+    message = enrollment_request(device_id, X25519PrivateKey.generate().public_key().public_bytes_raw())
+    dashboard.device.publish(
+        f"edgesdk/devices/{device_id}/enroll", message.model_dump_json().encode(), qos=1, retain=True
+    )
+    return message.key_id
+
+
+def enrollment_status(dashboard: Dashboard, device_id: str) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    call = urllib.request.Request(
+        f"{dashboard.api}/api/v1/enrollment?limit=500", headers={"Authorization": f"Bearer {dashboard.viewer}"}
+    )
+    with urllib.request.urlopen(call, timeout=20) as answer:
+        items = json.loads(answer.read())["items"]
+    return next(i for i in items if i["device_id"] == device_id)
+
+
+def test_an_operator_approves_and_rejects_pending_enrollments_by_their_full_key_id(
+    browser: Any, dashboard: Dashboard
+) -> None:
+    keys = {device_id: request_enrollment(dashboard, device_id) for device_id in ("enr-a", "enr-b")}
+    viewer = signed_in(browser, dashboard, dashboard.viewer)
+    viewer.goto(dashboard.api + "/ui/enrollment")
+    viewer.locator("#pending-enr-b").wait_for()  # arrives live when the ingest has it
+    assert keys["enr-a"] in viewer.inner_text("#pending-enr-a .key-id")  # the full 32 digits
+    assert viewer.locator("#pending button").count() == 0, "a viewer sees no approve/reject buttons"
+    viewer.context.close()
+
+    page = signed_in(browser, dashboard, dashboard.operator)
+    page.goto(dashboard.api + "/ui/enrollment")
+    with page.expect_navigation():
+        page.click("#approve-enr-a")
+    assert f"enr-a approved (key {keys['enr-a']})" in page.inner_text("#enrollment-done")
+    with page.expect_navigation():
+        page.click("#reject-enr-b")
+    assert page.locator("#pending-enr-a").count() == 0 and page.locator("#pending-enr-b").count() == 0
+    approved, rejected = enrollment_status(dashboard, "enr-a"), enrollment_status(dashboard, "enr-b")
+    assert (approved["status"], approved["key_id"]) == ("approved", keys["enr-a"])
+    assert rejected["status"] == "revoked"
+    page.context.close()
+
+
+def test_an_enrollment_approval_is_bound_to_the_key_id_the_page_showed(browser: Any, dashboard: Dashboard) -> None:
+    first = request_enrollment(dashboard, "enr-c")
+    page = signed_in(browser, dashboard, dashboard.operator)
+    page.goto(dashboard.api + "/ui/enrollment")
+    page.locator("#pending-enr-c").wait_for()
+    later = request_enrollment(dashboard, "enr-c")  # another key announced (the bootstrap account can)
+    page.locator("#pending-enr-c", has_text=later).wait_for()  # shown live beside the first, in full
+    csrf = page.locator("#pending-enr-c input[name=csrf]").first.get_attribute("value")
+    forged = page.request.post(
+        dashboard.api + "/ui/enrollment/enr-c/approve", form={"csrf": csrf, "key_id": "ab" * 16}, max_redirects=0
+    )
+    assert forged.status == 303 and "error=" in forged.headers["location"]
+    assert enrollment_status(dashboard, "enr-c")["status"] == "pending"
+    with page.expect_navigation():
+        page.click("#approve-enr-c")  # the button names the first key, and approves that one
+    assert (enrollment_status(dashboard, "enr-c")["status"], enrollment_status(dashboard, "enr-c")["key_id"]) == (
+        "approved",
+        first,
+    )
+    page.context.close()

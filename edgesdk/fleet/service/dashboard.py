@@ -34,7 +34,9 @@ from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
+from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
+from edgesdk.fleet.service.dashboard_ui import Ui
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
 from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
@@ -95,6 +97,9 @@ _LIVE = f"<script>{LIVE_JS}</script>"
 _UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 
+_NAV = '<a href="/ui/enrollment">enrollment</a>'
+
+
 def csrf_for(session_id: str) -> str:
     """The CSRF value of a session: derived from its (secret, random) id, so it needs no more state."""
     return hashlib.sha256(f"edgesdk-fleet-csrf:{session_id}".encode()).hexdigest()[:32]
@@ -132,7 +137,7 @@ def _page(
     return HTMLResponse(
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)} — edgesdk fleet</title>"
         f'<meta name="viewport" content="width=device-width"><style>{_STYLE}</style></head><body>'
-        f'<header><a href="/"><b>edgesdk fleet</b></a><a href="/">overview</a>{who}</header>'
+        f'<header><a href="/"><b>edgesdk fleet</b></a><a href="/">overview</a>{_NAV}{who}</header>'
         f"<main><div id=live-banner data-live>{banner}</div>{body}</main>"
         f"{_LIVE if refresh and operator is not None else ''}</body></html>",
         status_code=status_code,
@@ -216,6 +221,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         return None
 
     add_live_events(app, context, lambda request: request.cookies.get(COOKIE, ""), broker)
+    ui = Ui(page, session, write_allowed, form, login_redirect, csrf_for)
+    add_enrollment_pages(app, context, ui)
 
     # -- signing in -------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 ``GET /ui/events`` (the session cookie, like the pages) is an ``text/event-stream`` that
 sends a small event when something an operator watches changed: ``device`` (presence, OTA
 state, model version of one device), ``rollout`` (state, wave and per-state counts of one
-recent rollout), ``alerts`` (how many), ``enrollment`` (pending requests), ``broker`` (the
+recent rollout), ``alerts`` (how many), ``enrollment`` (a pending request and its keys), ``broker`` (the
 service's view of its broker). A comment line every ``HEARTBEAT_S`` keeps proxies from closing
 an idle stream. The page's script (``LIVE_JS``, allowed by hash in the CSP like the others)
 fetches the page again on an event and swaps only the elements marked ``data-live`` whose
@@ -93,7 +93,9 @@ def snapshot(engine: Any, broker: BrokerStatus | None) -> dict[str, dict[str, An
             .where(dd.c.deployment_id.in_([r.id for r in recent]))
             .group_by(dd.c.deployment_id, dd.c.state)
         ).all()
-        pending = db.execute(sa.select(sa.func.count()).where(er.c.status == "pending")).scalar_one()
+        pending = db.execute(
+            sa.select(er.c.device_id, er.c.key_id, er.c.offered_key_id).where(er.c.status == "pending")
+        ).all()
     by_state: dict[str, dict[str, int]] = {}
     for deployment_id, state, n in counts:
         by_state.setdefault(deployment_id, {})[state] = n
@@ -112,7 +114,10 @@ def snapshot(engine: Any, broker: BrokerStatus | None) -> dict[str, dict[str, An
             for r in recent
         },
         "alerts": {"alerts": {"count": offline + aborted}},
-        "enrollment": {"enrollment": {"pending": pending}},
+        "enrollment": {
+            r.device_id: {"device_id": r.device_id, "key_id": r.key_id, "offered_key_id": r.offered_key_id}
+            for r in pending
+        },
         "broker": {"broker": {"known": broker is None or broker.presence_known()}},
     }
 
