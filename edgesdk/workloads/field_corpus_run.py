@@ -208,20 +208,22 @@ def newest_cached_row(cache: Path, model: str, profile: str) -> dict:
     found = sorted((cache / "runs" / model / profile).glob("*/row.json"), key=lambda f: f.stat().st_mtime)
     if not found:
         return {"model": model, "profile": profile, "shipped": [], "seconds": 0.0, "cached": True,
-                "reason": "not run: no cached row for this cell (run scripts/field-corpus without --from-cache)"}  # fmt: skip
+                "reason": "not converted: no run reached this cell (scripts/field-corpus without --from-cache converts it)"}  # fmt: skip
     return {**json.loads(found[-1].read_text()), "cached": True}
 
 
 def _rows(args: argparse.Namespace, models: list[str], profiles: list[str]) -> list[dict]:
-    cells = [(m, p) for m in models for p in profiles]
+    cells = [(m, p) for m in models for p in profiles]  # the table's order
     if args.from_cache:
         return [newest_cached_row(args.cache, m, p) for m, p in cells]
+    # Converted profile by profile, so a run stopped early has whole columns (cheap profiles first if listed first).
+    cells.sort(key=lambda cell: profiles.index(cell[1]))
     code, revision, rows = _code_digest(), converters_revision(), []
     for i, (name, profile) in enumerate(cells, 1):
         say(f"[{i}/{len(cells)}] {name} for {profile}")
         rows.append(convert_cell(BY_NAME[name], profile, args.cache, code, args.fresh, revision))
         say(f"  {name} @ {profile}: {_one_line(rows[-1])}")
-    return rows
+    return sorted(rows, key=lambda r: (models.index(r["model"]), profiles.index(r["profile"])))
 
 
 @contextmanager
