@@ -2,6 +2,7 @@
 
     EdgeSDKError
     ├── UsageError                 bad argument or option given by a person or a script
+    │   └── FieldError             (edgesdk/fleet/service/rollout_form.py) a dashboard form field holds a bad value
     ├── ProfileError               a device profile is unknown, unreadable or invalid
     ├── SchemaError                a document does not match its schema (manifest, config, payload)
     ├── ModelError                 a model cannot be read, or has an input/output we cannot handle

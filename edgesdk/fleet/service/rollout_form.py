@@ -11,6 +11,7 @@ import html
 import math
 from typing import Any
 
+from edgesdk.errors import UsageError
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.schemas.messages import HealthCriteria
 
@@ -27,7 +28,7 @@ DEFAULTS = {
 }
 
 
-class FieldError(ValueError):
+class FieldError(UsageError):
     """A bad value of one form field (``field``), with what to type instead."""
 
     def __init__(self, field: str, message: str) -> None:
