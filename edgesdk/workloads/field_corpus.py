@@ -52,6 +52,9 @@ def extract(package: Package, name: str, into: Path) -> Path | None:
     return None
 
 
+#: a metric for every output not named (a bare ``--metric KIND``)
+EVERY_OUTPUT = "*"
+
 Inputs = Callable[[int, np.random.Generator], dict[str, np.ndarray]]
 
 
@@ -62,7 +65,7 @@ class CorpusModel:
     path: str  # inside the package's folder
     task: str
     traits: str  # why it is in the corpus
-    metrics: dict[str, str]  # output -> KIND[:THRESHOLD] (converters/output_metrics.py)
+    metrics: dict[str, str]  # output (or EVERY_OUTPUT) -> KIND[:THRESHOLD] (converters/output_metrics.py)
     inputs: Inputs  # (samples, rng) -> validation/calibration data in the model's layout
     flags: tuple[str, ...] = ()  # extra `edgesdk convert` flags (--as-is, --batch-axis ...)
 
@@ -212,8 +215,7 @@ CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel(
         "basic_pitch", BASIC_PITCH, "nmp.onnx", "audio",
         "tf2onnx export, three posteriorgram outputs",
-        {name: "abs:0.05" for name in ("StatefulPartitionedCall:0", "StatefulPartitionedCall:1",
-                                       "StatefulPartitionedCall:2")},  # fmt: skip
+        {EVERY_OUTPUT: "abs:0.05"},  # tf2onnx names (StatefulPartitionedCall:0) cannot be named in --metric
         _pitch,
     ),
     CorpusModel(

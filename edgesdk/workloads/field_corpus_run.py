@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.workloads.field_corpus import BY_NAME, CorpusModel, extract
+from edgesdk.workloads.field_corpus import BY_NAME, EVERY_OUTPUT, CorpusModel, extract
 
 PROFILES = ("rpi5-8gb", "rpi-zero-2w", "coral-dev-board")
 VALIDATION_SAMPLES, CALIBRATION_SAMPLES = 16, 8
@@ -80,7 +80,7 @@ def _convert_command(entry: CorpusModel, model: Path, profile: str, out: Path, d
         command += ["--calibration", str(data[0])]
     command += ["--validation", str(data[1]), *entry.flags]
     for output, spec in entry.metrics.items():
-        command += ["--metric", f"{output}={spec}"]
+        command += ["--metric", spec if output == EVERY_OUTPUT else f"{output}={spec}"]
     return command
 
 
