@@ -106,7 +106,7 @@ def add_targeting_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     _add_webhook_routes(app, context, who)
     app.state.webhooks = webhooks.WebhookNotifier(
         context.engine, context.store, context.broker_status, **webhooks.retry_settings()
-    ).start()
+    ).start_if_wanted()
 
 
 def _add_tag_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
@@ -354,7 +354,9 @@ def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
                 created_by=operator.actor,
             )
 
-        return audited_call(engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
+        made = audited_call(engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
+        app.state.webhooks.start()  # the first webhook starts the watcher and the deliveries
+        return made
 
     @app.get(
         "/api/v1/webhooks/{webhook_id}/deliveries",

@@ -219,6 +219,8 @@ class WebhookNotifier:
         self.interval_s, self.attempts, self.backoff_s, self.timeout_s = interval_s, attempts, backoff_s, timeout_s
         self._queue: queue.Queue[_Delivery] = queue.Queue(maxsize=QUEUE_SIZE)
         self._stop = threading.Event()
+        self._starting = threading.Lock()
+        self._started = False
         self._seq = 0
         self._states: dict[str, str] | None = None
         self._alerts: dict[tuple[str, str], dict[str, Any]] | None = None
@@ -228,12 +230,20 @@ class WebhookNotifier:
         ]
 
     def start(self) -> WebhookNotifier:
-        for thread in self._threads:
-            thread.start()
+        """Start watching and delivering (once; later calls do nothing)."""
+        with self._starting:
+            if not self._started and not self._stop.is_set():
+                self._started = True
+                for thread in self._threads:
+                    thread.start()
         return self
 
+    def start_if_wanted(self) -> WebhookNotifier:
+        """Start when a webhook is registered: a service (or test) without any runs no threads."""
+        return self.start() if all_webhooks(self.engine) else self
+
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # a stopped notifier does not start again
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=self.timeout_s + 1)
@@ -256,15 +266,19 @@ class WebhookNotifier:
     # -- watching ---------------------------------------------------------------------------
 
     def _watch(self) -> None:
+        failing = False
         while not self._stop.wait(self.interval_s):
-            if not all_webhooks(self.engine):
-                self._states = self._alerts = None  # nobody listens: nothing to compare, nothing read
-                continue
             try:
+                if not all_webhooks(self.engine):
+                    self._states = self._alerts = None  # nobody listens: nothing to compare, nothing read
+                    continue
                 self._check_rollouts()
                 self._check_alerts()
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the watcher
-                log.exception("webhook watcher: could not read the fleet state")
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the watcher
+                if not failing:  # one line per outage, not one a second
+                    log.warning("webhook watcher: cannot read the fleet state (%s); trying again", exc)
+                failing = True
 
     def _check_rollouts(self) -> None:
         states = {row.id: row.state for row in self.store.all()}
