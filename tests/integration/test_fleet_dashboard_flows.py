@@ -256,3 +256,67 @@ def test_an_enrollment_approval_is_bound_to_the_key_id_the_page_showed(browser: 
         first,
     )
     page.context.close()
+
+
+# -- the devices page ------------------------------------------------------------------------
+
+
+def put_tag(dashboard: Dashboard, device_id: str, key: str, value: str) -> None:
+    import json
+    import urllib.request
+
+    call = urllib.request.Request(
+        f"{dashboard.api}/api/v1/devices/{device_id}/tags/{key}",
+        data=json.dumps({"value": value}).encode(),
+        method="PUT",
+        headers={"Authorization": f"Bearer {dashboard.operator}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(call, timeout=20) as answer:
+        assert answer.status == 200
+
+
+def test_devices_are_searched_filtered_sorted_and_paged_by_the_server(browser: Any, dashboard: Dashboard) -> None:
+    from edgesdk.schemas.messages import Presence
+
+    def announce(i: int, online: bool) -> None:
+        presence = Presence(
+            device_id=f"fleet-{i:03d}",
+            online=online,
+            ts=datetime.now(UTC),
+            groups=["line-b" if i % 2 else "line-a"],
+            profile="rpi5-8gb" if i % 3 else "pi-zero-2w",
+        )
+        dashboard.device.publish(f"edgesdk/devices/fleet-{i:03d}/presence", presence.model_dump_json().encode(), qos=1)
+
+    for i in range(55):
+        announce(i, True)
+    for i in range(0, 55, 5):
+        announce(i, False)  # went away (a device's last will)
+    page = signed_in(browser, dashboard, dashboard.operator)
+    page.goto(dashboard.api + "/ui/devices?q=fleet-")
+    page.locator("#page-info", has_text="of 55 ").wait_for()  # live: rows arrive as the ingest has them
+    assert page.locator("#device-table tr[id^=row-]").count() == 50
+    with page.expect_navigation():
+        page.click("#next-page")
+    assert page.locator("#device-table td.device").all_inner_texts() == [f"fleet-{i:03d}" for i in range(50, 55)]
+    with page.expect_navigation():
+        page.click("#sort-device")  # sorted by device already: the click turns the order round
+    assert page.locator("#device-table td.device").first.inner_text() == "fleet-054"
+    assert "page 1 of 2" in page.inner_text("#page-info")
+
+    page.fill("#filter-group", "line-b")
+    page.select_option("#filter-state", "offline")
+    page.fill("#filter-profile", "rpi5-8gb")
+    with page.expect_navigation():
+        page.click("#apply-filters")
+    expected = [f"fleet-{i:03d}" for i in range(54, -1, -1) if i % 2 and i % 5 == 0 and i % 3]
+    assert page.locator("#device-table td.device").all_inner_texts() == expected
+
+    put_tag(dashboard, "fleet-007", "site", "lab-3")
+    page.goto(dashboard.api + "/ui/devices?q=site%3Dlab")
+    assert page.locator("#device-table td.device").all_inner_texts() == ["fleet-007"]
+
+    answer = page.goto(dashboard.api + "/ui/devices?sort=banana")
+    assert answer is not None and answer.status == 400
+    assert "sort 'banana' is not one of device" in page.inner_text("#query-error")
+    page.context.close()

@@ -34,6 +34,7 @@ from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
+from edgesdk.fleet.service.dashboard_devices import add_devices_page
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
 from edgesdk.fleet.service.dashboard_ui import Ui
@@ -97,7 +98,9 @@ _LIVE = f"<script>{LIVE_JS}</script>"
 _UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 
-_NAV = '<a href="/ui/enrollment">enrollment</a>'
+#: Rows of the overview's device table; the devices page has them all, in pages.
+_OVERVIEW_DEVICES = 50
+_NAV = '<a href="/ui/devices">devices</a><a href="/ui/enrollment">enrollment</a>'
 
 
 def csrf_for(session_id: str) -> str:
@@ -223,6 +226,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     add_live_events(app, context, lambda request: request.cookies.get(COOKIE, ""), broker)
     ui = Ui(page, session, write_allowed, form, login_redirect, csrf_for)
     add_enrollment_pages(app, context, ui)
+    add_devices_page(app, context, ui, broker)
 
     # -- signing in -------------------------------------------------------------------------
 
@@ -342,8 +346,10 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<td>{_e(d.model_name)} {_e(d.model_version)}</td><td>{_e(d.precision)}</td><td>{_state(d.ota_state)}</td>"
             f"<td>{_e(_fmt(latest.get(d.device_id), 'p95_ms'))}</td><td>{_e(_fmt(latest.get(d.device_id), 'temperature_c'))}</td>"
             f"<td>{_e(', '.join(json.loads(d.groups)))}</td><td>{_ago(d.last_seen, now)}</td></tr>"
-            for d in devices
+            for d in devices[:_OVERVIEW_DEVICES]
         )
+        if len(devices) > _OVERVIEW_DEVICES:
+            rows += f'<tr><td colspan=9><a href="/ui/devices">all {len(devices)} devices: search, filter, sort</a></td></tr>'
         rollouts = "".join(
             f'<tr><td><a href="/ui/deployments/{_e(d["deployment_id"])}">{_e(d["deployment_id"])}</a></td>'
             f"<td>{_state(d['state'])}</td><td>{_e(d['model'])}</td><td>{d['devices']}</td>"

@@ -1,0 +1,216 @@
+"""The dashboard's devices page (``/ui/devices``): search, filters, sort by column and pages,
+all done by the database (WHERE, ORDER BY, LIMIT/OFFSET), so 10,000 devices stay fast
+(``benchmarks/bench_dashboard_devices.py``).
+
+* ``q``: a part of the device id, of a group name, or of a server-side tag (``KEY=VALUE``).
+* ``state`` (presence: online, offline, unknown — as the service sees its broker now),
+  ``group``, ``profile``, ``version`` (model version): exact filters.
+* ``sort`` (a column: device, presence, model, profile, ota, seen), ``desc=1``; ``page``,
+  ``per_page`` (at most ``MAX_PER_PAGE``).
+A bad value is a 400 page naming it and the values allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, Response
+
+from edgesdk.fleet.service import schema
+from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
+from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.metrics import latest_telemetry
+
+PAGE = "/ui/devices"
+PER_PAGE = 50
+MAX_PER_PAGE = 200
+STATES = ("online", "offline", "unknown")
+_d = schema.devices
+SORTS: dict[str, tuple[Any, ...]] = {
+    "device": (_d.c.device_id,),
+    "presence": (_d.c.online,),
+    "model": (_d.c.model_name, _d.c.model_version),
+    "profile": (_d.c.profile,),
+    "ota": (_d.c.ota_state,),
+    "seen": (_d.c.last_seen,),
+}
+_COLUMNS = (("device", "device"), ("presence", "presence"), ("model", "model"), ("profile", "profile"),
+            ("ota", "OTA"), ("", "p95 ms"), ("", "groups"), ("seen", "seen"))  # fmt: skip
+
+
+class BadQuery(ValueError):
+    """A query parameter the page cannot use (the message names it and what is allowed)."""
+
+
+@dataclass(frozen=True)
+class DeviceQuery:
+    q: str = ""
+    state: str = ""
+    group: str = ""
+    profile: str = ""
+    version: str = ""
+    sort: str = "device"
+    desc: bool = False
+    page: int = 1
+    per_page: int = PER_PAGE
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> DeviceQuery:
+        state, sort = params.get("state", ""), params.get("sort", "device") or "device"
+        if state and state not in STATES:
+            raise BadQuery(f"state {state!r} is not one of {', '.join(STATES)}")
+        if sort not in SORTS:
+            raise BadQuery(f"sort {sort!r} is not one of {', '.join(SORTS)}")
+        page, per_page = _positive(params, "page", 1), _positive(params, "per_page", PER_PAGE)
+        if per_page > MAX_PER_PAGE:
+            raise BadQuery(f"per_page {per_page} is over {MAX_PER_PAGE}")
+        text = {k: params.get(k, "").strip()[:200] for k in ("q", "group", "profile", "version")}
+        return cls(**text, state=state, sort=sort, desc=params.get("desc") == "1", page=page, per_page=per_page)
+
+    def link(self, **changes: Any) -> str:
+        """This query's page address with ``changes`` (defaults left out)."""
+        query = replace(self, **changes)
+        params = {k: v for k, v in vars(query).items() if v not in ("", False, None)}
+        params = {k: ("1" if v is True else v) for k, v in params.items() if (k, v) not in _DEFAULTS}
+        return PAGE + ("?" + urllib.parse.urlencode(params) if params else "")
+
+
+_DEFAULTS = {("sort", "device"), ("page", 1), ("per_page", PER_PAGE)}
+
+
+def _positive(params: dict[str, str], name: str, default: int) -> int:
+    text = params.get(name, "") or str(default)
+    if not text.isdigit() or int(text) < 1:
+        raise BadQuery(f"{name} {text!r} is not a whole number from 1")
+    return int(text)
+
+
+def _where(query: DeviceQuery, broker: BrokerStatus | None) -> list[Any]:
+    clauses: list[Any] = []
+    if query.q:
+        pattern = f"%{query.q}%"
+        tags = schema.device_tags
+        tagged = sa.exists().where(
+            (tags.c.device_id == _d.c.device_id) & (tags.c.key + "=" + tags.c.value).ilike(pattern)
+        )
+        clauses.append(_d.c.device_id.ilike(pattern) | _d.c.groups.ilike(pattern) | tagged)
+    if query.group:
+        clauses.append(_d.c.groups.like(f"%{json.dumps(query.group)}%"))  # an element of the JSON list
+    for column, value in ((_d.c.profile, query.profile), (_d.c.model_version, query.version)):
+        if value:
+            clauses.append(column == value)
+    if query.state:
+        clauses.append(_presence_where(query.state, broker))
+    return clauses
+
+
+def _presence_where(state: str, broker: BrokerStatus | None) -> Any:
+    """The rows ``presence_label`` would call ``state`` now (unknown: the broker is away)."""
+    connected = broker is None or broker.connected
+    known = broker is None or broker.presence_known()
+    online = _d.c.online.is_(True)
+    if state == "online":
+        return online if connected else sa.false()
+    if state == "offline":
+        return sa.not_(online) | _d.c.online.is_(None) if known else sa.false()
+    if not connected:
+        return sa.true()
+    return (sa.not_(online) | _d.c.online.is_(None)) if not known else sa.false()
+
+
+def find_devices(engine: Any, query: DeviceQuery, broker: BrokerStatus | None = None) -> tuple[int, list[Any], dict]:
+    """(how many match, this page's rows, their newest telemetry by device id): three queries."""
+    clauses = _where(query, broker)
+    columns = SORTS[query.sort]
+    order = [c.desc() if query.desc else c.asc() for c in columns] + [_d.c.device_id.asc()]
+    offset = (query.page - 1) * query.per_page
+    with Transaction(engine) as db:
+        total = db.execute(sa.select(sa.func.count()).select_from(_d).where(*clauses)).scalar_one()
+        rows = db.execute(sa.select(_d).where(*clauses).order_by(*order).limit(query.per_page).offset(offset)).all()
+        ids = [r.device_id for r in rows]
+        latest = {r.device_id: r for r in db.execute(latest_telemetry().where(_d.c.device_id.in_(ids)))} if ids else {}
+    return total, rows, latest
+
+
+def add_devices_page(app: FastAPI, context: Any, ui: Ui, broker: Any) -> None:
+    engine = context.engine
+
+    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
+    def devices_page(request: Request) -> Response:
+        operator, _session_id = ui.session(request)
+        if operator is None:
+            return ui.login_redirect()
+        try:
+            query = DeviceQuery.parse(dict(request.query_params))
+        except BadQuery as exc:
+            body = f'<h1>Devices</h1><p class="bad" id=query-error>{escape(exc)}</p><p><a href="{PAGE}">all devices</a></p>'
+            return ui.page("devices", body, operator, refresh=False, status_code=400)
+        status = broker()
+        total, rows, latest = find_devices(engine, query, status)
+        return ui.page("devices", _render(query, total, rows, latest, status), operator)
+
+
+def _render(query: DeviceQuery, total: int, rows: list[Any], latest: dict, status: BrokerStatus | None) -> str:
+    now = time.time()
+    head = "".join(_header(query, key, label) for key, label in _COLUMNS)
+    body = "".join(_row(r, latest.get(r.device_id), status, now) for r in rows)
+    first = (query.page - 1) * query.per_page + 1 if rows else 0
+    pages = max(1, -(-total // query.per_page))
+    nav = f"<span id=page-info>{first}–{first + len(rows) - 1 if rows else 0} of {total} · page {query.page} of {pages}</span>"
+    if query.page > 1:
+        nav = f'<a id=prev-page href="{escape(query.link(page=query.page - 1))}">← previous</a> ' + nav
+    if query.page < pages:
+        nav += f' <a id=next-page href="{escape(query.link(page=query.page + 1))}">next →</a>'
+    return (
+        f"<h1>Devices</h1><section>{_filters(query)}</section>"
+        f"<section id=device-list data-live><p>{nav}</p><table id=device-table><tr>{head}</tr>{body}</table>"
+        + ("" if rows else "<p class=empty id=no-match>No device matches.</p>")
+        + "</section>"
+    )
+
+
+def _filters(query: DeviceQuery) -> str:
+    def field(name: str, label: str, value: str) -> str:
+        return f'<label>{label} <input type=text name={name} id=filter-{name} value="{escape(value)}"></label>'
+
+    states = "".join(f"<option{' selected' if s == query.state else ''}>{s}</option>" for s in ("", *STATES))
+    return (
+        f'<form method=get action="{PAGE}" id=device-filters>'
+        f"{field('q', 'search (id, group, tag)', query.q)}"
+        f"<label>presence <select name=state id=filter-state>{states}</select></label>"
+        f"{field('group', 'group', query.group)}{field('profile', 'profile', query.profile)}"
+        f"{field('version', 'model version', query.version)}"
+        f'<input type=hidden name=sort value="{escape(query.sort)}">'
+        + ('<input type=hidden name=desc value="1">' if query.desc else "")
+        + "<button type=submit id=apply-filters>Apply</button></form>"
+    )
+
+
+def _header(query: DeviceQuery, key: str, label: str) -> str:
+    if not key:
+        return f"<th>{escape(label)}</th>"
+    desc = query.sort == key and not query.desc  # a second click turns the order round
+    mark = (" ▼" if query.desc else " ▲") if query.sort == key else ""
+    return f'<th><a id="sort-{key}" href="{escape(query.link(sort=key, desc=desc, page=1))}">{escape(label)}</a>{mark}</th>'
+
+
+def _row(r: Any, telemetry: Any, status: BrokerStatus | None, now: float) -> str:
+    label = presence_label(r.online, status)
+    css = {"online": "ok", "offline": "bad"}.get(label, "warn")
+    p95 = "-" if telemetry is None or telemetry.p95_ms is None else f"{telemetry.p95_ms:.2f}"
+    seen = max(0.0, now - r.last_seen)
+    ago = f"{seen:.0f} s ago" if seen < 120 else f"{seen / 60:.0f} min ago"
+    return (
+        f'<tr id="row-{escape(r.device_id)}"><td class=device><a href="/ui/devices/{escape(r.device_id)}">'
+        f'{escape(r.device_id)}</a></td><td class=presence><span class="{css}">{escape(label)}</span></td>'
+        f"<td>{escape(r.model_name)} {escape(r.model_version)}</td><td>{escape(r.profile)}</td>"
+        f"<td>{escape(r.ota_state)}</td><td>{p95}</td><td>{escape(', '.join(json.loads(r.groups)))}</td>"
+        f"<td>{ago}</td></tr>"
+    )
