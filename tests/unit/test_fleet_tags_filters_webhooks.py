@@ -1,5 +1,5 @@
 """Server-side device tags, dynamic groups and webhooks (issue 40) through the real app
-(FastAPI's TestClient, SQLite, the real ingest, a real uploaded bundle) and real HTTP
+(FastAPI's TestClient, SQLite and a real PostgreSQL, the real ingest, a real uploaded bundle) and real HTTP
 receivers (``http.server`` on 127.0.0.1) that check each delivery's HMAC signature:
 
 * tags are set and removed over REST (unknown device 404, bad key 422); a saved filter
@@ -34,6 +34,7 @@ from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from tests.bundle_helpers import make_keys, placeholder_bundle  # noqa: E402
+from tests.pg_helpers import throwaway_cluster  # noqa: E402
 from tests.webhook_receiver import closed_port, running_receiver  # noqa: E402
 
 SECRET = "a-webhook-secret-of-some-length"
@@ -59,9 +60,18 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def postgres() -> Iterator[Any]:
+    with throwaway_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("targeting")
-    engine = open_engine(f"sqlite:///{root / 'api.sqlite3'}")
+    if request.param == "sqlite":
+        engine = open_engine(f"sqlite:///{root / 'api.sqlite3'}")
+    else:  # a real PostgreSQL (the quoted "window" column, the same queries)
+        engine = open_engine(request.getfixturevalue("postgres").create_database("targeting"))
     migrate(engine)
     store = SqlRolloutStore(engine)
     retries = {webhooks.ATTEMPTS_ENV: "3", webhooks.BACKOFF_ENV: "0.2"}
