@@ -9,6 +9,7 @@ import io
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -37,20 +38,21 @@ post:
 
 
 @pytest.fixture(scope="module")
-def predict_agent(digits, request, tmp_path_factory):
+def digits_convert_dir(digits, request):
     from tests.bundle_helpers import make_digits_convert_dir
 
-    convert_dir = make_digits_convert_dir(
-        digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out"
-    )
-    root = tmp_path_factory.mktemp("agent-predict")
-    device = make_device(root)
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
+def _package_with_pipeline(device, convert_dir: Path, *, version: str, release: int, labels: list[str]) -> Path:
+    """``edgesdk package --pipeline --labels`` (the real CLI) for ``device``; the bundle."""
+    root = device.root
     (root / "pipeline.yaml").write_text(PIPELINE_YAML)
-    (root / "labels.txt").write_text("\n".join(LABELS) + "\n")
-    bundle = root / "digits-pipeline.edgepkg"
+    (root / "labels.txt").write_text("\n".join(labels) + "\n")
+    bundle = root / f"digits-{version}.edgepkg"
     packaged = subprocess.run(
         [sys.executable, "-m", "edgesdk.cli.main", "package", str(convert_dir), "--name", "digits"]
-        + ["--version", "1.0.0", "--release", "1", "--publisher-key", str(device.publisher_key)]
+        + ["--version", version, "--release", str(release), "--publisher-key", str(device.publisher_key)]
         + ["--recipient", str(device.device_pub), "--target", PROFILE, "--out", str(bundle)]
         + ["--pipeline", str(root / "pipeline.yaml"), "--labels", str(root / "labels.txt")],
         capture_output=True,
@@ -59,8 +61,18 @@ def predict_agent(digits, request, tmp_path_factory):
         timeout=120,
     )
     assert packaged.returncode == 0, packaged.stderr
+    return bundle
+
+
+def _installed(device, bundle: Path) -> None:
     installed = run_agent_cli("install", "--config", str(device.config), str(bundle))
     assert installed.returncode == 0, installed.stderr
+
+
+@pytest.fixture(scope="module")
+def predict_agent(digits_convert_dir, tmp_path_factory):
+    device = make_device(tmp_path_factory.mktemp("agent-predict"))
+    _installed(device, _package_with_pipeline(device, digits_convert_dir, version="1.0.0", release=1, labels=LABELS))
     with AgentProcess(device) as running:
         yield running
         assert running.proc.poll() is None, running.log()
@@ -113,6 +125,28 @@ def test_corrupt_jpeg_and_bomb_are_4xx_and_the_agent_keeps_serving(predict_agent
         after = client.post(url, content=jpeg, headers={"Content-Type": "image/jpeg"})
         assert after.status_code == 200 and after.json()["labels"][0]["label"] in LABELS
     assert predict_agent.proc.poll() is None
+
+
+def test_a_new_bundle_swaps_the_pipeline_with_the_model(digits_convert_dir, digits, tmp_path) -> None:
+    """The pipeline rides in the bundle: installing release 2 with new labels serves them."""
+    from edgesdk.client import AgentClient
+
+    device = make_device(tmp_path / "device")
+    _installed(device, _package_with_pipeline(device, digits_convert_dir, version="1.0.0", release=1, labels=LABELS))
+    renamed = [f"digit-{i}" for i in range(10)]
+    jpeg = _jpegs(digits, 1)[0]
+    with AgentProcess(device) as running, AgentClient(running.url) as client:
+        assert client.predict("digits", jpeg)["labels"][0]["label"] in LABELS
+        _installed(
+            device, _package_with_pipeline(device, digits_convert_dir, version="1.1.0", release=2, labels=renamed)
+        )
+        deadline = time.monotonic() + 60
+        answer = client.predict("digits", jpeg)
+        while answer["version"] != "1.1.0" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            answer = client.predict("digits", jpeg)
+        assert answer["version"] == "1.1.0", running.log()
+        assert answer["labels"][0]["label"] == renamed[_reference_label(digits, jpeg)]
 
 
 def _png_declaring(width: int, height: int) -> bytes:
