@@ -370,3 +370,13 @@ webhook_deliveries = Table(
     Column("error", Text, nullable=False, default=""),
     Index("ix_webhook_deliveries_webhook", "webhook_id", "ts"),
 )
+
+#: Acknowledged alerts (the dashboard's Alerts page): who and when. ``alert_key`` names one
+#: occurrence (kind, target and when it began), so a new occurrence is unacknowledged. Revision 0008.
+alert_acks = Table(
+    "alert_acks",
+    metadata,
+    Column("alert_key", String(255), primary_key=True),
+    Column("acked_by", String(128), nullable=False),
+    Column("acked_at", Float, nullable=False),
+)
