@@ -121,6 +121,8 @@ class _WaveBars:
         elif event == "wave_progress" and info["wave"] in self.tasks:
             states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(info["states"].items()))
             self.progress.update(self.tasks[info["wave"]], completed=info["done"], detail=states)
+        elif event == "waiting":  # --start-at or --window: say why nothing moves yet
+            self.progress.console.print(info["reason"])
         elif event == "aborted":
             self.messages.append(f"aborted in wave {info['wave']}: {info['reason']}")
         elif event == "refused":  # at once, above the bars: the operator sees why before the abort
