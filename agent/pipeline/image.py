@@ -76,7 +76,7 @@ def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any]) -> np.ndarray:
         image = image.resize((pre.resize.width, pre.resize.height), resample=filters[pre.resize.interpolation.upper()])
     if pre.center_crop is not None:
         image = center_crop(image, pre.center_crop.height, pre.center_crop.width)
-    pixels = np.asarray(image, dtype=np.float32)
+    pixels: np.ndarray = np.asarray(image, dtype=np.float32)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if pre.color == "BGR":
