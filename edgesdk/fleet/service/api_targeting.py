@@ -1,12 +1,12 @@
-"""The REST API's server-side device tags, dynamic groups (saved target filters) and webhooks
-(issue 40). Tags and filters are the operator's, never the device's; a filter is resolved when
-a rollout is created from it (``targeting``). Webhooks are delivered by a ``WebhookNotifier``
-this module starts with the app (``webhooks``)."""
+"""The REST API's server-side device tags, dynamic groups (saved target filters) and groups'
+maintenance windows (issue 40). Tags and filters are the operator's, never the device's; a
+filter, like a group's window, is read when a rollout is created (``targeting``, ``schedule``).
+The webhooks' routes are in ``api_webhooks``."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Path
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet import schedule
-from edgesdk.fleet.service import schema, targeting, tokens, webhooks
+from edgesdk.fleet.service import schema, targeting, tokens
 from edgesdk.fleet.service.api_routing import (
     ONE_ERRORS,
     READ_ERRORS,
@@ -25,6 +25,7 @@ from edgesdk.fleet.service.api_routing import (
     paging,
 )
 from edgesdk.fleet.service.api_schemas import Page
+from edgesdk.fleet.service.api_webhooks import add_webhook_routes
 from edgesdk.fleet.service.database import Transaction
 
 if TYPE_CHECKING:
@@ -70,43 +71,11 @@ class GroupWindow(BaseModel):
     window_tz: str | None
 
 
-class WebhookCreate(_Body):
-    url: str = Field(max_length=2000)
-    secret: str = Field(min_length=16, max_length=255, description="signs each payload (HMAC-SHA256); never shown back")
-    events: list[str] = Field(
-        default_factory=list, max_length=32, description="event prefixes (rollout., alert.firing); empty: every event"
-    )
-    format: Literal["edgesdk", "alertmanager"] = "edgesdk"
-
-
-class Webhook(BaseModel):
-    id: str
-    url: str
-    events: list[str]
-    format: str
-    created: float
-    created_by: str
-
-
-class WebhookDelivery(BaseModel):
-    id: int
-    webhook_id: str
-    event: str
-    ts: float
-    attempts: int
-    outcome: str
-    status: int | None
-    error: str
-
-
 def add_targeting_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     _add_tag_routes(app, context, who)
     _add_filter_routes(app, context, who)
     _add_window_routes(app, context, who)
-    _add_webhook_routes(app, context, who)
-    app.state.webhooks = webhooks.WebhookNotifier(
-        context.engine, context.store, context.broker_status, **webhooks.retry_settings()
-    ).start_if_wanted()
+    add_webhook_routes(app, context, who)
 
 
 def _add_tag_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
@@ -319,91 +288,11 @@ def _add_window_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         return removed
 
 
-def _add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
-    engine = context.engine
-
-    @app.get("/api/v1/webhooks", response_model=Page[Webhook], tags=["webhooks"], responses=documented(*READ_ERRORS))
-    def list_webhooks(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("admin", "webhooks.read"))
-    ) -> dict[str, Any]:
-        return page.page([webhooks.shown(r) for r in webhooks.all_webhooks(engine)])
-
-    @app.post(
-        "/api/v1/webhooks",
-        status_code=201,
-        response_model=Webhook,
-        tags=["webhooks"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def create_webhook(
-        body: WebhookCreate, operator: tokens.Operator = Depends(who("admin", "webhook.create"))
-    ) -> dict[str, Any]:
-        """422 for a URL that is not http(s) or that resolves to a link-local or metadata address."""
-        try:
-            webhooks.check_url(body.url)
-        except UsageError as exc:
-            raise HTTPException(422, str(exc)) from None
-
-        def work() -> dict[str, Any]:
-            return webhooks.register(
-                engine,
-                url=body.url,
-                secret=body.secret,
-                events=body.events,
-                fmt=body.format,
-                created_by=operator.actor,
-            )
-
-        made = audited_call(engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
-        app.state.webhooks.start()  # the first webhook starts the watcher and the deliveries
-        return made
-
-    @app.get(
-        "/api/v1/webhooks/{webhook_id}/deliveries",
-        response_model=Page[WebhookDelivery],
-        tags=["webhooks"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def list_deliveries(
-        webhook_id: str,
-        page: Paging = Depends(paging),
-        _op: tokens.Operator = Depends(who("admin", "webhooks.read")),
-    ) -> dict[str, Any]:
-        """The outcome of each delivery after its last try, newest first."""
-        _known_webhook(engine, webhook_id)
-        return page.page(webhooks.deliveries(engine, webhook_id, limit=page.offset + page.limit + 1000))
-
-    @app.delete(
-        "/api/v1/webhooks/{webhook_id}", response_model=Webhook, tags=["webhooks"], responses=documented(*WRITE_ERRORS)
-    )
-    def delete_webhook(
-        webhook_id: str, operator: tokens.Operator = Depends(who("admin", "webhook.delete"))
-    ) -> dict[str, Any]:
-        """The webhook as it was (its delivery records stay until retention)."""
-        removed = _known_webhook(engine, webhook_id)
-
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
-
-        audited_call(engine, operator, "webhook.delete", webhook_id, work)
-        return removed
-
-
 def _known_device(engine: Any, device_id: str) -> None:
     d = schema.devices
     with Transaction(engine) as db:
         if db.execute(sa.select(d.c.device_id).where(d.c.device_id == device_id)).first() is None:
             raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
-
-
-def _known_webhook(engine: Any, webhook_id: str) -> dict[str, Any]:
-    w = schema.webhooks
-    with Transaction(engine) as db:
-        row = db.execute(sa.select(w).where(w.c.id == webhook_id)).first()
-    if row is None:
-        raise HTTPException(404, f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)")
-    return webhooks.shown(row)
 
 
 def _saved(engine: Any, name: str) -> str:
