@@ -239,6 +239,7 @@ class ApiApp:
             self.inline_left
             and len(request.body) <= _INLINE_MAX_BODY
             and (requests.count == 0 or self.inline_beside_others)
+            and answer is not predict.answer_predict  # image decoding never blocks the loop
         ):
             # This model answers in well under a millisecond: the two thread hops would cost
             # more than the inference, and blocking the loop this briefly delays nobody. Also
