@@ -320,3 +320,37 @@ def test_devices_are_searched_filtered_sorted_and_paged_by_the_server(browser: A
     assert answer is not None and answer.status == 400
     assert "sort 'banana' is not one of device" in page.inner_text("#query-error")
     page.context.close()
+
+
+# -- alerts with acknowledge -----------------------------------------------------------------
+
+
+def test_an_operator_acknowledges_an_alert_and_a_new_occurrence_is_red_again(
+    browser: Any, dashboard: Dashboard
+) -> None:
+    publish_presence(dashboard, "ack-1", online=True)
+    time.sleep(1.0)  # a later last_seen for the second occurrence below
+    publish_presence(dashboard, "ack-1", online=False)
+    viewer = signed_in(browser, dashboard, dashboard.viewer)
+    viewer.goto(dashboard.api + "/ui/alerts")
+    viewer.locator("#alerts li.bad", has_text="ack-1 is offline").wait_for()
+    assert viewer.locator("#alerts .ack-button").count() == 0, "a viewer cannot acknowledge"
+    viewer.context.close()
+
+    page = signed_in(browser, dashboard, dashboard.operator)
+    page.goto(dashboard.api + "/ui/alerts")
+    alert = page.locator("#alerts li", has_text="ack-1 is offline")
+    with page.expect_navigation():
+        alert.locator(".ack-button").click()
+    acked = page.locator("#alerts li.acked", has_text="ack-1 is offline")
+    assert "acknowledged by operator" in acked.inner_text()
+    page.goto(dashboard.api + "/")
+    assert page.locator("#alerts li.acked", has_text="ack-1 is offline").count() == 1  # grey on the overview too
+
+    time.sleep(1.0)
+    publish_presence(dashboard, "ack-1", online=True)
+    page.locator("#device-ack-1 .presence .ok").wait_for()
+    publish_presence(dashboard, "ack-1", online=False)  # gone again: a new occurrence
+    page.locator("#alerts li.bad", has_text="ack-1 is offline").wait_for()
+    assert page.locator("#alerts li.acked", has_text="ack-1").count() == 0
+    page.context.close()

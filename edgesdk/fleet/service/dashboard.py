@@ -34,13 +34,13 @@ from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
+from edgesdk.fleet.service.dashboard_alerts import add_alerts_page, alert_items
 from edgesdk.fleet.service.dashboard_devices import add_devices_page
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
 from edgesdk.fleet.service.dashboard_ui import Ui
 from edgesdk.fleet.service.database import Transaction
-from edgesdk.fleet.service.ingest import read_counters
-from edgesdk.fleet.service.metrics import THERMAL_STATES, latest_telemetry
+from edgesdk.fleet.service.metrics import latest_telemetry
 from edgesdk.fleet.service.rollout_form import FieldError, plan_from, rollout_form
 from edgesdk.fleet.service.submit import submit_deployment
 
@@ -100,7 +100,7 @@ _UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 #: Rows of the overview's device table; the devices page has them all, in pages.
 _OVERVIEW_DEVICES = 50
-_NAV = '<a href="/ui/devices">devices</a><a href="/ui/enrollment">enrollment</a>'
+_NAV = '<a href="/ui/devices">devices</a><a href="/ui/enrollment">enrollment</a><a href="/ui/alerts">alerts</a>'
 
 
 def csrf_for(session_id: str) -> str:
@@ -227,6 +227,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     ui = Ui(page, session, write_allowed, form, login_redirect, csrf_for)
     add_enrollment_pages(app, context, ui)
     add_devices_page(app, context, ui, broker)
+    add_alerts_page(app, context, ui, broker)
 
     # -- signing in -------------------------------------------------------------------------
 
@@ -302,7 +303,6 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             devices = db.execute(sa.select(schema.devices).order_by(schema.devices.c.device_id)).all()
             latest = {r.device_id: r for r in db.execute(latest_telemetry()).all()}
         deployments = [store.summary(row.id) for row in reversed(store.all()[-20:])]
-        counters = read_counters(engine, "dashboard")
         status = broker()
         presence = {d.device_id: presence_label(d.online, status) for d in devices}
         online = sum(1 for p in presence.values() if p == "online")
@@ -311,24 +311,6 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         for d in devices:
             key = f"{d.model_name or 'no model'} {d.model_version or ''}".strip()
             versions[key] = versions.get(key, 0) + 1
-        alerts = [
-            f'<li class="bad">{_e(d.device_id)} is offline (last seen {_ago(d.last_seen, now)})</li>'
-            for d in devices
-            if presence[d.device_id] == "offline"  # an unknown one is no alert (the broker is away)
-        ]
-        alerts += [
-            f'<li class="warn">{_e(k)} stepped down for heat ({_e(v.governor_state)}, {v.temperature_c or 0:.0f} °C)</li>'
-            for k, v in latest.items()
-            if v.governor_state in THERMAL_STATES
-        ]
-        alerts += [
-            f'<li class="bad">rollout <a href="/ui/deployments/{_e(d["deployment_id"])}">{_e(d["deployment_id"])}</a> aborted: {_e(d["reason"])}</li>'
-            for d in deployments
-            if d["state"] == "ABORTED"
-        ]
-        refused = counters.get("malformed", 0) + counters.get("impersonating", 0)
-        if refused:
-            alerts.append(f'<li class="warn">{refused} device messages refused (malformed or impersonating)</li>')
         cards = (
             f'<div class="cards" id="cards" data-live><div class="card" id="online">online<b>{online}</b></div>'
             f'<div class="card" id="offline">offline<b>{offline}</b></div>'
@@ -340,6 +322,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             + "".join(f'<div class="card">{_e(k)}<b>{v}</b></div>' for k, v in sorted(versions.items()))
             + "</div>"
         )
+        can_write = tokens.allows(operator.role, "operator")
+        alerts = alert_items(engine, store, status, csrf_for(token) if can_write else None)
         rows = "".join(
             f'<tr id="device-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
             f"<td class=presence>{_presence(presence[d.device_id])}</td>"
@@ -358,7 +342,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         )
         body = (
             f"<h1>Fleet</h1>{cards}{'' if devices else _no_devices_hint(str(request.base_url).rstrip('/'))}"
-            f"<section><h2>Alerts</h2><ul class=alerts id=alerts data-live>{''.join(alerts) or '<li class=ok>none</li>'}</ul></section>"
+            f"<section><h2>Alerts</h2><ul class=alerts id=alerts data-live>{alerts}</ul>"
+            '<p><a href="/ui/alerts">all alerts</a></p></section>'
             "<section><h2>Devices</h2><table id=devices data-live><tr><th>device</th><th>presence</th><th>model</th><th>precision</th>"
             f"<th>OTA</th><th>p95 ms</th><th>°C</th><th>groups</th><th>seen</th></tr>{rows}</table></section>"
             "<section><h2>Rollouts</h2><table id=rollouts data-live><tr><th>deployment</th><th>state</th><th>model</th><th>devices</th>"
