@@ -29,7 +29,12 @@ class PipelineInputError(AgentError):
 
 def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
     """A lazily decoded Pillow image of ``data`` (only its header read), its size checked."""
-    from PIL import Image, UnidentifiedImageError
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:  # the agent's own install stays light: the decoder is the pipeline extra
+        raise PipelineInputError(
+            501, "this agent has no image decoder: install it with pip install 'edgesdk[pipeline]' (Pillow)"
+        ) from None
 
     fmt = IMAGE_FORMATS.get(media_type)
     if fmt is None:

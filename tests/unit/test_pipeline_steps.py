@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import zlib
 
 import numpy as np
@@ -187,3 +188,10 @@ def test_argmax_mask_is_a_png_of_class_indices() -> None:
     scores = np.random.default_rng(1).normal(size=(1, 4, 6, 5)).astype(np.float32)
     png = mask_png(scores, PostProcess(kind="mask"))
     np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png))), scores[0].argmax(axis=0))
+
+
+def test_an_agent_without_pillow_answers_501_naming_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as on an agent installed without the extra
+    with pytest.raises(PipelineInputError, match=r"pip install 'edgesdk\[pipeline\]'") as missing:
+        open_image(b"\xff\xd8\xff", "image/jpeg", 100)
+    assert missing.value.status == 501
