@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ pytest.importorskip("fastapi", reason="the fleet service API needs fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from edgesdk.errors import UsageError  # noqa: E402
 from edgesdk.fleet.deployments import ABORTED  # noqa: E402
 from edgesdk.fleet.service import audit, tokens, webhooks  # noqa: E402
 from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
@@ -221,3 +224,48 @@ def test_a_groups_maintenance_window_needs_an_operator_and_a_valid_window(fleet:
     assert client.delete("/api/v1/groups/line-1/window", headers=operator).status_code == 200
     assert client.get("/api/v1/groups/line-1/window", headers=operator).status_code == 404
     assert fleet.store.get("g-w").plan["window_tz"] == "Europe/Berlin"
+
+
+def test_a_webhook_redirect_is_a_failed_try_and_link_local_needs_the_services_consent(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_receiver() as target:
+        hits: list[str] = []
+
+        class Redirect(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                hits.append(self.path)
+                self.send_response(307)
+                self.send_header("Location", target.url)
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+            made = fleet.client.post(
+                "/api/v1/webhooks", json={"url": url, "secret": SECRET}, headers=fleet.as_("admin")
+            )
+            assert made.status_code == 201, made.text
+            fleet.client.app.state.webhooks.emit("rollout.test", {"deployment_id": "redirected"})
+            hook = made.json()["id"]
+            deadline = time.monotonic() + 10
+            while not webhooks.deliveries(fleet.engine, hook) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            records = webhooks.deliveries(fleet.engine, hook)
+            assert records and records[0]["outcome"] == "failed" and records[0]["status"] == 307, records
+            assert len(hits) == 3 and target.got == []  # every try hit the redirect; none followed it
+        finally:
+            server.shutdown()
+            server.server_close()
+            fleet.client.delete(f"/api/v1/webhooks/{made.json()['id']}", headers=fleet.as_("admin"))
+
+    with pytest.raises(UsageError, match="169.254.169.254"):
+        webhooks.check_url("http://169.254.169.254/latest/meta-data")
+    with pytest.raises(UsageError, match="fe80::1"):
+        webhooks.check_url("http://[fe80::1]/")
+    monkeypatch.setenv(webhooks.ALLOW_LINK_LOCAL_ENV, "1")
+    webhooks.check_url("http://169.254.169.254/latest/meta-data")  # the service's operator allowed it
