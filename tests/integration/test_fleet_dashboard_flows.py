@@ -43,6 +43,8 @@ class Dashboard:
     broker: MosquittoBroker
     operator: str  # token
     viewer: str
+    admin: str
+    root: Path
     device: MqttClient  # publishes as the devices do
 
 
@@ -64,7 +66,7 @@ def dashboard(tmp_path_factory: Any) -> Iterator[Dashboard]:
 
     root = tmp_path_factory.mktemp("dashboard-flows")
     data = root / "data"
-    operator, viewer = _token(data, "operator"), _token(data, "viewer")
+    operator, viewer, admin = _token(data, "operator"), _token(data, "viewer"), _token(data, "admin")
     operator_key, _ = generate_publisher_key(root / "operator")
     with MosquittoBroker(data_dir=root / "mosquitto") as broker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGESDK_FLEET")} | {"HOME": str(root)}
@@ -80,7 +82,7 @@ def dashboard(tmp_path_factory: Any) -> Iterator[Dashboard]:
                 assert api, banner + (root / "serve.log").read_text()[-2000:]
                 device.start()
                 assert device.wait_connected(10), device.stats.last_error
-                yield Dashboard(api.group(1), broker, operator, viewer, device)
+                yield Dashboard(api.group(1), broker, operator, viewer, admin, root, device)
             finally:
                 device.stop()
                 proc.terminate()
@@ -353,4 +355,78 @@ def test_an_operator_acknowledges_an_alert_and_a_new_occurrence_is_red_again(
     publish_presence(dashboard, "ack-1", online=False)  # gone again: a new occurrence
     page.locator("#alerts li.bad", has_text="ack-1 is offline").wait_for()
     assert page.locator("#alerts li.acked", has_text="ack-1").count() == 0
+    page.context.close()
+
+
+# -- audit log and artifacts -----------------------------------------------------------------
+
+
+def rest(dashboard: Dashboard, method: str, path: str, token: str, body: Any = None, raw: bytes | None = None) -> Any:
+    """One REST call; (status, JSON answer)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    kind = "application/octet-stream" if raw is not None else "application/json"
+    call = urllib.request.Request(
+        dashboard.api + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": kind},
+    )
+    try:
+        with urllib.request.urlopen(call, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_audit_log_view_pages_and_filters_by_actor_and_action(browser: Any, dashboard: Dashboard) -> None:
+    for i in range(55):  # refused writes are in the audit log too
+        status, _ = rest(dashboard, "PUT", f"/api/v1/devices/audit-{i}/tags/site", dashboard.viewer, {"value": "x"})
+        assert status == 403
+    viewer = signed_in(browser, dashboard, dashboard.viewer)
+    answer = viewer.goto(dashboard.api + "/ui/audit")
+    assert answer is not None and answer.status == 403 and "needs the admin role" in viewer.inner_text("#audit-error")
+    viewer.context.close()
+
+    page = signed_in(browser, dashboard, dashboard.admin)
+    page.goto(dashboard.api + "/ui/audit")
+    page.fill("#audit-actor", "viewer")
+    page.fill("#audit-action", "device.tag")
+    with page.expect_navigation():
+        page.click("#audit-apply")
+    assert "55 entries · page 1 of 2" in page.inner_text("#audit-page-info")
+    assert page.locator("#audit .audit-entry").count() == 50
+    assert set(page.locator("#audit .outcome").all_inner_texts()) == {"refused"}
+    with page.expect_navigation():
+        page.click("#audit-next")
+    assert page.locator("#audit .audit-entry").count() == 5
+    assert {t.split(" ")[0] for t in page.locator("#audit .actor").all_inner_texts()} == {"viewer"}
+    page.context.close()
+
+
+def test_the_artifacts_page_shows_size_model_and_the_rollouts_using_a_bundle(
+    browser: Any, dashboard: Dashboard
+) -> None:
+    from tests.bundle_helpers import make_keys, placeholder_bundle
+
+    bundle = placeholder_bundle(dashboard.root / "artifact", make_keys(dashboard.root / "artifact-keys"))
+    status, stored = rest(dashboard, "POST", "/api/v1/bundles", dashboard.operator, raw=bundle.read_bytes())
+    assert status == 201, stored
+    publish_presence(dashboard, "art-1", online=True)
+    page = signed_in(browser, dashboard, dashboard.viewer)
+    page.locator("#device-art-1").wait_for()
+    status, made = rest(
+        dashboard, "POST", "/api/v1/deployments", dashboard.operator,
+        {"bundle_id": stored["id"], "devices": ["art-1"], "deployment_id": "art-rollout", "canary": 0},
+    )  # fmt: skip
+    assert status == 201, made
+    page.goto(dashboard.api + "/ui/artifacts")
+    row = page.locator(f"#artifact-{stored['id']}")
+    assert row.locator(".size").inner_text().endswith("KiB")
+    assert "digits 1.0.0 (release 1)" in row.inner_text()
+    assert row.locator(".users").inner_text() == "art-rollout running"
+    rest(dashboard, "POST", "/api/v1/deployments/art-rollout/abort", dashboard.operator, {"reason": "test over"})
     page.context.close()

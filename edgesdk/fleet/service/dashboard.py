@@ -35,6 +35,8 @@ from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.dashboard_alerts import add_alerts_page, alert_items
+from edgesdk.fleet.service.dashboard_artifacts import add_artifacts_page
+from edgesdk.fleet.service.dashboard_audit import add_audit_page
 from edgesdk.fleet.service.dashboard_devices import add_devices_page
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
@@ -100,7 +102,7 @@ _UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 #: Rows of the overview's device table; the devices page has them all, in pages.
 _OVERVIEW_DEVICES = 50
-_NAV = '<a href="/ui/devices">devices</a><a href="/ui/enrollment">enrollment</a><a href="/ui/alerts">alerts</a>'
+_NAV = "".join(f'<a href="/ui/{page}">{page}</a>' for page in ("devices", "enrollment", "alerts", "artifacts", "audit"))
 
 
 def csrf_for(session_id: str) -> str:
@@ -228,6 +230,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     add_enrollment_pages(app, context, ui)
     add_devices_page(app, context, ui, broker)
     add_alerts_page(app, context, ui, broker)
+    add_audit_page(app, context, ui)
+    add_artifacts_page(app, context, ui)
 
     # -- signing in -------------------------------------------------------------------------
 
