@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     models = _pick(args.models, tuple(BY_NAME), "model")
     profiles = _pick(args.profiles, PROFILES, "profile")
     _check_profiles(profiles)
-    with _cache_lock(args.cache):
+    with nullcontext() if args.from_cache else _cache_lock(args.cache):  # reading rows needs no lock
         rows = _rows(args, models, profiles)
     minutes = sum(r["seconds"] for r in rows) / 60  # what converting every cell takes, cached or not
     command = "scripts/field-corpus" + "".join(

@@ -62,8 +62,10 @@ def render(rows: list[dict], stamp: dict) -> str:
              *_models_section(stamp["models"]), "", "## Results", "",
              "| model | profile | variant shipped | figure per output vs gate | latency ×fp32 | size |",
              "|---|---|---|---|---|---|"]  # fmt: skip
+    mixed = len({r.get("revision") for r in rows if r["seconds"]}) > 1
     for row in rows:
-        lines += ["| " + " | ".join(cell) + " |" for cell in _cells(row)]
+        shown = {**row, "profile": f"{row['profile']} (at {row.get('revision', '?')})"} if mixed else row
+        lines += ["| " + " | ".join(cell) + " |" for cell in _cells(shown)]
     return "\n".join([*lines, "", *_dropped_section(rows)]) + "\n"
 
 
