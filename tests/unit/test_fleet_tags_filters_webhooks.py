@@ -247,7 +247,9 @@ def test_a_webhook_redirect_is_a_failed_try_and_link_local_needs_the_services_co
         try:
             url = f"http://127.0.0.1:{server.server_address[1]}/hook"
             made = fleet.client.post(
-                "/api/v1/webhooks", json={"url": url, "secret": SECRET}, headers=fleet.as_("admin")
+                "/api/v1/webhooks",
+                json={"url": url, "secret": SECRET, "events": ["rollout.test"]},
+                headers=fleet.as_("admin"),
             )
             assert made.status_code == 201, made.text
             fleet.client.app.state.webhooks.emit("rollout.test", {"deployment_id": "redirected"})
