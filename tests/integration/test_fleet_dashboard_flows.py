@@ -430,3 +430,41 @@ def test_the_artifacts_page_shows_size_model_and_the_rollouts_using_a_bundle(
     assert row.locator(".users").inner_text() == "art-rollout running"
     rest(dashboard, "POST", "/api/v1/deployments/art-rollout/abort", dashboard.operator, {"reason": "test over"})
     page.context.close()
+
+
+# -- the rollout page ------------------------------------------------------------------------
+
+
+def test_the_rollout_page_shows_wave_progress_the_probation_countdown_and_why_the_canary_is_two(
+    browser: Any, dashboard: Dashboard
+) -> None:
+    from edgesdk.schemas.messages import OtaStatus
+    from tests.bundle_helpers import make_keys, placeholder_bundle
+
+    bundle = placeholder_bundle(dashboard.root / "rollout-page", make_keys(dashboard.root / "rollout-page-keys"))
+    status, stored = rest(dashboard, "POST", "/api/v1/bundles", dashboard.operator, raw=bundle.read_bytes())
+    assert status in (200, 201), stored
+    devices = ["rp-1", "rp-2", "rp-3"]
+    for device_id in devices:
+        publish_presence(dashboard, device_id, online=True)
+    page = signed_in(browser, dashboard, dashboard.operator)
+    page.locator("#device-rp-3").wait_for()
+    body = {"bundle_id": stored["id"], "devices": devices, "deployment_id": "rp-rollout", "canary": 0.34}
+    status, made = rest(dashboard, "POST", "/api/v1/deployments", dashboard.operator, body | {"probation_s": 900})
+    assert status == 201, made
+    page.goto(dashboard.api + "/ui/deployments/rp-rollout")
+    note = page.inner_text("#canary-note")
+    assert "canary 34% of 3 devices is 1.02, rounded up to 2 devices" in note, note
+    assert page.locator(".wave-progress progress").count() == 2
+    canary = page.locator(".wave").first.locator("tr[id^=dd-]").evaluate_all("rows => rows.map(r => r.id)")
+    first = canary[0].removeprefix("dd-")
+    report = OtaStatus(
+        device_id=first, deployment_id="rp-rollout", msg_id="rp-p", ts=datetime.now(UTC), state="PROBATION"
+    )
+    dashboard.device.publish(f"edgesdk/devices/{first}/ota/status", report.model_dump_json().encode(), qos=1)
+    countdown = page.locator(".wave-progress .countdown").first
+    countdown.wait_for()  # live: the device's state arrives by the event stream
+    assert 850 <= int(countdown.inner_text().removesuffix(" s")) <= 900
+    assert "0 of 2 committed" in page.locator(".wave-progress").first.inner_text()
+    rest(dashboard, "POST", "/api/v1/deployments/rp-rollout/abort", dashboard.operator, {"reason": "test over"})
+    page.context.close()

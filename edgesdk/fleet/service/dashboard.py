@@ -40,6 +40,7 @@ from edgesdk.fleet.service.dashboard_audit import add_audit_page
 from edgesdk.fleet.service.dashboard_devices import add_devices_page
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
+from edgesdk.fleet.service.dashboard_rollout import canary_note, wave_progress
 from edgesdk.fleet.service.dashboard_ui import Ui
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
@@ -462,7 +463,8 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
                 for d in members
             )
             wave_sections += (
-                f"<h2>{_e(name)}{current}</h2><table class=wave><tr><th>device</th><th>state</th><th>progress</th>"
+                f"<h2>{_e(name)}{current}</h2>{wave_progress(members, float(row.plan.get('probation_s', 0)))}"
+                f"<table class=wave><tr><th>device</th><th>state</th><th>progress</th>"
                 f"<th>release</th><th>reason</th></tr>{cells}</table>"
             )
         events = "".join(
@@ -498,7 +500,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"{summary['devices']} devices · canary {plan.get('canary', 0):.0%} · waves "
             f"{_e(', '.join(f'{w:.0%}' for w in plan.get('waves', [])))} · max failures {plan.get('max_failures', 0):.0%} · "
             f"probation {plan.get('probation_s', 0):g} s</p>"
-            f"<p id=rollout-reason>{_e(row.reason) if row.reason else ''}</p>{buttons}</section>"
+            f"{canary_note(plan, len(devices))}<p id=rollout-reason>{_e(row.reason) if row.reason else ''}</p>{buttons}</section>"
             f"<section id=waves data-live>{wave_sections}</section>"
             f"<section><h2>Timeline</h2><table id=timeline data-live><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
         )
