@@ -52,6 +52,12 @@ def _messages() -> list[tuple[str, bytes]]:
     event = {"device_id": "dev-b", "msg_id": "dev-b-e1", "seq": 1, "ts": BASE.isoformat(), "event": "governor"}
     out.append(("edgesdk/devices/dev-b/events", json.dumps(event | {"detail": {"to": "int8"}}).encode()))
     out.append(("edgesdk/devices/dev-b/events", json.dumps(event).encode()))  # same msg_id again
+    # A refusal of a command this service never issued: one security event, however often
+    # QoS 1 redelivers it (the count read RETURNING, not psycopg's rowcount of -1).
+    refusal = {"command_sha256": "f" * 64, "why": "bad_signature", "reason": "tampered", "deployment_id": "d9"}
+    forged = {"device_id": "dev-a", "msg_id": "dev-a-r1", "seq": 9, "ts": BASE.isoformat(), "event": "ota_refused"}
+    out.append(("edgesdk/devices/dev-a/events", json.dumps(forged | {"detail": refusal}).encode()))
+    out.append(("edgesdk/devices/dev-a/events", json.dumps(forged | {"detail": refusal}).encode()))
     status = {"device_id": "dev-c", "msg_id": "dev-c-s1", "ts": BASE.isoformat(), "deployment_id": "d1"}
     out.append(("edgesdk/devices/dev-c/ota/status", json.dumps(status | {"state": "DOWNLOADING"}).encode()))
     return out
@@ -91,8 +97,9 @@ def postgres() -> Any:
 def test_postgresql_arrays_store_what_sqlite_executemany_stores(postgres: Any, tmp_path: Path) -> None:
     sqlite_rows, sqlite_counters = _ingest(f"sqlite:///{tmp_path / 'fleet.sqlite3'}")
     pg_rows, pg_counters = _ingest(postgres.create_database("fleet_dialects"))
-    assert len(sqlite_rows["telemetry"]) == 15 and len(sqlite_rows["events"]) == 1
-    assert sqlite_counters["duplicates"] == 2 and sqlite_counters["telemetry"] == 15
+    assert len(sqlite_rows["telemetry"]) == 15 and len(sqlite_rows["events"]) == 2
+    assert sqlite_counters["duplicates"] == 3 and sqlite_counters["telemetry"] == 15
+    assert sqlite_counters["security_events"] == 1
     by_device = {r[0]: r for r in sqlite_rows["devices"]}
     names = [c.name for c in schema.devices.columns if c.name != "first_seen"]
     a = dict(zip(names, by_device["dev-a"], strict=True))

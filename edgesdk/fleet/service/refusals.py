@@ -70,9 +70,10 @@ class Refusals:
                     command_sha256=refusal.command_sha256,
                     why=refusal.why,
                     reason=refusal.reason,
-                )
+                ).returning(schema.security_events.c.id)
             )
-        return bool(written.rowcount == 1)
+            # RETURNING, not rowcount: psycopg reports -1 for INSERT … ON CONFLICT DO NOTHING.
+            return written.first() is not None
 
 
 def recent(
