@@ -25,7 +25,6 @@ from edgesdk.converters.data import LABEL_KEY, load_npz, subset
 from edgesdk.converters.input_spec import first_sample
 from edgesdk.converters.model_data import arrange_data as _arrange_data
 from edgesdk.converters.model_data import golden_set
-from edgesdk.converters.output_metrics import OutputMetric, requested_metrics, resolve
 from edgesdk.converters.planner import Plan, PlannedVariant, make_plan, repairable
 from edgesdk.converters.quiet import quiet_native
 from edgesdk.converters.recipes import Family, detect_family
@@ -39,6 +38,7 @@ from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult,
 
 from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
 from edgesdk.offline import disable_vendor_telemetry
+from edgesdk.quality.output_metrics import OutputMetric, requested_metrics, resolve
 from edgesdk.schemas.common import ModelFormat, Precision
 from edgesdk.schemas.manifest import LadderRole
 from edgesdk.schemas.profile import DeviceProfile

@@ -17,11 +17,11 @@ from typing import Literal
 import numpy as np
 from edgesdk.converters.data import subset
 from edgesdk.converters.input_spec import InputLayout
-from edgesdk.converters.output_metrics import OutputMetric, read_output, requested_metrics, resolve, sentence
-from edgesdk.converters.output_metrics import per_sample as output_per_sample
 from edgesdk.converters.stateful import drift, run_all
 
 from edgesdk.errors import ConversionError
+from edgesdk.quality.output_metrics import OutputMetric, read_output, requested_metrics, resolve, sentence
+from edgesdk.quality.output_metrics import per_sample as output_per_sample
 from edgesdk.schemas.manifest import AccuracyResult, TensorSpec
 from edgesdk.schemas.report import OutputAccuracy, VariantMeasurements
 

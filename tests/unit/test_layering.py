@@ -59,6 +59,7 @@ PART_OF: dict[str, str] = {
             "edgesdk.offline",
             "edgesdk.profiles",
             "edgesdk.protocol",
+            "edgesdk.quality",
             "edgesdk.runtimes",
             "edgesdk.schemas",
             "edgesdk.trust",
