@@ -51,12 +51,13 @@ def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         rows = _devices(engine, group=group, model=model, version=version, state=state)
         shown = rows[page.offset : page.offset + page.limit]
         latest = _latest_telemetry(engine, [r.device_id for r in shown])
-        return page.page([_device(r, latest.get(r.device_id)) for r in shown], len(rows), sliced=True)
+        broker = _broker(context)
+        return page.page([_device(r, latest.get(r.device_id), broker) for r in shown], len(rows), sliced=True)
 
     @app.get("/api/v1/devices/{device_id}", response_model=Device, tags=["devices"], responses=documented(*ONE_ERRORS))
     def get_device(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> Device:
         row = _known_device(engine, device_id)
-        return _device(row, _latest_telemetry(engine, [device_id]).get(device_id))
+        return _device(row, _latest_telemetry(engine, [device_id]).get(device_id), _broker(context))
 
     @app.delete(
         "/api/v1/devices/{device_id}",
@@ -212,8 +213,18 @@ def _decommission(context: ApiContext, device_id: str) -> dict[str, Any]:
     return {"device_id": device_id, "broker_credentials_removed": removed, "enrollment_revoked": revoked}
 
 
-def _device(row: Any, latest: dict[str, Any] | None = None) -> Device:
+def _broker(context: Any) -> Any:
+    return context.broker_status() if context.broker_status is not None else None
+
+
+def _device(row: Any, latest: dict[str, Any] | None = None, broker: Any = None) -> Device:
+    """The API's device. ``online`` is what the dashboard says (``presence_label``): null, not
+    false, while the service cannot see its broker or re-learns presence after it."""
+    from edgesdk.fleet.service.broker_watch import presence_label
+
     data = dict(row._mapping)
+    label = presence_label(row.online, broker)
+    data["online"] = True if label == "online" else False if label == "offline" else None
     data["groups"] = json.loads(data.get("groups") or "[]")
     for name in ("presence_ts", "telemetry_seq", "public_key"):
         data.pop(name, None)
