@@ -420,9 +420,9 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             for ev in events
         )
         ota_rows = "".join(
-            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(o.ts))}</td><td><a href='/ui/deployments/{_e(o.deployment_id)}'>{_e(o.deployment_id)}</a></td>"
-            f"<td>{_state(o.state)}</td><td>{_e(o.reason)}</td></tr>"
-            for o in ota
+            f"<tr class=ota-entry><td>{time.strftime('%H:%M:%S', time.localtime(o.ts))}</td><td><a href='/ui/deployments/{_e(o.deployment_id)}'>{_e(o.deployment_id)}</a></td>"
+            f"<td>{_state(o.state)}{f' <span class=idle>(reported {n}×)</span>' if n > 1 else ''}</td><td>{_e(o.reason)}</td></tr>"
+            for o, n in _once_per_state(ota)
         )
         body = (
             f"<h1>Device {_e(device_id)}</h1><section><table id=facts data-live>{fact_rows}</table></section>"
@@ -618,6 +618,20 @@ def _no_devices_hint(server: str) -> str:
         f"edgesdk fleet enroll approve DEVICE_ID --server {_e(server)} --token-file TOKEN_FILE --key-id KEY_ID</pre>"
         "<p>See docs/enrollment.md.</p></section>"
     )
+
+
+def _once_per_state(history: list[Any]) -> list[tuple[Any, int]]:
+    """OTA history rows (newest first) with a repeated report of the same state of the same
+    deployment folded into its first (a device that rolled back answers a later rollback
+    command with ROLLED_BACK again): (row, how many times it was reported)."""
+    folded: list[tuple[Any, int]] = []
+    for row in history:
+        last = folded[-1][0] if folded else None
+        if last is not None and (last.deployment_id, last.state) == (row.deployment_id, row.state):
+            folded[-1] = (row, folded[-1][1] + 1)  # keep the older row: when it first happened
+        else:
+            folded.append((row, 1))
+    return folded
 
 
 def _device_state(state: str, rollout_state: str) -> str:
