@@ -41,6 +41,10 @@ log = logging.getLogger("edgesdk.agent.profiling")
 MEASUREMENTS_FILE = "measurements.json"
 DEFAULT_WARMUP = 5
 DEFAULT_RUNS = 50
+#: Interleaved timing rounds per variant (A B A B A B, one variant loaded at a time): a burst of
+#: other work on the device (a package update, a cron job) falls in one round, and the median of
+#: the rounds' medians ignores it; a rung is dropped only when it is slower in most rounds.
+DEFAULT_ROUNDS = 3
 
 #: ``open(variant_id) -> a model with .run(feeds) and .close()``, timed as "load".
 OpenVariant = Callable[[str], Any]
@@ -179,49 +183,84 @@ def measure_variants(
     runs: int = DEFAULT_RUNS,
     rss_mb: Callable[[], float] = _rss_mb,
     clock: Callable[[], float] = time.perf_counter,
+    rounds: int = DEFAULT_ROUNDS,
 ) -> tuple[list[VariantMeasurement], dict[str, str]]:
-    """Load, warm up and time each variant (manifest ``Variant``), one at a time (one loaded at
-    once, so resident sizes do not add up). A variant that fails to load or run is reported, not fatal."""
-    measured: list[VariantMeasurement] = []
+    """Load, warm up and time each variant (manifest ``Variant``), one loaded at a time (so
+    resident sizes do not add up), in ``rounds`` interleaved rounds (A B A B …), ``runs`` split
+    between them. A variant's median is the median of its rounds' medians: a burst of other work
+    on the device lands in one round and moves no figure, while a variant slower in most rounds
+    stays slower. A variant that fails to load or run is reported, not fatal."""
     failed: dict[str, str] = {}
+    first: dict[str, tuple[float, float]] = {}  # variant id → (load ms, RSS added), from its first load
+    times: dict[str, list[list[float]]] = {meta.id: [] for meta in variants}
+    count = max(1, min(rounds, runs))  # never a round without a timed run
+    for index in range(count):
+        share = runs // count + (1 if index < runs % count else 0)
+        for meta in variants:
+            if meta.id in failed:
+                continue
+            timed = _time_one(meta, open_variant, feeds, warmup, share, rss_mb if index == 0 else None, clock)
+            if isinstance(timed, str):
+                failed[meta.id] = timed
+                continue
+            load_ms, added, round_times = timed
+            first.setdefault(meta.id, (load_ms, added))
+            times[meta.id].append(round_times)
     batch = len(next(iter(feeds.values())))
-    for meta in variants:
-        gc.collect()
-        before = rss_mb()
-        started = clock()
-        try:
-            model = open_variant(meta.id)
-        except EdgeSDKError as exc:
-            failed[meta.id] = f"does not load here: {exc}"
-            log.warning("profile: variant %s does not load: %s", meta.id, exc)
-            continue
-        load_ms = (clock() - started) * 1000.0
-        added = rss_mb() - before
-        try:
-            times = time_runs(functools.partial(model.run, feeds), warmup=warmup, runs=runs, clock=clock)
-        except EdgeSDKError as exc:
-            failed[meta.id] = f"does not run here: {exc}"
-            log.warning("profile: variant %s does not run: %s", meta.id, exc)
-            continue
-        finally:
-            model.close()
-        measured.append(
-            VariantMeasurement(
-                variant=meta.id,
-                runtime=str(getattr(meta.runtime, "value", meta.runtime)),
-                precision=str(getattr(meta.precision, "value", meta.precision)),
-                format=str(getattr(meta.format, "value", meta.format)),
-                load_ms=round(load_ms, 3),
-                rss_mb=round(added, 2),
-                warmup=warmup,
-                runs=runs,
-                batch=batch,
-                p50_ms=round(float(np.percentile(times, 50)), 4),
-                p95_ms=round(float(np.percentile(times, 95)), 4),
-                mean_ms=round(float(np.mean(times)), 4),
-            )
-        )
-    return measured, failed
+    return [
+        _figures(meta, first[meta.id], times[meta.id], warmup, runs, batch)
+        for meta in variants
+        if meta.id not in failed
+    ], failed
+
+
+def _time_one(
+    meta: Any,
+    open_variant: OpenVariant,
+    feeds: Mapping[str, np.ndarray],
+    warmup: int,
+    runs: int,
+    rss_mb: Callable[[], float] | None,
+    clock: Callable[[], float],
+) -> tuple[float, float, list[float]] | str:
+    """One round of one variant: (load ms, RSS added or 0 when not read, run times), or why it failed."""
+    gc.collect()
+    before = rss_mb() if rss_mb is not None else 0.0
+    started = clock()
+    try:
+        model = open_variant(meta.id)
+    except EdgeSDKError as exc:
+        log.warning("profile: variant %s does not load: %s", meta.id, exc)
+        return f"does not load here: {exc}"
+    load_ms = (clock() - started) * 1000.0
+    added = rss_mb() - before if rss_mb is not None else 0.0
+    try:
+        return load_ms, added, time_runs(functools.partial(model.run, feeds), warmup=warmup, runs=runs, clock=clock)
+    except EdgeSDKError as exc:
+        log.warning("profile: variant %s does not run: %s", meta.id, exc)
+        return f"does not run here: {exc}"
+    finally:
+        model.close()
+
+
+def _figures(
+    meta: Any, loaded: tuple[float, float], rounds: list[list[float]], warmup: int, runs: int, batch: int
+) -> VariantMeasurement:
+    every = [t for round_times in rounds for t in round_times]
+    return VariantMeasurement(
+        variant=meta.id,
+        runtime=str(getattr(meta.runtime, "value", meta.runtime)),
+        precision=str(getattr(meta.precision, "value", meta.precision)),
+        format=str(getattr(meta.format, "value", meta.format)),
+        load_ms=round(loaded[0], 3),
+        rss_mb=round(loaded[1], 2),
+        warmup=warmup,
+        runs=runs,
+        batch=batch,
+        p50_ms=round(float(np.median([np.median(r) for r in rounds])), 4),
+        p95_ms=round(float(np.percentile(every, 95)), 4),
+        mean_ms=round(float(np.mean(every)), 4),
+    )
 
 
 class _Opened:
