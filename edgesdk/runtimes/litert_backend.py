@@ -27,6 +27,7 @@ from edgesdk.runtimes.execution import (
     litert_report,
     open_litert_delegates,
 )
+from edgesdk.runtimes.native_messages import one_line
 from edgesdk.runtimes.sequence_buckets import is_bucket, pad
 from edgesdk.schemas.manifest import QuantParams, TensorSpec
 
@@ -259,7 +260,7 @@ class LiteRTModel:
             try:
                 out = runner(**{k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
             except (ValueError, RuntimeError) as exc:
-                raise RuntimeBackendError(f"LiteRT failed: {exc}") from exc
+                raise RuntimeBackendError(f"LiteRT failed: {one_line(str(exc))}") from exc
         return {name: np.array(value) for name, value in out.items()}
 
     def close(self) -> None:
@@ -310,12 +311,12 @@ class LiteRTBackend:
                     if not delegates:
                         raise
                     # The delegate loaded but does not take this model (not compiled for the Edge TPU...).
-                    skipped[using[0]] = f"the interpreter did not start with it: {str(exc).splitlines()[0][:200]}"
+                    skipped[using[0]] = f"the interpreter did not start with it: {one_line(str(exc))[:200]}"
                     delegates, using = [], (LITERT_CPU,)
                     interpreter = module.Interpreter(model_content=model, num_threads=num_threads)
                     interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
-                raise RuntimeBackendError(f"LiteRT could not load the model: {exc}") from exc
+                raise RuntimeBackendError(f"LiteRT could not load the model: {one_line(str(exc))}") from exc
             # Its signature runners (one per sequence bucket) allocate too.
             loaded = LiteRTModel(interpreter, model, delegates)
         loaded.execution = litert_report(request, using, skipped)

@@ -21,6 +21,7 @@ from edgesdk.runtimes.execution import (
     choose_openvino_device,
     openvino_report,
 )
+from edgesdk.runtimes.native_messages import one_line
 from edgesdk.schemas.manifest import TensorSpec
 
 _OV_TYPES = {
@@ -80,7 +81,7 @@ class OpenVINOModel:
         try:
             result = request.infer({k: np.asarray(v, order="C") for k, v in feeds.items()})  # 0-d stays 0-d
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise InferenceInputError(f"OpenVINO rejected the input: {exc}") from exc
+            raise InferenceInputError(f"OpenVINO rejected the input: {one_line(str(exc))}") from exc
         return {spec.name: np.array(result[port]) for spec, port in zip(self.outputs, self._compiled.outputs)}
 
     def close(self) -> None:
@@ -130,11 +131,11 @@ class OpenVINOBackend:
             except RuntimeError as exc:
                 if device == OPENVINO_CPU:
                     raise
-                skipped[device] = f"compiling for it failed: {str(exc).splitlines()[0][:200]}"
+                skipped[device] = f"compiling for it failed: {one_line(str(exc))[:200]}"
                 device = OPENVINO_CPU
                 compiled = core.compile_model(read, device, opts)
         except RuntimeError as exc:
-            raise RuntimeBackendError(f"OpenVINO could not load the model on {device}: {exc}") from exc
+            raise RuntimeBackendError(f"OpenVINO could not load the model on {device}: {one_line(str(exc))}") from exc
         loaded = OpenVINOModel(compiled, buffer)
         loaded.execution = openvino_report(request, device, _execution_devices(compiled), skipped)
         return loaded
