@@ -63,6 +63,9 @@ class ConversionRequest:
     calibration: Mapping[str, np.ndarray] | None = None
     #: Layers to keep in float (accuracy-aware repair), by the names ``quantizable_layers`` gives.
     keep_float: Sequence[str] = ()
+    #: Each output's metric (edgesdk.quality.output_metrics.OutputMetric, by output name), for a
+    #: quantizer that checks accuracy itself (OpenVINO's accuracy control); None: chosen there.
+    metrics: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

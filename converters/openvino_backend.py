@@ -11,7 +11,7 @@ survive conversion as OpenVINO friendly names).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.converters.base import ConversionRequest, ConvertedArtifact, SourceModel
@@ -150,8 +150,9 @@ class OpenVINOConverter:
 #: NNCF accuracy control: post-training quantization (fast bias correction), then the ops whose
 #: int8 costs the most agreement with fp32 go back to float until the drop holds.
 ACCURACY_CONTROL = "nncf-ptq-accuracy-control"
-#: Its largest drop, measured on the *calibration* samples against the fp32 model (absolute:
-#: top-1 agreement for classifiers, mean cosine otherwise). Validation data never steers it.
+#: Its largest drop, measured on the *calibration* samples against the fp32 model (absolute): of
+#: the share of samples on which every output holds its own metric ("top1"; "cosine" is kept for
+#: callers of agreement_per_sample). Validation data never steers it.
 ACCURACY_CONTROL_MAX_DROP = {"top1": 0.05, "cosine": 0.005}
 #: At most this many ops go back to float (each is a ranking and a validation; past a few, the
 #: float islands cost the int8 its speed: MobileNetV2 reverted 30 of 64 at a 0.03 drop, 0.83x fp32).
@@ -173,28 +174,61 @@ def agreement_per_sample(metric: Metric, outputs: Sequence[Any], reference: Sequ
     return [float(v) for v in per_sample(metric, rows(outputs), rows(reference))]
 
 
+def outputs_hold_per_sample(
+    metrics: Mapping[str, Any], outputs: Sequence[Sequence[Any]], reference: Sequence[Sequence[Any]]
+) -> list[float]:
+    """Per sample (a list of output arrays each, in ``metrics``' order): 1.0 when every output
+    holds its own metric's threshold (edgesdk.quality: top-1, cosine, error in the output's units,
+    IoU, decoded text), else 0.0, so the accuracy control cannot trade a drifting landmark output
+    for a classifier output that holds."""
+    import numpy as np
+
+    from edgesdk.quality.output_metrics import ERROR_KINDS, per_sample
+
+    if not outputs:
+        return []
+    holds = np.ones(len(outputs), dtype=bool)
+    for index, metric in enumerate(metrics.values()):
+        got = np.stack([np.asarray(sample[index], np.float64) for sample in outputs])
+        want = np.stack([np.asarray(sample[index], np.float64) for sample in reference])
+        values = per_sample(metric, got, want)
+        holds &= values <= metric.threshold if metric.kind in ERROR_KINDS else values >= metric.threshold
+    return [float(h) for h in holds]
+
+
 def _accuracy_control(nncf: Any, model: Any, request: ConversionRequest, ignored: Any) -> tuple[Any, int]:
     """``nncf.quantize_with_accuracy_control`` validated on the calibration samples (fp32 outputs
-    of the same model as the reference): (quantized model, ops kept in float)."""
+    of the same model as the reference), every output judged by its own metric: the share of
+    samples on which all outputs hold theirs (outputs_hold_per_sample). (quantized model, ops kept in float)."""
+    import numpy as np
     import openvino as ov
-    from edgesdk.converters.validate import choose_metric
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
+
+    from edgesdk.quality.output_metrics import resolve
 
     data = request.calibration or {}
     count = int(next(iter(data.values())).shape[0])
     items = list(request.source.layout.samples(data))
     reference = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    wanted = [reference(item)[0] for item in items]
-    metric = choose_metric(request.source.outputs)
+    names = [o.name for o in request.source.outputs]
+
+    def all_outputs(compiled: Any, item: Any) -> list[Any]:
+        result = compiled(item)
+        return [result[i] for i in range(len(names))]
+
+    wanted = [all_outputs(reference, item) for item in items]
+    chosen = resolve({n: np.stack([w[i] for w in wanted]) for i, n in enumerate(names)}, {})
+    metrics = {n: (request.metrics or {}).get(n) or chosen[n] for n in names}
 
     def validate(compiled: Any, pairs: Any) -> tuple[float, list[float]]:
         pairs = list(pairs)
-        values = agreement_per_sample(metric, [compiled(item)[0] for item, _ in pairs], [wanted[i] for _, i in pairs])
+        got = [all_outputs(compiled, item) for item, _ in pairs]
+        values = outputs_hold_per_sample(metrics, got, [wanted[i] for _, i in pairs])
         return float(sum(values) / max(len(values), 1)), values
 
     quantized = nncf.quantize_with_accuracy_control(
         model, nncf.Dataset(items), nncf.Dataset(list(zip(items, range(len(items)))), lambda pair: pair[0]),
-        validate, max_drop=ACCURACY_CONTROL_MAX_DROP["top1" if metric == "top1" else "cosine"],
+        validate, max_drop=ACCURACY_CONTROL_MAX_DROP["top1"],
         subset_size=min(300, count), ignored_scope=ignored,
         advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
             max_num_iterations=ACCURACY_CONTROL_MAX_REVERTS

@@ -186,6 +186,7 @@ class _Run:
             method=method,
             calibration=self.calibration,
             keep_float=tuple(keep_float),
+            metrics=self.metrics,
         )
         started = time.perf_counter()
         with quiet_native():

@@ -64,3 +64,15 @@ def test_builds_a_tiny_convnet_validated_on_its_calibration_samples(tmp_path) ->
     assert float_weight_ops(model) < 3  # something is int8
     assert any(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
     assert float_weight_ops(ov.Core().read_model(str(path))) == 3  # the fp32 model: every weight float
+
+
+def test_accuracy_control_counts_a_sample_only_when_every_output_holds_its_own_metric() -> None:
+    from edgesdk.converters.openvino_backend import outputs_hold_per_sample
+
+    from edgesdk.quality.output_metrics import OutputMetric
+
+    metrics = {"logits": OutputMetric("top1", 0.99), "landmarks": OutputMetric("abs", 1.5)}
+    reference = [[np.array([0.1, 0.9]), np.array([10.0, 20.0])], [np.array([0.8, 0.2]), np.array([5.0, 6.0])]]
+    # Both samples keep their class; the second's landmarks are 47 px off (the first output alone passed it).
+    outputs = [[np.array([0.2, 0.8]), np.array([10.5, 20.0])], [np.array([0.7, 0.3]), np.array([52.0, 6.0])]]
+    assert outputs_hold_per_sample(metrics, outputs, reference) == [1.0, 0.0]
