@@ -47,12 +47,14 @@ def _digest(*parts: bytes) -> str:
 
 
 def _code_digest() -> bytes:
-    """The converters' and schemas' source: a change there re-converts every cell."""
+    """The source of the converters and of what they run and judge with: a change re-converts every cell."""
     import edgesdk.converters
+    import edgesdk.quality
+    import edgesdk.runtimes
     import edgesdk.schemas
 
     files = []
-    for package in (edgesdk.converters, edgesdk.schemas):
+    for package in (edgesdk.converters, edgesdk.quality, edgesdk.runtimes, edgesdk.schemas):
         files += sorted(Path(package.__file__).parent.rglob("*.py"))
     return b"".join(f.read_bytes() for f in files)
 
