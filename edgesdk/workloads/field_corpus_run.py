@@ -33,6 +33,7 @@ from edgesdk.workloads.field_corpus import BY_NAME, EVERY_OUTPUT, CorpusModel, e
 PROFILES = ("rpi5-8gb", "rpi-zero-2w", "coral-dev-board")
 VALIDATION_SAMPLES, CALIBRATION_SAMPLES = 16, 8
 REPO = Path(__file__).resolve().parents[2]
+CONVERTER_PATHS = ("converters", "edgesdk/quality", "edgesdk/runtimes", "edgesdk/schemas")
 
 
 def say(message: str) -> None:
@@ -167,13 +168,15 @@ def converters_revision() -> str:
     """The commit the converters were at, and whether converters/ had uncommitted changes."""
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "converters"],
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", *CONVERTER_PATHS],
                                capture_output=True, text=True)  # fmt: skip
     except OSError:
         return "unknown (no git)"
     if head.returncode != 0:
         return "unknown (not a git checkout)"
-    return head.stdout.strip() + (" with uncommitted changes in converters/" if dirty.stdout.strip() else "")
+    return head.stdout.strip() + (
+        " with uncommitted changes in " + ", ".join(CONVERTER_PATHS) if dirty.stdout.strip() else ""
+    )
 
 
 def _pick(text: str | None, known: tuple[str, ...], what: str) -> list[str]:
