@@ -108,6 +108,8 @@ def check_outputs(
         if got.size != want.size:
             raise SmokeTestError(f"variant {meta.id} output {name!r}: shape {got.shape} != golden {want.shape}")
         got = got.reshape(want.shape)
+        if got.dtype.kind == "f" and not np.isfinite(got).all() and np.isfinite(want).all():
+            raise SmokeTestError(f"variant {meta.id} output {name!r} holds NaN or Inf where the golden outputs do not")
         metric = device_metric(name, want, len(expected) == 1, manifest)
         reading = read_output(metric, per_sample(metric, got, want))
         if reading.verdict == "fail" and not _as_on_the_host(meta, name, got, want):

@@ -96,8 +96,10 @@ def tail_reading(values: np.ndarray, gate: float, lower_is_better: bool = False)
     count = int(values.size)
     if count == 0:
         return OutputReading(float("nan"), float("nan"), None, "fail", 0, "no samples")
-    ordered = np.sort(-values if lower_is_better else values)  # worst first
     mean = float(values.mean())
+    # A NaN sample is the worst there is (np.sort would put it last, out of the tail's sight).
+    values = np.where(np.isnan(values), np.inf if lower_is_better else -np.inf, values)
+    ordered = np.sort(-values if lower_is_better else values)  # worst first
     if count < TAIL_MIN_SAMPLES:
         figure, bound, statistic = ordered[0], ordered[0], "worst sample"
     else:

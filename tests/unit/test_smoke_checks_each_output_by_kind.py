@@ -109,3 +109,25 @@ def test_the_install_refuses_a_drifting_second_output_by_name(tmp_path: Path) ->
 def test_the_install_passes_when_every_output_reproduces_its_golden(tmp_path: Path) -> None:
     verified, device_key = _bundle(tmp_path, landmark_shift=0.0)
     assert _install_check(verified, device_key).passed == {"onnx-fp32": 1.0}
+
+
+def test_a_nan_sample_is_the_worst_of_a_tail_not_skipped() -> None:
+    from edgesdk.quality.tail_statistics import tail_reading
+
+    errors = np.array([0.1, np.nan, 0.2])
+    assert tail_reading(errors, 1.0, lower_is_better=True).verdict == "fail"
+    assert tail_reading(np.array([0.999, np.nan, 0.998]), 0.99).verdict == "fail"
+
+
+def test_an_output_with_nan_where_the_golden_has_numbers_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from edgesdk.agent.ota.smoke import check_outputs
+
+    meta = SimpleNamespace(id="onnx-int8", accuracy=None)
+    manifest = SimpleNamespace(golden=SimpleNamespace(metric="top1", gate=0.98))
+    want = np.array([[0.1, 0.9, 0.0], [0.7, 0.2, 0.1]])
+    got = want.copy()
+    got[1, 2] = np.nan  # argmax of the row would still be 0: top-1 alone would agree
+    with pytest.raises(SmokeTestError, match="output 'scores' holds NaN or Inf"):
+        check_outputs(meta, {"scores": got}, {"scores": want}, manifest)  # type: ignore[arg-type]
