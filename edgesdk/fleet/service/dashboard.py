@@ -11,7 +11,13 @@ Secure when the dashboard is reached over https (``--public-url https://…`` be
 The sign-in form carries a CSRF value paired with a cookie of its own (a page of another site
 cannot sign a browser into someone else's session); every form that writes carries a CSRF
 value derived from the session id, and every write is audited like the API's. The only
-scripts are the two below, allowed by hash in the Content-Security-Policy (``web_security``).
+scripts are two constants (``dashboard_live.LIVE_JS``, ``dashboard_deployments.UPLOAD_JS``),
+allowed by hash in the Content-Security-Policy (``web_security``).
+
+This module has the frame, signing in, the overview and the device page; each other page group
+is a module of its own, handed what it needs as a ``dashboard_ui.Ui``: rollouts
+(``dashboard_deployments``), devices (``dashboard_devices``), enrollment, alerts, artifacts,
+audit, and the live event stream (``dashboard_live``).
 """
 
 from __future__ import annotations
@@ -27,38 +33,28 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from edgesdk.errors import EdgeSDKError
-from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
-from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
+from edgesdk.fleet.service import audit, bundles, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart, state_band
 from edgesdk.fleet.service.dashboard_alerts import add_alerts_page, alert_items
 from edgesdk.fleet.service.dashboard_artifacts import add_artifacts_page
 from edgesdk.fleet.service.dashboard_audit import add_audit_page
+from edgesdk.fleet.service.dashboard_deployments import UPLOAD, UPLOAD_JS, add_deployment_pages
 from edgesdk.fleet.service.dashboard_devices import add_devices_page
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
-from edgesdk.fleet.service.dashboard_rollout import canary_note, wave_progress
 from edgesdk.fleet.service.dashboard_ui import Ui
+from edgesdk.fleet.service.dashboard_ui import not_found as _not_found
+from edgesdk.fleet.service.dashboard_ui import state_badge as _state
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
-from edgesdk.fleet.service.rollout_form import FieldError, plan_from, rollout_form
-from edgesdk.fleet.service.submit import submit_deployment
+from edgesdk.fleet.service.rollout_form import rollout_form
 
 COOKIE = "edgesdk_fleet_session"
 #: The sign-in form's CSRF cookie (double submit: the form's hidden value must match it).
 LOGIN_COOKIE = "edgesdk_fleet_login"
-_STATE_CLASS = {
-    "COMMITTED": "ok",
-    "SUCCEEDED": "ok",
-    "FAILED": "bad",
-    "ROLLED_BACK": "bad",
-    "TIMED_OUT": "bad",
-    "ABORTED": "bad",
-    "PENDING": "idle",
-}
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111;background:#f5f5f4}
@@ -82,23 +78,9 @@ input[type=text],input[type=number]{width:110px}.alerts li{margin:2px 0}
 # (SCRIPTS) and nothing else runs — no inline handler, no script a stored value could inject.
 # LIVE_JS (dashboard_live) swaps the [data-live] parts of a page when the server says they changed.
 
-_UPLOAD_JS = """
-document.getElementById('upload-form').addEventListener('submit',function(ev){
-  ev.preventDefault();
-  var file=document.getElementById('bundle-file').files[0];if(!file)return;
-  var csrf=this.getAttribute('data-csrf');
-  var status=document.getElementById('upload-status');status.textContent='uploading…';
-  fetch('/ui/bundles?filename='+encodeURIComponent(file.name),{method:'POST',body:file,
-    headers:{'X-CSRF':csrf,'Content-Type':'application/octet-stream'}})
-   .then(function(r){return r.json().then(function(j){if(!r.ok)throw new Error(j.detail);return j;});})
-   .then(function(j){status.textContent='uploaded '+j.model_name+' '+j.model_version;location.reload();})
-   .catch(function(e){status.textContent='refused: '+e.message;});
-});
-"""
 
-SCRIPTS = (LIVE_JS, _UPLOAD_JS)
+SCRIPTS = (LIVE_JS, UPLOAD_JS)
 _LIVE = f"<script>{LIVE_JS}</script>"
-_UPLOAD = f"<script>{_UPLOAD_JS}</script>"
 
 
 #: Rows of the overview's device table; the devices page has them all, in pages.
@@ -113,10 +95,6 @@ def csrf_for(session_id: str) -> str:
 
 def _e(value: Any) -> str:
     return html.escape("-" if value is None else str(value))
-
-
-def _state(value: Any) -> str:
-    return f'<span class="{_STATE_CLASS.get(str(value), "")}">{_e(value)}</span>'
 
 
 def _ago(ts: float | None, now: float) -> str:
@@ -164,10 +142,6 @@ def _broker_banner(status: BrokerStatus | None) -> str:
         f'<p class="banner" id="broker-banner">The MQTT broker is back since {since}: re-learning device presence; '
         "devices not yet heard from are shown as unknown.</p>"
     )
-
-
-def _not_found(what: str, name: str) -> str:
-    return f'<section><h1>No {what} {_e(name)}</h1><p><a href="/">back to the overview</a></p></section>'
 
 
 def add_dashboard(app: FastAPI, context: Any) -> None:
@@ -233,6 +207,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
     add_alerts_page(app, context, ui, broker)
     add_audit_page(app, context, ui)
     add_artifacts_page(app, context, ui)
+    add_deployment_pages(app, context, ui)
 
     # -- signing in -------------------------------------------------------------------------
 
@@ -355,7 +330,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
             f"<th>by state</th></tr>{rollouts}</table></section>"
         )
         if tokens.allows(operator.role, "operator"):
-            body += rollout_form(bundles.list_bundles(engine), csrf_for(token)) + _UPLOAD
+            body += rollout_form(bundles.list_bundles(engine), csrf_for(token)) + UPLOAD
         return page("overview", body, operator)
 
     # -- a device ---------------------------------------------------------------------------
@@ -432,176 +407,6 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         )
         return page(device_id, body, operator)
 
-    # -- a rollout --------------------------------------------------------------------------
-
-    @app.get("/ui/deployments/{deployment_id}", response_class=HTMLResponse, include_in_schema=False)
-    def deployment_page(request: Request, deployment_id: str, error: str = "") -> Response:
-        operator, token = session(request)
-        if operator is None:
-            return login_redirect()
-        row = store.find(deployment_id)
-        if row is None:
-            return page("not found", _not_found("deployment", deployment_id), operator, refresh=False, status_code=404)
-        summary = store.summary(deployment_id)
-        devices = store.devices(deployment_id)
-        with Transaction(engine) as db:
-            h = schema.ota_history
-            timeline = db.execute(
-                sa.select(h).where((h.c.deployment_id == deployment_id) & h.c.progress.is_(None)).order_by(h.c.ts)
-            ).all()
-        waves = sorted({d.wave for d in devices})
-        wave_sections = ""
-        for wave in waves:
-            members = [d for d in devices if d.wave == wave]
-            name = "canary" if wave == 0 and len(waves) > 1 and row.plan.get("canary", 0) > 0 else f"wave {wave}"
-            current = " (current)" if wave == row.wave and row.state not in FINISHED_ROLLOUT_STATES else ""
-            cells = "".join(
-                f'<tr id="dd-{_e(d.device_id)}"><td><a href="/ui/devices/{_e(d.device_id)}">{_e(d.device_id)}</a></td>'
-                f"<td class=state>{_device_state(d.state, row.state)}</td>"
-                f"<td>{'' if d.progress is None else f'{d.progress:.0%}'}</td>"
-                f"<td>{_e(d.model_release)}</td><td class=reason>{_e(_device_reason(d, row.state))}</td></tr>"
-                for d in members
-            )
-            wave_sections += (
-                f"<h2>{_e(name)}{current}</h2>{wave_progress(members, float(row.plan.get('probation_s', 0)))}"
-                f"<table class=wave><tr><th>device</th><th>state</th><th>progress</th>"
-                f"<th>release</th><th>reason</th></tr>{cells}</table>"
-            )
-        events = "".join(
-            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(t.ts))}</td><td>{_e(t.device_id)}</td><td>{_state(t.state)}</td><td>{_e(t.reason)}</td></tr>"
-            for t in timeline
-        )
-        # Refusals quoting this deployment that did not count: copies someone else published.
-        ignored = "".join(
-            f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(r['ts']))}</td><td>{_e(r['device_id'])}</td>"
-            f"<td>{_e(r['kind'])}</td><td>{_e((r['command_sha256'] or '')[:12])}</td><td>{_e(r['reason'])}</td></tr>"
-            for r in refusals.recent(engine, deployment_id=deployment_id, limit=50)
-        )
-        buttons = ""
-        if tokens.allows(operator.role, "operator"):
-            csrf = csrf_for(token)
-            if row.state not in FINISHED_ROLLOUT_STATES:
-                buttons += (
-                    f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/abort">'
-                    f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="abort">Abort</button></form> '
-                )
-            # A rollout that ended without reaching a device has nothing to roll back.
-            reached = any(d.state != "PENDING" for d in devices)
-            if row.state != "ROLLED_BACK" and (reached or row.state not in FINISHED_ROLLOUT_STATES):
-                buttons += (
-                    f'<form class=inline method=post action="/ui/deployments/{_e(deployment_id)}/rollback">'
-                    f'<input type=hidden name=csrf value="{csrf}"><button class="danger" id="rollback">Roll back</button></form>'
-                )
-        message = f'<p class="bad">{_e(error)}</p>' if error else ""
-        plan = row.plan
-        body = (
-            f"<h1>Rollout {_e(deployment_id)}</h1>{message}<section id=rollout-head data-live>"
-            f"<p>State: <b id=rollout-state>{_state(row.state)}</b> · {_e(summary['model'])} · "
-            f"{summary['devices']} devices · canary {plan.get('canary', 0):.0%} · waves "
-            f"{_e(', '.join(f'{w:.0%}' for w in plan.get('waves', [])))} · max failures {plan.get('max_failures', 0):.0%} · "
-            f"probation {plan.get('probation_s', 0):g} s</p>"
-            f"{canary_note(plan, len(devices))}<p id=rollout-reason>{_e(row.reason) if row.reason else ''}</p>{buttons}</section>"
-            f"<section id=waves data-live>{wave_sections}</section>"
-            f"<section><h2>Timeline</h2><table id=timeline data-live><tr><th>time</th><th>device</th><th>state</th><th>reason</th></tr>{events}</table></section>"
-        )
-        if ignored:
-            body += (
-                "<section><h2>Security events: refusals not counted</h2><p>Devices refused commands naming this "
-                "deployment that this service did not issue to them; the rollout ignored them.</p>"
-                "<table id=security-events><tr><th>time</th><th>device</th><th>kind</th><th>digest</th>"
-                f"<th>reason</th></tr>{ignored}</table></section>"
-            )
-        return page(deployment_id, body, operator)
-
-    @app.post("/ui/deployments/{deployment_id}/{action}", include_in_schema=False)
-    async def deployment_action(request: Request, deployment_id: str, action: str) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        operator, token = session(request)
-        fields = await form(request)
-        if action not in ("abort", "rollback"):
-            return page("not found", _not_found("action", action), operator, refresh=False, status_code=404)
-        verb = f"deployment.{action}"
-        refusal = write_allowed(fields.get("csrf", ""), token, operator, verb, deployment_id)
-        target = f"/ui/deployments/{urllib.parse.quote(deployment_id)}"
-        if refusal is not None or operator is None:
-            return RedirectResponse(f"{target}?error={urllib.parse.quote(refusal or 'sign in first')}", status_code=303)
-        reason = f"{action} by {operator.name} (dashboard)"
-
-        def work() -> Any:
-            if action == "abort":
-                return context.commands.abort(deployment_id, reason)
-            return context.commands.rollback(deployment_id, reason)
-
-        try:
-            await run_in_threadpool(audit.audited, engine, operator, verb, deployment_id, work, {"reason": reason})
-        except EdgeSDKError as exc:
-            return RedirectResponse(f"{target}?error={urllib.parse.quote(str(exc))}", status_code=303)
-        return RedirectResponse(target, status_code=303)
-
-    @app.post("/ui/deployments", include_in_schema=False)
-    async def new_deployment(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        operator, token = session(request)
-        fields = await form(request)
-        refusal = write_allowed(fields.get("csrf", ""), token, operator, "deployment.create", "")
-        if refusal is not None or operator is None:
-            return page("refused", f'<section><p class="bad">{_e(refusal)}</p></section>', operator, refresh=False)
-        try:
-            bundle = _bundle(engine, fields.get("bundle_id", ""))
-            plan, health, devices, group = plan_from(fields)
-            message = await run_in_threadpool(
-                audit.audited,
-                engine,
-                operator,
-                "deployment.create",
-                "",
-                lambda: submit_deployment(store, _path(bundle), plan, devices=devices, group=group, health=health),
-                {k: v for k, v in fields.items() if k != "csrf"},
-            )
-        except (EdgeSDKError, ValueError) as exc:
-            # The form again, as typed, the reason beside the field it is about (or above it).
-            field = exc.field if isinstance(exc, FieldError) else ""
-            kept = {k: v for k, v in fields.items() if k != "csrf"}
-            again = rollout_form(bundles.list_bundles(engine), csrf_for(token), kept, {field: str(exc)}) + _UPLOAD
-            title = '<section><h1>Rollout not started</h1><p><a href="/">back to the overview</a></p></section>'
-            return page("refused", title + again, operator, refresh=False, status_code=422)
-        return RedirectResponse(f"/ui/deployments/{urllib.parse.quote(message.deployment_id)}", status_code=303)
-
-    @app.post("/ui/bundles", include_in_schema=False)
-    async def upload(request: Request, filename: str = "bundle.edgepkg") -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        operator, token = session(request)
-        refusal = write_allowed(request.headers.get("x-csrf", ""), token, operator, "bundle.upload", filename)
-        if refusal is not None or operator is None:
-            return JSONResponse({"detail": refusal}, status_code=403)
-        directory = context.data_dir / "bundles"
-        handle, path = bundles.new_upload(directory)
-        size = 0
-        with handle:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > context.max_bundle_bytes:
-                    handle.close()
-                    path.unlink(missing_ok=True)
-                    return JSONResponse({"detail": "bundle over the size limit"}, status_code=413)
-                handle.write(chunk)
-        try:
-            stored = await run_in_threadpool(
-                audit.audited,
-                engine,
-                operator,
-                "bundle.upload",
-                filename,
-                lambda: bundles.store_bundle(engine, directory, filename, path, uploaded_by=operator.actor),
-                {"size": size},
-            )
-        except EdgeSDKError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=400)
-        return JSONResponse(stored, status_code=201)
-
 
 def _presence(label: str) -> str:
     css = {"online": "ok", "offline": "bad"}.get(label, "warn")
@@ -634,36 +439,7 @@ def _once_per_state(history: list[Any]) -> list[tuple[Any, int]]:
     return folded
 
 
-def _device_state(state: str, rollout_state: str) -> str:
-    """A device still PENDING in a rollout that ended was never sent anything: say so."""
-    if state == "PENDING" and rollout_state in FINISHED_ROLLOUT_STATES:
-        return '<span class="idle">NOT SENT</span>'
-    return _state(state)
-
-
-def _device_reason(device: Any, rollout_state: str) -> str | None:
-    if device.state == "PENDING" and rollout_state in FINISHED_ROLLOUT_STATES and not device.reason:
-        return f"the rollout was {rollout_state.lower().replace('_', ' ')} before this wave"
-    return device.reason
-
-
 def _fmt(row: Any, column: str) -> str | None:
     if row is None or getattr(row, column) is None:
         return None
     return f"{getattr(row, column):.2f}" if column == "p95_ms" else f"{getattr(row, column):.0f}"
-
-
-def _bundle(engine: Any, bundle_id: str) -> dict[str, Any]:
-    """The chosen bundle; a FieldError beside the bundle field when there is none."""
-    if not bundle_id:
-        raise FieldError("bundle_id", "upload a bundle first, then choose it here")
-    try:
-        return bundles.get_bundle(engine, bundle_id)
-    except EdgeSDKError as exc:
-        raise FieldError("bundle_id", str(exc)) from None
-
-
-def _path(bundle: dict[str, Any]) -> Any:
-    from pathlib import Path
-
-    return Path(bundle["path"])

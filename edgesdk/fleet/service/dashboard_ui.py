@@ -30,3 +30,24 @@ class Ui:
 def escape(value: Any) -> str:
     """HTML text of a value (``-`` for None)."""
     return html.escape("-" if value is None else str(value))
+
+
+_STATE_CLASS = {
+    "COMMITTED": "ok",
+    "SUCCEEDED": "ok",
+    "FAILED": "bad",
+    "ROLLED_BACK": "bad",
+    "TIMED_OUT": "bad",
+    "ABORTED": "bad",
+    "PENDING": "idle",
+}
+
+
+def state_badge(value: Any) -> str:
+    """A rollout or device state, coloured (good green, failed red, pending grey)."""
+    return f'<span class="{_STATE_CLASS.get(str(value), "")}">{escape(value)}</span>'
+
+
+def not_found(what: str, name: str) -> str:
+    """The body of a 404 page: no such device, rollout or action."""
+    return f'<section><h1>No {what} {escape(name)}</h1><p><a href="/">back to the overview</a></p></section>'
