@@ -20,6 +20,7 @@ EventSource            EventBus                          AgentLink
 UpdateChannel          AgentLink                         UpdateManager, target
 GovernorReadout        Governor                          Metrics
 OutboxGauge            MessageQueue (AgentLink.queue)    Metrics
+RunningParts           Agent (agent/daemon.py)           AgentLifecycle
 =====================  ================================  ==========================
 
 docs/architecture.md ("Ports inside the agent") has the same table with what each offers.
@@ -223,6 +224,23 @@ class OutboxGauge(Protocol):
     def dropped(self) -> int: ...
 
 
+class RunningParts(Protocol):
+    """What the lifecycle (``agent/lifecycle.py``) starts and stops around the API, in this order:
+    the OTA boot guard, the models, the governors, the rest (link, updaters, profiling)."""
+
+    def guard_boot(self) -> None: ...
+
+    def load_installed(self) -> bool: ...
+
+    def start_governors(self) -> None: ...
+
+    def start_parts(self) -> None: ...
+
+    def reload(self) -> None: ...
+
+    def stop_parts(self) -> None: ...
+
+
 __all__ = [
     "BundleOpener",
     "EventHandler",
@@ -232,6 +250,7 @@ __all__ = [
     "Keyring",
     "OutboxGauge",
     "RunningModelSource",
+    "RunningParts",
     "Serving",
     "Slots",
     "TelemetrySource",
