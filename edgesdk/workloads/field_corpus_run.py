@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -48,15 +49,14 @@ def _digest(*parts: bytes) -> str:
 
 
 def _code_digest() -> bytes:
-    """The source of the converters and of what they run and judge with: a change re-converts every cell."""
-    import edgesdk.converters
-    import edgesdk.quality
-    import edgesdk.runtimes
-    import edgesdk.schemas
+    """The source of the converters and of what they run and judge with: a change re-converts every cell.
 
-    files = []
-    for package in (edgesdk.converters, edgesdk.quality, edgesdk.runtimes, edgesdk.schemas):
-        files += sorted(Path(package.__file__).parent.rglob("*.py"))
+    Found without importing them (the workloads sit beside the converters, not above them)."""
+    files: list[Path] = []
+    for package in ("edgesdk.converters", "edgesdk.quality", "edgesdk.runtimes", "edgesdk.schemas"):
+        spec = importlib.util.find_spec(package)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            files += sorted(Path(folder).rglob("*.py"))
     return b"".join(f.read_bytes() for f in files)
 
 
