@@ -72,7 +72,7 @@ def _data(entry: CorpusModel, folder: Path) -> tuple[Path, Path]:
     for what, count, seed in (("calibration", CALIBRATION_SAMPLES, 1), ("validation", VALIDATION_SAMPLES, 2)):
         path = folder / f"{what}.npz"
         if not path.exists():
-            np.savez(path, **entry.inputs(count, np.random.default_rng(seed)))
+            np.savez(path, **entry.inputs(count, np.random.default_rng(seed)))  # type: ignore[arg-type]
         paths.append(path)
     return paths[0], paths[1]
 
