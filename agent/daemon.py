@@ -1,12 +1,18 @@
-"""The agent daemon: wires the store, the model server, the API, the governor, metrics and
-the optional MQTT link and OTA manager together, and runs them until SIGTERM.
+"""The agent daemon's composition root: ``Agent`` builds the parts from the config and wires
+them, each given only the ports it uses (agent/ports.py). The work is in one file per idea:
 
-Start order: telemetry opt-outs (before any runtime import), data dir, device key, the
-security state record (agent/security_state.py; tampered = installs and commands refused), trusted
-publishers, the installed bundle (verified again; a broken slot falls back to the last good
-one), the governor, the API (TCP port written to ``data_dir/api.port``), then the link and
-the updater. Stop order is the reverse, and in-flight requests are drained first.
-SIGHUP re-reads the store (``edge-agent install`` sends it) and swaps to a newly installed bundle.
+- agent/lifecycle.py: run, serve, signals, readiness, drain and stop (``AgentLifecycle``);
+- agent/model_loading.py: serving what is installed, at start, on SIGHUP, after profiling;
+- agent/sideload.py: ``edge-agent install FILE.edgepkg``;
+- agent/fleet_connection.py: the MQTT link and each model's updater;
+- agent/status.py: the ``/v1/status`` document;
+- agent/device_identity.py: the device key and the security state record made with it.
+
+Build order: telemetry opt-outs (before any runtime import), data dir, the default model's
+server, device key, the security state record (tampered = installs and commands refused), the
+trust document, the keys (read now when bundles open in process), the governor, metrics, the
+models, then the pieces above. ``Agent``'s public methods (``run``, ``install``,
+``load_installed``, ``reload``, ``status``, the key properties) delegate to them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.config import check_configured_files
+from edgesdk.agent.device_identity import find_or_make_device_key, open_security_state
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.fleet_connection import FleetConnection
 from edgesdk.agent.governor.runner import Governor
@@ -33,7 +40,7 @@ from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.sideload import Sideload
 from edgesdk.agent.status import AgentStatus
 
-from edgesdk.errors import AgentError, ConfigError, EdgeSDKError, ProfileError
+from edgesdk.errors import AgentError, ConfigError, ProfileError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.common import Precision
@@ -49,7 +56,6 @@ if TYPE_CHECKING:  # the link, the updater, gRPC and the key types load when use
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
-    from edgesdk.agent.security_state import SecurityState
     from edgesdk.agent.trust import AgentTrust
 
 log = logging.getLogger("edgesdk.agent")
@@ -80,11 +86,15 @@ class Agent:
         # another model to that model's server, agent/model_set.py).
         self.server = self._make_server(stats)
         # One A/B store per model under data_dir/models (a single-model data dir is migrated here).
-        self.device_key_path = self._device_key_path()
+        self.device_key_path, made_key = find_or_make_device_key(config, self.data_dir)
         self.problems: list[str] = []  # what went wrong at start, shown in /v1/status
         # The trust floor, the release floors and the command ledger in one authenticated record
         # (agent/security_state.py): made with the device key, so missing or invalid = tampered.
-        self.security = self._security_state()
+        self.security = open_security_state(
+            self.data_dir, self.device_key_path, unseal=config.unseal, made_key=made_key
+        )
+        if self.security.problem is not None:
+            self.problems.append(self.security.problem)
         self.stores = ModelStores(self.data_dir, security=self.security)
         self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
         self.trust = self._trust()
@@ -246,34 +256,6 @@ class Agent:
         from edgesdk.agent.trust import AgentTrust
 
         return AgentTrust(Path(self.config.trust_document), self.data_dir, events=self.events, state=self.security)
-
-    def _security_state(self) -> SecurityState:
-        from edgesdk.agent.security_state import SecurityState, state_key_provider
-
-        state = SecurityState(self.data_dir, state_key_provider(self.device_key_path, unseal=self.config.unseal))
-        try:
-            if self._made_device_key:  # the record is made with the key, never later (strict rule)
-                state.create()
-            state.open()
-        except EdgeSDKError as exc:  # the key cannot be derived (a bad key file): fail closed, say why
-            state.problem = f"security state: {exc}"
-        if state.problem is not None:
-            self.problems.append(state.problem)
-        return state
-
-    def _device_key_path(self) -> Path:
-        path = self.config.device_key
-        self._made_device_key = False
-        if path is not None:
-            return Path(path)  # configured: must exist (checked with the other key files)
-        default = self.data_dir / "device.key"
-        self._made_device_key = not default.exists()
-        if self._made_device_key:
-            from edgesdk import keys  # first start only: the crypto library is needed to make a key
-
-            priv, pub = keys.generate_device_key(self.data_dir)
-            log.info("created device key %s (public key %s)", priv, pub)
-        return default
 
     # The Keyring port, for the parts (and callers) that take the agent as its keyring: the
     # keys as objects, read on first use (see edgesdk.agent.keyring).

@@ -39,7 +39,9 @@ log = logging.getLogger("edgesdk.agent")
 
 class FleetConnection:
     """The link and the updaters, wired with their ports. It is also what the re-provisioner
-    and the enroll request read of the device (the ``ProvisionedDevice`` port)."""
+    (``agent/ota/reprovision.py`` ``attach``) and the enroll request (``agent/enrollment.py``)
+    read of the device: ``config``, ``trust``, ``problems``, ``security``, ``keyring``,
+    ``events``, ``link`` and ``device_public_key()``."""
 
     def __init__(
         self,
