@@ -1,6 +1,6 @@
 """Wire an agent's MQTT link and updater from an agent-shaped stand-in, as tests and benchmarks do.
 
-The daemon wires both itself (``Agent._make_link``, ``Agent._make_updater``) with more parts
+The daemon wires both itself (``FleetConnection`` in agent/fleet_connection.py) with more parts
 (several models, the command gate, the memory budget); these two build the plain one-model
 version from whatever object has the few attributes below, so a test needs no daemon.
 """
