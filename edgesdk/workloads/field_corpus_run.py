@@ -223,9 +223,11 @@ def _rows(args: argparse.Namespace, models: list[str], profiles: list[str]) -> l
         return [newest_cached_row(args.cache, m, p) for m, p in cells]
     # Converted profile by profile, so a run stopped early has whole columns (cheap profiles first if listed first).
     cells.sort(key=lambda cell: profiles.index(cell[1]))
-    code, revision, rows = _code_digest(), converters_revision(), []
+    rows: list[dict] = []
     for i, (name, profile) in enumerate(cells, 1):
         say(f"[{i}/{len(cells)}] {name} for {profile}")
+        # Read per cell: the converters on disk may change during a long run.
+        code, revision = _code_digest(), converters_revision()
         rows.append(convert_cell(BY_NAME[name], profile, args.cache, code, args.fresh, revision))
         say(f"  {name} @ {profile}: {_one_line(rows[-1])}")
     return sorted(rows, key=lambda r: (models.index(r["model"]), profiles.index(r["profile"])))
