@@ -16,6 +16,10 @@ percentile for continuous metrics, an agreement for top-1 and decoded CTC text),
 threshold: `≤` a tolerance in the output's units (abs), `≥` a minimum (the others).
 "latency ×fp32" is the host's p50 against the fp32 of the same format (the converter measures
 on this machine, not on the device).
+The data are synthetic, not the field: a figure of 1 on an output the data hardly excite (a text
+detector's map or a recognizer's CTC decode on drawn strokes may be mostly empty) says that the
+variant agrees there, not that it reads real text; the routes, the refusals and the errors in
+the units of each output are what this table is for.
 """
 
 
