@@ -3,7 +3,8 @@
     EdgeSDKError
     ├── UsageError                 bad argument or option given by a person or a script
     │   ├── FieldError             (edgesdk/fleet/service/rollout_form.py) a dashboard form field holds a bad value
-    │   └── TargetError            (edgesdk/fleet/service/targeting.py) a device filter that does not parse, or is not saved
+    │   ├── TargetError            (edgesdk/fleet/service/targeting.py) a device filter that does not parse, or is not saved
+    │   └── BadQuery               (edgesdk/fleet/service/dashboard_devices.py) a devices page query parameter it cannot use
     ├── ProfileError               a device profile is unknown, unreadable or invalid
     ├── SchemaError                a document does not match its schema (manifest, config, payload)
     ├── ModelError                 a model cannot be read, or has an input/output we cannot handle

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
+from edgesdk.errors import UsageError
 from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.dashboard_ui import Ui, escape
@@ -45,7 +46,7 @@ _COLUMNS = (("device", "device"), ("presence", "presence"), ("model", "model"), 
             ("ota", "OTA"), ("", "p95 ms"), ("", "groups"), ("seen", "seen"))  # fmt: skip
 
 
-class BadQuery(ValueError):
+class BadQuery(UsageError):
     """A query parameter the page cannot use (the message names it and what is allowed)."""
 
 
