@@ -78,11 +78,8 @@ class OutputMetric:
 
 def parse_metric(text: str) -> tuple[str | None, OutputMetric]:
     """``OUTPUT=KIND[:THRESHOLD][:blank=N]`` or a bare ``KIND[...]`` (output None: every output)."""
-    named, sep, spec = text.partition("=")
-    output: str | None = named
-    if not sep or ":" in named:  # "ctc:blank=3" names no output
-        output, spec = None, text
-    elif not named:
+    output, spec = _split_output(text)
+    if output == "":
         raise UsageError(f"--metric {text!r}: no output name before '='; expected OUTPUT=KIND[:THRESHOLD]")
     kind, *options = spec.split(":")
     if kind not in KINDS:
@@ -104,6 +101,18 @@ def parse_metric(text: str) -> tuple[str | None, OutputMetric]:
                 "landmarks=abs:1.5"
             ) from None
     return output, OutputMetric(kind, threshold, blank)  # type: ignore[arg-type]
+
+
+def _split_output(text: str) -> tuple[str | None, str]:
+    """OUTPUT ends at the rightmost '=' followed by a known kind: output names may hold ':' and '='
+    (tf2onnx names outputs "StatefulPartitionedCall:0"), the kinds are a closed set."""
+    for at in reversed([i for i, char in enumerate(text) if char == "="]):
+        if text[at + 1 :].split(":")[0] in KINDS:
+            return text[:at], text[at + 1 :]
+    named, sep, spec = text.partition("=")
+    if not sep or text.split(":")[0] in KINDS:  # "ctc:blank=3" names no output
+        return None, text
+    return named, spec
 
 
 def requested_metrics(metric: str | Mapping[str, str | OutputMetric] | Iterable[str]) -> dict[str | None, OutputMetric]:

@@ -138,6 +138,15 @@ def test_metric_syntax_per_output_and_its_errors() -> None:
     assert requested_metrics("auto") == {} and requested_metrics(["a=iou", "top1"])[None].kind == "top1"
 
 
+def test_metric_names_an_output_holding_a_colon_as_tf2onnx_names_them() -> None:
+    assert parse_metric("StatefulPartitionedCall:0=cosine") == ("StatefulPartitionedCall:0", OutputMetric("cosine"))
+    assert parse_metric("out:1=ctc:0.9:blank=3") == ("out:1", OutputMetric("ctc", 0.9, blank=3))
+    assert parse_metric("abs:0=iou:0.5") == ("abs:0", OutputMetric("iou", 0.5))
+    assert requested_metrics(["Identity:0=abs:2", "top1"])["Identity:0"] == OutputMetric("abs", 2.0)
+    with pytest.raises(UsageError, match="'l2'"):
+        parse_metric("Identity:0=l2")
+
+
 def test_resolve_fills_thresholds_and_refuses_an_unknown_output() -> None:
     reference = {"logits": np.zeros((3, 10)), "landmarks": np.linspace(0, 64, 3 * 42).reshape(3, 42)}
     chosen = resolve(reference, {}, gate=0.95)
