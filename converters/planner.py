@@ -135,6 +135,7 @@ def make_plan(
                 Precision.FP32,
                 f"{profile.name} does not run {wanted.value} (it runs {', '.join(f.value for f in device_formats)})",
             )
+    unreachable: list[ModelFormat] = []
     for fmt in device_formats:
         support = profile.runtime_for(fmt)
         if support is None:  # pragma: no cover - formats come from the runtimes
@@ -164,12 +165,19 @@ def make_plan(
                 plan.reject(fmt, p, f"no converter for {fmt.value}")
             continue
         caps = CONVERTERS[converter].capabilities
+        if source_kind not in caps.sources and not (formats and fmt in formats):
+            # No converter exists for this source and format: not a rejection per rung, one
+            # decision line for all such formats (written after the loop).
+            unreachable.append(fmt)
+            continue
         no_onnx_route = onnx_to_tflite_missing() if source_kind == "onnx" and converter == "tflite" else None
         if source_kind not in caps.sources or no_onnx_route:
             route = {
                 ModelFormat.TFLITE: no_onnx_route or "",
                 ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
             }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
+            if source_kind not in caps.sources:
+                route = f"{converter} takes {', '.join(caps.sources)} models"
             for p in ladder:
                 plan.reject(
                     fmt,
@@ -251,4 +259,18 @@ def make_plan(
             plan.decisions.append(
                 f"{fmt.value} {precision.value} planned: {_why_precision(profile, support.runtime, precision)}"
             )
+    if unreachable:
+        plan.decisions.append(_not_offered(source_kind, unreachable))
     return plan
+
+
+def _not_offered(source_kind: str, unreachable: list[ModelFormat]) -> str:
+    names = ", ".join(f.value for f in unreachable)
+    takes = sorted(
+        f.value for f, c in CONVERTER_FOR_FORMAT.items() if source_kind in CONVERTERS[c].capabilities.sources
+    )
+    return (
+        f"{names}: not offered for a {source_kind} source, no converter turns a {source_kind} model into "
+        f"{names} (a {source_kind} source converts to {', '.join(takes) or 'nothing'}); give the PyTorch or ONNX "
+        "model to get them"
+    )

@@ -56,6 +56,20 @@ def test_onnx_input_cannot_reach_tflite_and_says_why(monkeypatch, tmp_path) -> N
     assert len(reasons) == 3 and all("onnx2tf" in r and "onnx2torch" in r and "PyTorch" in r for r in reasons)
 
 
+def test_a_tflite_source_plans_only_reachable_formats_and_says_once_why_not_onnx() -> None:
+    plan = make_plan(get_profile("rpi5-8gb"), "tflite", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES)
+    assert {v.format for v in plan.variants} == {ModelFormat.TFLITE, ModelFormat.OPENVINO}
+    assert plan.rejected == []
+    why = [d for d in plan.decisions if "not offered for a tflite source" in d]
+    assert len(why) == 1 and why[0].startswith("onnx") and "openvino, tflite" in why[0]
+    asked = make_plan(
+        get_profile("rpi5-8gb"), "tflite", has_calibration=True, host_runtimes=ALL_HOST_RUNTIMES,
+        formats={ModelFormat.ONNX},
+    )  # fmt: skip
+    assert {r.format for r in asked.rejected} == {ModelFormat.ONNX}
+    assert all("onnx takes pytorch, onnx models" in r.reason for r in asked.rejected)
+
+
 def test_onnx_input_reaches_tflite_through_onnx2torch_without_onnx2tf(monkeypatch, tmp_path) -> None:
     from edgesdk.converters.onnx2torch_route import missing_reason
 
