@@ -121,13 +121,20 @@ PER_CHANNEL_OPSET = 13
 def _at_per_channel_opset(request: ConversionRequest) -> ConversionRequest:
     """``request`` with its source raised to :data:`PER_CHANNEL_OPSET` when it is older (the
     upgraded copy in the build's workdir); the source is left as it is for every other variant."""
+    source = at_per_channel_opset(request.source, request.workdir)
+    return request if source is request.source else dataclasses.replace(request, source=source)
+
+
+def at_per_channel_opset(source: SourceModel, workdir: Path) -> SourceModel:
+    """``source`` raised to :data:`PER_CHANNEL_OPSET` when older (a copy in ``workdir``): every
+    per-channel QDQ graph (the int8 builds and the sensitivity probe) is made from it."""
     import onnx
     from onnx import version_converter
 
-    model = onnx.load(str(request.source.onnx_path))
+    model = onnx.load(str(source.onnx_path))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
     if opset >= PER_CHANNEL_OPSET:
-        return request
+        return source
     try:
         upgraded = version_converter.convert_version(model, PER_CHANNEL_OPSET)
     except Exception as exc:  # noqa: BLE001 - the version converter raises many types
@@ -136,9 +143,10 @@ def _at_per_channel_opset(request: ConversionRequest) -> ConversionRequest:
             f"and onnx's version converter failed: {native_cause(str(exc), 'onnx.version_converter')}; "
             f"re-export it at opset {PER_CHANNEL_OPSET} or newer"
         ) from exc
-    path = request.workdir / f"source-opset{PER_CHANNEL_OPSET}.onnx"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"source-opset{PER_CHANNEL_OPSET}.onnx"
     onnx.save_model(upgraded, str(path))
-    return dataclasses.replace(request, source=dataclasses.replace(request.source, onnx_path=path))
+    return dataclasses.replace(source, onnx_path=path)
 
 
 def _static(request: ConversionRequest, out: Path, keep: list[str], *, u8: bool = False, **options: Any) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from edgesdk.converters.base import SourceModel
 from edgesdk.converters.data import subset
-from edgesdk.converters.onnx_backend import QUANTIZABLE_OPS
+from edgesdk.converters.onnx_backend import QUANTIZABLE_OPS, at_per_channel_opset
 
 
 def _with_outputs(path: Path, names: list[str], out: Path) -> Path:
@@ -40,6 +40,8 @@ def rank_layers(
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     workdir.mkdir(parents=True, exist_ok=True)
+    # The probe's per-channel DequantizeLinear needs the opset the int8 builds raise the source to.
+    source = at_per_channel_opset(source, workdir)
     fp32_graph = onnx.load(str(source.onnx_path)).graph
     layers = [n.name for n in fp32_graph.node if n.op_type in QUANTIZABLE_OPS and n.name]
     if not layers:
