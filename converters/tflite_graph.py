@@ -68,6 +68,8 @@ class Fp16Content:
 
 
 def fp16_content(model: bytes) -> Fp16Content:
+    """Float16 constants feeding DEQUANTIZE are storage; so are sparse ones (MediaPipe's
+    pose_detection) feeding DENSIFY whose dense float16 output only feeds DEQUANTIZE."""
     fb = _schema()
     graph = _read(model)
     stored = computed = 0
@@ -78,10 +80,21 @@ def fp16_content(model: bytes) -> Fp16Content:
             for index in op.inputs if op.inputs is not None else []:
                 if index >= 0:
                     consumers.setdefault(int(index), set()).add(_opcode(graph, op))
+        densified = {
+            int(op.outputs[0]): int(op.inputs[0])
+            for op in subgraph.operators
+            if _opcode(graph, op) == fb.BuiltinOperator.DENSIFY
+            and consumers.get(int(op.outputs[0]), set()) <= {fb.BuiltinOperator.DEQUANTIZE}
+        }
         for index, tensor in enumerate(subgraph.tensors):
             if tensor.type != fb.TensorType.FLOAT16 or (index not in consumers and index not in produced):
                 continue  # not float16, or a tensor no op touches
-            if _has_data(graph, tensor) and consumers.get(index, set()) <= {fb.BuiltinOperator.DEQUANTIZE}:
+            if index in densified:
+                continue  # the dense copy of a sparse weight, counted as that weight
+            feeds = consumers.get(index, set())
+            if _has_data(graph, tensor) and feeds <= {fb.BuiltinOperator.DEQUANTIZE}:
+                stored += 1
+            elif _has_data(graph, tensor) and feeds == {fb.BuiltinOperator.DENSIFY} and index in densified.values():
                 stored += 1
             else:
                 computed += 1
@@ -117,22 +130,62 @@ def dequantize_fp16_weights(model: bytes) -> bytes:
     graph = _read(model)
     dequantize = fb.BuiltinOperator.DEQUANTIZE
     for number, subgraph in enumerate(graph.subgraphs):
+        # A sparse weight: DENSIFY's output (no data) is what DEQUANTIZE reads.
+        sparse_of = {
+            int(op.outputs[0]): subgraph.tensors[op.inputs[0]]
+            for op in subgraph.operators
+            if _opcode(graph, op) == fb.BuiltinOperator.DENSIFY
+        }
         kept = []
         for op in subgraph.operators:
             source = subgraph.tensors[op.inputs[0]] if _opcode(graph, op) == dequantize else None
+            source = sparse_of.get(int(op.inputs[0]), source) if source is not None else None
             if source is None or source.type != fb.TensorType.FLOAT16 or not _has_data(graph, source):
                 kept.append(op)
                 continue
             values = np.frombuffer(np.asarray(graph.buffers[source.buffer].data, np.uint8).tobytes(), np.float16)
+            if source.sparsity is not None:
+                values = densify(source, values)
             target = subgraph.tensors[op.outputs[0]]
             buffer = fb.BufferT()
             buffer.data = np.frombuffer(values.astype(np.float32).tobytes(), np.uint8)
             graph.buffers.append(buffer)
             target.buffer = len(graph.buffers) - 1
-        subgraph.operators = kept
+        read = {int(i) for op in kept for i in (op.inputs if op.inputs is not None else [])}
+        read |= {int(i) for i in subgraph.outputs}
+        # A DENSIFY whose dense weight no op reads any more goes too.
+        subgraph.operators = [
+            op for op in kept if _opcode(graph, op) != fb.BuiltinOperator.DENSIFY or int(op.outputs[0]) in read
+        ]
         _drop_unused_fp16(graph, number, subgraph)
     graph.metadata = [m for m in graph.metadata or [] if m.name != _REDUCED_PRECISION] or None
     return _write(graph)
+
+
+def densify(tensor: Any, values: np.ndarray) -> np.ndarray:
+    """The dense array of a sparse tensor (TFLite's SparsityParameters): the dimensions walked in
+    traversal order, DENSE ones by their size, SPARSE_CSR ones by their segments and indices."""
+    sparsity = tensor.sparsity
+    if sparsity.blockMap is not None and len(sparsity.blockMap):
+        raise ValueError(
+            f"tensor {_name(tensor)!r} is sparse with a block map, which edgesdk cannot densify; "
+            "export the model without sparsity"
+        )
+    coords = np.zeros((1, 0), np.int64)  # one position per stored value, so far: the root
+    for meta in sparsity.dimMetadata:
+        if meta.format == _schema().DimensionType.DENSE:
+            size = int(meta.denseSize)
+            coords = np.column_stack([np.repeat(coords, size, 0), np.tile(np.arange(size), len(coords))])
+        else:
+            segments = np.asarray(meta.arraySegments.values, np.int64)
+            indices = np.asarray(meta.arrayIndices.values, np.int64)
+            coords = np.column_stack([np.repeat(coords, np.diff(segments), 0), indices[segments[0] : segments[-1]]])
+    dense = np.zeros([int(d) for d in tensor.shape], values.dtype)
+    where: list[np.ndarray] = [np.empty(0)] * dense.ndim
+    for level, dim in enumerate(sparsity.traversalOrder):
+        where[int(dim)] = coords[:, level]
+    dense[tuple(where)] = values[: len(coords)]
+    return dense
 
 
 def _drop_unused_fp16(graph: Any, number: int, subgraph: Any) -> None:
