@@ -354,6 +354,7 @@ class TFLiteConverter:
         from ai_edge_quantizer import quantizer
 
         model = tflite_graph.with_signature(model)  # the quantizer runs signatures only (MediaPipe's have none)
+        model = tflite_graph.with_builtin_codes(model)  # it reads op kinds from builtin_code only
         try:
             with quiet_native():
                 q = quantizer.Quantizer(model)

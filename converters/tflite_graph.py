@@ -123,6 +123,21 @@ def with_signature(model: bytes) -> bytes:
     return _write(graph)
 
 
+def with_builtin_codes(model: bytes) -> bytes:
+    """``model`` with every operator code's ``builtin_code`` set as the schema defines it, the
+    larger of it and ``deprecated_builtin_code``. Older converters (MediaPipe's iris, face
+    models) wrote only the deprecated field; ai-edge-quantizer reads ``builtin_code`` alone, so
+    every op looked like ADD (code 0) and conv weights got an activation's asymmetric per-tensor
+    int8, which LiteRT's CONV_2D refuses (zero point != 0). ``model`` itself when none differ."""
+    graph = _read(model)
+    stale = [code for code in graph.operatorCodes or [] if code.builtinCode < code.deprecatedBuiltinCode]
+    if not stale:
+        return model
+    for code in stale:
+        code.builtinCode = code.deprecatedBuiltinCode
+    return _write(graph)
+
+
 def dequantize_fp16_weights(model: bytes) -> bytes:
     """``model`` with every float16 constant → DEQUANTIZE pair replaced by a float32 constant:
     what LiteRT computes with after its load, so the outputs are bit-identical."""

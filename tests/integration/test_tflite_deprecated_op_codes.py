@@ -1,0 +1,27 @@
+"""Older .tflite files (MediaPipe's iris, face models) name their ops only by the deprecated
+operator-code field; ai-edge-quantizer reads the other one, took every op for ADD and gave the
+conv weights an activation's asymmetric int8, which LiteRT's CONV_2D refuses (issue 38)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.prebuilt_models import MEDIAPIPE, extract
+
+
+def test_static_int8_of_a_tflite_with_deprecated_op_codes_has_symmetric_weights_and_loads(tmp_path) -> None:
+    pytest.importorskip("ai_edge_quantizer")
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import recipe
+    from edgesdk.converters.tflite_backend import TFLiteConverter
+
+    model = extract(MEDIAPIPE, "iris_landmark/iris_landmark.tflite", tmp_path).read_bytes()
+    calibration = {"input_1": np.random.default_rng(0).uniform(0, 1, (4, 64, 64, 3)).astype(np.float32)}
+    int8 = TFLiteConverter()._quantize(model, recipe.static_wi8_ai8(), calibration)
+    interpreter = Interpreter(model_content=bytes(int8))
+    interpreter.allocate_tensors()  # LiteRT: "conv.cc:390 ... zero_point != 0" before the fix
+    kernels = [d for d in interpreter.get_tensor_details() if d["name"].endswith("/Kernel")]
+    assert kernels and all(d["dtype"] == np.int8 for d in kernels)
+    assert all(not d["quantization_parameters"]["zero_points"].any() for d in kernels)
+    assert all(d["quantization_parameters"]["scales"].size > 1 for d in kernels)  # per channel
