@@ -292,4 +292,8 @@ def sentence(name: str, metric: OutputMetric, reading: OutputReading) -> str:
         side = "upper" if metric.kind in ERROR_KINDS else "lower"
         bound = "" if reading.lower_bound is None else f", 95% {side} bound {reading.lower_bound:.6g}"
         figure = f"{reading.value:.6g} ({reading.statistic}{bound}; mean {reading.mean:.6g})"
-    return f"{name}: {metric.kind} {figure} on {reading.samples} samples vs {metric.describe()}: {reading.verdict}"
+    text = f"{name}: {metric.kind} {figure} on {reading.samples} samples vs {metric.describe()}: {reading.verdict}"
+    if reading.verdict == "inconclusive" and reading.samples_needed:
+        # What the user can do about an inconclusive verdict: give this many validation samples.
+        text += f"; about {reading.samples_needed} samples would tell at this agreement"
+    return text

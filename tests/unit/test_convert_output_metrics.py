@@ -171,3 +171,13 @@ def test_every_output_is_checked_and_the_variant_passes_only_when_all_do() -> No
     result = summary("top1", 0.9, outputs, reference, judged, {})
     assert not result.passed and result.verdict == "fail"
     assert "landmarks: abs 2 (95th percentile" in result.note and "mean 2" in result.note
+
+
+def test_an_inconclusive_agreement_says_how_many_samples_would_tell() -> None:
+    from edgesdk.quality.output_metrics import sentence
+
+    metric = OutputMetric(kind="top1", threshold=0.75)
+    reading = read_output(metric, np.array([1.0] * 9 + [0.0] * 1))  # 90 % agree on 10: bound under 0.75
+    text = sentence("logits", metric, reading)
+    assert reading.verdict == "inconclusive", text
+    assert "samples would tell" in text, text
