@@ -333,6 +333,7 @@ class TFLiteConverter:
                 content = self._quantize(
                     fp32, recipe.static_wi8_ai8(), request.calibration, request.source.layout, buckets
                 )
+                _require_symmetric_weights(content)
                 notes.append("int8 inputs/outputs: quantize with the TensorSpec quantization parameters")
             elif method == "dynamic-int8":
                 content = self._quantize(fp32, recipe.dynamic_wi8_afp32(), None)
@@ -376,3 +377,15 @@ class TFLiteConverter:
             raise ConversionError(f"ai-edge-quantizer failed: {native_cause(str(exc), 'ai-edge-quantizer')}") from exc
         content: bytes = result.quantized_model
         return content
+
+
+def _require_symmetric_weights(model: bytes) -> None:
+    """One clear reason at build time, not a LiteRT load error later, when the quantizer gave a
+    conv or fully-connected weight a zero point: TFLite's int8 spec needs them symmetric."""
+    asymmetric = tflite_graph.asymmetric_int8_weights(model)
+    if asymmetric:
+        raise ConversionError(
+            f"ai-edge-quantizer gave {len(asymmetric)} int8 weight(s) a zero point other than 0 (first: "
+            f"{asymmetric[0]}); LiteRT's int8 conv and fully-connected kernels need symmetric weights and "
+            "would refuse this model; use --int8-method dynamic-int8"
+        )

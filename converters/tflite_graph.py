@@ -138,6 +138,31 @@ def with_builtin_codes(model: bytes) -> bytes:
     return _write(graph)
 
 
+def asymmetric_int8_weights(model: bytes) -> list[str]:
+    """The int8 weights of conv and fully-connected ops with a zero point other than 0: LiteRT's
+    int8 kernels refuse them when the model loads ("conv.cc ... zero_point != 0")."""
+    fb = _schema()
+    graph = _read(model)
+    ops = {
+        fb.BuiltinOperator.CONV_2D,
+        fb.BuiltinOperator.DEPTHWISE_CONV_2D,
+        fb.BuiltinOperator.FULLY_CONNECTED,
+        fb.BuiltinOperator.TRANSPOSE_CONV,
+    }
+    weight_at = {fb.BuiltinOperator.TRANSPOSE_CONV: 1}  # (output_shape, weights, input)
+    found = []
+    for subgraph in graph.subgraphs:
+        for op in subgraph.operators:
+            code = _opcode(graph, op)
+            if code not in ops:
+                continue
+            weight = subgraph.tensors[op.inputs[weight_at.get(code, 1)]]
+            zero = weight.quantization.zeroPoint if weight.quantization is not None else None
+            if weight.type == fb.TensorType.INT8 and zero is not None and np.any(np.asarray(zero) != 0):
+                found.append(_name(weight))
+    return found
+
+
 def dequantize_fp16_weights(model: bytes) -> bytes:
     """``model`` with every float16 constant → DEQUANTIZE pair replaced by a float32 constant:
     what LiteRT computes with after its load, so the outputs are bit-identical."""

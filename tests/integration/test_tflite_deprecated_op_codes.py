@@ -25,3 +25,20 @@ def test_static_int8_of_a_tflite_with_deprecated_op_codes_has_symmetric_weights_
     assert kernels and all(d["dtype"] == np.int8 for d in kernels)
     assert all(not d["quantization_parameters"]["zero_points"].any() for d in kernels)
     assert all(d["quantization_parameters"]["scales"].size > 1 for d in kernels)  # per channel
+
+
+def test_an_int8_tflite_with_asymmetric_conv_weights_is_refused_at_build_time(tmp_path) -> None:
+    pytest.importorskip("ai_edge_quantizer")
+    from ai_edge_quantizer import quantizer, recipe
+    from edgesdk.converters import tflite_backend, tflite_graph
+
+    from edgesdk.errors import ConversionError
+
+    model = tflite_graph.with_signature(extract(MEDIAPIPE, "iris_landmark/iris_landmark.tflite", tmp_path).read_bytes())
+    misread = quantizer.Quantizer(model)  # the op codes left as shipped: what the quantizer did before
+    misread.load_quantization_recipe(recipe.static_wi8_ai8())
+    feeds = [{"input_1": np.random.default_rng(i).uniform(0, 1, (1, 64, 64, 3)).astype(np.float32)} for i in range(2)]
+    bad = bytes(misread.quantize(misread.calibrate({"serving_default": feeds})).quantized_model)
+    assert "conv2d/Kernel" in tflite_graph.asymmetric_int8_weights(bad)
+    with pytest.raises(ConversionError, match="zero point other than 0 .*conv2d/Kernel.*dynamic-int8"):
+        tflite_backend._require_symmetric_weights(bad)
