@@ -63,8 +63,9 @@ class WebhookDelivery(BaseModel):
 
 def add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
     engine = context.engine
+    attempts, backoff_s = webhooks.retry_settings()
     app.state.webhooks = webhooks.WebhookNotifier(
-        engine, context.store, context.broker_status, **webhooks.retry_settings()
+        engine, context.store, context.broker_status, attempts=attempts, backoff_s=backoff_s
     ).start_if_wanted()
 
     @app.get("/api/v1/webhooks", response_model=Page[Webhook], tags=["webhooks"], responses=documented(*READ_ERRORS))

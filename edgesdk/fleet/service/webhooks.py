@@ -190,13 +190,10 @@ class _Delivery:
     attempt: int = field(default=1, compare=False)
 
 
-def retry_settings() -> dict[str, float]:
-    """``attempts`` and ``backoff_s`` of the service's environment (5 tries, 1 s by default)."""
+def retry_settings() -> tuple[int, float]:
+    """(attempts, backoff_s) from the service's environment (5 tries, 1 s by default)."""
     try:
-        return {
-            "attempts": max(1, int(os.environ.get(ATTEMPTS_ENV, "5"))),
-            "backoff_s": max(0.0, float(os.environ.get(BACKOFF_ENV, "1"))),
-        }
+        return max(1, int(os.environ.get(ATTEMPTS_ENV, "5"))), max(0.0, float(os.environ.get(BACKOFF_ENV, "1")))
     except ValueError:
         raise UsageError(f"{ATTEMPTS_ENV} must be a whole number and {BACKOFF_ENV} seconds") from None
 
