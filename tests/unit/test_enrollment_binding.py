@@ -162,7 +162,7 @@ def test_rest_refuses_a_shared_key_and_warns_when_allowed(service, caplog) -> No
     assert client.post("/api/v1/enrollment/cam-a/approve", json={"key_id": _kid(key)}).status_code == 200
     refused = client.post("/api/v1/enrollment/cam-b/approve", json={"key_id": _kid(key)})
     assert refused.status_code == 409 and "already approved for device 'cam-a'" in refused.json()["detail"]
-    with caplog.at_level("WARNING", logger="edgesdk.fleet.service.api"):
+    with caplog.at_level("WARNING", logger="edgesdk.fleet.service.api_admin"):
         allowed = client.post("/api/v1/enrollment/cam-b/approve", json={"key_id": _kid(key), "allow_shared_key": True})
     assert allowed.status_code == 200, allowed.text
     assert "also approved for cam-a" in allowed.json()["warnings"][0]
