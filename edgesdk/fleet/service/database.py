@@ -102,6 +102,13 @@ def insert_ignoring_duplicates(engine: Any, table: Any) -> Any:
     return sqlite_insert(table).on_conflict_do_nothing()
 
 
+def inserted_new_row(db: Any, statement: Any, key: Any) -> bool:
+    """Run ``statement`` (from ``insert_ignoring_duplicates(...).values(...)``); True when it wrote
+    a row. Read with RETURNING ``key``, not rowcount: psycopg reports -1 for an INSERT … ON
+    CONFLICT DO NOTHING, so a rowcount test never sees a new row on PostgreSQL."""
+    return db.execute(statement.returning(key)).first() is not None
+
+
 def upsert(engine: Any, table: Any, keys: list[str]) -> Any:
     """``INSERT … ON CONFLICT (keys) DO UPDATE SET`` every other column to the new value.
 

@@ -51,7 +51,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.broker_credentials import RESERVED_USERNAMES
 from edgesdk.fleet.service import bulk, schema
-from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
+from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates, inserted_new_row
 from edgesdk.fleet.service.refusals import Refusals
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.protocol import topics
@@ -486,14 +486,8 @@ class Ingest:
             "hostname": request.hostname,
             "requested": request.ts.timestamp(),
         }
-        # RETURNING, not rowcount: psycopg reports -1 for an INSERT … ON CONFLICT DO NOTHING, and
-        # the pending limit then never saw a new row on PostgreSQL.
-        created = db.execute(
-            self._enroll_insert.values(device_id=request.device_id, status="pending", **values).returning(
-                table.c.device_id
-            )
-        )
-        if created.first() is not None:
+        statement = self._enroll_insert.values(device_id=request.device_id, status="pending", **values)
+        if inserted_new_row(db, statement, table.c.device_id):
             return True
         # Known device, another key: never written over the key on record (nor its status). The
         # shared bootstrap account may write any device's enroll topic, so a second announcement

@@ -20,7 +20,7 @@ from typing import Any
 
 from edgesdk.fleet.deployments import Refusal, RefusalVerdict, RolloutStore, judge_refusals
 from edgesdk.fleet.service import schema
-from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
+from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates, inserted_new_row
 from edgesdk.schemas.messages import Event, OtaStatus
 
 log = logging.getLogger(__name__)
@@ -59,21 +59,18 @@ class Refusals:
             refusal.claimed_deployment,
             refusal.reason,
         )
+        statement = self._insert.values(
+            ts=refusal.ts.timestamp(),
+            device_id=refusal.device_id,
+            msg_id=refusal.msg_id,
+            kind=verdict.security_event or "",
+            deployment_id=refusal.claimed_deployment,
+            command_sha256=refusal.command_sha256,
+            why=refusal.why,
+            reason=refusal.reason,
+        )
         with Transaction(self.engine, self.where) as db:
-            written = db.execute(
-                self._insert.values(
-                    ts=refusal.ts.timestamp(),
-                    device_id=refusal.device_id,
-                    msg_id=refusal.msg_id,
-                    kind=verdict.security_event or "",
-                    deployment_id=refusal.claimed_deployment,
-                    command_sha256=refusal.command_sha256,
-                    why=refusal.why,
-                    reason=refusal.reason,
-                ).returning(schema.security_events.c.id)
-            )
-            # RETURNING, not rowcount: psycopg reports -1 for INSERT … ON CONFLICT DO NOTHING.
-            return written.first() is not None
+            return inserted_new_row(db, statement, schema.security_events.c.id)
 
 
 def recent(
