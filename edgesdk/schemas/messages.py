@@ -54,6 +54,33 @@ class LatencyStats(Schema):
     p99_ms: float | None = None
 
 
+class DriftScore(Schema):
+    """How far one tensor's live values moved from the reference profile signed into its bundle
+    (computed at conversion from the validation data), over the reference's own bins."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    psi: float = Field(ge=0, description="population stability index (0.1 watch, 0.25 act, by convention)")
+    js: float = Field(ge=0, le=1, description="Jensen-Shannon distance, base 2")
+
+
+class ModelQuality(Schema):
+    """What the device saw of one model's inputs and outputs since its last report: drift against
+    the bundle's reference profile and data-quality counts (issue 41). ``reference`` is False when
+    the bundle carries no profile: the counts still hold, the scores are then empty."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    samples: int = Field(0, ge=0, description="requests sketched in this window")
+    window_s: float = Field(0.0, ge=0)
+    reference: bool = False
+    inputs: dict[str, DriftScore] = Field(default_factory=dict, description="per input tensor (worst channel)")
+    outputs: dict[str, DriftScore] = Field(default_factory=dict, description="per output tensor")
+    nonfinite: int = Field(0, ge=0, description="requests refused for NaN/Inf")
+    out_of_range: int = Field(0, ge=0, description="requests with values outside the reference's range")
+    constant: int = Field(0, ge=0, description="requests whose every value was the same")
+
+
 class ModelTelemetry(Schema):
     """One model's figures in a telemetry message (a device may serve several)."""
 
@@ -62,6 +89,7 @@ class ModelTelemetry(Schema):
     throughput_rps: float = 0.0
     errors: dict[str, int] = Field(default_factory=dict, description="count by error kind")
     resident_mb: float | None = Field(None, description="load size of the variants it holds (MB)")
+    quality: ModelQuality | None = Field(None, description="drift and data-quality figures (issue 41)")
 
 
 class Telemetry(Schema):
@@ -98,6 +126,7 @@ class Telemetry(Schema):
     )
     model_budget_mb: float | None = Field(None, description="the profile's model memory budget")
     resident_mb: float | None = Field(None, description="what the serving models hold together (MB)")
+    quality: ModelQuality | None = Field(None, description="the default model's drift and data-quality figures")
 
 
 class Event(Schema):
