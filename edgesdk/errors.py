@@ -39,7 +39,6 @@
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
     │   ├── BudgetRefused          (agent/api/budget.py) a request over its size cap (413) or the memory budget (503)
-    │   ├── PipelineInputError     (agent/pipeline/image.py) raw input the bundle's pipeline refuses (400/413/415/422)
     │   ├── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
     │   └── AgentRequestError      the agent's local API answered an error, or could not be reached
     │       ├── AgentInputError        400/413/422: the request's tensors or body were refused
@@ -48,6 +47,7 @@
     │       ├── AgentTimeoutError      504, or no answer within the client's timeout
     │       └── AgentConnectionError   the socket could not be opened or broke before an answer
     │           └── _Stale             (edgesdk/client/async_client.py) a kept-alive connection the agent closed; retried
+    ├── PipelineInputError         (edgesdk/pipeline/errors.py) raw input the bundle's pipeline refuses (its HTTP status)
     ├── LinkError                  the MQTT link failed (connect, TLS, publish)
     ├── UpdateError                an over-the-air update failed or was refused
     │   ├── SmokeTestError         (agent/ota/smoke.py) a new variant failed its smoke test

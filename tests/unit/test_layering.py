@@ -57,6 +57,7 @@ PART_OF: dict[str, str] = {
             "edgesdk.keys",
             "edgesdk.mqtt",
             "edgesdk.offline",
+            "edgesdk.pipeline",
             "edgesdk.profiles",
             "edgesdk.protocol",
             "edgesdk.quality",

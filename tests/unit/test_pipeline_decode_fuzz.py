@@ -1,4 +1,4 @@
-"""A bounded property-based fuzz of the pipeline's decoder entry (agent/pipeline/image.py):
+"""A bounded property-based fuzz of the pipeline's decoder entry (edgesdk/pipeline/image.py):
 real JPEG and PNG files with bytes flipped, cut or inserted, and random bytes, sent as either
 type. Whatever comes, the only error is a ``PipelineInputError`` with a 4xx status (the route's
 400/413/415/422), and what decodes is a tensor of exactly the pipeline's shape and dtype.
@@ -14,10 +14,10 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis not installed (the dev extra installs it)")
 Image = pytest.importorskip("PIL.Image", reason="the pipeline's decoder needs Pillow (pip install 'edgesdk[pipeline]')")
-from edgesdk.agent.pipeline.image import PipelineInputError, open_image, to_tensor  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from edgesdk.pipeline.image import PipelineInputError, open_image, to_tensor  # noqa: E402
 from edgesdk.schemas.pipeline import Pipeline  # noqa: E402
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

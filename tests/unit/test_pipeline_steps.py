@@ -17,8 +17,8 @@ from edgesdk.schemas.pipeline import Pipeline, PostProcess
 
 Image = pytest.importorskip("PIL.Image", reason="the pipeline's decoder needs Pillow (pip install 'edgesdk[pipeline]')")
 
-from edgesdk.agent.pipeline.image import PipelineInputError, open_image, to_tensor  # noqa: E402
-from edgesdk.agent.pipeline.post import mask_png, top_classes  # noqa: E402
+from edgesdk.pipeline.image import PipelineInputError, open_image, to_tensor  # noqa: E402
+from edgesdk.pipeline.post import mask_png, top_classes  # noqa: E402
 
 
 def _encoded(pixels: np.ndarray, fmt: str, **options: object) -> bytes:

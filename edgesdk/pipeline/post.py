@@ -1,4 +1,4 @@
-"""A model output → the task result: top-k labels with scores, or an argmax mask as PNG."""
+"""A model output → the task result: top-k labels with scores, or an argmax mask (sent as PNG)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.pipeline.image import PipelineInputError
 
+from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.schemas.pipeline import PostProcess
 
 
@@ -40,16 +40,25 @@ def top_classes(output: np.ndarray, post: PostProcess) -> list[dict[str, Any]]:
     return result
 
 
-def mask_png(output: np.ndarray, post: PostProcess) -> bytes:
-    """Argmax over the class axis of a (1, C, H, W) or (1, H, W, C) output → an 8-bit PNG of class indices."""
-    from PIL import Image
-
+def argmax_mask(output: np.ndarray, post: PostProcess) -> np.ndarray:
+    """Argmax over the class axis of a (1, C, H, W) or (1, H, W, C) output: (H, W) uint8 class indices."""
     if output.ndim != 4 or output.shape[0] != 1:
         raise PipelineInputError(500, f"a mask needs a (1, C, H, W) or (1, H, W, C) output, got {output.shape}")
     axis = 1 if post.mask_layout == "NCHW" else 3
     if output.shape[axis] > 256:
         raise PipelineInputError(500, f"a mask PNG holds at most 256 classes, the output has {output.shape[axis]}")
-    classes = np.argmax(output, axis=axis)[0].astype(np.uint8)
+    return np.argmax(output, axis=axis)[0].astype(np.uint8)
+
+
+def png_of(mask: np.ndarray) -> bytes:
+    """An 8-bit greyscale PNG of a (H, W) uint8 class mask (how /predict answers a mask)."""
+    from PIL import Image
+
     buffer = io.BytesIO()
-    Image.fromarray(classes).save(buffer, format="PNG")
+    Image.fromarray(mask).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def mask_png(output: np.ndarray, post: PostProcess) -> bytes:
+    """Argmax over the class axis of a mask output → an 8-bit PNG of class indices."""
+    return png_of(argmax_mask(output, post))

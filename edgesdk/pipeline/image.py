@@ -1,4 +1,5 @@
 """Image bytes → the model's input tensor, as the bundle's pipeline declares (in memory only).
+The same code runs on the device (``/predict``) and on the host (validation at conversion).
 
 The declared size is read from the image header and checked against the pipeline's
 ``max_pixels`` and the request's memory allowance before a single pixel is decoded, so a
@@ -12,19 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.errors import AgentError
+from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.schemas.pipeline import ImagePre
 
 #: Media type → the one Pillow decoder allowed for it (no other format's parser ever runs).
 IMAGE_FORMATS = {"image/jpeg": "JPEG", "image/png": "PNG"}
-
-
-class PipelineInputError(AgentError):
-    """The request's raw input cannot go through the pipeline; ``status`` is the HTTP answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
@@ -33,7 +26,7 @@ def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
         from PIL import Image, UnidentifiedImageError
     except ImportError:  # the agent's own install stays light: the decoder is the pipeline extra
         raise PipelineInputError(
-            501, "this agent has no image decoder: install it with pip install 'edgesdk[pipeline]' (Pillow)"
+            501, "this install has no image decoder: install it with pip install 'edgesdk[pipeline]' (Pillow)"
         ) from None
 
     fmt = IMAGE_FORMATS.get(media_type)
