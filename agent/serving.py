@@ -191,6 +191,8 @@ class ServedModel:
 
 ObserveFn = Callable[[str, float], None]
 ErrorFn = Callable[[str], None]
+#: A post-answer tap: (model name, feeds, outputs, variant id) of one answered request (ModelServer.taps).
+Tap = Callable[[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray], str], None]
 
 
 def _noop_observe(variant_id: str, seconds: float) -> None:
@@ -312,6 +314,14 @@ class ModelServer:
         #: The device's other models by name, each with its own server (agent/model_set.py): a
         #: request naming one is handed to it, so the API routes by name through this server.
         self.others: Mapping[str, ModelServer] = {}
+        #: Called once per answered request, after its answer is handed to the transport, on
+        #: the thread that finished it: (model name, feeds, outputs, variant id). Every route
+        #: that runs a model through this server's API calls them (``tap``), for the device's
+        #: other models too. They must be cheap (enqueue to a worker of their own); one that
+        #: raises is logged once and counted in ``tap_failures``, never raised into a request.
+        self.taps: list[Tap] = []
+        self.tap_failures = 0
+        self._taps_logged: set[int] = set()  # id() of the taps whose failure was logged
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -653,6 +663,20 @@ class ModelServer:
             raise
         self.observe(variant_id, time.perf_counter() - start)
         return outputs, variant_id
+
+    def tap(
+        self, model_name: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], variant_id: str
+    ) -> None:
+        """Call every tap with one answered request (callers check ``if server.taps:`` first, so
+        an agent without taps pays one test per answer)."""
+        for tap in self.taps:
+            try:
+                tap(model_name, feeds, outputs, variant_id)
+            except Exception:  # noqa: BLE001 - a tap never fails the request it watches
+                self.tap_failures += 1
+                if id(tap) not in self._taps_logged:
+                    self._taps_logged.add(id(tap))
+                    log.exception("tap %r failed (logged once; counted in tap_failures)", tap)
 
     def _refuse_nonfinite(self, name: str | None, cause: BaseException | None = None) -> None:
         """Count and raise the NaN/Inf error for input ``name``; nothing when ``name`` is None."""

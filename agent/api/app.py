@@ -80,7 +80,10 @@ def answer_v1(server: ModelServer, request: Request, model_name: str) -> Respons
         encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
     )
     headers.append(("X-Model-Variant", variant))
-    return Response(200, body, content_type=encoding, headers=headers)
+    response = Response(200, body, content_type=encoding, headers=headers)
+    if server.taps:
+        response.served = (model.name, feeds, outputs, variant)
+    return response
 
 
 _ENCODINGS_SEEN: dict[tuple[str | None, str | None], tuple[str, str]] = {}
@@ -254,6 +257,8 @@ class ApiApp:
                 requests.count -= 1
             took = time.perf_counter() - started
             respond(response)  # first: what follows is bookkeeping the client need not wait for
+            if response.served is not None:
+                self.server.tap(*response.served)
             # (No drain() wake-up: the count is back where it was before this request, all in
             # one callback of the loop; drain() is woken by _finish, the pool's answers.)
             self.took(took)
@@ -328,6 +333,8 @@ class ApiApp:
             self.metrics.count_error("internal")
             response = json_response(500, {"error": "internal error"})
         respond(response)
+        if response.served is not None:
+            self.server.tap(*response.served)
         if self.requests.count == 0 and self._drained is not None:
             self._drained.set()
 

@@ -148,7 +148,10 @@ def answer_grpc_infer(server: ModelServer, request: Request, message: pb.ModelIn
     infer_request = decode_grpc_request(message, model.signature, request.allowance)
     outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
     body = encode_grpc_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
-    return Response(200, body, content_type="application/grpc")
+    response = Response(200, body, content_type="application/grpc")
+    if server.taps:
+        response.served = (model.name, infer_request.feeds, outputs, variant)
+    return response
 
 
 def model_metadata_message(model: ServedModel) -> pb.ModelMetadataResponse:

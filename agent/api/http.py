@@ -134,6 +134,9 @@ class Response:
     #: More header lines, formatted already (``Name: value\r\n`` each), sent after ``headers``:
     #: for answers whose headers repeat (a prepared route's), formatted once, not per answer.
     head_lines: str = ""
+    #: (model name, feeds, outputs, variant id) of the inference it answers, set only while the
+    #: server has taps (``ModelServer.taps``): the app calls them once the answer is sent.
+    served: tuple[str, Any, Any, str] | None = None
 
 
 @dataclass(slots=True)

@@ -409,7 +409,10 @@ def answer_infer(server: ModelServer, request: Request, route: ModelRoute) -> Re
     model = served_model(server, route)
     infer_request = decode_infer_request(request.body, request.headers, model.signature, request.allowance)
     outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
-    return encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
+    response = encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
+    if server.taps:
+        response.served = (model.name, infer_request.feeds, outputs, variant)
+    return response
 
 
 def model_ready(server: ModelServer, route: ModelRoute) -> Response:

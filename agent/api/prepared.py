@@ -99,6 +99,7 @@ class PreparedInfer:
         "_company",
         "_probe_left",
         "_probes",
+        "_served",
     )
 
     def __init__(
@@ -148,6 +149,9 @@ class PreparedInfer:
         self._company = 0  # requests in the last batch
         self._probe_left = _PROBE_EVERY
         self._probes = 0
+        #: (model name, feeds, outputs) of the request being answered, kept only while the
+        #: server has taps (``ModelServer.taps``), for ``answered`` to hand them.
+        self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
 
     def answer(self, body: bytes) -> tuple[bytes, str] | None:
         app = self.app
@@ -182,6 +186,8 @@ class PreparedInfer:
             self._finish(allowance)
             return None
         self._variant, self._ran, self._allowance = variant.id, ran, allowance
+        if self.server.taps:
+            self._served = (model.name, feeds, outputs)
         return answer
 
     def answered(self) -> None:
@@ -193,6 +199,10 @@ class PreparedInfer:
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
         self.app.took(ran)
+        served = self._served
+        if served is not None:
+            self._served = None
+            self.server.tap(*served, self._variant)
 
     def later(self, connection: Any, body: bytes) -> bool:
         """Take this request for a batch with the others this wake-up of the loop brings (from
@@ -254,6 +264,7 @@ class PreparedInfer:
         count = len(pending)
         self._company = count
         answers: list[tuple[bytes, str] | None] = [None] * count
+        members: list[Mapping[str, np.ndarray]] = []  # each request's rows of the outputs
         variant_id, ran = "", 0.0
         model = self.model()
         arrays = [member[2] for member in pending]
@@ -275,6 +286,7 @@ class PreparedInfer:
                 ran = perf_counter() - started
                 if count == 1:
                     answers[0] = self.encode(outputs, variant.id)
+                    members.append(outputs)
                 else:
                     rows = len(stacked)
                     if any(output.ndim == 0 or output.shape[0] != rows for output in outputs.values()):
@@ -282,7 +294,9 @@ class PreparedInfer:
                     at = 0
                     for index, array in enumerate(arrays):
                         end = at + len(array)
-                        answers[index] = self.encode({k: v[at:end] for k, v in outputs.items()}, variant.id)
+                        rows_of = {k: v[at:end] for k, v in outputs.items()}
+                        answers[index] = self.encode(rows_of, variant.id)
+                        members.append(rows_of)
                         at = end
                 variant_id = variant.id
             except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
@@ -311,6 +325,10 @@ class PreparedInfer:
             if count > 1:
                 self.app.metrics.inline_batched += count
             self.app.took(ran / count)  # the loop was blocked for all of them: its share each
+            if self.server.taps and model is not None:
+                tap, name, feed_name = self.server.tap, model.name, self._input
+                for (_, _, array, _), outputs_of in zip(pending, members, strict=True):
+                    tap(name, {feed_name: array}, outputs_of, variant_id)
 
     def _finish(self, allowance: Allowance | None) -> None:
         """A request (holding ``allowance``) no longer counts, nor holds its memory."""
