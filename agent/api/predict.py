@@ -50,7 +50,11 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Response
     ordered = {spec.name: outputs[spec.name] for spec in model.signature.outputs if spec.name in outputs}
     result = postprocess(pipeline, ordered)
     headers = [("X-Model-Variant", variant)]
-    if "mask" in result:
-        return Response(200, png_of(result["mask"]), content_type="image/png", headers=headers)
     payload: dict[str, Any] = {"model": model.name, "version": model.version, "variant": variant, **result}
-    return json_response(200, payload, headers)
+    if "mask" in result:
+        response = Response(200, png_of(result["mask"]), content_type="image/png", headers=headers)
+    else:
+        response = json_response(200, payload, headers)
+    if server.taps:  # the model's own feeds and outputs (ModelServer.taps)
+        response.served = (model.name, feeds, outputs, variant)
+    return response

@@ -196,3 +196,20 @@ def test_no_taps_no_served_record(loop: asyncio.AbstractEventLoop, monkeypatch: 
     plan_answers = [agent.send(raw_request(values(i)))[0] for i in range(4)]
     assert plan_answers == [200] * 4
     assert agent.known_route()._served is None  # type: ignore[attr-defined]
+
+
+def test_predict_calls_the_taps_with_the_models_own_feeds_and_outputs() -> None:
+    pytest.importorskip("PIL.Image", reason="the pipeline's decoder needs Pillow (pip install 'edgesdk[pipeline]')")
+    from tests.unit.test_agent_api_app import run_requests
+    from tests.unit.test_agent_predict_route import PIPELINE, _app, _png, _predict
+
+    app, _ = _app(PIPELINE)
+    calls: list[tuple[str, Mapping[str, Any], Mapping[str, Any], str]] = []
+    app.server.taps.append(lambda *call: calls.append(call))  # type: ignore[arg-type]
+    answers = run_requests(app, [_predict(_png([[10, 20], [250, 30]])), _predict(b"not an image")])
+    assert [a.status for a in answers] == [200, 400]
+    ((model, feeds, outputs, variant),) = calls
+    assert (model, variant) == ("m", "fp32")
+    np.testing.assert_allclose(feeds["image"].ravel(), np.array([10, 20, 250, 30]) / 255, rtol=1e-6)
+    np.testing.assert_array_equal(outputs["logits"], feeds["image"].reshape(1, 4))
+    app.close()
