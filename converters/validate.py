@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from edgesdk.converters.data import subset
@@ -247,6 +247,8 @@ def validate_numeric(
         one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
         model.run(one)
     out_specs = {s.name: s for s in model.outputs}
+    fp16_compute = _judged_as_device_computes(runtime, blobs, options)
+    judged = fp16_compute or model
     names = list(reference)
     mapping: dict[str, str] = {}
     sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
@@ -264,7 +266,7 @@ def validate_numeric(
             # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
             # its used length, which the runtime pads to the shortest bucket that holds it.
             feeds = trim(feeds, sequence_axes)
-        raw = model.run(feeds)
+        raw = judged.run(feeds)
         if not mapping:
             # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
             produced = list(raw)
@@ -284,6 +286,8 @@ def validate_numeric(
         latencies.append((time.perf_counter() - started) * 1000)
     inputs, outputs_spec = list(model.inputs), list(model.outputs)
     model.close()
+    judged.close()
+    how = "; accuracy judged at f16 compute (converters/fp16_compute.py)" if fp16_compute else ""
     return ValidationResult(
         accuracy=summary(metric, gate, outputs, reference, per_output, max_abs),
         output_accuracy=[o for o, _ in per_output],
@@ -292,13 +296,26 @@ def validate_numeric(
             latency_p50_ms=round(float(np.median(latencies)), 4),
             latency_p95_ms=round(float(np.percentile(latencies, 95)), 4),
             peak_rss_mb=round(rss.growth_mb, 2),
-            note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + one batch-1 inference",
+            note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + one batch-1 inference{how}",
         ),
         inputs=inputs,
         outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
         latencies_ms=latencies,
         stream_drift=stream_drift,
     )
+
+
+def _judged_as_device_computes(runtime: str, blobs: Mapping[str, bytes], options: Mapping[str, str] | None) -> Any:
+    """The fp16 part: an fp16 IR loaded to compute as an fp16 device does (converters/fp16_compute.py),
+    for its accuracy only; None for every other variant (judged as loaded)."""
+    from edgesdk.converters.fp16_compute import fp16_judged, is_fp16_ir
+
+    from edgesdk.runtimes import load_variant
+
+    if not is_fp16_ir(runtime, blobs, options):
+        return None
+    files, judged_options = fp16_judged(blobs, options)
+    return load_variant(runtime, files, options=host_options(runtime, judged_options))
 
 
 def latency_side_by_side(
