@@ -96,6 +96,7 @@ class _Built:
     kept_float: int = 0
     ladder_role: LadderRole = "speed"
     latency_basis: str = ""
+    task: Any = None  # end_to_end.py's TaskAccuracy, when the end-to-end gate ran
 
     # What converters/speed_gate.py reads.
     @property
@@ -475,11 +476,13 @@ def convert(
     batch_axes: Mapping[str, int | str] | None = None,
     as_is: bool = False,
     state_pairs: Mapping[str, str] | None = None,
+    end_to_end: Any = None,
 ) -> ConversionReport:
     """Convert ``model`` (``.onnx`` path, ``"module:factory"`` or ``nn.Module``) for ``profile`` into ``out``.
 
     The data keeps the model's own layout; ``batch_axes`` (input or output name → axis, or
-    ``"none"`` for a constant) says where the samples are where the model's dims do not."""
+    ``"none"`` for a constant) says where the samples are where the model's dims do not.
+    ``end_to_end`` (end_to_end.TaskCheck) gates every variant on the user's raw files too."""
     disable_vendor_telemetry()
     say = _Steps(progress)
     if isinstance(profile, str):
@@ -575,6 +578,8 @@ def convert(
         run.decisions = decisions + per_output + plan.decisions
         run.rejected = list(plan.rejected)
         built = [b for b in (run.build_or_reject(p) for p in plan.variants) if b is not None]
+        if end_to_end is not None:
+            built = _gate_end_to_end(run, built, end_to_end)
         _measure_batch1_memory(run, built)
         shipped = _apply_budgets(run, built, profile)
         _compare_latency(run, shipped)
@@ -595,7 +600,7 @@ def convert(
                 error = ConversionError
             raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
         say(Stage.REPORT, "writing the report")
-        report = _write(staging, run, shipped, profile, family.value)
+        report = _write(staging, run, shipped, profile, family.value, end_to_end)
         _finish_out(staging, out)
         return report
     except BaseException:
@@ -603,6 +608,18 @@ def convert(
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _gate_end_to_end(run: _Run, built: list[_Built], check: Any) -> list[_Built]:
+    """The end-to-end gate (end_to_end.py): a variant whose labels miss the user's does not ship."""
+    from edgesdk.converters.end_to_end import gate_variants
+
+    def reject(b: _Built, reason: str) -> None:
+        run.rejected.append(RejectedVariant(format=b.planned.format, precision=b.planned.precision, reason=reason))
+        run.decisions.append(f"{b.planned.id} {reason}")
+
+    run.progress(Stage.BUILD, f"end to end: {len(check.files)} files through the pipeline, per variant")
+    return gate_variants(check, built, run.source.inputs, reject, run.decisions.append)
 
 
 def _apply_budgets(run: _Run, built: list[_Built], profile: DeviceProfile) -> list[_Built]:
@@ -698,7 +715,9 @@ def _compare_latency(run: _Run, shipped: list[_Built]) -> None:
             run.decisions.append(line)
 
 
-def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile, family: str) -> ConversionReport:
+def _write(
+    staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfile, family: str, end_to_end: Any = None
+) -> ConversionReport:
     variants = []
     for b in shipped:
         folder = staging / "artifacts" / b.planned.id
@@ -726,6 +745,7 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
                 quantization_method=b.artifact.method,
                 measurements=measurements,
                 validation=b.result.validation,
+                task_accuracy=b.task,
                 ladder_role=b.ladder_role,
                 latency_basis=b.latency_basis,
             )
@@ -747,6 +767,7 @@ def _write(staging: Path, run: _Run, shipped: list[_Built], profile: DeviceProfi
         recipes=run.trials,
         host_arch=host_arch(),
         device_arch=device_arch(profile),
+        end_to_end=None if end_to_end is None else end_to_end.summary,
     )
     (staging / "report.json").write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     from edgesdk.converters.html_report import render_html

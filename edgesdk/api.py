@@ -138,6 +138,7 @@ def convert(
     batch_axes: Mapping[str, int | str] | None = None,
     as_is: bool = False,
     state_pairs: Mapping[str, str] | None = None,
+    end_to_end: Any = None,
 ) -> ConversionReport:
     """Convert ``model`` for a device profile into validated artifacts under ``out``.
 
@@ -160,7 +161,9 @@ def convert(
     The data keeps the model's own layout: ``batch_axes`` (tensor name → axis, or ``"none"``
     for a constant) says where the samples are when the model's dimension names do not.
     ``state_pairs`` (state input → next-state output; found by name when not given) make a
-    stateful model's streams validate step by step with the state fed back.
+    stateful model's streams validate step by step with the state fed back. ``end_to_end``
+    (:func:`edgesdk.converters.end_to_end.prepare_task_check`) also gates every variant on the
+    user's raw files through the bundle's pipeline against their own results.
 
     Returns the :class:`~edgesdk.schemas.report.ConversionReport`, which :func:`package`
     accepts directly. Raises :class:`~edgesdk.errors.ConversionError` (or a subclass,
@@ -189,6 +192,7 @@ def convert(
         batch_axes=batch_axes,
         as_is=as_is,
         state_pairs=state_pairs,
+        end_to_end=end_to_end,
     )
     _remember_dir(report, destination)
     return report

@@ -48,6 +48,27 @@ def _read_data_spec(path: Path | None) -> DataSpec:
     return DataSpec.parse_obj_clear(raw or {}, source=f"--data-spec {path}")
 
 
+def _task_check(
+    pipeline: Path | None, labels: Path | None, images: Path | None, reference: str | None, gate: float
+) -> object:
+    """The end-to-end gate's inputs, read before any conversion (None when not asked for)."""
+    given = {"--pipeline": pipeline, "--validation-images": images, "--reference": reference}
+    if not any(given.values()):
+        if labels is not None:
+            raise UsageError("--labels is the labels file of --pipeline; give --pipeline too")
+        return None
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        raise UsageError(
+            f"the end-to-end gate needs --pipeline, --validation-images and --reference; missing {', '.join(missing)}"
+        )
+    from edgesdk.converters.end_to_end import prepare_task_check
+    from edgesdk.schemas.pipeline import load_pipeline
+
+    assert pipeline is not None and images is not None and reference is not None
+    return prepare_task_check(load_pipeline(pipeline, labels), images, reference, gate)
+
+
 @click.command("convert")
 @click.argument("model")
 @click.option("--profile", "profile_name", required=True, help="Device profile name (see `edgesdk profiles list`).")
@@ -119,6 +140,27 @@ def _read_data_spec(path: Path | None) -> DataSpec:
     help="Ship MODEL (.onnx, .tflite or OpenVINO .xml) as it is: one variant at the precision found in it, "
     "validated in its runtime, then packaged like any other.",
 )
+@click.option(
+    "--pipeline",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The pipeline file (YAML) you will package: with --validation-images and --reference, every variant "
+    "is also gated end to end (decode, pre, model, post) against your own results.",
+)
+@click.option("--labels", type=click.Path(dir_okay=False, path_type=Path), help="The labels file of --pipeline.")
+@click.option(
+    "--validation-images",
+    type=click.Path(path_type=Path),
+    help="A folder of raw .jpg/.png files for the end-to-end gate.",
+)
+@click.option(
+    "--reference",
+    help="Your current pipeline: MODULE:FUNCTION or FILE.py:FUNCTION (called with each file's path, or its bytes "
+    "if its first parameter is annotated bytes; returns the label, or labels and scores), or a FILE.json of labels "
+    "by file name. It is your code, imported and run on this host.",
+)
+@click.option(
+    "--task-gate", type=float, default=0.99, show_default=True, help="Minimum top-1 label agreement end to end."
+)
 @json_option
 @click.pass_context
 def convert(
@@ -141,6 +183,11 @@ def convert(
     data_spec: Path | None,
     state_pairs: tuple[str, ...],
     as_is: bool,
+    pipeline: Path | None,
+    labels: Path | None,
+    validation_images: Path | None,
+    reference: str | None,
+    task_gate: float,
     as_json: bool,
 ) -> None:
     """Convert MODEL (.onnx, .tflite, OpenVINO IR .xml, or module:factory returning an nn.Module) for a device profile.
@@ -170,6 +217,7 @@ def convert(
         if not tensor or not axis.isdigit() or not label:
             raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
         axes.setdefault(tensor, {})[int(axis)] = label
+    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gate)
     # stderr: stdout is for the result (table or --json). A live bar on a terminal; off one,
     # a line per step (a bar there would stay blank until the end).
     err = Console(stderr=True, highlight=False)
@@ -210,6 +258,7 @@ def convert(
             batch_axes=declared_axes or None,
             as_is=as_is,
             state_pairs=declared_state or None,
+            end_to_end=end_to_end,
             progress=show,
         )
     if lines is not None:
@@ -247,6 +296,9 @@ def convert(
             click.echo(f"{v.id} {judged.note}")
         if v.accuracy and v.accuracy.verdict == "inconclusive" and not v.output_accuracy:
             click.echo(f"{v.id}: {v.accuracy.note}")
+    for v in report.variants:
+        if v.task_accuracy is not None:  # the end-to-end gate, beside the tensor figures above
+            click.echo(f"{v.id} end to end: {v.task_accuracy.note}")
     for r in report.rejected:
         click.echo(f"rejected {r.format.value} {r.precision.value}: {r.reason}")
     click.echo(f"wrote {out}/report.json, report.html, golden.npz and {len(report.variants)} variant(s)")

@@ -134,6 +134,8 @@ def package(
             "--allow-downgrade signed an unbounded downgrade and is gone: use --downgrade-from MIN-MAX "
             "(the device floors it may replace) and --downgrade-expires"
         )
+    if pipeline is not None:
+        _same_pipeline_as_validated(convert_dir, pipeline, labels)
     device_recipients: list[Any] = list(recipients)
     if from_server:
         device_recipients += _approved_on_service(server, token_file)
@@ -186,6 +188,25 @@ def _pipeline_summary(pipeline: Any) -> str | None:
     post = pipeline.post
     labels = f", {len(post.labels)} labels" if post.labels else ""
     return f"{pipeline.input} -> {post.kind} ({post.activation}, top {post.top_k}{labels})"
+
+
+def _same_pipeline_as_validated(convert_dir: Path, pipeline: Path, labels: Path | None) -> None:
+    """A convert output gated end to end (convert --pipeline --reference) signs only the pipeline
+    it validated: another mean/std or labels file would ship answers nobody checked."""
+    from edgesdk.converters.end_to_end import pipeline_sha256
+    from edgesdk.schemas.pipeline import load_pipeline
+    from edgesdk.schemas.report import ConversionReport
+
+    try:
+        report = ConversionReport.model_validate_json((convert_dir / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # package_bundle says what is wrong with the convert dir, in its own words
+    checked = report.end_to_end
+    if checked is not None and pipeline_sha256(load_pipeline(pipeline, labels)) != checked.pipeline_sha256:
+        raise UsageError(
+            f"--pipeline {pipeline} (with --labels {labels}) is not the pipeline {convert_dir} was validated with end "
+            f"to end (against {checked.reference}); package that one, or convert again with this one"
+        )
 
 
 def _approved_on_service(server: str | None, token_file: Path | None) -> list[Any]:

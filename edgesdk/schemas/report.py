@@ -52,6 +52,39 @@ class OutputAccuracy(Schema):
     note: str = ""
 
 
+class TaskAccuracy(Schema):
+    """A variant's task results through the bundle's whole pipeline (decode → pre → model → post,
+    run on the converting host) against the user's own results (converters/end_to_end.py)."""
+
+    metric: Literal["top1_label"] = "top1_label"
+    agreement: float = Field(description="share of the raw files whose top-1 label is the user's")
+    lower_bound: float = Field(description="one-sided 95% Wilson lower bound of agreement")
+    gate: float
+    samples: int = Field(ge=0, description="raw files judged")
+    samples_needed: int | None = Field(None, description="files at which an inconclusive agreement would tell")
+    score_diff: float | None = Field(
+        None, description="|score - the user's score| of the agreed label: its tail (worst file, or 95th percentile)"
+    )
+    score_diff_mean: float | None = None
+    score_statistic: str | None = None
+    score_tolerance: float | None = None
+    passed: bool
+    verdict: Literal["pass", "fail", "inconclusive"]
+    disagreements: list[str] = Field(default_factory=list, description="the first files answered differently")
+    note: str = ""
+
+
+class EndToEndCheck(Schema):
+    """What the end-to-end gate read: the raw files, the user's reference and the pipeline."""
+
+    images: str = Field(description="the folder of raw validation files")
+    files: int = Field(ge=1)
+    reference: str = Field(description="the user's function (MODULE:FUNCTION) or their JSON of labels")
+    pipeline_sha256: str = Field(description="the validated pipeline (labels included); package signs only this one")
+    gate: float
+    score_tolerance: float | None = None
+
+
 class ShippedVariant(Schema):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="e.g. 'onnx-int8'")
     format: ModelFormat
@@ -70,6 +103,9 @@ class ShippedVariant(Schema):
     #: unvalidated: it could not run here (Core ML on Linux; its spec and size were checked).
     #: "spec-only" is how older reports said the same.
     validation: Literal["numeric", "unvalidated", "spec-only"] = "numeric"
+    task_accuracy: TaskAccuracy | None = Field(
+        None, description="the end-to-end gate through the bundle's pipeline (convert --pipeline --reference)"
+    )
     ladder_role: LadderRole = Field(
         "speed",
         description="reference (fp32 of its runtime), speed (faster than the reference), size-only (not faster: "
@@ -118,3 +154,4 @@ class ConversionReport(Schema):
     host_arch: str | None = Field(None, description="the CPU the latencies were measured on")
     device_arch: str | None = None
     golden: str | None = Field("golden.npz", description="reference inputs/outputs file, relative")
+    end_to_end: EndToEndCheck | None = Field(None, description="the end-to-end gate's inputs, when it ran")

@@ -1,0 +1,344 @@
+"""The end-to-end gate: each variant answers the user's own raw files through the bundle's
+pipeline (decode → pre → model → post, ``edgesdk.pipeline``: the very code ``/predict`` runs),
+in its runtime on this host, and must give the labels the user's current code gives.
+
+Tensor gates compare a variant with the source model on tensors someone already made; they
+cannot see a pipeline that normalizes differently from the user's code, or a label file off by
+one. Here the reference is the user's: a JSON of expected labels, or their Python function
+(``--reference mypkg.mymod:predict`` or ``my_preprocess.py:predict``), run once per file on
+this host (it is the user's own code, imported and called as they would). The figure is the
+share of files whose top-1 label agrees, read on its 95 % Wilson bound like a tensor top-1
+gate; where the user's function also gives scores, the score of the agreed label is judged on
+its tail (the worst file, or the 95th percentile from 20 files) against a tolerance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import ConversionError, UsageError
+from edgesdk.pipeline import PipelineInputError, compare_results, postprocess, preprocess
+from edgesdk.quality.tail_statistics import agreement_reading, tail_reading
+from edgesdk.schemas.manifest import TensorSpec
+from edgesdk.schemas.pipeline import Pipeline
+from edgesdk.schemas.report import EndToEndCheck, TaskAccuracy
+
+#: File suffix → the media type the agent is sent for it.
+MEDIA_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+DEFAULT_TASK_GATE = 0.99
+DEFAULT_SCORE_TOLERANCE = 0.05
+#: Disagreements named in the report (the first ones, by file name).
+SHOWN_DISAGREEMENTS = 5
+
+RETURNS = "a label (str or int), (label, score), {'label': ..., 'score': ...}, a list of those, or {'labels': [...]}"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The user's answer for one file: its top-1 label and, when given, that label's score."""
+
+    label: str
+    score: float | None = None
+
+
+@dataclass(frozen=True)
+class TaskCheck:
+    """Everything the gate needs, read and computed once before any variant is built."""
+
+    pipeline: Pipeline
+    files: list[Path]
+    expected: list[Expected]
+    summary: EndToEndCheck
+    gate: float = DEFAULT_TASK_GATE
+    score_tolerance: float = DEFAULT_SCORE_TOLERANCE
+
+
+def pipeline_sha256(pipeline: Pipeline) -> str:
+    """The identity of a pipeline (labels included): what was validated is what gets signed.
+    Defaults left out, so a later SDK's new optional steps do not change an old pipeline's identity."""
+    return hashlib.sha256(pipeline.model_dump_json(exclude_defaults=True).encode("utf-8")).hexdigest()
+
+
+def prepare_task_check(
+    pipeline: Pipeline,
+    images: Path,
+    reference: str,
+    gate: float = DEFAULT_TASK_GATE,
+    score_tolerance: float = DEFAULT_SCORE_TOLERANCE,
+) -> TaskCheck:
+    """Read the folder of raw files and the user's answer for each (their JSON or function)."""
+    if pipeline.post.kind != "classes":
+        raise UsageError(
+            f"--reference: the end-to-end gate reads class labels; a {pipeline.post.kind!r} post is not gated yet"
+        )
+    if not 0 < gate <= 1:
+        raise UsageError(f"--task-gate {gate}: must be a share of files in (0, 1], e.g. 0.99")
+    files = list_images(images)
+    expected = expected_results(reference, files)
+    summary = EndToEndCheck(
+        images=str(images),
+        files=len(files),
+        reference=reference,
+        pipeline_sha256=pipeline_sha256(pipeline),
+        gate=gate,
+        score_tolerance=score_tolerance if any(e.score is not None for e in expected) else None,
+    )
+    return TaskCheck(pipeline, files, expected, summary, gate, score_tolerance)
+
+
+def list_images(folder: Path) -> list[Path]:
+    """The JPEG/PNG files of ``folder`` (not its subfolders), by name."""
+    if not folder.is_dir():
+        raise UsageError(f"--validation-images {folder}: not a folder; give a folder of .jpg/.png files")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_TYPES)
+    if not files:
+        raise UsageError(f"--validation-images {folder}: no .jpg, .jpeg or .png file in it")
+    return files
+
+
+# -- the user's reference ------------------------------------------------------------------------
+
+
+def expected_results(reference: str, files: Sequence[Path]) -> list[Expected]:
+    """The user's answer per file, from ``FILE.json`` or by calling their function on each file."""
+    if reference.endswith(".json"):
+        return _from_json(reference, files)
+    function = load_reference(reference)
+    takes_bytes = _takes_bytes(function)
+    answers = []
+    for path in files:
+        try:
+            value = function(path.read_bytes() if takes_bytes else str(path))
+        except Exception as exc:  # noqa: BLE001 - the user's code: any failure is theirs to read, in one line
+            raise UsageError(f"--reference {reference} raised on {path.name}: {type(exc).__name__}: {exc}") from None
+        answers.append(normalize(value, f"--reference {reference} returned", path.name))
+    return answers
+
+
+def load_reference(spec: str) -> Callable[[Any], Any]:
+    """``package.module:function`` (importable from the current folder) or ``file.py:function``."""
+    where, _, attribute = spec.rpartition(":")
+    if not where or not attribute:
+        raise UsageError(f"--reference {spec!r}: give MODULE:FUNCTION, FILE.py:FUNCTION or a FILE.json of labels")
+    try:
+        module = _import_file(Path(where)) if where.endswith(".py") else _import_module(where)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an import runs the user's module: whatever it raises is one line
+        raise UsageError(f"--reference {spec}: cannot import {where} ({type(exc).__name__}: {exc})") from None
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise UsageError(f"--reference {spec}: {where} has no {attribute!r}")
+    if not callable(function):
+        raise UsageError(f"--reference {spec}: {attribute!r} is a {type(function).__name__}, not a function")
+    return function  # type: ignore[no-any-return]
+
+
+def _import_module(name: str) -> Any:
+    """As ``python -c 'import name'`` would from here: the current folder is searched first."""
+    here = str(Path.cwd())
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added:
+            sys.path.remove(here)
+
+
+def _import_file(path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"--reference {path}: no such file; give FILE.py:FUNCTION")
+    spec = importlib.util.spec_from_file_location(f"edgesdk_reference_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"--reference {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _takes_bytes(function: Callable[[Any], Any]) -> bool:
+    """A function whose first parameter is annotated ``bytes`` gets the raw bytes, others the path."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(parameters) and parameters[0].annotation in (bytes, "bytes")
+
+
+def _from_json(reference: str, files: Sequence[Path]) -> list[Expected]:
+    try:
+        table = json.loads(Path(reference).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--reference {reference}: cannot read it as JSON ({exc})") from None
+    if not isinstance(table, dict):
+        raise UsageError(f"--reference {reference}: must map each file name to its label")
+    missing = [p.name for p in files if p.name not in table]
+    if missing:
+        raise UsageError(f"--reference {reference}: no label for {missing[0]} ({len(missing)} file(s) missing)")
+    return [normalize(table[p.name], f"--reference {reference} gives", p.name) for p in files]
+
+
+def normalize(value: Any, said: str, name: str) -> Expected:
+    """One answer in any of the usual shapes → its top-1 label (and score)."""
+    if isinstance(value, Mapping) and "labels" in value:
+        value = value["labels"]
+    if isinstance(value, (list, tuple)) and value and not _is_pair(value):
+        candidates = [normalize(v, said, name) for v in value]
+        if all(c.score is not None for c in candidates):
+            return max(candidates, key=lambda c: c.score or 0.0)
+        return candidates[0]
+    if isinstance(value, Mapping) and "label" in value:
+        return Expected(str(value["label"]), _score(value.get("score"), said, name))
+    if _is_pair(value):
+        return Expected(str(value[0]), _score(value[1], said, name))
+    if isinstance(value, (str, int, np.integer)) and not isinstance(value, bool):
+        return Expected(str(value))
+    raise UsageError(f"{said} {type(value).__name__} {str(value)[:60]!r} for {name}; expected {RETURNS}")
+
+
+def _is_pair(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], (str, int))
+        and isinstance(value[1], (float, int, np.floating))
+    )
+
+
+def _score(value: Any, said: str, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{said} score {value!r} for {name}; a score is a number") from None
+
+
+# -- a variant through the pipeline ----------------------------------------------------------------
+
+
+def run_variant(check: TaskCheck, model: Any, source_inputs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    """Every file through the pipeline and ``model`` (a loaded variant: ``run(feeds)``), as
+    ``/predict`` answers it; ``source_inputs`` are the float inputs the pipeline fills."""
+    from edgesdk.converters.validate import _dequantize, _quantize
+
+    in_specs = {s.name: s for s in model.inputs}
+    out_specs = {s.name: s for s in model.outputs}
+    results = []
+    for path in check.files:
+        try:
+            feeds = preprocess(check.pipeline, path.read_bytes(), MEDIA_TYPES[path.suffix.lower()], source_inputs)
+        except PipelineInputError as exc:
+            raise UsageError(f"--validation-images: {path.name} cannot go through the pipeline: {exc}") from None
+        raw = model.run({n: _quantize(v, in_specs[n]) if n in in_specs else v for n, v in feeds.items()})
+        outputs = {n: _dequantize(v, out_specs.get(n)) for n, v in raw.items()}
+        try:
+            results.append(postprocess(check.pipeline, outputs))
+        except PipelineInputError as exc:
+            raise ConversionError(f"the pipeline cannot read this variant's output: {exc}") from None
+    return results
+
+
+def judge(check: TaskCheck, results: Sequence[Mapping[str, Any]]) -> TaskAccuracy:
+    """The variant's answers against the user's: label agreement (Wilson bound) and the score tail."""
+    labels = check.pipeline.post.labels
+    agree, differences, missed = [], [], []
+    for path, ours, theirs in zip(check.files, results, check.expected, strict=True):
+        same = compare_results("classes", ours, {"labels": [_as_class(theirs, labels)]})
+        agree.append(same)
+        top = ours["labels"][0] if ours["labels"] else None
+        if not same:
+            missed.append(f"{path.name}: {top['label'] if top else 'no label'} (yours {theirs.label})")
+        elif theirs.score is not None and top is not None:
+            differences.append(abs(float(top["score"]) - theirs.score))
+    reading = agreement_reading(np.asarray(agree), check.gate)
+    scores = tail_reading(np.asarray(differences), check.score_tolerance, lower_is_better=True) if differences else None
+    failed = reading.verdict == "fail" or (scores is not None and scores.verdict == "fail")
+    verdict = (
+        "fail"
+        if failed
+        else "inconclusive"
+        if "inconclusive" in (reading.verdict, getattr(scores, "verdict", ""))
+        else "pass"
+    )
+    note = f"task top-1 label agreement {reading.value:.2%} (95% bound {reading.lower_bound:.2%}) vs gate {check.gate:.0%}, {reading.samples} files"
+    if scores is not None:
+        note += f"; |score - yours| {scores.statistic} {scores.value:.4f} (mean {scores.mean:.4f}) vs tolerance {check.score_tolerance:g}"
+    if reading.verdict == "inconclusive":
+        note += f"; {reading.samples_needed} files would tell"
+    return TaskAccuracy(
+        agreement=round(reading.value, 6),
+        lower_bound=round(reading.lower_bound or 0.0, 6),
+        gate=check.gate,
+        samples=reading.samples,
+        samples_needed=reading.samples_needed if reading.verdict == "inconclusive" else None,
+        score_diff=None if scores is None else round(scores.value, 6),
+        score_diff_mean=None if scores is None else round(scores.mean, 6),
+        score_statistic=None if scores is None else scores.statistic,
+        score_tolerance=None if scores is None else check.score_tolerance,
+        passed=not failed,
+        verdict=verdict,
+        disagreements=missed[:SHOWN_DISAGREEMENTS],
+        note=note,
+    )
+
+
+def _as_class(expected: Expected, labels: list[str] | None) -> dict[str, Any]:
+    """The user's label as a ``postprocess`` class (its index by the bundle's labels file)."""
+    if labels is not None:
+        index = labels.index(expected.label) if expected.label in labels else -1
+    else:
+        index = int(expected.label) if expected.label.lstrip("-").isdigit() else -1
+    return {"label": expected.label, "index": index, "score": expected.score}
+
+
+def gate_variants(
+    check: TaskCheck,
+    built: Sequence[Any],
+    source_inputs: Sequence[TensorSpec],
+    reject: Callable[[Any, str], None],
+    decide: Callable[[str], None],
+) -> list[Any]:
+    """Keep the built variants (``converters.pipeline._Built``) whose task results agree with the
+    user's; ``reject(built, reason)`` the others, as a missed tensor gate is rejected."""
+    from edgesdk.converters.quiet import quiet_native
+    from edgesdk.converters.validate import host_options
+
+    from edgesdk.runtimes import load_variant
+
+    kept = []
+    for b in built:
+        if not b.validated:  # could not run on this host (Core ML on Linux): neither can its pipeline
+            decide(f"{b.planned.id}: not gated end to end (it cannot run on this host)")
+            kept.append(b)
+            continue
+        runtime = b.planned.runtime.value
+        blobs = {name: path.read_bytes() for name, path in b.artifact.files.items()}
+        with quiet_native():
+            model = load_variant(runtime, blobs, options=host_options(runtime, b.planned.options))
+            try:
+                b.task = judge(check, run_variant(check, model, source_inputs))
+            finally:
+                model.close()
+        if b.task.passed:
+            decide(f"{b.planned.id}: {b.task.note}")
+            kept.append(b)
+        else:
+            shown = "; ".join(b.task.disagreements[:3])
+            reject(
+                b, f"{b.planned.precision.value} dropped end to end: {b.task.note}" + (f" ({shown})" if shown else "")
+            )
+    return kept
