@@ -1,5 +1,6 @@
 """The REST API's devices: list (filters, a page, each with its newest telemetry row), one,
-its history, decommission; the groups they announced and the fleet's current alerts."""
+its history and its models' drift and data-quality reports, decommission; the groups they
+announced and the fleet's current alerts."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query
+from pydantic import BaseModel, Field
 
-from edgesdk.fleet.service import alerts, schema, tokens
+from edgesdk.fleet.service import alerts, quality, schema, tokens
 from edgesdk.fleet.service.api_routing import (
     ONE_ERRORS,
     READ_ERRORS,
@@ -91,6 +93,27 @@ def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         _known_device(engine, device_id)
         return _history(engine, device_id, hours, resolution)
 
+    @app.get(
+        "/api/v1/devices/{device_id}/quality",
+        response_model=DeviceQuality,
+        tags=["devices"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def device_quality(
+        device_id: str,
+        model: str | None = Query(None, max_length=128, description="one model's reports (default: every model)"),
+        since: float | None = Query(None, ge=0, le=1e10, description="Unix time (default: the last 24 h)"),
+        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
+    ) -> dict[str, Any]:
+        """The drift scores and data-quality counts in the device's telemetry, per model and
+        report, oldest first (at most the newest 5,000): PSI and Jensen-Shannon distance per input
+        and output tensor against the bundle's reference profile, requests refused for NaN/Inf,
+        out of the reference's range, constant."""
+        _known_device(engine, device_id)
+        start = since if since is not None else time.time() - 86400
+        rows = quality.device_quality(engine, device_id, since=start, model=model)
+        return {"device_id": device_id, "reports": [_quality_report(r) for r in rows]}
+
     @app.get("/api/v1/groups", response_model=Page[Group], tags=["devices"], responses=documented(*READ_ERRORS))
     def list_groups(
         page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
@@ -112,6 +135,38 @@ def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
         broker = context.broker_status() if context.broker_status is not None else None
         return page.page(alerts.current_alerts(engine, context.store, broker))
+
+
+class DriftFigures(BaseModel):
+    psi: float
+    js: float
+
+
+class QualityReport(BaseModel):
+    """One telemetry report's figures for one model (``edgesdk.schemas.messages.ModelQuality``)."""
+
+    model: str
+    release: int | None = None
+    ts: float = Field(description="Unix time of the report")
+    samples: int
+    window_s: float
+    reference: bool = Field(description="false: the bundle carries no reference profile (no scores)")
+    inputs: dict[str, DriftFigures]
+    outputs: dict[str, DriftFigures]
+    nonfinite: int
+    out_of_range: int
+    constant: int
+
+
+class DeviceQuality(BaseModel):
+    device_id: str
+    reports: list[QualityReport]
+
+
+def _quality_report(row: quality.QualityRow) -> dict[str, Any]:
+    fields = vars(row).copy()
+    del fields["device_id"]
+    return fields
 
 
 def _devices(

@@ -25,6 +25,8 @@ from edgesdk.fleet.service.dashboard_ui import Ui, escape
 from edgesdk.fleet.service.database import Transaction
 
 PAGE = "/ui/alerts"
+#: Alerts about one device: their line links to its page (drift and data quality: its charts).
+_DEVICE_KINDS = ("offline", "thermal", "model_drift", "model_nonfinite", "model_out_of_range")
 
 
 def alert_key(alert: dict[str, Any]) -> str:
@@ -54,7 +56,7 @@ def _item(alert: dict[str, Any], key: str, ack: Any, csrf: str | None) -> str:
     target = escape(alert["target"])
     link = (
         f'/ui/deployments/{target}' if alert["kind"] == "rollout_aborted"
-        else f"/ui/devices/{target}" if alert["kind"] in ("offline", "thermal") else ""
+        else f"/ui/devices/{target}" if alert["kind"] in _DEVICE_KINDS else ""
     )  # fmt: skip
     text = f'<a href="{link}">{escape(alert["message"])}</a>' if link else escape(alert["message"])
     anchor = f"alert-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

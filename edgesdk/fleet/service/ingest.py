@@ -52,6 +52,7 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.broker_credentials import RESERVED_USERNAMES
 from edgesdk.fleet.service import bulk, schema
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates, inserted_new_row
+from edgesdk.fleet.service.quality import QualityWriter
 from edgesdk.fleet.service.refusals import Refusals
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.protocol import topics
@@ -133,6 +134,7 @@ class Ingest:
         self._device_touch = bulk.insert_or_advance(schema.devices, _TOUCH_COLUMNS, "device_id", "last_seen")
         self._enroll_insert = insert_ignoring_duplicates(engine, schema.enrollment_requests)
         self._refusals = Refusals(engine, store.where, store)
+        self._quality = QualityWriter(engine)  # drift and data-quality figures (issue 41)
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
             topics.TELEMETRY: Telemetry,
@@ -297,6 +299,7 @@ class Ingest:
             stored_telemetry = self._insert(
                 db, self._telemetry_insert, _TELEMETRY_COLUMNS, [_telemetry_row(m) for m in telemetry]
             )
+            self._quality.write(db, telemetry)
             stored_events = self._insert(db, self._event_insert, _EVENT_COLUMNS, [_event_row(m) for m in events])
             stored_history = self._insert(
                 db, self._history_insert, _HISTORY_COLUMNS, [_history_row(m) for m in statuses]

@@ -16,6 +16,10 @@ few tables). What is exported, and what the alert rules in ``deploy/prometheus/`
   values the devices reported over the last five minutes (reports carry percentiles, not raw samples,
   so this is the distribution of device p95s, not a fleet-wide percentile);
 * rollouts: per deployment updated in the last day, its state (1) and its devices by state;
+* model quality (issue 41), from each device's newest report of each model: the drift scores
+  ``edgesdk_fleet_model_drift_psi`` and ``_js`` per tensor (``direction``: input or output), and
+  ``edgesdk_fleet_model_requests_total`` by ``kind`` (sampled, nonfinite, out_of_range, constant)
+  added up over every report stored (``edgesdk.fleet.service.quality``);
 * the ingest's counters (messages, malformed, impersonating, duplicates, enrollment requests
   stored and refused, messages of accounts that are not devices) since the database was created.
 
@@ -37,6 +41,7 @@ from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
+from edgesdk.fleet.service.quality import COUNTS, QualityRow, latest_quality, quality_totals
 
 #: Governor states that mean "stepped down for heat" (``agent/governor/machine.py`` names them).
 THERMAL_STATES = frozenset({"STEPPED_DOWN", "SAVE_STEPPED_DOWN"})
@@ -123,6 +128,7 @@ class FleetMetrics:
                 .where(dd.c.deployment_id.in_([r.id for r in rollouts]))
                 .group_by(dd.c.deployment_id, dd.c.state)
             ).all()
+            quality, totals = latest_quality(db), quality_totals(db)
         counters = read_counters(self.engine, "metrics")
 
         broker = self.broker_status() if self.broker_status is not None else None
@@ -224,6 +230,7 @@ class FleetMetrics:
             "devices of a recent deployment by their state in it",
             [({"deployment": dep, "state": state}, count) for dep, state, count in rollout_states],
         )
+        self._quality_families(page, quality, totals)
         kinds = (
             "messages",
             "malformed",
@@ -245,6 +252,35 @@ class FleetMetrics:
             [({"kind": k}, counters.get(k, 0)) for k in kinds],
         )
         return page.text()
+
+    @staticmethod
+    def _quality_families(page: _Page, quality: list[QualityRow], totals: list[Any]) -> None:
+        for score, help_text in (
+            ("psi", "population stability index of the tensor's live values against the bundle's reference profile"),
+            ("js", "Jensen-Shannon distance (base 2) of the tensor's live values from the reference profile"),
+        ):
+            samples: list[tuple[dict[str, Any], float]] = []
+            for row in quality:
+                for direction, scores in (("input", row.inputs), ("output", row.outputs)):
+                    samples += [
+                        (
+                            {"device": row.device_id, "model": row.model, "tensor": name, "direction": direction},
+                            s[score],
+                        )
+                        for name, s in sorted(scores.items())
+                    ]
+            page.family(f"edgesdk_fleet_model_drift_{score}", "gauge", f"{help_text}, newest report", samples)
+        page.family(
+            "edgesdk_fleet_model_requests_total",
+            "counter",
+            "requests the device's model saw, by kind: sampled (sketched), nonfinite (refused for NaN/Inf), "
+            "out_of_range (outside the reference's range), constant (every value the same)",
+            [
+                ({"device": t.device_id, "model": t.model_name, "kind": kind}, getattr(t, column))
+                for t in totals
+                for kind, column in (("sampled", "samples"), *((c, c) for c in COUNTS))
+            ],
+        )
 
     @staticmethod
     def _broker_families(page: _Page, broker: BrokerStatus | None) -> None:

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.database import Transaction, upsert
+from edgesdk.fleet.service.quality import prune_quality
 
 _WATERMARK = "downsample_watermark_id"
 _PASS_ROWS = 200_000
@@ -86,6 +87,7 @@ def prune(engine: Any, retention: Retention, now: float) -> dict[str, int]:
         watermark = _read_counter(db, _WATERMARK)
         t = schema.telemetry
         deleted["telemetry"] = db.execute(t.delete().where((t.c.ts < raw_cutoff) & (t.c.id <= watermark))).rowcount
+        deleted["model_quality"] = prune_quality(db, raw_cutoff)  # kept like raw telemetry (issue 41)
         m = schema.telemetry_minutely
         deleted["telemetry_minutely"] = db.execute(m.delete().where(m.c.minute < long_cutoff)).rowcount
         e = schema.events

@@ -380,3 +380,43 @@ alert_acks = Table(
     Column("acked_by", String(128), nullable=False),
     Column("acked_at", Float, nullable=False),
 )
+
+# -- model quality (revision 0009, issue 41) --------------------------------------------------
+
+#: Each telemetry report's drift scores and data-quality counts, per model it names
+#: (``edgesdk.fleet.service.quality``). ``scores``: JSON ``{"inputs": {tensor: {"psi", "js"}},
+#: "outputs": {...}}``; ``worst_psi``: their maximum (what the drift alert reads). Kept like raw telemetry.
+model_quality = Table(
+    "model_quality",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", String(64), nullable=False),
+    Column("msg_id", String(64), nullable=False),
+    Column("model_name", String(128), nullable=False),
+    Column("model_release", Integer),
+    Column("ts", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("window_s", Float, nullable=False),
+    Column("reference", Boolean, nullable=False),
+    Column("scores", Text, nullable=False),
+    Column("worst_psi", Float),
+    Column("nonfinite", Integer, nullable=False),
+    Column("out_of_range", Integer, nullable=False),
+    Column("constant", Integer, nullable=False),
+    UniqueConstraint("device_id", "msg_id", "model_name", name="uq_model_quality_msg"),
+    Index("ix_model_quality_device_model_ts", "device_id", "model_name", "ts"),
+    Index("ix_model_quality_ts", "ts"),
+)
+
+#: Running totals of the counts above per (device, model), added once per stored report: the
+#: Prometheus counters (``edgesdk_fleet_model_requests_total``), never pruned.
+model_quality_totals = Table(
+    "model_quality_totals",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("model_name", String(128), primary_key=True),
+    Column("samples", BigInteger, nullable=False),
+    Column("nonfinite", BigInteger, nullable=False),
+    Column("out_of_range", BigInteger, nullable=False),
+    Column("constant", BigInteger, nullable=False),
+)

@@ -1,0 +1,273 @@
+"""Model quality in the fleet service (issue 41): the drift scores and data-quality counts the
+devices put in telemetry (``ModelQuality``), stored per (device, model, release, time), read
+back for the REST API, the dashboard, ``/metrics`` and the alerts.
+
+A report names its quality per model (``models[i].quality``) and, for the default model, at the
+top level (``quality``): the two are the same figures, so the default's is stored once. Each
+report's figures are one ``model_quality`` row, de-duplicated with the telemetry's ``msg_id``
+(QoS 1 redelivers), and kept as long as raw telemetry (``retention.prune``). Their counts are
+added to ``model_quality_totals`` once per new row: the Prometheus counters, which never go back.
+
+The alert thresholds live here, once: the shipped Prometheus rules
+(``deploy/prometheus/fleet-alerts.yml``) use the same numbers, and a test compares them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from edgesdk.fleet.service import schema
+from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates
+from edgesdk.schemas.messages import ModelQuality, Telemetry
+
+#: PSI over this is "act" by convention; the drift alert fires after ``DRIFT_FOR_S`` above it.
+DRIFT_PSI = 0.25
+DRIFT_FOR_S = 600.0
+#: Share of the requests seen over ``QUALITY_WINDOW_S`` refused for NaN/Inf, or out of the
+#: reference's range, above which the data-quality alerts fire. Requests seen: the sketched ones
+#: plus the refused ones (a refused request is never sketched).
+NONFINITE_SHARE = 0.01
+OUT_OF_RANGE_SHARE = 0.05
+QUALITY_WINDOW_S = 600.0
+#: Rows one read returns at most (the newest of them).
+MAX_REPORTS = 5000
+COUNTS = ("nonfinite", "out_of_range", "constant")
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """One stored report of one model."""
+
+    device_id: str
+    model: str
+    release: int | None
+    ts: float
+    samples: int
+    window_s: float
+    reference: bool
+    inputs: dict[str, dict[str, float]]
+    outputs: dict[str, dict[str, float]]
+    nonfinite: int
+    out_of_range: int
+    constant: int
+
+    def tensors(self) -> dict[tuple[str, str], float]:
+        """PSI by (direction, tensor)."""
+        found = {("input", name): score["psi"] for name, score in self.inputs.items()}
+        return found | {("output", name): score["psi"] for name, score in self.outputs.items()}
+
+
+def quality_rows(message: Telemetry) -> list[dict[str, Any]]:
+    """The ``model_quality`` rows of one telemetry report: one per model that carries figures."""
+    found: dict[str, tuple[Any, ModelQuality]] = {}
+    for entry in message.models:
+        if entry.quality is not None:
+            found.setdefault(entry.model.name, (entry.model, entry.quality))
+    if message.quality is not None and message.model is not None:
+        found.setdefault(message.model.name, (message.model, message.quality))
+    return [_row(message, model, quality) for model, quality in found.values()]
+
+
+def _row(message: Telemetry, model: Any, quality: ModelQuality) -> dict[str, Any]:
+    scores = {
+        "inputs": {k: v.model_dump() for k, v in quality.inputs.items()},
+        "outputs": {k: v.model_dump() for k, v in quality.outputs.items()},
+    }
+    psis = [s.psi for s in (*quality.inputs.values(), *quality.outputs.values())]
+    return {
+        "device_id": message.device_id,
+        "msg_id": message.msg_id,
+        "model_name": model.name,
+        "model_release": model.release,
+        "ts": message.ts.timestamp(),
+        "samples": quality.samples,
+        "window_s": quality.window_s,
+        "reference": quality.reference,
+        "scores": json.dumps(scores, sort_keys=True),
+        "worst_psi": max(psis, default=None),
+        "nonfinite": quality.nonfinite,
+        "out_of_range": quality.out_of_range,
+        "constant": quality.constant,
+    }
+
+
+class QualityWriter:
+    """Stores quality rows inside the ingest's transaction (``Ingest._write_batch``)."""
+
+    def __init__(self, engine: Any) -> None:
+        table = schema.model_quality
+        self._insert = insert_ignoring_duplicates(engine, table).returning(
+            table.c.device_id, table.c.msg_id, table.c.model_name
+        )
+        self._totals = _add_totals_statement(engine)
+
+    def write(self, db: Any, telemetry: list[Telemetry]) -> int:
+        """Insert the rows of ``telemetry``; the new ones (not redeliveries) count in the totals."""
+        unique = {_key(row): row for message in telemetry for row in quality_rows(message)}  # a batch may repeat one
+        rows = list(unique.values())
+        if not rows:
+            return 0
+        new = {tuple(r) for r in db.execute(self._insert, rows).all()}
+        totals: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in rows:
+            if _key(row) not in new:
+                continue
+            key = (row["device_id"], row["model_name"])
+            total = totals.setdefault(
+                key, {"device_id": key[0], "model_name": key[1], "samples": 0} | dict.fromkeys(COUNTS, 0)
+            )
+            for name in ("samples", *COUNTS):
+                total[name] += row[name]
+        if totals:
+            db.execute(self._totals, [totals[k] for k in sorted(totals)])  # key order: no deadlock
+        return len(new)
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str]:
+    return (row["device_id"], row["msg_id"], row["model_name"])
+
+
+def _add_totals_statement(engine: Any) -> Any:
+    """``INSERT … ON CONFLICT (device_id, model_name) DO UPDATE`` adding the new counts."""
+    table = schema.model_quality_totals
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    statement = insert(table)
+    added = {name: table.c[name] + statement.excluded[name] for name in ("samples", *COUNTS)}
+    return statement.on_conflict_do_update(index_elements=["device_id", "model_name"], set_=added)
+
+
+def _quality(row: Any) -> QualityRow:
+    scores = json.loads(row.scores)
+    return QualityRow(
+        device_id=row.device_id,
+        model=row.model_name,
+        release=row.model_release,
+        ts=row.ts,
+        samples=row.samples,
+        window_s=row.window_s,
+        reference=bool(row.reference),
+        inputs=scores.get("inputs", {}),
+        outputs=scores.get("outputs", {}),
+        nonfinite=row.nonfinite,
+        out_of_range=row.out_of_range,
+        constant=row.constant,
+    )
+
+
+def device_quality(engine: Any, device_id: str, *, since: float, model: str | None = None) -> list[QualityRow]:
+    """The device's reports from ``since`` (Unix time), oldest first (the newest ``MAX_REPORTS``)."""
+    table = schema.model_quality
+    query = sa.select(table).where((table.c.device_id == device_id) & (table.c.ts >= since))
+    if model is not None:
+        query = query.where(table.c.model_name == model)
+    with Transaction(engine) as db:
+        rows = db.execute(query.order_by(table.c.ts.desc(), table.c.model_name).limit(MAX_REPORTS)).all()
+    return [_quality(r) for r in reversed(rows)]
+
+
+def latest_quality(db: Any) -> list[QualityRow]:
+    """Each known device's newest report of each model it reported (one index seek per pair)."""
+    q, totals, d = schema.model_quality, schema.model_quality_totals, schema.devices
+    newest = (
+        sa.select(q.c.id)
+        .where((q.c.device_id == totals.c.device_id) & (q.c.model_name == totals.c.model_name))
+        .order_by(q.c.ts.desc())
+        .limit(1)
+        .correlate(totals)
+        .scalar_subquery()
+    )
+    query = (
+        sa.select(q)
+        .select_from(totals)
+        .join(d, d.c.device_id == totals.c.device_id)
+        .join(q, q.c.id == newest)
+        .order_by(q.c.device_id, q.c.model_name)
+    )
+    return [_quality(r) for r in db.execute(query).all()]
+
+
+def quality_totals(db: Any) -> list[Any]:
+    """The running totals of each known device's models."""
+    totals, d = schema.model_quality_totals, schema.devices
+    query = sa.select(totals).join(d, d.c.device_id == totals.c.device_id)
+    return list(db.execute(query.order_by(totals.c.device_id, totals.c.model_name)).all())
+
+
+def prune_quality(db: Any, cutoff: float) -> int:
+    """Delete the reports older than ``cutoff`` (the totals stay); how many went."""
+    table = schema.model_quality
+    return int(db.execute(table.delete().where(table.c.ts < cutoff)).rowcount)
+
+
+@dataclass(frozen=True)
+class QualityAlert:
+    """A model whose inputs drift, or whose requests are bad too often, on one device."""
+
+    kind: str  # model_drift | model_nonfinite | model_out_of_range
+    device_id: str
+    model: str
+    figure: float  # the PSI, or the share of requests
+    since: float  # the first report of the run that raised it
+    tensor: str = ""  # for drift: "input x" / "output y", the worst one
+
+
+def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
+    """The drift and data-quality conditions the shipped Prometheus rules raise, read from the
+    stored reports: PSI over ``DRIFT_PSI`` in every report for ``DRIFT_FOR_S``; a share of NaN/Inf
+    or out-of-range requests over the last ``QUALITY_WINDOW_S`` above its threshold."""
+    q = schema.model_quality
+    found: list[QualityAlert] = []
+    latest = latest_quality(db)
+    for row in latest:
+        tensors = row.tensors()
+        if not tensors:
+            continue
+        (direction, tensor), psi = max(tensors.items(), key=lambda item: item[1])
+        if psi <= DRIFT_PSI:
+            continue
+        since = _run_start(db, row, sa.not_(q.c.worst_psi > DRIFT_PSI) | q.c.worst_psi.is_(None))
+        if now - since >= DRIFT_FOR_S:
+            found.append(QualityAlert("model_drift", row.device_id, row.model, psi, since, f"{direction} {tensor}"))
+    known = {(r.device_id, r.model): r for r in latest}
+    windows = db.execute(
+        sa.select(
+            q.c.device_id,
+            q.c.model_name,
+            sa.func.sum(q.c.samples).label("samples"),
+            sa.func.sum(q.c.nonfinite).label("nonfinite"),
+            sa.func.sum(q.c.out_of_range).label("out_of_range"),
+        )
+        .where(q.c.ts >= now - QUALITY_WINDOW_S)
+        .group_by(q.c.device_id, q.c.model_name)
+    ).all()
+    for w in windows:
+        seen = int(w.samples or 0) + int(w.nonfinite or 0)
+        newest = known.get((w.device_id, w.model_name))
+        if newest is None or seen == 0:
+            continue
+        for kind, count, threshold in (
+            ("model_nonfinite", w.nonfinite, NONFINITE_SHARE),
+            ("model_out_of_range", w.out_of_range, OUT_OF_RANGE_SHARE),
+        ):
+            share = int(count or 0) / seen
+            if share > threshold:
+                column = q.c.nonfinite if kind == "model_nonfinite" else q.c.out_of_range
+                found.append(QualityAlert(kind, w.device_id, w.model_name, share, _run_start(db, newest, column == 0)))
+    return found
+
+
+def _run_start(db: Any, row: QualityRow, fine: Any) -> float:
+    """When the run of reports that are not ``fine``, up to ``row``, began (``row.ts`` at most)."""
+    q = schema.model_quality
+    pair = (q.c.device_id == row.device_id) & (q.c.model_name == row.model) & (q.c.ts <= row.ts)
+    last_fine = db.execute(sa.select(sa.func.max(q.c.ts)).where(pair & fine)).scalar()
+    after = pair if last_fine is None else pair & (q.c.ts > last_fine)
+    first = db.execute(sa.select(sa.func.min(q.c.ts)).where(after)).scalar()
+    return float(first if first is not None else row.ts)
