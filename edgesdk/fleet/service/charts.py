@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
 _BAND = ("#dbeafe", "#fee2e2", "#dcfce7", "#f3e8ff", "#ffedd5", "#cffafe")
@@ -20,14 +20,16 @@ def _clock(ts: float) -> str:
 
 
 def line_chart(
-    series: dict[str, Sequence[tuple[float, float]]],
+    series: Mapping[str, Sequence[tuple[float, float]]],
     *,
     unit: str,
     title: str,
     width: int = 640,
     height: int = 170,
+    threshold: float | None = None,
 ) -> str:
-    """One SVG with a polyline per series (points are (unix time, value))."""
+    """One SVG with a polyline per series (points are (unix time, value)); ``threshold``: a
+    dashed line at that value (an alert's level), kept inside the value axis."""
     points = [p for values in series.values() for p in values]
     label = html.escape(f"{title} ({unit})")  # the unit on the chart itself, not only in its legend
     if not points:
@@ -35,6 +37,7 @@ def line_chart(
     left, right, top, bottom = 64, 8, 8, 22  # room for "123 ms" left of the plot
     t0, t1 = min(p[0] for p in points), max(p[0] for p in points)
     v0, v1 = min(0.0, min(p[1] for p in points)), max(p[1] for p in points)
+    v1 = max(v1, threshold) if threshold is not None else v1
     t1 = t1 if t1 > t0 else t0 + 1
     v1 = v1 if v1 > v0 else v0 + 1
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -52,6 +55,12 @@ def line_chart(
         f'<text x="{left}" y="{height - 6}" class="axis">{_clock(t0)}</text>',
         f'<text x="{width - right}" y="{height - 6}" text-anchor="end" class="axis">{_clock(t1)}</text>',
     ]
+    if threshold is not None:
+        y = xy(t0, threshold).split(",")[1]
+        parts.append(
+            f'<line class="threshold" x1="{left}" x2="{width - right}" y1="{y}" y2="{y}" '
+            'stroke="#dc2626" stroke-dasharray="4 3"/>'
+        )
     legend = []
     for index, (name, values) in enumerate(series.items()):
         colour = PALETTE[index % len(PALETTE)]

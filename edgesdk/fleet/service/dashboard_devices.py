@@ -25,9 +25,11 @@ from fastapi.responses import HTMLResponse, Response
 from edgesdk.errors import UsageError
 from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
+from edgesdk.fleet.service.charts import line_chart
 from edgesdk.fleet.service.dashboard_ui import Ui, escape
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
+from edgesdk.fleet.service.quality import DRIFT_PSI, device_quality
 
 PAGE = "/ui/devices"
 PER_PAGE = 50
@@ -215,3 +217,30 @@ def _row(r: Any, telemetry: Any, status: BrokerStatus | None, now: float) -> str
         f"<td>{escape(r.ota_state)}</td><td>{p95}</td><td>{escape(', '.join(json.loads(r.groups)))}</td>"
         f"<td>{ago}</td></tr>"
     )
+
+
+def quality_charts(engine: Any, device_id: str, since: float) -> str:
+    """The device page's model-quality section (issue 41): per model, PSI per tensor over time
+    (the drift alert's level dashed) and the data-quality counts of each report."""
+    rows = device_quality(engine, device_id, since=since)
+    models = sorted({r.model for r in rows})
+    if not models:
+        return "<section id=model-quality><h2>Model quality</h2><p class=empty>no drift or data-quality figures yet</p></section>"
+    charts = []
+    for model in models:
+        mine = [r for r in rows if r.model == model]
+        drift: dict[str, list[tuple[float, float]]] = {}
+        for r in mine:
+            for (direction, tensor), psi in sorted(r.tensors().items()):
+                drift.setdefault(f"{direction} {tensor}", []).append((r.ts, psi))
+        counts = {name: [(r.ts, float(getattr(r, column))) for r in mine] for name, column in _COUNT_SERIES}
+        charts.append(
+            f'<div class=quality data-model="{escape(model)}">'
+            + line_chart(drift, unit="PSI", title=f"{model}: drift per tensor", threshold=DRIFT_PSI)
+            + line_chart(counts, unit="requests", title=f"{model}: data quality per report")
+            + "</div>"
+        )
+    return "<section id=model-quality><h2>Model quality</h2>" + "".join(charts) + "</section>"
+
+
+_COUNT_SERIES = (("NaN/Inf refused", "nonfinite"), ("out of range", "out_of_range"), ("constant", "constant"))

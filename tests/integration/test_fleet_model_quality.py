@@ -1,0 +1,271 @@
+"""Drift and data-quality figures (issue 41) through the real fleet service: a real mosquitto, the
+service process (``tests/fleet_service_process.py``, the ``FleetService`` that ``fleet serve``
+runs) on SQLite and on a throwaway PostgreSQL cluster, and telemetry messages with ``quality``
+published to the broker as an agent publishes them. They are stored once each (a redelivery
+adds nothing), read back by ``GET /api/v1/devices/{id}/quality`` (a viewer's token; none or a
+forged one: 401), exported on ``/metrics``, raised as the dashboard's alerts with their figure,
+pruned with raw telemetry, and drawn on the device page in Debian's Chromium.
+
+The device ``dev-q`` reports every 2 minutes over the last 14: its input ``x`` has drifted
+(PSI 0.42) for 12 minutes, and 5 of its 100 requests a report carry NaN; ``dev-ok`` stays near
+its reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
+pytest.importorskip("fastapi", reason="needs the fleet-service extra")
+pytest.importorskip("paho.mqtt", reason="needs paho-mqtt")
+
+import sqlalchemy as sa  # noqa: E402
+
+from edgesdk.fleet.service import schema  # noqa: E402
+from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
+from edgesdk.mqtt.client import ClientOptions, MqttClient  # noqa: E402
+from tests.integration.conftest import require_mosquitto  # noqa: E402
+from tests.pg_helpers import throwaway_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.integration]
+
+MODEL = {"name": "digits", "version": "1.2.0", "release": 12, "variant": "onnx-fp32", "sha256": "b" * 64}
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync"]
+
+
+def _report(device: str, seq: int, ts: datetime, psi: float, nonfinite: int) -> bytes:
+    """A telemetry message as the agent sends it: the default model's quality at the top level
+    and in ``models`` (the same figures: stored once)."""
+    quality = {
+        "samples": 100,
+        "window_s": 120.0,
+        "reference": True,
+        "inputs": {"x": {"psi": psi, "js": 0.3}},
+        "outputs": {"probs": {"psi": 0.03, "js": 0.05}},
+        "nonfinite": nonfinite,
+        "out_of_range": 1,
+        "constant": 0,
+    }
+    body = {
+        "device_id": device,
+        "msg_id": f"{device}-q{seq}",
+        "seq": seq,
+        "ts": ts.isoformat(),
+        "model": MODEL,
+        "quality": quality,
+        "models": [{"model": MODEL, "quality": quality}],
+    }
+    return json.dumps(body).encode()
+
+
+@dataclass
+class Service:
+    url: str
+    db_url: str
+    viewer: str
+    operator: str
+    started: datetime  # the reports' clock
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(self.url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = response.read()
+                return response.status, body.decode() if path == "/metrics" else json.loads(body)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: Any) -> Iterator[MosquittoBroker]:
+    require_mosquitto()
+    with MosquittoBroker(data_dir=tmp_path_factory.mktemp("quality-mosquitto")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def devices(broker: MosquittoBroker) -> Iterator[MqttClient]:
+    client = MqttClient(ClientOptions(client_id="quality-test-devices", broker_url=broker.url))
+    client.start()
+    assert client.wait_connected(10), client.stats.last_error
+    yield client
+    client.stop()
+
+
+def _start(db_url: str, broker: MosquittoBroker, devices: MqttClient, root: Path) -> Iterator[Service]:
+    from edgesdk.fleet.service.database import migrate, open_engine
+    from edgesdk.fleet.service.tokens import create_token
+    from edgesdk.keys import generate_publisher_key
+
+    engine = open_engine(db_url)
+    migrate(engine)
+    viewer = create_token(engine, name="vera", role="viewer", created_by="test")[1]
+    operator = create_token(engine, name="otto", role="operator", created_by="test")[1]
+    engine.dispose()
+    key, _ = generate_publisher_key(root / "operator")
+    argv = [sys.executable, "-m", "tests.fleet_service_process", "--db", db_url, "--broker", broker.url]
+    argv += ["--operator-key", str(key), "--api", "127.0.0.1:0", "--data-dir", str(root)]
+    with open(root / "service.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        port_file = root / "api.port"
+        deadline = time.monotonic() + 60
+        while not port_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert port_file.exists(), (root / "service.log").read_text()[-3000:]
+        now = datetime.now(UTC)
+        for seq in range(8):  # every 2 minutes, the oldest 14 minutes ago
+            ts = now - timedelta(minutes=14 - 2 * seq)
+            drifted = seq >= 1  # 12 minutes over PSI 0.25 by the newest report
+            report = _report("dev-q", seq, ts, 0.42 if drifted else 0.04, 5)
+            devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)
+            devices.publish("edgesdk/devices/dev-ok/telemetry", _report("dev-ok", seq, ts, 0.05, 0), qos=1)
+        devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)  # the newest again: a redelivery
+        yield Service(f"http://127.0.0.1:{port_file.read_text()}", db_url, viewer, operator, now)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def sqlite_service(broker: MosquittoBroker, devices: MqttClient, tmp_path_factory: Any) -> Iterator[Service]:
+    root = tmp_path_factory.mktemp("quality-sqlite")
+    yield from _start(f"sqlite:///{root / 'fleet.sqlite3'}", broker, devices, root)
+
+
+@pytest.fixture(scope="module")
+def postgresql_service(broker: MosquittoBroker, devices: MqttClient, tmp_path_factory: Any) -> Iterator[Service]:
+    with throwaway_cluster() as cluster:
+        root = tmp_path_factory.mktemp("quality-postgresql")
+        yield from _start(cluster.create_database("fleet_quality"), broker, devices, root)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def service(request: Any) -> Service:
+    return request.getfixturevalue(f"{request.param}_service")
+
+
+def _reports(service: Service, device: str, query: str = "", count: int = 8) -> list[dict[str, Any]]:
+    """The device's reports once ``count`` of them are stored (the ingest is asynchronous)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = service.get(f"/api/v1/devices/{device}/quality{query}", service.viewer)
+        if status == 200 and len(body["reports"]) >= count or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status == 200, body
+    return body["reports"]
+
+
+def test_quality_reports_are_stored_once_and_read_back_per_model_and_time(service: Service) -> None:
+    reports = _reports(service, "dev-q")
+    assert len(reports) == 8  # one row per report: the top level and models[0] are the same figures
+    newest = reports[-1]
+    assert newest["model"] == "digits" and newest["release"] == 12 and newest["reference"] is True
+    assert newest["inputs"] == {"x": {"psi": 0.42, "js": 0.3}} and newest["outputs"]["probs"]["psi"] == 0.03
+    assert (newest["samples"], newest["nonfinite"], newest["out_of_range"], newest["constant"]) == (100, 5, 1, 0)
+    assert [r["ts"] for r in reports] == sorted(r["ts"] for r in reports)
+    recent = service.started.timestamp() - 5 * 60
+    assert len(_reports(service, "dev-q", f"?since={recent}", count=0)) == 3  # 4, 2 and 0 minutes ago
+    assert _reports(service, "dev-q", "?model=other", count=0) == []
+    status, _ = service.get("/api/v1/devices/nobody/quality", service.viewer)
+    assert status == 404
+
+
+def test_quality_reads_refuse_a_missing_or_forged_token(service: Service) -> None:
+    _reports(service, "dev-q")
+    assert service.get("/api/v1/devices/dev-q/quality")[0] == 401
+    forged = service.viewer[:-4] + ("AAAA" if not service.viewer.endswith("AAAA") else "BBBB")
+    assert service.get("/api/v1/devices/dev-q/quality", forged)[0] == 401
+
+
+def test_drift_and_quality_counts_are_exported_and_raised_as_alerts_with_their_figure(service: Service) -> None:
+    _reports(service, "dev-q")
+    _reports(service, "dev-ok")
+    status, page = service.get("/metrics", service.viewer)
+    assert status == 200
+    labels = 'device="dev-q",model="digits"'
+    assert f'edgesdk_fleet_model_drift_psi{{{labels},tensor="x",direction="input"}} 0.42' in page
+    assert f'edgesdk_fleet_model_drift_psi{{{labels},tensor="probs",direction="output"}} 0.03' in page
+    # 8 reports of 100 sampled and 5 NaN each; the redelivered one is not counted twice.
+    assert f'edgesdk_fleet_model_requests_total{{{labels},kind="sampled"}} 800.0' in page
+    assert f'edgesdk_fleet_model_requests_total{{{labels},kind="nonfinite"}} 40.0' in page
+    status, alerts = service.get("/api/v1/alerts", service.viewer)
+    assert status == 200
+    mine = {(a["kind"], a["target"]): a for a in alerts["items"]}
+    drift = mine[("model_drift", "dev-q")]
+    assert "PSI 0.42 on input x" in drift["message"], drift
+    assert drift["since"] == pytest.approx((service.started - timedelta(minutes=12)).timestamp(), abs=1)
+    nonfinite = mine[("model_nonfinite", "dev-q")]
+    assert "4.8% of requests refused for NaN/Inf" in nonfinite["message"], nonfinite  # 25 of 525 in 10 min
+    assert not [k for k in mine if k[1] == "dev-ok"], mine  # PSI 0.05, no NaN: quiet
+    assert ("model_out_of_range", "dev-q") not in mine  # 1 %: under 5 %
+
+
+def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_service: Service) -> None:
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).is_file():
+        pytest.skip("Debian's chromium is not installed (scripts/test installs it)")
+    _reports(sqlite_service, "dev-q")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(20_000)
+            page.goto(sqlite_service.url + "/")
+            page.fill("#token", sqlite_service.operator)
+            with page.expect_navigation():
+                page.click("#sign-in")
+            page.goto(sqlite_service.url + "/ui/devices/dev-q")
+            section = page.locator("#model-quality .quality[data-model=digits]")
+            drift, counts = section.locator("figure").nth(0), section.locator("figure").nth(1)
+            assert "digits: drift per tensor (PSI)" in drift.inner_text()
+            assert "input x 0.42 PSI" in drift.inner_text() and "output probs 0.03 PSI" in drift.inner_text()
+            assert drift.locator("polyline").count() == 2 and drift.locator("line.threshold").count() == 1
+            points = drift.locator("polyline").first.get_attribute("points") or ""
+            assert len(points.split()) == 8, points  # one point per report
+            box = drift.locator("svg").bounding_box()
+            assert box is not None and box["width"] > 300 and box["height"] > 100  # drawn, not collapsed
+            assert "NaN/Inf refused 5 requests" in counts.inner_text()
+            page.goto(sqlite_service.url + "/ui/alerts")
+            alert = page.locator("#alerts li[data-kind=model_drift]")
+            assert "PSI 0.42 on input x" in alert.inner_text()
+            assert alert.locator("a").get_attribute("href") == "/ui/devices/dev-q"
+        finally:
+            browser.close()
+
+
+def test_quality_rows_are_pruned_with_raw_telemetry_and_the_totals_stay(service: Service) -> None:
+    from edgesdk.fleet.service.database import open_engine
+    from edgesdk.fleet.service.retention import Retention, prune
+
+    # Last in the file: it deletes half of the reports the tests above read.
+
+    _reports(service, "dev-q")
+    _reports(service, "dev-ok")
+    engine = open_engine(service.db_url)
+    try:
+        cutoff_age = (datetime.now(UTC) - service.started).total_seconds() + 7 * 60  # older than 7 min
+        deleted = prune(engine, Retention(raw_retention_s=cutoff_age), time.time())
+        assert deleted["model_quality"] == 8  # 4 reports of each device: 14, 12, 10, 8 minutes old
+        with engine.connect() as db:
+            left = db.execute(sa.select(sa.func.count()).select_from(schema.model_quality)).scalar()
+            totals = db.execute(sa.select(schema.model_quality_totals.c.samples)).scalars().all()
+        assert left == 8 and sorted(totals) == [800, 800]
+    finally:
+        engine.dispose()
