@@ -47,9 +47,14 @@ log = logging.getLogger("edgesdk.agent.serving")
 class ModelNotFoundError(AgentError):
     """The request names a model this agent does not serve."""
 
+    http_status, grpc_status, error_kind, public = 404, "NOT_FOUND", "not_found", True
+
 
 class NoModelError(AgentError):
     """No model is loaded yet."""
+
+    http_status, grpc_status, error_kind, public = 503, "UNAVAILABLE", "no_model", True
+    retry_after = 5
 
 
 class ServedVariant:

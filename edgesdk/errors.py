@@ -39,6 +39,10 @@
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding
     │   ├── UnsupportedEncodingError  (agent/api/codec.py) an encoding the API does not speak
     │   ├── BudgetRefused          (agent/api/budget.py) a request over its size cap (413) or the memory budget (503)
+    │   ├── AtCapacityError        (agent/api/refusal.py) the API's running and waiting requests are at their limit (503)
+    │   ├── AgentStoppingError     (agent/api/refusal.py) the agent is stopping: no new requests (503)
+    │   ├── AnswerTimeoutError     (agent/api/refusal.py) no answer within request_timeout_s (504)
+    │   │   └── QueueExpiredError  (agent/api/refusal.py) a request that waited in the queue past it
     │   ├── _BadRequest            (agent/api/http.py) bad HTTP framing; never leaves that module
     │   └── AgentRequestError      the agent's local API answered an error, or could not be reached
     │       ├── AgentInputError        400/413/422: the request's tensors or body were refused
@@ -175,6 +179,13 @@ class DecryptionError(BundleError):
 class RuntimeBackendError(EdgeSDKError):
     """An inference runtime failed."""
 
+    # How the agent's API answers it (agent/api/refusal.py): its message, as a 500.
+    http_status = 500
+    grpc_status = "INTERNAL"
+    error_kind: str | None = None  # counted as "runtime" where it was raised (agent/serving.py)
+    retry_after: float | None = None
+    public = True
+
 
 class BackendUnavailableError(RuntimeBackendError):
     """The inference runtime is not installed on this machine."""
@@ -183,6 +194,17 @@ class BackendUnavailableError(RuntimeBackendError):
 class AgentError(EdgeSDKError):
     """The device agent cannot do what was asked."""
 
+    # How the agent's API answers one that reaches a client (agent/api/refusal.py): the HTTP
+    # status, the gRPC status code's name, the kind the error counter counts it as (None:
+    # counted where it was raised), Retry-After seconds, and whether its message is shown.
+    # Subclasses that reach clients set their own; this default is an unexpected failure: a
+    # 500/INTERNAL that names only its type.
+    http_status = 500
+    grpc_status = "INTERNAL"
+    error_kind: str | None = "internal"
+    retry_after: float | None = None
+    public = False
+
 
 class ConfigError(AgentError):
     """The agent configuration is invalid."""
@@ -190,6 +212,11 @@ class ConfigError(AgentError):
 
 class InferenceInputError(AgentError):
     """An inference request does not match the model's input signature."""
+
+    http_status = 422
+    grpc_status = "INVALID_ARGUMENT"
+    error_kind: str | None = None  # the server counts bad_input where it checks (agent/serving.py)
+    public = True
 
 
 class LinkError(EdgeSDKError):

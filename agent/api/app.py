@@ -17,7 +17,8 @@ encodings, 408 slow client, 411 no Content-Length, 413 body too large or declari
 ``max_decoded_bytes``, 422 the tensors do not match the model's signature (wrong dtype/shape,
 NaN/Inf; checked on the declared sizes before anything is allocated), 500 the runtime failed,
 503 overload or the memory budget for requests in flight full (Retry-After) or no model
-loaded, 504 the request waited past ``request_timeout_s``.
+loaded, 504 the request waited past ``request_timeout_s``. An error's status (and its gRPC code,
+its error count, its Retry-After) is its class's (``refusal.py``): ``refuse`` answers any of them.
 """
 
 from __future__ import annotations
@@ -31,11 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 from edgesdk.agent.api import open_inference, predict
-from edgesdk.agent.api.budget import BudgetRefused
 from edgesdk.agent.api.codec import (
-    DeclaredInputError,
-    DecodeError,
-    UnsupportedEncodingError,
     decode_request,
     encode_response,
     media_type,
@@ -43,10 +40,16 @@ from edgesdk.agent.api.codec import (
 )
 from edgesdk.agent.api.http import KnownHead, Request, Respond, Response, json_response
 from edgesdk.agent.api.prepared import prepare
+from edgesdk.agent.api.refusal import (
+    AgentStoppingError,
+    AnswerTimeoutError,
+    AtCapacityError,
+    QueueExpiredError,
+    refusal_of,
+)
 from edgesdk.agent.metrics import Metrics
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, NoModelError
 
-from edgesdk.errors import InferenceInputError, RuntimeBackendError
 from edgesdk.schemas.agent_config import ApiConfig
 
 log = logging.getLogger("edgesdk.agent.api")
@@ -222,20 +225,15 @@ class ApiApp:
         elif self._method_allowed(request, "GET", respond):
             try:
                 respond(_V2_MODEL_GETS[route.action](self.server, route))
-            except ModelNotFoundError as exc:
-                self.metrics.count_error("not_found")
-                respond(json_response(404, {"error": str(exc)}))
-            except NoModelError as exc:
-                self.metrics.count_error("no_model")
-                respond(json_response(503, {"error": str(exc)}, [("Retry-After", "5")]))
+            except (ModelNotFoundError, NoModelError) as exc:
+                respond(self.refuse(exc, request.path))
 
     # -- inference --------------------------------------------------------------------------------
 
     def _infer(self, request: Request, respond: Respond, answer: InferAnswer, target: Any) -> None:
         """Admission control around ``answer(server, request, target)`` (inline or in the pool)."""
         if self.requests.count >= self.capacity:
-            self.metrics.count_error("overload")
-            respond(json_response(503, {"error": "agent is at capacity; retry shortly"}, [("Retry-After", "1")]))
+            respond(self.refuse(AtCapacityError("agent is at capacity; retry shortly")))
             return
         requests = self.requests
         if (
@@ -292,7 +290,7 @@ class ApiApp:
         after ``request_timeout_s``). The request's allowance is released once it is answered."""
         loop = self.loop
         if loop is None or loop.is_closed():
-            return json_response(503, {"error": "the agent is stopping"})
+            return self.refuse(AgentStoppingError("the agent is stopping"))
         answered: Future[Response] = Future()
 
         def respond(response: Response) -> None:
@@ -307,31 +305,28 @@ class ApiApp:
             try:
                 self._infer(request, respond, answer, target)
             except RuntimeError:  # the pool was shut down: the agent is stopping
-                respond(json_response(503, {"error": "the agent is stopping"}, [("Retry-After", "1")]))
+                respond(self.refuse(AgentStoppingError("the agent is stopping")))
 
         try:
             loop.call_soon_threadsafe(submit)
         except RuntimeError:  # the loop closed meanwhile
-            return json_response(503, {"error": "the agent is stopping"})
+            return self.refuse(AgentStoppingError("the agent is stopping"))
         try:
             # The loop answers within request_timeout_s (its 504); the margin covers a stopping loop.
             return answered.result(timeout=self.config.request_timeout_s + 5)
         except FutureTimeoutError:
-            return json_response(503, {"error": "the agent is stopping"})
+            return self.refuse(AgentStoppingError("the agent is stopping"))
 
     def _too_late(self, respond: Respond) -> None:
-        self.metrics.count_error("timeout")
-        respond(json_response(504, {"error": f"no answer within {self.config.request_timeout_s:g} s"}))
+        respond(self.refuse(AnswerTimeoutError(f"no answer within {self.config.request_timeout_s:g} s")))
 
     def _finish(self, future: Future[Response], respond: Respond, timer: asyncio.TimerHandle) -> None:
         timer.cancel()
         self.requests.count -= 1
         try:
             response = future.result()
-        except Exception:  # noqa: BLE001 - _work turns every expected error into a response
-            log.exception("inference worker failed")
-            self.metrics.count_error("internal")
-            response = json_response(500, {"error": "internal error"})
+        except Exception as exc:  # noqa: BLE001 - _work turns every expected error into a response
+            response = self.refuse(exc, "the inference pool")
         respond(response)
         if response.served is not None:
             self.server.tap(*response.served)
@@ -340,7 +335,7 @@ class ApiApp:
 
     def _work(self, request: Request, answer: InferAnswer, target: Any, enqueued: float) -> Response:
         if time.monotonic() - enqueued > self.config.request_timeout_s:
-            return json_response(504, {"error": "request expired in the queue"})
+            return self.refuse(QueueExpiredError("request expired in the queue"))
         started = time.perf_counter()
         response = self._answer(request, answer, target)
         self.took(time.perf_counter() - started)
@@ -377,39 +372,21 @@ class ApiApp:
         self._slow_last = very_slow
 
     def _answer(self, request: Request, answer: InferAnswer, target: Any) -> Response:
-        """``answer``'s response, or the error it raised as a status code (same for v1 and v2)."""
+        """``answer``'s response, or the error it raised as its class says (same for v1, v2, gRPC)."""
         try:
             return answer(self.server, request, target)
-        except ModelNotFoundError as exc:
-            self.metrics.count_error("not_found")
-            return json_response(404, {"error": str(exc)})
-        except NoModelError as exc:
-            self.metrics.count_error("no_model")
-            return json_response(503, {"error": str(exc)}, [("Retry-After", "5")])
-        except BudgetRefused as exc:
-            # Declared sizes over the request's cap (413) or the shared memory budget (503).
-            self.metrics.count_error("overload" if exc.status == 503 else "bad_request")
-            return json_response(exc.status, {"error": str(exc)}, exc.headers)
-        except DecodeError as exc:
-            self.metrics.count_error("bad_request")
-            return json_response(400, {"error": str(exc)})
-        except UnsupportedEncodingError as exc:
-            self.metrics.count_error("bad_request")
-            return json_response(exc.status, {"error": str(exc)})
-        except DeclaredInputError as exc:
-            # Refused on what the encoding declared, before the server (which counts its own) saw it.
-            self.metrics.count_error("bad_input")
-            return json_response(422, {"error": str(exc)})
-        except InferenceInputError as exc:
-            # The server already counted bad_input for signature errors it raised itself.
-            return json_response(422, {"error": str(exc)})
-        except RuntimeBackendError as exc:
-            log.error("runtime failed on %s: %s", request.path, exc)
-            return json_response(500, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - a bug in one request is a 500, never a dead agent
-            log.exception("inference on %s failed", request.path)
-            self.metrics.count_error("internal")
-            return json_response(500, {"error": f"internal error: {type(exc).__name__}"})
+            return self.refuse(exc, request.path)
+
+    def refuse(self, exc: BaseException, where: str = "") -> Response:
+        """``exc`` answered and counted as its class says (agent/api/refusal.py)."""
+        refusal = refusal_of(exc, where)
+        if refusal.error_kind is not None:
+            self.metrics.count_error(refusal.error_kind)
+        retry = [("Retry-After", str(refusal.retry_after))] if refusal.retry_after is not None else None
+        response = json_response(refusal.http_status, {"error": refusal.message}, retry)
+        response.refusal = refusal
+        return response
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until no request is running or queued (SIGTERM); False on timeout."""

@@ -29,10 +29,20 @@ class BudgetRefused(AgentError):
     """A request refused for its size: 413 (too large for one request) or 503 (the server's
     budget is full now; ``retry_after`` seconds)."""
 
+    public = True
+
     def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.http_status = status
         self.retry_after = retry_after
+        # The memory budget full now (503: retry) or a request too large for it (413, and the
+        # statuses /predict's pipeline refuses with).
+        self.grpc_status = "UNAVAILABLE" if status == 503 else "RESOURCE_EXHAUSTED"
+        self.error_kind = "overload" if status == 503 else "bad_request"
+
+    @property
+    def status(self) -> int:
+        return self.http_status
 
     @property
     def headers(self) -> list[tuple[str, str]]:

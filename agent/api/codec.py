@@ -51,18 +51,28 @@ _NPY_HEADER_MAX = 64 * 1024
 class DecodeError(AgentError):
     """The request body is not a valid instance of its declared encoding (HTTP 400)."""
 
+    http_status, grpc_status, error_kind, public = 400, "INVALID_ARGUMENT", "bad_request", True
+
 
 class DeclaredInputError(InferenceInputError):
     """What an encoding declares (name, dtype, shape) does not fit the model's signature (HTTP
     422), found before the array was built, so before the server's own check saw it."""
 
+    error_kind = "bad_input"  # refused before the server (which counts its own) saw it
+
 
 class UnsupportedEncodingError(AgentError):
     """Content-Type or Accept names an encoding the API does not speak (HTTP 415/406)."""
 
+    grpc_status, error_kind, public = "INVALID_ARGUMENT", "bad_request", True
+
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
-        self.status = status
+        self.http_status = status
+
+    @property
+    def status(self) -> int:
+        return self.http_status
 
 
 def media_type(header: str | None) -> str:

@@ -36,16 +36,17 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
-import orjson
 from edgesdk.agent.api import grpc_codec
 from edgesdk.agent.api import open_inference_v2_pb2 as pb
 from edgesdk.agent.api.app import ApiApp
-from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
-from edgesdk.agent.api.http import Request, Response
+from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget
+from edgesdk.agent.api.codec import DecodeError
+from edgesdk.agent.api.http import Request
 from edgesdk.agent.api.open_inference import ModelRoute, served_model
+from edgesdk.agent.api.refusal import Refusal, refusal_of
 from edgesdk.agent.serving import ModelNotFoundError, NoModelError
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
@@ -58,25 +59,11 @@ SERVICE = "inference.GRPCInferenceService"
 #: RPCs beyond what admission control can hold (health and metadata calls while it is full).
 _EXTRA_RPCS = 8
 
-#: The HTTP status an ``ApiApp`` answer carries → the gRPC status code (table above).
-STATUS_CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    406: grpc.StatusCode.INVALID_ARGUMENT,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    500: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 
-
-def _error_message(response: Response) -> str:
-    try:
-        return str(orjson.loads(response.body)["error"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return f"HTTP-equivalent status {response.status}"
+def _abort(context: grpc.ServicerContext, refusal: Refusal) -> NoReturn:
+    """End the RPC with the error's own gRPC code and message (agent/api/refusal.py)."""
+    context.abort(getattr(grpc.StatusCode, refusal.grpc_status), refusal.message)
+    raise AssertionError("grpc's abort returned")  # it raises; this tells the type checker
 
 
 class GrpcInferenceService:
@@ -113,37 +100,40 @@ class GrpcInferenceService:
     ) -> pb.ModelMetadataResponse:
         try:
             model = served_model(self.server, ModelRoute("metadata", request.name, request.version or None))
-        except ModelNotFoundError as exc:
-            self.metrics.count_error("not_found")
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except NoModelError as exc:
-            self.metrics.count_error("no_model")
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except (ModelNotFoundError, NoModelError) as exc:
+            self._refuse(context, exc)
         return grpc_codec.model_metadata_message(model)
+
+    def _refuse(self, context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
+        """``exc`` counted and answered as its class says (agent/api/refusal.py)."""
+        refusal = refusal_of(exc, "gRPC")
+        if refusal.error_kind is not None:
+            self.metrics.count_error(refusal.error_kind)
+        _abort(context, refusal)
 
     def model_infer(self, message_bytes: bytes, context: grpc.ServicerContext) -> bytes:
         allowance = Allowance(self.budget, self.max_decoded_bytes)
         # The serialized message and the parsed one are both held until the answer.
         if not allowance.take_body(2 * len(message_bytes)):
-            self.metrics.count_error("overload")
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"a message of {len(message_bytes)} bytes does not fit the agent's memory budget for requests "
-                f"in flight ({self.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly",
+            self._refuse(
+                context,
+                BudgetRefused(
+                    503,
+                    f"a message of {len(message_bytes)} bytes does not fit the agent's memory budget for requests "
+                    f"in flight ({self.budget.capacity} bytes, api.max_inflight_bytes) now; retry shortly",
+                ),
             )
         try:
             try:
                 message = pb.ModelInferRequest.FromString(message_bytes)
             except ProtobufDecodeError as exc:
-                self.metrics.count_error("bad_request")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a ModelInferRequest message: {exc}")
+                self._refuse(context, DecodeError(f"not a ModelInferRequest message: {exc}"))
             request = Request("POST", f"grpc ModelInfer {message.model_name}", "", {}, message_bytes, True, allowance)
             response = self.app.infer_from_thread(request, grpc_codec.answer_grpc_infer, message)
         finally:
             allowance.release()
-        if response.status != 200:
-            code = STATUS_CODES.get(response.status, grpc.StatusCode.UNKNOWN)
-            context.abort(code, _error_message(response))
+        if response.refusal is not None:  # counted by the app already
+            _abort(context, response.refusal)
         return response.body
 
     def handlers(self) -> grpc.GenericRpcHandler:

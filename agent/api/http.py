@@ -137,6 +137,8 @@ class Response:
     #: (model name, feeds, outputs, variant id) of the inference it answers, set only while the
     #: server has taps (``ModelServer.taps``): the app calls them once the answer is sent.
     served: tuple[str, Any, Any, str] | None = None
+    #: The error it answers, transport-neutral (``refusal.Refusal``), for the gRPC adapter.
+    refusal: Any = None
 
 
 @dataclass(slots=True)
