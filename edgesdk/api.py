@@ -266,6 +266,8 @@ def package(
     allow_unvalidated: bool = False,
     pipeline: str | Path | None = None,
     labels: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    vocabulary: str | Path | None = None,
 ) -> Path:
     """Sign and encrypt the variants of a conversion into one bundle file; returns its path.
 
@@ -281,7 +283,8 @@ def package(
     (a duration from now or a moment; default 7 days). ``allow_unvalidated`` admits variants
     that could not be run where they were converted (Core ML on Linux), marked off the ladder.
     ``pipeline`` (a YAML file) and ``labels`` (one class a line) sign the pre/post-processing
-    of ``POST /v1/models/{name}/predict`` into the manifest (docs/bundle-format.md, "Pipeline")."""
+    of ``POST /v1/models/{name}/predict`` into the manifest (docs/bundle-format.md, "Pipeline"),
+    with a text pipeline's ``tokenizer`` (a tokenizer.json) and a CTC ``vocabulary`` (one token a line)."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
     from edgesdk.bundle import package_bundle
@@ -317,19 +320,25 @@ def package(
         publisher_name=publisher_name,
         description=description,
         allow_unvalidated=allow_unvalidated,
-        pipeline=_pipeline_of(pipeline, labels),
+        pipeline=_pipeline_of(pipeline, labels, tokenizer, vocabulary),
     )
 
 
-def _pipeline_of(pipeline: str | Path | None, labels: str | Path | None) -> Any:
-    """The validated pipeline of a pipeline file (+ labels file), or None without one."""
+def _pipeline_of(
+    pipeline: str | Path | None,
+    labels: str | Path | None,
+    tokenizer: str | Path | None = None,
+    vocabulary: str | Path | None = None,
+) -> Any:
+    """The validated pipeline of a pipeline file (+ labels, tokenizer, vocabulary), or None without one."""
     if pipeline is None:
-        if labels is not None:
-            raise UsageError("--labels goes with --pipeline (a pipeline file whose post step ranks classes)")
+        for option, given in (("--labels", labels), ("--tokenizer", tokenizer), ("--vocabulary", vocabulary)):
+            if given is not None:
+                raise UsageError(f"{option} goes with --pipeline (the pipeline file that uses it)")
         return None
     from edgesdk.schemas.pipeline import load_pipeline
 
-    return load_pipeline(pipeline, labels)
+    return load_pipeline(pipeline, labels, tokenizer, vocabulary)
 
 
 def _bundle_name_of(report: ConversionReport) -> str:

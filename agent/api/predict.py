@@ -48,7 +48,7 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Response
     outputs, variant = server.infer_with_variant(model_name, feeds)
     # In the public signature's order, so "the first output" means the model's first.
     ordered = {spec.name: outputs[spec.name] for spec in model.signature.outputs if spec.name in outputs}
-    result = postprocess(pipeline, ordered)
+    result = postprocess(pipeline, ordered, feeds)
     headers = [("X-Model-Variant", variant)]
     payload: dict[str, Any] = {"model": model.name, "version": model.version, "variant": variant, **result}
     if "mask" in result:

@@ -99,6 +99,16 @@ def _release_range(text: str) -> tuple[int, int]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Class names, one a line by index, for the pipeline's top-k (needs --pipeline).",
 )
+@click.option(
+    "--tokenizer",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A text pipeline's tokenizer.json (Hugging Face tokenizers), signed into the bundle (needs --pipeline).",
+)
+@click.option(
+    "--vocabulary",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A ctc post step's tokens, one a line by index (needs --pipeline).",
+)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="FILE.edgepkg to write.")
 @json_option
 @click.pass_context
@@ -125,6 +135,8 @@ def package(
     description: str,
     pipeline: Path | None,
     labels: Path | None,
+    tokenizer: Path | None,
+    vocabulary: Path | None,
     out: Path,
     as_json: bool,
 ) -> None:
@@ -161,6 +173,8 @@ def package(
         allow_unvalidated=allow_unvalidated,
         pipeline=pipeline,
         labels=labels,
+        tokenizer=tokenizer,
+        vocabulary=vocabulary,
     )
     manifest = inspect_bundle(path).manifest
     summary = {

@@ -1,4 +1,5 @@
-"""A model output → the task result: top-k labels with scores, or an argmax mask (sent as PNG)."""
+"""A model output → the task result: top-k labels with scores, an argmax mask (sent as PNG),
+greedy-CTC text, or a pooled embedding. (Boxes: ``edgesdk/pipeline/boxes.py``.)"""
 
 from __future__ import annotations
 
@@ -62,3 +63,46 @@ def png_of(mask: np.ndarray) -> bytes:
 def mask_png(output: np.ndarray, post: PostProcess) -> bytes:
     """Argmax over the class axis of a mask output → an 8-bit PNG of class indices."""
     return png_of(argmax_mask(output, post))
+
+
+def ctc_greedy(output: np.ndarray, post: PostProcess) -> str:
+    """Greedy CTC of a (1, T, C) output (or (T, C)): best class per step, repeats collapsed,
+    blanks dropped, tokens joined."""
+    vocabulary = post.vocabulary or []
+    if output.ndim == 3 and output.shape[0] == 1:
+        steps = output[0]
+    elif output.ndim == 2:
+        steps = output
+    else:
+        raise PipelineInputError(500, f"greedy CTC needs a (1, T, C) output, got {output.shape}")
+    if steps.shape[1] != len(vocabulary):
+        raise PipelineInputError(
+            500, f"the output has {steps.shape[1]} classes per step; the vocabulary has {len(vocabulary)} tokens"
+        )
+    best = steps.argmax(axis=1)
+    changed = np.concatenate([[True], best[1:] != best[:-1]])
+    return "".join(vocabulary[i] for i in best[changed].tolist() if i != post.blank)
+
+
+def embedding(output: np.ndarray, post: PostProcess, attention_mask: np.ndarray | None) -> list[float]:
+    """A (1, D) output, or a (1, T, D) one pooled over its tokens (mean over the attention
+    mask, or the first token), L2-normalised if asked."""
+    vectors = output.astype(np.float64)
+    if post.pool == "none" and vectors.ndim == 2 and vectors.shape[0] == 1:
+        pooled = vectors[0]
+    elif post.pool != "none" and vectors.ndim == 3 and vectors.shape[0] == 1:
+        if post.pool == "cls":
+            pooled = vectors[0, 0]
+        else:
+            weights = np.ones(vectors.shape[1]) if attention_mask is None else attention_mask.reshape(-1)
+            if weights.shape[0] != vectors.shape[1]:
+                raise PipelineInputError(500, f"attention mask of {weights.shape[0]} tokens for {vectors.shape[1]}")
+            pooled = (vectors[0] * weights[:, None]).sum(axis=0) / max(float(weights.sum()), 1e-9)
+    else:
+        want = "(1, D)" if post.pool == "none" else "(1, T, D)"
+        raise PipelineInputError(500, f"an embedding with pool {post.pool!r} needs a {want} output, got {output.shape}")
+    if not np.isfinite(pooled).all():
+        raise PipelineInputError(500, "the model's embedding has NaN or Inf")
+    if post.normalize:
+        pooled = pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+    return [float(v) for v in pooled]

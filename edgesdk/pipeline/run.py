@@ -12,9 +12,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgesdk.pipeline import audio, image, text
+from edgesdk.pipeline.boxes import detections
 from edgesdk.pipeline.errors import PipelineInputError
-from edgesdk.pipeline.image import decoded_nbytes, open_image, to_tensor
-from edgesdk.pipeline.post import argmax_mask, top_classes
+from edgesdk.pipeline.post import argmax_mask, ctc_greedy, embedding, top_classes
 from edgesdk.schemas.pipeline import Pipeline
 
 
@@ -50,12 +51,46 @@ def preprocess(
 ) -> dict[str, np.ndarray]:
     """The model's feeds (a batch of one) for ``data`` of ``media_type``, or PipelineInputError."""
     limits = limits or Limits()
-    if len(inputs) != 1:
-        raise PipelineInputError(422, f"the model has {len(inputs)} inputs; an image pipeline feeds one")
-    image = open_image(data, media_type, pipeline.image.max_pixels)
-    limits.take(decoded_nbytes(image, pipeline.image), "the decoded image")
-    slot = inputs[0]
-    return {slot.name: to_tensor(image, pipeline.image, np.dtype(slot.dtype))}
+    if pipeline.input == "text":
+        pre = pipeline.text
+        tensors = text.tokenize(text.read_text(data, media_type, pre), pre)
+        return text.to_feeds(tensors, pre, {spec.name: np.dtype(spec.dtype) for spec in inputs})
+    first, fixed = _first_input(pipeline, inputs)
+    if pipeline.input == "audio":
+        pcm = audio.open_audio(data, media_type, pipeline.audio)
+        limits.take(audio.decoded_nbytes(pcm, pipeline.audio), "the decoded audio")
+        feeds = {first.name: audio.to_tensor(pcm, pipeline.audio, np.dtype(first.dtype), _rank(first))}
+    else:
+        picture = image.open_image(data, media_type, pipeline.image.max_pixels)
+        limits.take(image.decoded_nbytes(picture, pipeline.image), "the decoded image")
+        feeds = {first.name: image.to_tensor(picture, pipeline.image, np.dtype(first.dtype))}
+    return feeds | fixed
+
+
+def _first_input(pipeline: Pipeline, inputs: Sequence[InputSpec]) -> tuple[InputSpec, dict[str, np.ndarray]]:
+    """The input the decoded data feeds (the first) and the constant tensors of the others."""
+    if not inputs:
+        raise PipelineInputError(422, "the model has no inputs to feed")
+    first, rest = inputs[0], inputs[1:]
+    missing = [spec.name for spec in rest if spec.name not in pipeline.constants]
+    if missing:
+        raise PipelineInputError(
+            422,
+            f"the model also takes {missing}; an {pipeline.input} pipeline feeds the first input (give the others in constants)",
+        )
+    return first, {spec.name: constant(spec, pipeline.constants[spec.name]) for spec in rest}
+
+
+def _rank(spec: InputSpec) -> int | None:
+    shape = getattr(spec, "shape", None)
+    return len(shape) if shape is not None else None
+
+
+def constant(spec: InputSpec, value: float) -> np.ndarray:
+    """A tensor of ``spec``'s shape (each dynamic axis 1) filled with ``value`` (a recurrent
+    state's zeros, a sample-rate scalar)."""
+    shape = tuple(dim if isinstance(dim, int) else 1 for dim in getattr(spec, "shape", ()))
+    return np.full(shape, value, dtype=np.dtype(spec.dtype))
 
 
 def output_name(pipeline: Pipeline, outputs: Mapping[str, np.ndarray]) -> str:
@@ -66,10 +101,22 @@ def output_name(pipeline: Pipeline, outputs: Mapping[str, np.ndarray]) -> str:
     return name
 
 
-def postprocess(pipeline: Pipeline, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """The task result: ``{"labels": [...]}`` or ``{"mask": (H, W) uint8 array}`` (sent as PNG)."""
+def postprocess(
+    pipeline: Pipeline, outputs: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """The task result: ``{"labels": [...]}``, ``{"boxes": [...]}``, ``{"text": ...}``,
+    ``{"embedding": [...]}`` or ``{"mask": (H, W) uint8 array}`` (sent as PNG). ``feeds``
+    gives a mean-pooled embedding its attention mask."""
     post = pipeline.post
     output = outputs[output_name(pipeline, outputs)]
     if post.kind == "mask":
         return {"mask": argmax_mask(output, post)}
+    if post.kind == "boxes":
+        return {"boxes": detections(output, post)}
+    if post.kind == "ctc":
+        return {"text": ctc_greedy(output, post)}
+    if post.kind == "embedding":
+        mask_name = pipeline.text.input_names.get("attention_mask", "attention_mask")
+        mask = (feeds or {}).get(mask_name)
+        return {"embedding": embedding(output, post, mask)}
     return {"labels": top_classes(output, post)}

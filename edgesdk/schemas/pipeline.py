@@ -1,16 +1,19 @@
 """Pipeline: the pre- and post-processing that turns raw bytes into a model's tensors and its
 outputs into a task result, declared in the signed manifest (``BundleManifest.pipeline``).
 
-Shared by the host (``edgesdk package --pipeline``) and the device (``agent/pipeline/``), so
+Shared by the host (``edgesdk package --pipeline``) and the device, which both run the steps
+of ``edgesdk/pipeline/``, so
 both read one schema. Declarative, like TFLite Metadata's ImageProperties or MediaPipe Tasks'
 options: the agent runs a fixed, documented order of steps, never code from the bundle.
 
 Image steps, always in this order (each optional): decode (JPEG/PNG) → colour (RGB, BGR or L)
 → resize → center crop → ``x * scale`` → ``(x - mean) / std`` per channel → layout → the model
 input's dtype (quantized with the input's own scale/zero point when it is int8/uint8).
-Post steps: activation (softmax/sigmoid) → top-k with labels and a threshold, or an argmax mask.
-
-Not yet (refused here with one line): audio and text inputs, box decoding/NMS, CTC decoding.
+Audio steps, in this order: decode (WAV: PCM 16/32-bit or float32; or raw 16-bit PCM at a
+declared rate) → mono downmix → resample → pad/trim → framing + window, or log-mel.
+Text: ``{"text": ...}`` → a ``tokenizer.json`` → input_ids, attention_mask, token_type_ids.
+Post steps: activation (softmax/sigmoid) → top-k with labels and a threshold; an argmax mask;
+box decoding with class-aware NMS; greedy CTC with a vocabulary; a pooled, normalised embedding.
 """
 
 from __future__ import annotations
@@ -30,15 +33,6 @@ DEFAULT_MAX_PIXELS = 16_000_000
 MAX_LABELS = 100_000
 
 Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
-
-_NOT_YET_INPUTS = {"audio", "wav", "pcm", "text", "tokens"}
-_NOT_YET_POST = {"boxes", "nms", "detections", "ctc", "text"}
-
-
-def _not_yet(kind: str, value: object, supported: str) -> ValueError:
-    return ValueError(
-        f"{kind} {value!r} is not supported yet (supported: {supported}); see docs/bundle-format.md, 'Pipeline'"
-    )
 
 
 class Resize(Schema):
@@ -90,10 +84,105 @@ class ImagePre(Schema):
         return self
 
 
-class PostProcess(Schema):
-    """Turn one model output into the task result: labels and scores, or a class mask."""
+#: Largest audio a pipeline may allow, in PCM bytes (frames × channels × sample width), and
+#: the default: both checked on the WAV header's declared size before a sample is read.
+MAX_AUDIO_BYTES_CAP = 256 * 1024 * 1024
+DEFAULT_MAX_AUDIO_BYTES = 16 * 1024 * 1024
+#: A tokenizer.json rides in the signed manifest (≤ 1 MiB in all, edgesdk/bundle/container.py).
+MAX_TOKENIZER_CHARS = 900_000
 
-    kind: Literal["classes", "mask"] = "classes"
+
+class RawPcm(Schema):
+    """What ``audio/pcm`` bodies are: little-endian 16-bit samples at this declared rate."""
+
+    rate: int = Field(ge=1000, le=384_000)
+    channels: int = Field(1, ge=1, le=16)
+
+
+class Framing(Schema):
+    """Cut the waveform into ``length``-sample frames every ``hop`` samples, each windowed."""
+
+    length: int = Field(ge=1, le=1_048_576)
+    hop: int = Field(ge=1, le=1_048_576)
+    window: Literal["none", "hann", "hamming"] = "none"
+
+
+class LogMel(Schema):
+    """Log-mel spectrogram: a periodic-Hann STFT of ``n_fft`` samples every ``hop``, power 2,
+    triangular filters on the HTK mel scale (not area-normalised), ``ln(mel + log_offset)``.
+    Frames are not padded (no ``center``): ``1 + (samples - n_fft) // hop`` of them."""
+
+    n_fft: int = Field(400, ge=16, le=16384)
+    hop: int = Field(160, ge=1, le=16384)
+    n_mels: int = Field(80, ge=1, le=512)
+    fmin: float = Field(0.0, ge=0)
+    fmax: float | None = Field(None, gt=0, description="default: half the sample rate")
+    log_offset: float = Field(1e-6, gt=0)
+    layout: Literal["frames_mels", "mels_frames"] = "frames_mels"
+
+    @model_validator(mode="after")
+    def _band(self) -> LogMel:
+        if self.fmax is not None and self.fmax <= self.fmin:
+            raise ValueError(f"fmax {self.fmax} must be above fmin {self.fmin}")
+        return self
+
+
+class AudioPre(Schema):
+    """Decode WAV (PCM 16/32-bit, float32) or raw PCM and make the model's input from it:
+    downmix to mono → resample → pad/trim → framing or log-mel (or the waveform as it is)."""
+
+    sample_rate: int = Field(16000, ge=1000, le=384_000, description="the rate the model takes")
+    pcm: RawPcm | None = Field(None, description="accept audio/pcm bodies, declared so")
+    length: int | None = Field(None, ge=1, le=100_000_000, description="pad with zeros or trim to this many samples")
+    framing: Framing | None = None
+    log_mel: LogMel | None = None
+    max_bytes: int = Field(
+        DEFAULT_MAX_AUDIO_BYTES,
+        ge=1,
+        le=MAX_AUDIO_BYTES_CAP,
+        description="audio declaring more PCM bytes (frames × channels × width) is refused before reading",
+    )
+
+    @model_validator(mode="after")
+    def _one_feature(self) -> AudioPre:
+        if self.framing is not None and self.log_mel is not None:
+            raise ValueError("framing and log_mel are two ways to frame the waveform: name one")
+        if self.log_mel is not None and self.log_mel.fmax is not None and self.log_mel.fmax > self.sample_rate / 2:
+            raise ValueError(f"log_mel.fmax {self.log_mel.fmax} is above half the sample rate {self.sample_rate}")
+        return self
+
+
+class TextPre(Schema):
+    """``{"text": ...}`` through a Hugging Face ``tokenizer.json`` into ids, mask and token types."""
+
+    tokenizer: str | None = Field(
+        None, max_length=MAX_TOKENIZER_CHARS, description="the tokenizer.json (packaged with --tokenizer)"
+    )
+    max_length: int = Field(128, ge=1, le=8192, description="tokens kept (truncated beyond)")
+    pad_to_max_length: bool = Field(False, description="pad to max_length (for a model with a fixed sequence)")
+    max_chars: int = Field(20_000, ge=1, le=1_000_000, description="longer texts are refused (413)")
+    input_names: dict[Literal["input_ids", "attention_mask", "token_type_ids"], str] = Field(
+        default_factory=dict, description="the model input each tensor feeds, where its name differs"
+    )
+
+
+class BoxDecode(Schema):
+    """A detector's (1, N, 4 [+ 1 objectness] + C) output (or (1, 4 + C, N) with ``transposed``)
+    → boxes: score threshold, then class-aware non-maximum suppression."""
+
+    format: Literal["xyxy", "cxcywh"] = "xyxy"
+    transposed: bool = False
+    objectness: bool = Field(False, description="a score column before the classes (YOLOv5): score = obj × class")
+    score_threshold: float = Field(0.25, ge=0, le=1)
+    iou_threshold: float = Field(0.45, gt=0, le=1)
+    max_detections: int = Field(100, ge=1, le=10_000)
+
+
+class PostProcess(Schema):
+    """Turn the model outputs into the task result: labels and scores, a class mask, boxes,
+    greedy-CTC text or an embedding."""
+
+    kind: Literal["classes", "mask", "boxes", "ctc", "embedding"] = "classes"
     output: str | None = Field(None, description="the model output to read (default: the first)")
     activation: Literal["none", "softmax", "sigmoid"] = "none"
     top_k: int = Field(5, ge=1, le=1000)
@@ -102,33 +191,54 @@ class PostProcess(Schema):
         None, max_length=MAX_LABELS, description="class names by index (the labels file packaged with the bundle)"
     )
     mask_layout: Literal["NCHW", "NHWC"] = Field("NCHW", description="where the class axis is in a mask output")
+    boxes: BoxDecode = Field(default_factory=BoxDecode)
+    vocabulary: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=MAX_LABELS, description="CTC tokens by index (the vocabulary file packaged with the bundle)"
+    )
+    blank: int = Field(0, ge=0, description="the CTC blank's index")
+    pool: Literal["none", "mean", "cls"] = Field("none", description="embedding: pool a (1, T, D) output over tokens")
+    normalize: bool = Field(True, description="embedding: L2-normalise")
 
-    @field_validator("kind", mode="before")
-    @classmethod
-    def _kind_known(cls, kind: object) -> object:
-        if isinstance(kind, str) and kind in _NOT_YET_POST:
-            raise _not_yet("post kind", kind, "classes, mask")
-        return kind
+    @model_validator(mode="after")
+    def _ctc_vocabulary(self) -> PostProcess:
+        if self.kind == "ctc" and not self.vocabulary:
+            raise ValueError("a ctc post step needs its vocabulary (packaged with --vocabulary, one token a line)")
+        if self.vocabulary is not None and self.blank >= len(self.vocabulary):
+            raise ValueError(f"blank {self.blank} is outside the vocabulary of {len(self.vocabulary)} tokens")
+        return self
 
 
 class Pipeline(Schema):
     """The whole pipeline: one input decoder, its steps, one post-processing."""
 
-    input: Literal["image"] = "image"
+    input: Literal["image", "audio", "text"] = "image"
     image: ImagePre = Field(default_factory=ImagePre)
+    audio: AudioPre = Field(default_factory=AudioPre)
+    text: TextPre = Field(default_factory=TextPre)
+    constants: dict[Annotated[str, Field(max_length=256)], float] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="the model's other inputs, each filled with this value (a recurrent state's 0, a sample rate)",
+    )
     post: PostProcess = Field(default_factory=PostProcess)
 
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input_known(cls, value: object) -> object:
-        if isinstance(value, str) and value in _NOT_YET_INPUTS:
-            raise _not_yet("input", value, "image")
-        return value
+    @model_validator(mode="after")
+    def _text_has_tokenizer(self) -> Pipeline:
+        if self.input == "text" and self.text.tokenizer is None:
+            raise ValueError("a text pipeline needs its tokenizer (packaged with --tokenizer tokenizer.json)")
+        return self
 
 
-def load_pipeline(path: str | Path, labels: str | Path | None = None) -> Pipeline:
-    """Read a pipeline file (YAML or JSON) and, if given, a labels file (one label a line)
-    into ``post.labels``; any problem is one ``SchemaError``/``UsageError`` line naming the file."""
+def load_pipeline(
+    path: str | Path,
+    labels: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    vocabulary: str | Path | None = None,
+) -> Pipeline:
+    """Read a pipeline file (YAML or JSON) and, if given, a labels file (one label a line) into
+    ``post.labels``, a ``tokenizer.json`` into ``text.tokenizer`` and a CTC vocabulary file (one
+    token a line) into ``post.vocabulary``; any problem is one ``SchemaError``/``UsageError``
+    line naming the file."""
     import yaml
 
     from edgesdk.errors import UsageError
@@ -145,23 +255,60 @@ def load_pipeline(path: str | Path, labels: str | Path | None = None) -> Pipelin
             f"--pipeline {source}: must be a mapping with input, image and post, got {type(data).__name__}"
         )
     if labels is not None:
-        post = data.setdefault("post", {})
-        if not isinstance(post, dict):
-            raise UsageError(f"--pipeline {source}: field 'post' must be a mapping")
-        post["labels"] = read_labels(Path(labels))
+        _section(data, "post", source)["labels"] = read_labels(Path(labels))
+    if vocabulary is not None:
+        _section(data, "post", source)["vocabulary"] = read_labels(Path(vocabulary), option="--vocabulary")
+    if tokenizer is not None:
+        _section(data, "text", source)["tokenizer"] = read_tokenizer(Path(tokenizer))
     return Pipeline.parse_obj_clear(data, source=str(source))
 
 
-def read_labels(path: Path) -> list[str]:
-    """A labels file: one class name a line, by class index (blank lines at the end ignored)."""
+def _section(data: dict[str, object], name: str, source: Path) -> dict[str, object]:
+    from edgesdk.errors import UsageError
+
+    section = data.setdefault(name, {})
+    if not isinstance(section, dict):
+        raise UsageError(f"--pipeline {source}: field {name!r} must be a mapping")
+    return section
+
+
+def read_tokenizer(path: Path) -> str:
+    """A Hugging Face ``tokenizer.json``, checked by loading it, compacted for the manifest."""
+    import json
+
+    from edgesdk.errors import UsageError
+
+    try:
+        text = json.dumps(json.loads(path.read_text(encoding="utf-8")), separators=(",", ":"), ensure_ascii=False)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"--tokenizer {path}: cannot read it as JSON ({exc})") from None
+    try:
+        from tokenizers import Tokenizer
+
+        Tokenizer.from_str(text)
+    except ImportError:
+        pass  # checked again where it runs; packaging needs no tokenizers
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own untyped Exception
+        raise UsageError(f"--tokenizer {path}: not a tokenizers tokenizer.json ({exc})") from None
+    if len(text) > MAX_TOKENIZER_CHARS:
+        raise UsageError(
+            f"--tokenizer {path}: {len(text)} characters compacted; a bundle carries at most {MAX_TOKENIZER_CHARS}"
+        )
+    return text
+
+
+def read_labels(path: Path, option: str = "--labels") -> list[str]:
+    """A labels (or vocabulary) file: one name a line, by index (blank lines at the end ignored)."""
     from edgesdk.errors import UsageError
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--labels {path}: cannot read it as UTF-8 text ({exc})") from None
+        raise UsageError(f"{option} {path}: cannot read it as UTF-8 text ({exc})") from None
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
-        raise UsageError(f"--labels {path}: no labels in it (one class name a line)")
+        raise UsageError(f"{option} {path}: nothing in it (one name a line)")
+    if option == "--vocabulary":  # a token may be a space: keep it, drop only the line ending
+        return lines
     return [line.strip() for line in lines]

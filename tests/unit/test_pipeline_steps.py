@@ -31,11 +31,15 @@ def _photo(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
-def test_pipeline_schema_refuses_not_yet_inputs_and_bad_steps_in_one_line() -> None:
-    with pytest.raises(SchemaError, match=r"field 'input'.*'audio' is not supported yet"):
-        Pipeline.parse_obj_clear({"input": "audio"}, source="p.yaml")
-    with pytest.raises(SchemaError, match=r"field 'post.kind'.*'boxes' is not supported yet"):
-        Pipeline.parse_obj_clear({"post": {"kind": "boxes"}}, source="p.yaml")
+def test_pipeline_schema_refuses_unknown_inputs_and_bad_steps_in_one_line() -> None:
+    with pytest.raises(SchemaError, match=r"field 'input'.*'image', 'audio' or 'text' \(got 'video'\)"):
+        Pipeline.parse_obj_clear({"input": "video"}, source="p.yaml")
+    with pytest.raises(SchemaError, match=r"field 'post.kind'.*'embedding' \(got 'nms'\)"):
+        Pipeline.parse_obj_clear({"post": {"kind": "nms"}}, source="p.yaml")
+    with pytest.raises(SchemaError, match=r"a text pipeline needs its tokenizer \(packaged with --tokenizer"):
+        Pipeline.parse_obj_clear({"input": "text"}, source="p.yaml")
+    with pytest.raises(SchemaError, match=r"framing and log_mel .*: name one"):
+        Pipeline.parse_obj_clear({"audio": {"framing": {"length": 4, "hop": 4}, "log_mel": {}}}, source="p.yaml")
     with pytest.raises(SchemaError, match=r"field 'image.std'.*non-zero"):
         Pipeline.parse_obj_clear({"image": {"std": [1, 0, 1]}}, source="p.yaml")
     with pytest.raises(SchemaError, match=r"mean has 2 values; color RGB needs 1 or 3"):
@@ -84,7 +88,7 @@ def test_package_command_refuses_a_bad_pipeline_file_in_one_line(tmp_path) -> No
     import subprocess
     import sys
 
-    (tmp_path / "pipeline.yaml").write_text("input: audio\n")
+    (tmp_path / "pipeline.yaml").write_text("input: video\n")
     base = [sys.executable, "-m", "edgesdk.cli.main", "package", str(tmp_path), "--name", "m", "--version", "1.0.0"]
     base += ["--publisher-key", "p.key", "--recipient", "d.pub", "--out", str(tmp_path / "o.edgepkg")]
     bad_field = subprocess.run(
@@ -92,7 +96,7 @@ def test_package_command_refuses_a_bad_pipeline_file_in_one_line(tmp_path) -> No
     )
     assert bad_field.returncode == 1
     assert bad_field.stderr.strip().count("\n") == 0 and "Traceback" not in bad_field.stderr
-    assert "field 'input'" in bad_field.stderr and "'audio' is not supported yet" in bad_field.stderr
+    assert "field 'input'" in bad_field.stderr and "(got 'video')" in bad_field.stderr
     missing = subprocess.run(
         [*base, "--pipeline", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=60
     )
