@@ -37,6 +37,7 @@ from edgesdk.agent.model_set import ModelEntry, ModelSet
 from edgesdk.agent.model_stores import ModelStores, NamedModelStore
 from edgesdk.agent.profiling import SavedMeasurements
 from edgesdk.agent.serving import ModelServer
+from edgesdk.agent.shadow.wiring import attach as attach_shadow
 from edgesdk.agent.sideload import Sideload
 from edgesdk.agent.status import AgentStatus
 
@@ -141,6 +142,7 @@ class Agent:
             open_bundles=self._open_bundles,
             ota_hooks=ota_hooks,
         )
+        attach_shadow(self.fleet, self.models)  # each updater's probation shadow: free budget, governor pressure
         self.loader = InstalledModelLoader(
             config,
             self.profile,

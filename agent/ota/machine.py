@@ -67,8 +67,9 @@ class UpdateTarget(Protocol):
 
     def probation(
         self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
-    ) -> None:
-        """Watch health until the window ends; raise ProbationFailed on a breach."""
+    ) -> str | None:
+        """Watch health until the window ends; raise ProbationFailed on a breach. Returns what
+        passed (the figures), or None."""
         ...
 
     def commit(self, deployment: Deployment) -> None:
@@ -296,9 +297,9 @@ class UpdateMachine:
                 f"(max_restarts {deployment.health.max_restarts})"
             )
         started = self.record.probation_started or _now()
-        self.target.probation(deployment, started, self.record.restarts, self._cancel.is_set)
+        summary = self.target.probation(deployment, started, self.record.restarts, self._cancel.is_set)
         self._check_cancel()
-        return "probation passed"
+        return summary or "probation passed"
 
     def _roll_back(self, deployment: Deployment) -> str:
         self.target.rollback(self.record.activated_slot)

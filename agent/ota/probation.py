@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from edgesdk.agent.ota.machine import ProbationFailed, UpdateCancelled
@@ -23,6 +23,9 @@ from edgesdk.agent.ota.smoke import score
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.schemas.messages import HealthCriteria
+
+if TYPE_CHECKING:
+    from edgesdk.agent.shadow.check import ShadowCheck
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class ProbationMonitor:
         probe_interval_s: float = 0.25,
         check_interval_s: float = 0.1,
         clock: Callable[[], float] = time.time,
+        shadow: ShadowCheck | None = None,
     ) -> None:
         self.server = server
         self.model_name = model_name
@@ -91,6 +95,8 @@ class ProbationMonitor:
         self.clock = clock
         self.probes = 0
         self.drift_scores: list[float] = []
+        # The previous release run beside on sampled live requests (agent/shadow): min_agreement.
+        self.shadow = shadow
 
     def watch(self, health: HealthCriteria, started: datetime, cancelled: Callable[[], bool]) -> str:
         """Return a summary when the window passes; raise ProbationFailed on a breach."""
@@ -107,17 +113,33 @@ class ProbationMonitor:
                     next_probe = now + self.probe_interval_s
                 self._judge(health, tap)
                 if now >= end:
-                    requests, errors, p95 = tap.figures()
-                    return f"probation passed: {requests} requests, {errors} errors, p95 {_ms(p95)}"
+                    return self._passed(tap)
                 time.sleep(min(self.check_interval_s, max(0.0, end - now)))
         finally:
             tap.uninstall()
+
+    def _passed(self, tap: HealthTap) -> str:
+        """The window is over: the shadow's final word, then the line that says what passed."""
+        shadow = self.shadow
+        breach = shadow.breach(final=True) if shadow is not None else None
+        if breach is not None:
+            raise ProbationFailed(breach)
+        requests, errors, p95 = tap.figures()
+        line = f"probation passed: {requests} requests, {errors} errors, p95 {_ms(p95)}"
+        return f"{line}; {shadow.summary()}" if shadow is not None else line
 
     def _probe(self) -> None:
         """One golden row through the real serving path; its latency and errors land in the tap."""
         if self.golden is None:
             return
-        inputs, expected, metric = self.golden
+        if self.shadow is not None:
+            with self.shadow.quiet():  # a probe is not live traffic: never shadowed
+                self._probe_once(self.golden)
+        else:
+            self._probe_once(self.golden)
+
+    def _probe_once(self, golden: tuple[dict[str, np.ndarray], dict[str, np.ndarray], str]) -> None:
+        inputs, expected, metric = golden
         self.probes += 1
         rows = {v.shape[0] if v.ndim else 0 for v in inputs.values()}
         if len(rows) == 1 and min(rows) > 1:
@@ -156,6 +178,9 @@ class ProbationMonitor:
             drift = self.drift(self.golden[2])
             if drift is not None and len(self.drift_scores) >= 3 and drift > health.max_output_drift:
                 raise ProbationFailed(f"output drift {drift:.4f} > max_output_drift {health.max_output_drift}")
+        breach = self.shadow.breach(final=False) if self.shadow is not None else None
+        if breach is not None:
+            raise ProbationFailed(breach)
 
 
 def _epoch(moment: datetime) -> float:

@@ -83,6 +83,9 @@ class AgentUpdateTarget:
         # is then a reference switch (well under a second), not a decrypt-and-load.
         self._previous_model: Any = None
         self._golden: tuple[dict[str, Any], dict[str, Any], str] | None = None
+        self._manifest: Any = None  # the activated bundle's: the shadow's per-output metrics
+        # Free memory budget and governor pressure for the probation's shadow (agent/shadow/wiring.py).
+        self.shadow_device: Any = None
         self.chunk_window = 4
         #: Counters of the MQTT downloads so far (diagnostics, tests, benchmarks).
         self.download_stats: dict[str, int] = {"requests": 0, "rerequests": 0, "bad_chunks": 0}
@@ -225,6 +228,7 @@ class AgentUpdateTarget:
 
     def _load_golden(self, opener: BundleOpener, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
         """Golden inputs/outputs for probation probes (in memory only)."""
+        self._manifest = verified.manifest
         golden = opener.golden(verified)
         if not golden:
             return None
@@ -243,9 +247,7 @@ class AgentUpdateTarget:
             store.activate(slot)
             opener.serve(server, verified)  # raises with the old model still serving
 
-    def probation(
-        self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]
-    ) -> None:
+    def probation(self, deployment: Deployment, started: datetime, restarts: int, cancelled: Callable[[], bool]) -> str:
         server = self.serving
         serving = server.model
         if serving is None:
@@ -267,9 +269,37 @@ class AgentUpdateTarget:
                         self._golden = self._load_golden(opener, verified)
             except EdgeSDKError as exc:
                 log.warning("probation runs without golden probes: %s", exc)
-        monitor = ProbationMonitor(server, server.model.name, self._golden)
-        summary = monitor.watch(deployment.health, started, cancelled)
+        shadow = self._start_shadow(deployment)
+        try:
+            monitor = ProbationMonitor(server, server.model.name, self._golden, shadow=shadow)
+            summary = monitor.watch(deployment.health, started, cancelled)
+        finally:
+            shadow.stop()  # before any rollback serves the previous model again
         log.info("%s", summary)
+        return summary
+
+    def _start_shadow(self, deployment: Deployment) -> Any:
+        """The previous release beside the new one on sampled live requests (agent/shadow)."""
+        from edgesdk.agent.shadow.start import start_shadow
+
+        def verify_and_load(fits: Callable[[Any], str | None], reference: Any) -> str | None:
+            slot = self.slots.previous_slot
+            with self._opener() as opener:
+                verified = self._verify(opener, self.slots.bundle_path(slot), installed_release=None)
+                why_not = fits(verified.manifest)  # the memory budget, before anything is decrypted
+                if why_not is None:
+                    opener.serve(reference, verified)
+                return why_not
+
+        return start_shadow(
+            deployment.health,
+            self.serving,
+            self._manifest,
+            previous=self._previous_model,
+            slots=self.slots,
+            verify_and_load=verify_and_load,
+            device=self.shadow_device,
+        )
 
     def commit(self, deployment: Deployment) -> None:
         store = self.slots
@@ -278,6 +308,7 @@ class AgentUpdateTarget:
             store.commit()
         self._previous_model = None
         self._golden = None
+        self._manifest = None
 
     def rollback(self, activated_slot: str | None) -> None:
         store = self.slots

@@ -36,6 +36,8 @@ class RolloutArgs:
     probation: str
     p95_ms: float | None
     max_error_rate: str
+    min_agreement: str | None
+    shadow_rate: str | None
     wave_timeout: str | None
     artifact_urls: tuple[str, ...]
     mqtt_fallback: bool
@@ -124,10 +126,16 @@ class RolloutArgs:
         from edgesdk.fleet.rollout import parse_percent
         from edgesdk.schemas.messages import HealthCriteria
 
+        shadow_rate = parse_percent(self.shadow_rate, option="--shadow-rate") if self.shadow_rate else None
+        minimum = parse_fraction(self.min_agreement, option="--min-agreement") if self.min_agreement else None
+        if minimum is not None and shadow_rate == 0:
+            raise UsageError("--min-agreement needs a --shadow-rate above 0% (no request would be compared)")
         return HealthCriteria(
             probation_s=plan.probation_s,
             p95_latency_ms=self.p95_ms,
             max_error_rate=parse_percent(self.max_error_rate, option="--max-error-rate"),
+            min_agreement=minimum,
+            shadow_rate=shadow_rate,
         )
 
     def api_body(self) -> dict[str, Any]:
@@ -147,6 +155,8 @@ class RolloutArgs:
             "probation_s": plan.probation_s,
             "p95_ms": health.p95_latency_ms,
             "max_error_rate": health.max_error_rate,
+            "min_agreement": health.min_agreement,
+            "shadow_rate": health.shadow_rate,
             "wave_timeout_s": plan.wave_timeout_s,
             "expires_s": plan.command_ttl_s,
             "chunk_size": self.chunk_size,
@@ -157,6 +167,21 @@ class RolloutArgs:
             "window_tz": self.window_tz,
         }
         return {k: v for k, v in body.items() if v is not None}
+
+
+def parse_fraction(text: str, *, option: str) -> float:
+    """``"0.95"`` or ``"95%"`` → 0.95; UsageError naming the option and value otherwise."""
+    from edgesdk.fleet.rollout import parse_percent
+
+    if text.strip().endswith("%"):
+        return parse_percent(text, option=option)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise UsageError(f"bad {option} {text!r}: expected a fraction between 0 and 1 or a percentage, e.g. 0.95")
+    return value
 
 
 def bounded_duration(text: str, *, option: str) -> float:
@@ -209,6 +234,17 @@ _OPTIONS = [
     click.option("--probation", default="10m", show_default=True, help="How long a device watches the new model."),
     click.option("--p95-ms", type=float, default=None, help="p95 latency SLO during probation (ms)."),
     click.option("--max-error-rate", default="1%", show_default=True, help="Error rate allowed during probation."),
+    click.option(
+        "--min-agreement",
+        default=None,
+        help="Roll a device back when, in probation, the lower 95%% bound of its new model's agreement with the "
+        "previous release on sampled live requests is below this (0..1 or a percentage, e.g. 0.95).",
+    ),
+    click.option(
+        "--shadow-rate",
+        default=None,
+        help="Share of live requests also run on the previous release during probation (default 10%%; 0%% = off).",
+    ),
     click.option(
         "--wave-timeout",
         default=None,

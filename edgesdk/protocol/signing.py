@@ -42,6 +42,8 @@ def canonical_json(deployment: Deployment) -> bytes:
     for name, default in _LATER_FIELDS.items():
         if data.get(name) == default:
             del data[name]
+    for name in _unset_health_fields(deployment):
+        del data["health"][name]
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -71,7 +73,15 @@ def trusted_key_map(trusted: Any) -> dict[str, Ed25519PublicKey]:
 
 def command_payload(deployment: Deployment) -> bytes:
     """The bytes a command is published as (and its digest is taken of)."""
-    return deployment.model_dump_json().encode()
+    # Health fields newer than a device's agent are left out when unused: its schema forbids them.
+    unset = _unset_health_fields(deployment)
+    return deployment.model_dump_json(exclude={"health": unset} if unset else None).encode()
+
+
+def _unset_health_fields(command: Deployment) -> set[str]:
+    """Health fields newer than the first signed format at their default (a re-provision has no health)."""
+    health = getattr(command, "health", None)
+    return health.later_fields_unset() if health is not None else set()
 
 
 def command_digest(payload: bytes) -> str:

@@ -162,6 +162,28 @@ class HealthCriteria(Schema):
     p95_latency_ms: float | None = Field(None, gt=0, le=MAX_P95_LATENCY_MS)
     max_restarts: int = Field(2, ge=0)
     max_output_drift: float | None = Field(None, ge=0)
+    # Issue 41: the previous release runs beside the new one on a sampled share of live requests
+    # (docs/ota.md, "Shadow agreement"). Both are left out of the wire and signed bytes at None,
+    # so a deployment that does not use them is byte for byte what older devices parse and verify.
+    min_agreement: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="roll back when the lower bound of the agreement with the previous release is below",
+    )
+    shadow_rate: float | None = Field(
+        None, ge=0, le=1, description="share of live requests also run on the previous release; None: 0.1"
+    )
+
+    @model_validator(mode="after")
+    def _shadow_to_check(self) -> HealthCriteria:
+        if self.min_agreement is not None and self.shadow_rate == 0:
+            raise ValueError("min_agreement needs a shadow_rate above 0 (no request would be compared)")
+        return self
+
+    def later_fields_unset(self) -> set[str]:
+        """Fields newer than the first signed format that are at their default (left out on the wire)."""
+        return {name for name in ("min_agreement", "shadow_rate") if getattr(self, name) is None}
 
 
 #: Deployment messages before version 2 carried no freshness or audience fields. They still

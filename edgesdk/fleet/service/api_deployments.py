@@ -134,7 +134,11 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
                 group=body.group,
                 deployment_id=body.deployment_id,
                 health=HealthCriteria(
-                    probation_s=body.probation_s, p95_latency_ms=body.p95_ms, max_error_rate=body.max_error_rate
+                    probation_s=body.probation_s,
+                    p95_latency_ms=body.p95_ms,
+                    max_error_rate=body.max_error_rate,
+                    min_agreement=body.min_agreement,
+                    shadow_rate=body.shadow_rate,
                 ),
                 chunk_size=body.chunk_size,
                 artifact_urls=body.artifact_urls,

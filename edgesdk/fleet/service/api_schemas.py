@@ -43,6 +43,10 @@ class DeploymentCreate(_Body):
     probation_s: float = Field(600.0, ge=0, le=MAX_PROBATION_S)
     p95_ms: float | None = Field(None, gt=0, le=MAX_P95_LATENCY_MS, description="p95 latency SLO during probation")
     max_error_rate: float = Field(0.01, ge=0, le=1)
+    min_agreement: float | None = Field(
+        None, ge=0, le=1, description="roll back below this lower bound of agreement with the previous release"
+    )
+    shadow_rate: float | None = Field(None, ge=0, le=1, description="share of live requests shadowed; default 0.1")
     wave_timeout_s: float | None = Field(None, gt=0, le=MAX_WAVE_TIMEOUT_S)
     expires_s: float = Field(
         6 * 3600.0,
@@ -66,6 +70,8 @@ class DeploymentCreate(_Body):
             raise ValueError("give exactly one of devices, group, target_filter or where")
         if self.waves != sorted(self.waves) or self.waves[-1] != 1.0 or any(not 0 < w <= 1 for w in self.waves):
             raise ValueError(f"waves {self.waves} must rise and end at 1.0")
+        if self.min_agreement is not None and self.shadow_rate == 0:
+            raise ValueError("min_agreement needs a shadow_rate above 0 (no request would be compared)")
         return self
 
 

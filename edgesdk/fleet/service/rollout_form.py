@@ -25,6 +25,7 @@ DEFAULTS = {
     "max_failures": "0%",
     "probation_s": "600",
     "p95_ms": "",
+    "min_agreement": "",
 }
 
 
@@ -72,6 +73,8 @@ def plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list
         raise FieldError("waves", f"waves {waves_text!r} must rise and end at 100%")
     probation = _seconds_or_ms(fields, "probation_s", "probation")
     p95 = _seconds_or_ms(fields, "p95_ms", "p95 SLO")
+    agreement = fields.get("min_agreement", "").strip()  # shadow agreement with the previous release (docs/ota.md)
+    minimum = _percent(fields, "min_agreement", "min agreement", agreement) if agreement else None
     try:
         plan = RolloutPlan(
             canary=_percent(fields, "canary", "canary"),
@@ -79,7 +82,7 @@ def plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list
             max_failures=_percent(fields, "max_failures", "max failures"),
             probation_s=probation or 0.0,
         )
-        health = HealthCriteria(probation_s=probation or 0.0, p95_latency_ms=p95)
+        health = HealthCriteria(probation_s=probation or 0.0, p95_latency_ms=p95, min_agreement=minimum)
     except FieldError:
         raise
     except ValueError as exc:  # the models' own bounds (pydantic's ValidationError is one)
@@ -133,5 +136,6 @@ def rollout_form(
         + text("max_failures", "max failures")
         + text("probation_s", "probation s", "number", " min=0")
         + text("p95_ms", "p95 SLO ms")
+        + text("min_agreement", "min agreement %")
         + "<button type=submit id=start-rollout>Start</button></form></section>"
     )
