@@ -118,6 +118,21 @@ def test_embedded_developer_ships_a_prebuilt_tflite_as_is_and_serves_it(tmp_path
 
 
 @pytest.mark.needs_agent_extra
+def test_embedded_developer_validates_a_pipeline_against_their_function_and_sends_a_jpeg(
+    tmp_path: Path, digits
+) -> None:
+    pytest.importorskip("PIL", reason="the pipeline's decoder needs Pillow (pip install 'edgesdk[pipeline]')")
+    out = tmp_path / "out"
+    script = EXAMPLES / "embedded_developer" / "classifier_pipeline.sh"
+    proc = run_example(script, str(out), env=example_env(DIGITS_DIR=str(digits.directory)), timeout=300)
+    assert proc.stdout.count("end to end: task top-1 label agreement") >= 2, proc.stdout
+    assert "SAME LABEL" in proc.stdout, proc.stdout
+    report = json.loads((out / "convert" / "report.json").read_text())
+    assert report["end_to_end"]["files"] == 40
+    assert all(v["task_accuracy"]["passed"] for v in report["variants"])
+
+
+@pytest.mark.needs_agent_extra
 def test_embedded_developer_streams_a_stateful_model_through_a_real_agent(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("openvino", reason="the example builds OpenVINO variants too (edgesdk[convert-openvino])")
