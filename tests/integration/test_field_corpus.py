@@ -9,6 +9,7 @@ docs/field-corpus.md, made by the same script.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -55,6 +56,10 @@ def test_the_field_corpus_subset_ships_each_fp32_with_a_figure_per_output_and_re
             got = {a["output"]: a["metric"] for a in variant["outputs"]}
             assert got == wanted, (row["model"], variant["id"], got)
             assert all(a["passed"] for a in variant["outputs"]), variant
+        # Each dropped variant is named by its id: a bare "fp16: ..." hid which format's fp16 missed.
+        assert row["rejected"], row
+        for reason in row["rejected"]:
+            assert re.match(r"(onnx|tflite|openvino|coreml)-(fp32|fp16|bf16|int8|int4): ", reason), reason
         assert not row["cached"]
     second = _run(*SUBSET, "--cache", str(tmp_path))
     assert second.returncode == 0, second.stderr
