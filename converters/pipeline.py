@@ -36,6 +36,7 @@ from edgesdk.converters.statistics import check_disjoint, minimum_samples_senten
 from edgesdk.converters.toolchain_errors import one_line
 from edgesdk.converters.validate import DEFAULT_GATES, Metric, ValidationResult, choose_metric, validate_numeric
 
+from edgesdk.drift.profile import write_profile
 from edgesdk.errors import AccuracyGateError, BudgetError, ConversionError, EdgeSDKError, UnsupportedOpError, UsageError
 from edgesdk.offline import disable_vendor_telemetry
 from edgesdk.quality.output_metrics import OutputMetric, requested_metrics, resolve
@@ -752,6 +753,8 @@ def _write(
         )
     golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
     np.savez_compressed(staging / "golden.npz", **golden)  # type: ignore[arg-type]
+    # The drift reference the device compares its traffic with (issue 41), signed in by `edgesdk package`.
+    write_profile(staging, run.data, run.reference, classify=run.metric == "top1", plain=run.source.layout.is_plain)
     report = ConversionReport(
         model_name=run.source.name,
         source=run.source.source,

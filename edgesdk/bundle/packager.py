@@ -30,6 +30,7 @@ from edgesdk.bundle.container import (
 )
 from edgesdk.bundle.key_slots import new_content_key, wrap_content_key
 from edgesdk.bundle.stream_aead import PAYLOAD_SALT_SIZE, derive_payload_key, encrypt_segments
+from edgesdk.drift.schema import MAX_PROFILE_BYTES, PROFILE_FILE, ReferenceProfile
 from edgesdk.errors import BundleFormatError, SchemaError, UsageError
 from edgesdk.keys import key_id, key_id_bytes, load_device_public_key, load_publisher_private_key
 from edgesdk.schemas.manifest import (
@@ -299,6 +300,7 @@ def package_bundle(
                 golden=golden,
                 downgrade=downgrade,
                 pipeline=pipeline,
+                reference=_reference_profile(root),
                 encryption=BundleEncryption(segment_size=segment_size, key_slots=slots, payloads=locations),
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -324,6 +326,17 @@ def package_bundle(
         for leftover in (spool_path, partial_path):
             leftover.unlink(missing_ok=True)
     return out_path
+
+
+def _reference_profile(root: Path) -> ReferenceProfile | None:
+    """The convert dir's reference profile (drift on the device, issue 41), if it wrote one."""
+    path = root / PROFILE_FILE
+    if not path.exists():
+        return None
+    _inside(root, PROFILE_FILE, what="reference profile")
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_PROFILE_BYTES:
+        raise UsageError(f"{path}: not a regular file of at most {MAX_PROFILE_BYTES} bytes; re-run edgesdk convert")
+    return ReferenceProfile.parse_json_clear(path.read_bytes(), source=str(path))
 
 
 def _first_line(exc: Exception) -> str:

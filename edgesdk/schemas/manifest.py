@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from edgesdk.drift.schema import ReferenceProfile
 from edgesdk.schemas.base import SCHEMA_VERSION, Schema
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
 from edgesdk.schemas.pipeline import Pipeline
@@ -225,6 +226,9 @@ class BundleManifest(Schema):
     )
     pipeline: Pipeline | None = Field(
         None, description="pre/post-processing for POST /v1/models/{name}/predict, signed with the model"
+    )
+    reference: ReferenceProfile | None = Field(
+        None, description="the validation data's profile the device measures drift against (edgesdk.drift)"
     )
 
     @model_validator(mode="after")

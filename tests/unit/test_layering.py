@@ -51,6 +51,7 @@ PART_OF: dict[str, str] = {
             "edgesdk.bundle",
             "edgesdk.console",
             "edgesdk.device_profiles",
+            "edgesdk.drift",
             "edgesdk.errors",
             "edgesdk.firmware_images",
             "edgesdk.hashing",
