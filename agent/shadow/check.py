@@ -74,7 +74,8 @@ class ShadowCheck:
         worst = self.runner.agreement.worst(self.minimum)
         if worst is None:
             return f"shadow agreement n/a ({self.runner.counts()})"
-        return f"shadow agreement {worst.sentence()} ({self._which(worst)}; {self.runner.counts()})"
+        figure = worst.sentence().removesuffix(")")  # one parenthesis: the bound, what, the counts
+        return f"shadow agreement {figure}; {self._which(worst)}; {self.runner.counts()})"
 
     def _which(self, worst: OutputAgreement) -> str:
         against = f" against release {self.reference_release}" if self.reference_release is not None else ""

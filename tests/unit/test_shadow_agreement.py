@@ -99,8 +99,10 @@ def test_shadow_agreement_that_holds_passes_and_the_passed_line_says_so() -> Non
     check = check_after(agreeing=MIN_SHADOW_SAMPLES, total=MIN_SHADOW_SAMPLES, minimum=0.9)
     assert check.breach(final=True) is None  # Wilson lower bound 30/30 = 0.917 ≥ 0.9
     summary = check.summary()
-    assert summary.startswith("shadow agreement 1.00 (lower bound 0.92 over 30 requests)"), summary
-    assert "30 compared of 30 requests at rate 1" in summary
+    assert summary == (
+        "shadow agreement 1.00 (lower bound 0.92 over 30 requests; logits: top1 against release 1; "
+        "30 compared of 30 requests at rate 1)"
+    )
 
 
 def test_shadow_agreement_too_few_samples_fails_closed_only_at_the_end() -> None:
