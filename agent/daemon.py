@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.config import check_configured_files
 from edgesdk.agent.device_identity import find_or_make_device_key, open_security_state
+from edgesdk.agent.drift.monitor import watch_drift
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.fleet_connection import FleetConnection
 from edgesdk.agent.governor.runner import Governor
@@ -126,6 +127,7 @@ class Agent:
             pins=self.pins,
         )
         self.metrics.attach_models(self.models)
+        self.drift = watch_drift(self.models, self.events, self.metrics)  # issue 41: drift in telemetry
         self._governors_running = False
         # The link and each model's updater (agent/fleet_connection.py), made and started in serve().
         self.fleet = FleetConnection(

@@ -43,7 +43,7 @@ from edgesdk.mqtt.queue import MessageQueue
 from edgesdk.protocol import topics
 from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.base import Schema
-from edgesdk.schemas.messages import Event, Presence, RunningModel, Telemetry
+from edgesdk.schemas.messages import Event, ModelQuality, Presence, RunningModel, Telemetry
 
 log = logging.getLogger("edgesdk.agent.link")
 
@@ -303,6 +303,7 @@ class AgentLink:
             if count:
                 errors[kind] = count
         snapshot["errors"] = errors
+        _add_quality(snapshot, getattr(self.telemetry, "quality_reports", dict)())
         telemetry = Telemetry(device_id=self.device_id, msg_id=uuid.uuid4().hex, seq=seq, ts=_now(), **snapshot)
         return telemetry.model_dump_json().encode()
 
@@ -404,3 +405,13 @@ class AgentLink:
                 except Exception:  # noqa: BLE001 - a handler bug must not stop the link
                     self.inbound.handler_errors += 1
                     log.exception("handler for %s failed", topic)
+
+
+def _add_quality(snapshot: dict[str, Any], reports: dict[str, ModelQuality]) -> None:
+    """Each model's drift and data-quality figures into its entry, the default's at the top level."""
+    if not reports:
+        return
+    for entry in snapshot.get("models") or []:
+        entry["quality"] = reports.get(entry["model"].name)
+    default = snapshot.get("model")
+    snapshot["quality"] = reports.get(default.name) if default is not None else None

@@ -38,7 +38,7 @@ from edgesdk.agent.ports import GovernorReadout, ModelsReadout, OutboxGauge, Ser
 
 from edgesdk.errors import AgentError
 from edgesdk.schemas.measurements import DeviceMeasurements
-from edgesdk.schemas.messages import RunningModel
+from edgesdk.schemas.messages import ModelQuality, RunningModel
 
 log = logging.getLogger("edgesdk.agent.metrics")
 
@@ -248,6 +248,7 @@ class Metrics:
         self.inline_batched = 0
         self.outbox: OutboxGauge | None = None
         self.models: ModelsReadout | None = None  # every model of the device (attach_models)
+        self._quality: Callable[[], dict[str, ModelQuality]] | None = None  # attach_quality
         self.started = time.monotonic()
         self._process: Any = None
         try:
@@ -263,6 +264,15 @@ class Metrics:
         if self.outbox is not None and self.outbox is not outbox:
             raise AgentError("metrics already report an MQTT outbox; one agent has one link")
         self.outbox = outbox
+
+    def attach_quality(self, reports: Callable[[], dict[str, ModelQuality]]) -> None:
+        """Take each telemetry report's drift and data-quality figures from ``reports`` (agent/drift/)."""
+        self._quality = reports
+
+    def quality_reports(self) -> dict[str, ModelQuality]:
+        """Each model's ``ModelQuality`` since the last call, by name: the MQTT link calls it once
+        per telemetry message (each call starts a new window, so nothing else may)."""
+        return self._quality() if self._quality is not None else {}
 
     def attach_models(self, models: ModelsReadout) -> None:
         """Report each model of the device (telemetry ``models``, the ``edgesdk_agent_model_*`` series)."""

@@ -17,6 +17,7 @@ import queue
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,8 +27,17 @@ from edgesdk.errors import InferenceInputError
 log = logging.getLogger("edgesdk.agent.nonfinite")
 
 
+#: Requests refused for NaN/Inf, by input name, since the agent started (``ModelQuality.nonfinite``
+#: reads it per model, agent/drift/). Refusals are rare: a lock costs nothing that matters.
+REFUSED: Counter[str] = Counter()
+_REFUSED_LOCK = threading.Lock()
+
+
 def nonfinite_error(name: str) -> InferenceInputError:
-    """The error for a float input holding NaN or Inf: the same whether scanned before or during the run."""
+    """The error for a float input holding NaN or Inf: the same whether scanned before or during the run.
+    Every refusal makes one, so it is counted here."""
+    with _REFUSED_LOCK:
+        REFUSED[name] += 1
     return InferenceInputError(
         f"input {name!r}: contains NaN or Inf (refused: the agent's api.allow_nonfinite is false)"
     )

@@ -1,0 +1,154 @@
+"""The drift tap: every answered request of every model is counted into that model's window
+(:mod:`edgesdk.agent.drift.window`), and each telemetry report takes the windows' figures.
+
+The reference profile is the one signed into the manifest of the bundle a model is serving
+from: read from the installed slot's bundle file (the manifest is not encrypted, and the file's
+front is the one verified when the slot was staged: its hash is checked again here). A model
+whose bundle has no profile still reports its counts, with ``reference=False``.
+
+Cost: the tap runs on the thread that answered, after the answer (ModelServer.taps). When a
+model answers more than :data:`MAX_SAMPLED_RPS` requests a second, 1 in N is counted (N set at
+each report from the last window's rate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.drift.window import ModelWindow
+from edgesdk.agent.nonfinite import REFUSED
+
+from edgesdk.drift.schema import ReferenceProfile
+from edgesdk.errors import EdgeSDKError
+from edgesdk.schemas.messages import ModelQuality
+
+log = logging.getLogger("edgesdk.agent.drift")
+
+#: Requests counted per second and model before the tap samples 1 in N (~0.1 ms each for a
+#: 224x224x3 image: at most ~1 % of one core).
+MAX_SAMPLED_RPS = 100.0
+
+
+def installed_reference(store: Any, bundle_sha256: str | None) -> ReferenceProfile | None:
+    """The reference profile in the manifest of the store's slot holding bundle ``bundle_sha256``."""
+    from edgesdk.bundle.reader import open_bundle_file, read_front
+    from edgesdk.schemas.manifest import BundleManifest
+
+    for slot in ("a", "b"):
+        info = store.slot_info(slot)
+        if bundle_sha256 and info and info.get("sha256") == bundle_sha256:
+            path = store.bundle_path(slot)
+            with open_bundle_file(path) as handle:
+                front = read_front(handle, source=str(path))
+            digest = hashlib.sha256(front.header.raw + front.manifest_bytes + front.signature).hexdigest()
+            if info.get("front_sha256") not in (None, digest):
+                raise EdgeSDKError(f"{path}: header and manifest changed since the slot was staged")
+            return BundleManifest.parse_json_clear(front.manifest_bytes, source=str(path)).reference
+    return None
+
+
+class _Sampled:
+    """A model's window with its 1-in-N sampling."""
+
+    def __init__(self, window: ModelWindow, inputs: list[str]) -> None:
+        self.window = window
+        self.inputs = inputs  # its input names, to read the NaN/Inf refusals by
+        self.refused = sum(REFUSED[name] for name in inputs)
+        self.every = 1
+        self.seen = itertools.count()
+
+    def refused_since(self) -> int:
+        now = sum(REFUSED[name] for name in self.inputs)
+        delta, self.refused = now - self.refused, now
+        return delta
+
+
+class DriftMonitor:
+    """One per agent: the tap of each model's server, and the telemetry's quality figures."""
+
+    def __init__(self, models: Any) -> None:
+        self.models = models  # agent/model_set.py's ModelSet
+        self._models: dict[str, _Sampled] = {}
+        self._lock = threading.Lock()  # making a model's window; counting takes the window's own
+
+    def attach(self, server: Any) -> None:
+        """Count every answer of ``server`` (its model's and nothing else); once per server."""
+        if self.tap not in server.taps:
+            server.taps.append(self.tap)
+
+    def on_event(self, name: str, detail: dict[str, Any]) -> None:
+        """A model (re)loaded: watch its server, and read its bundle's reference again."""
+        if name != "model_loaded" or not isinstance(detail.get("model"), str):
+            return
+        try:
+            self.attach(self.models.entry(detail["model"]).server)
+        except EdgeSDKError:
+            return
+        with self._lock:
+            self._models.pop(detail["model"], None)
+
+    def tap(
+        self, model_name: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], variant_id: str
+    ) -> None:
+        sampled = self._models.get(model_name) or self._start(model_name)
+        if sampled is not None and next(sampled.seen) % sampled.every == 0:
+            sampled.window.add(feeds, outputs)
+
+    def reports(self) -> dict[str, ModelQuality]:
+        """Each serving model's figures since the last call (telemetry calls it once a report)."""
+        found: dict[str, ModelQuality] = {}
+        for entry in self.models.entries():
+            served = entry.server.model
+            if served is None:
+                continue
+            sampled = self._models.get(entry.name)
+            if sampled is None or sampled.window.key != served.bundle_sha256:
+                sampled = self._start(entry.name)  # a new bundle: a new reference, counts from now
+            if sampled is None:
+                continue
+            quality = sampled.window.report(refused_nonfinite=sampled.refused_since())
+            rate = quality.samples * sampled.every / max(quality.window_s, 1e-3)
+            sampled.every = max(1, math.ceil(rate / MAX_SAMPLED_RPS))
+            found[entry.name] = quality
+        return found
+
+    def _start(self, name: str) -> _Sampled | None:
+        with self._lock:
+            try:
+                entry = self.models.entry(name)
+            except EdgeSDKError:
+                return None
+            served = entry.server.model
+            if served is None:
+                return None
+            current = self._models.get(name)
+            if current is not None and current.window.key == served.bundle_sha256:
+                return current
+            try:
+                profile = installed_reference(entry.store, served.bundle_sha256)
+            except (EdgeSDKError, OSError) as exc:
+                log.warning("model %s: its reference profile is not readable (%s); counts only", name, exc)
+                profile = None
+            inputs = [slot.name for slot in served.signature.inputs]
+            sampled = _Sampled(ModelWindow(profile, key=served.bundle_sha256), inputs)
+            self._models[name] = sampled
+            return sampled
+
+
+def watch_drift(models: Any, events: Any, metrics: Any) -> DriftMonitor:
+    """The agent's drift monitor: on the default model's server now, on each other model's when it
+    loads, its figures in every telemetry report (agent/daemon.py calls this once)."""
+    monitor = DriftMonitor(models)
+    monitor.attach(models.default_server)
+    for entry in models.entries():
+        monitor.attach(entry.server)
+    events.subscribe(monitor.on_event)
+    metrics.attach_quality(monitor.reports)
+    return monitor

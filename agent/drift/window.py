@@ -1,0 +1,149 @@
+"""One model's live counts since its last telemetry report, over its reference profile's bins.
+
+Counting is the whole live summary: each histogram of the reference keeps an integer count per
+bin (no sketch: the bins are fixed by the reference, so PSI and Jensen-Shannon over them are
+exact; BENCHMARKS.md compares this with KLL and t-digest). A large tensor is read with a fixed
+stride, at most :data:`VALUES_PER_CHANNEL` values per channel per request; its min and max (the
+out-of-range and constant checks) are taken over every value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from edgesdk.drift.profile import channels, confidences
+from edgesdk.drift.schema import ReferenceProfile, TensorProfile
+from edgesdk.drift.scores import bin_counts, closed_edges, js_distance, psi
+from edgesdk.schemas.messages import DriftScore, ModelQuality
+
+#: Values per channel counted per request (a fixed stride beyond it): 2,048 keeps a 224x224x3
+#: image at ~0.1 ms (BENCHMARKS.md) and is plenty for 10 bins.
+VALUES_PER_CHANNEL = 2048
+#: A histogram is scored only once the window counted this many values per bin, a class
+#: distribution this many answers per class: fewer make a noisy PSI out of an unchanged stream.
+PER_BIN = 5
+
+
+class _TensorCounts:
+    """The counts of one tensor: one array per reference histogram, class and confidence counts."""
+
+    def __init__(self, profile: TensorProfile) -> None:
+        self.profile = profile
+        self.edges = [closed_edges(h.edges) for h in profile.histograms]
+        self.counts = [np.zeros(len(e) + 1, dtype=np.int64) for e in self.edges]
+        self.classes = np.zeros(len(profile.classes), dtype=np.int64) if profile.classes else None
+        self.confidence_edges = closed_edges(profile.confidence.edges) if profile.confidence else None
+        self.confidence = np.zeros(len(profile.confidence.edges) + 1, dtype=np.int64) if profile.confidence else None
+
+    def measure(self, value: np.ndarray) -> list[np.ndarray] | None:
+        """This request's counts (computed outside the lock); None when the shape does not fit."""
+        profile = self.profile
+        axis = profile.channel_axis if value.ndim == profile.ndim else None
+        if axis is None and len(self.edges) > 1:
+            return None
+        parts = channels(value, axis)
+        counted = []
+        for edges, part in zip(self.edges, parts, strict=True):
+            stride = max(1, part.size // VALUES_PER_CHANNEL)
+            counted.append(bin_counts(edges, part[::stride]))
+        if self.classes is not None and value.ndim == 2 and value.shape[1] == len(self.classes):
+            counted.append(np.bincount(value.argmax(axis=1), minlength=len(self.classes)))
+            assert self.confidence_edges is not None
+            counted.append(bin_counts(self.confidence_edges, confidences(value, profile.softmax)))
+        return counted
+
+    def add(self, counted: list[np.ndarray]) -> None:
+        for mine, more in zip(self.counts, counted, strict=False):
+            mine += more
+        if len(counted) > len(self.counts) and self.classes is not None and self.confidence is not None:
+            self.classes += counted[-2]
+            self.confidence += counted[-1]
+
+    def score(self) -> DriftScore | None:
+        """The worst channel's PSI and JS (and the class and confidence distributions'), or None
+        before anything was counted."""
+        profile = self.profile
+        candidates = list(zip([h.shares for h in profile.histograms], self.counts, strict=True))
+        if self.classes is not None and profile.classes:
+            candidates.append((profile.classes, self.classes))
+        if self.confidence is not None and profile.confidence:
+            candidates.append((profile.confidence.shares, self.confidence))
+        pairs = [(ref, live) for ref, live in candidates if live.sum() >= PER_BIN * len(live)]
+        if not pairs:
+            return None
+        return DriftScore(
+            psi=round(max(psi(ref, live) for ref, live in pairs), 4),
+            js=round(max(js_distance(ref, live) for ref, live in pairs), 4),
+        )
+
+
+class ModelWindow:
+    """What one model's answers looked like since the last report (thread-safe)."""
+
+    def __init__(self, profile: ReferenceProfile | None, key: object = None) -> None:
+        self.profile = profile
+        self.key = key  # the bundle this profile came from
+        self._lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        profile = self.profile
+        self.started = time.monotonic()
+        self.samples = self.nonfinite = self.out_of_range = self.constant = 0
+        self.inputs = {n: _TensorCounts(t) for n, t in (profile.inputs if profile else {}).items()}
+        self.outputs = {n: _TensorCounts(t) for n, t in (profile.outputs if profile else {}).items()}
+
+    def add(self, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
+        """Count one answered request."""
+        nonfinite = out_of_range = constant = False
+        counted: list[tuple[_TensorCounts, list[np.ndarray]]] = []
+        for name, value in feeds.items():
+            array = np.asarray(value)
+            if array.size == 0:
+                continue
+            low, high = array.min(), array.max()
+            constant |= bool(low == high) and array.size > 1
+            if array.dtype.kind == "f" and not (np.isfinite(low) and np.isfinite(high)):
+                nonfinite = True  # answered: the agent's api.allow_nonfinite is on
+                continue
+            counts = self.inputs.get(name)
+            if counts is not None:
+                out_of_range |= bool(low < counts.profile.min or high > counts.profile.max)
+                measured = counts.measure(array)
+                if measured is not None:
+                    counted.append((counts, measured))
+        for name, value in outputs.items():
+            counts = self.outputs.get(name)
+            if counts is not None:
+                measured = counts.measure(np.asarray(value))
+                if measured is not None:
+                    counted.append((counts, measured))
+        with self._lock:
+            self.samples += 1
+            self.nonfinite += nonfinite
+            self.out_of_range += out_of_range
+            self.constant += constant
+            for counts, measured in counted:
+                counts.add(measured)
+
+    def report(self, refused_nonfinite: int = 0) -> ModelQuality:
+        """This window's figures; the window starts again empty."""
+        with self._lock:
+            inputs = {n: s for n, c in self.inputs.items() if (s := c.score()) is not None}
+            outputs = {n: s for n, c in self.outputs.items() if (s := c.score()) is not None}
+            quality = ModelQuality(
+                samples=self.samples,
+                window_s=round(time.monotonic() - self.started, 3),
+                reference=self.profile is not None,
+                inputs=inputs,
+                outputs=outputs,
+                nonfinite=self.nonfinite + refused_nonfinite,
+                out_of_range=self.out_of_range,
+                constant=self.constant,
+            )
+            self._reset()
+        return quality
