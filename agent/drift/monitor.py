@@ -80,8 +80,11 @@ class DriftMonitor:
 
     def attach(self, server: Any) -> None:
         """Count every answer of ``server`` (its model's and nothing else); once per server."""
-        if self.tap not in server.taps:
-            server.taps.append(self.tap)
+        taps = getattr(server, "taps", None)
+        if taps is None:  # a server without taps (the API hands it no answers): nothing to count
+            return
+        if self.tap not in taps:
+            taps.append(self.tap)
 
     def on_event(self, name: str, detail: dict[str, Any]) -> None:
         """A model (re)loaded: watch its server, and read its bundle's reference again."""
