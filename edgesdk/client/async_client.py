@@ -10,6 +10,7 @@ that first used it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,9 @@ class AsyncAgentClient:
         call = wire.infer_call(model, inputs)
         return wire.read_outputs(self.endpoint, call, await self._send(call))
 
-    async def predict(self, model: str, image: str | Path | bytes) -> dict[str, Any] | bytes:
-        """``model``'s bundled pipeline on one JPEG or PNG: labels and scores, or a mask's PNG."""
-        call = wire.predict_call(model, image)
+    async def predict(self, model: str, data: str | Path | bytes | Mapping[str, Any]) -> dict[str, Any] | bytes:
+        """``model``'s bundled pipeline on one JPEG, PNG, WAV or ``{"text": ...}``: the task result, or a mask's PNG."""
+        call = wire.predict_call(model, data)
         return wire.read_prediction(self.endpoint, call, await self._send(call))
 
     async def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:

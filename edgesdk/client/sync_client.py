@@ -12,6 +12,7 @@ import http.client
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,11 @@ class AgentClient:
         call = wire.infer_call(model, inputs)
         return wire.read_outputs(self.endpoint, call, self._send(call))
 
-    def predict(self, model: str, image: str | Path | bytes) -> dict[str, Any] | bytes:
-        """Run ``model``'s bundled pipeline on one JPEG or PNG (a path or its bytes): the task
-        result, ``{"labels": [{"label", "index", "score"}, ...], ...}``, or a mask's PNG bytes."""
-        call = wire.predict_call(model, image)
+    def predict(self, model: str, data: str | Path | bytes | Mapping[str, Any]) -> dict[str, Any] | bytes:
+        """Run ``model``'s bundled pipeline on one input: a JPEG, PNG or WAV (a path or its bytes)
+        or ``{"text": "..."}``. The task result (``{"labels": [...]}``, ``{"boxes": [...]}``,
+        ``{"text": ...}``, ``{"embedding": [...]}``, ...), or a mask's PNG bytes."""
+        call = wire.predict_call(model, data)
         return wire.read_prediction(self.endpoint, call, self._send(call))
 
     def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:

@@ -262,22 +262,35 @@ def not_ready(where: Endpoint, timeout: float, last: str) -> AgentTimeoutError:
 _IMAGE_MAGIC = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"))
 
 
-def predict_call(model: str, image: str | Path | bytes) -> Call:
-    """The request that runs ``model``'s bundled pipeline on one JPEG or PNG (a path or its bytes)."""
-    data = image if isinstance(image, (bytes, bytearray, memoryview)) else _read_image(Path(image))
-    data = bytes(data)
-    media = next((kind for magic, kind in _IMAGE_MAGIC if data.startswith(magic)), None)
+def predict_call(model: str, data: str | Path | bytes | Mapping[str, Any]) -> Call:
+    """The request that runs ``model``'s bundled pipeline on one input: a JPEG, PNG or WAV (a
+    path or its bytes), or a text pipeline's JSON (``{"text": "..."}``, a mapping)."""
+    if isinstance(data, Mapping):
+        body = json.dumps(dict(data), ensure_ascii=False).encode()
+        media: str | None = "application/json"
+    else:
+        raw = data if isinstance(data, (bytes, bytearray, memoryview)) else _read_image(Path(data))
+        body = bytes(raw)
+        media = _media_of(body)
     if media is None:
-        raise UsageError(f"predict takes a JPEG or PNG image; these {len(data)} bytes are neither")
+        raise UsageError(
+            f'predict takes a JPEG, PNG or WAV file, or {{"text": ...}}; these {len(body)} bytes are none of them'
+        )
     headers = {"Content-Type": media, "Accept": "application/json, image/png"}
-    return Call("POST", f"/v1/models/{quote(model, safe='')}/predict", headers, [data], len(data))
+    return Call("POST", f"/v1/models/{quote(model, safe='')}/predict", headers, [body], len(body))
+
+
+def _media_of(data: bytes) -> str | None:
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "audio/wav"
+    return next((kind for magic, kind in _IMAGE_MAGIC if data.startswith(magic)), None)
 
 
 def _read_image(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read image {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def read_prediction(where: Endpoint, call: Call, answer: Answer) -> dict[str, Any] | bytes:
