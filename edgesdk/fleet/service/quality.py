@@ -222,9 +222,13 @@ def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
     """The drift and data-quality conditions the shipped Prometheus rules raise, read from the
     stored reports: PSI over ``DRIFT_PSI`` in every report for ``DRIFT_FOR_S``; a share of NaN/Inf
     or out-of-range requests over the last ``QUALITY_WINDOW_S`` above its threshold."""
+    latest = latest_quality(db)
+    return _drift_alerts(db, latest, now) + _share_alerts(db, latest, now)
+
+
+def _drift_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
     q = schema.model_quality
     found: list[QualityAlert] = []
-    latest = latest_quality(db)
     for row in latest:
         tensors = row.tensors()
         if not tensors:
@@ -235,6 +239,11 @@ def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
         since = _run_start(db, row, sa.not_(q.c.worst_psi > DRIFT_PSI) | q.c.worst_psi.is_(None))
         if now - since >= DRIFT_FOR_S:
             found.append(QualityAlert("model_drift", row.device_id, row.model, psi, since, f"{direction} {tensor}"))
+    return found
+
+
+def _share_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
+    q = schema.model_quality
     known = {(r.device_id, r.model): r for r in latest}
     windows = db.execute(
         sa.select(
@@ -247,18 +256,18 @@ def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
         .where(q.c.ts >= now - QUALITY_WINDOW_S)
         .group_by(q.c.device_id, q.c.model_name)
     ).all()
+    found: list[QualityAlert] = []
     for w in windows:
-        seen = int(w.samples or 0) + int(w.nonfinite or 0)
+        seen = int(w.samples or 0) + int(w.nonfinite or 0)  # a refused request is not sketched
         newest = known.get((w.device_id, w.model_name))
         if newest is None or seen == 0:
             continue
-        for kind, count, threshold in (
-            ("model_nonfinite", w.nonfinite, NONFINITE_SHARE),
-            ("model_out_of_range", w.out_of_range, OUT_OF_RANGE_SHARE),
+        for kind, column, threshold in (
+            ("model_nonfinite", q.c.nonfinite, NONFINITE_SHARE),
+            ("model_out_of_range", q.c.out_of_range, OUT_OF_RANGE_SHARE),
         ):
-            share = int(count or 0) / seen
+            share = int(getattr(w, column.name) or 0) / seen
             if share > threshold:
-                column = q.c.nonfinite if kind == "model_nonfinite" else q.c.out_of_range
                 found.append(QualityAlert(kind, w.device_id, w.model_name, share, _run_start(db, newest, column == 0)))
     return found
 
