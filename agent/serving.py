@@ -311,8 +311,11 @@ class ModelServer:
         self.count_error = count_error or _noop_error
         self.batching = batching or BatchingConfig()
         self.switch_count = 0
-        self._model: ServedModel | None = None
-        self._running: RunningModel | None = None  # _model described; changes with it, under _change_lock
+        #: The model serving now (None: none loaded). Read-only outside this class: ``serve``,
+        #: ``swap`` and ``unload`` replace it in one assignment (a request takes it once). A plain
+        #: attribute, not a property: the prepared route compares it on every answer.
+        self.model: ServedModel | None = None
+        self._running: RunningModel | None = None  # model described; changes with it, under _change_lock
         self._change_lock = threading.Lock()  # one swap/switch at a time; infer never takes it
         # Scans large float inputs for NaN/Inf while the model runs (see infer_with_variant).
         self.scans: ScanThread = shared_scan_thread()
@@ -472,7 +475,7 @@ class ModelServer:
         for v in ladder:
             v.takes_public_feeds = v.accepts_unadapted(signature)
         with self._change_lock:
-            old = self._model
+            old = self.model
             active = ladder[0]
             if start_variant is not None:
                 active = next((v for v in ladder if v.id == start_variant), active)
@@ -491,7 +494,7 @@ class ModelServer:
             model.pipeline = pipeline
             model.batcher = self._batcher_for(model)
             running = model.running()  # built first: a bad hash fails here with the old model serving
-            self._model = model  # the switch: one reference assignment
+            self.model = model  # the switch: one reference assignment
             self._running = running
         log.info(
             "serving %s %s (release %d), variants %s, active %s",
@@ -528,7 +531,7 @@ class ModelServer:
     def unload(self) -> None:
         """Stop serving (requests in flight finish on what they hold)."""
         with self._change_lock:
-            self._model = None
+            self.model = None
             self._running = None
 
     # -- switching ----------------------------------------------------------------------------
@@ -561,19 +564,15 @@ class ModelServer:
 
     # -- inference ----------------------------------------------------------------------------
 
-    @property
-    def model(self) -> ServedModel | None:
-        return self._model
-
     def _require_model(self) -> ServedModel:
-        model = self._model
+        model = self.model
         if model is None:
             raise NoModelError("no model is loaded (install a bundle with 'edge-agent install FILE.edgepkg')")
         return model
 
     def get_model(self, model_name: str) -> ServedModel:
         """The served model called ``model_name`` (this server's or another model's); ModelNotFoundError otherwise."""
-        model = self._model
+        model = self.model
         if model is not None and model.name == model_name:
             return model
         others = self.others
@@ -591,7 +590,7 @@ class ModelServer:
 
     def infer_with_variant(self, model_name: str, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
         """Like ``infer``; also returns the id of the variant that ran."""
-        model = self._model
+        model = self.model
         if model is None or model.name != model_name:
             other = self.others.get(model_name)
             if other is not None:
@@ -699,7 +698,7 @@ class ModelServer:
     def describe_models(self) -> list[dict[str, Any]]:
         """This server's model, then the device's other models."""
         others = [described for other in self.others.values() for described in other.describe_models()]
-        model = self._model
+        model = self.model
         if model is None:
             return others
         return [
@@ -717,7 +716,7 @@ class ModelServer:
 
     def describe_variant_choices(self) -> list[dict[str, Any]]:
         """Every variant of the served bundle: loaded (and active), or why it is not."""
-        model = self._model
+        model = self.model
         if model is None:
             return []
         return [c.describe(model.active.id) for c in model.choices]

@@ -32,8 +32,8 @@ from urllib.parse import parse_qs
 import numpy as np
 import orjson
 from edgesdk.agent.api import tensor_json
+from edgesdk.agent.api.answer import dumps
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
-from edgesdk.agent.api.http import dumps
 from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.tensor_signature import Signature
 

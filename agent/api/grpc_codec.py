@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.api import open_inference_v2_pb2 as pb
+from edgesdk.agent.api.answer import Answer
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import DecodeError
-from edgesdk.agent.api.http import Request, Response
 from edgesdk.agent.api.open_inference import (
     InferRequest,
     ModelRoute,
@@ -141,17 +141,17 @@ def encode_grpc_response(
     return response.SerializeToString()
 
 
-def answer_grpc_infer(server: ModelServer, request: Request, message: pb.ModelInferRequest) -> Response:
-    """``ModelInfer`` as an ``ApiApp`` answer: the serialized response in a 200, or the errors
-    ``ApiApp`` turns into status codes (``grpc_server`` maps those to gRPC codes)."""
+def answer_grpc_infer(server: ModelServer, message: pb.ModelInferRequest, allowance: Allowance | None) -> Answer:
+    """``ModelInfer``'s work for the scheduler: the serialized ``ModelInferResponse`` as the
+    answer's body; raises the errors refusal.py answers (with their gRPC codes)."""
     model = served_model(server, ModelRoute("infer", message.model_name, message.model_version or None))
-    infer_request = decode_grpc_request(message, model.signature, request.allowance)
+    infer_request = decode_grpc_request(message, model.signature, allowance)
     outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
     body = encode_grpc_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
-    response = Response(200, body, content_type="application/grpc")
+    answer = Answer(body, "application/grpc")
     if server.taps:
-        response.served = (model.name, infer_request.feeds, outputs, variant)
-    return response
+        answer.served = (model.name, infer_request.feeds, outputs, variant)
+    return answer
 
 
 def model_metadata_message(model: ServedModel) -> pb.ModelMetadataResponse:

@@ -4,7 +4,7 @@ Off unless ``api.grpc.enabled``; needs the ``grpc`` extra (grpcio, protobuf), im
 then, so a device without it never loads grpc. RPCs: ServerLive, ServerReady, ServerMetadata,
 ModelReady, ModelMetadata, ModelInfer (others: UNIMPLEMENTED, from grpc itself).
 
-It is a second front door to the same house: every ModelInfer goes through ``ApiApp``'s
+It is a second front door to the same house: every ModelInfer goes through the ``Scheduler``'s
 admission control (``max_concurrency`` + ``max_queue``, the inline fast path, the pool, the
 ``request_timeout_s`` deadline) and the same ``ModelServer`` path as ``/v1`` and ``/v2`` over
 HTTP; tensors are decoded by the same functions as ``/v2`` (``grpc_codec``). The limits are
@@ -33,24 +33,28 @@ thread per request admission control can hold, created as they are needed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from edgesdk.agent.api import grpc_codec
 from edgesdk.agent.api import open_inference_v2_pb2 as pb
-from edgesdk.agent.api.app import ApiApp
+from edgesdk.agent.api.answer import Answer
 from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget
 from edgesdk.agent.api.codec import DecodeError
-from edgesdk.agent.api.http import Request
 from edgesdk.agent.api.open_inference import ModelRoute, served_model
-from edgesdk.agent.api.refusal import Refusal, refusal_of
+from edgesdk.agent.api.refusal import ErrorAnswer
+from edgesdk.agent.api.scheduler import Scheduler
 from edgesdk.agent.serving import ModelNotFoundError, NoModelError
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from edgesdk.errors import AgentError
+
+if TYPE_CHECKING:
+    from edgesdk.agent.api.app import ApiApp
 
 log = logging.getLogger("edgesdk.agent.api")
 
@@ -60,7 +64,7 @@ SERVICE = "inference.GRPCInferenceService"
 _EXTRA_RPCS = 8
 
 
-def _abort(context: grpc.ServicerContext, refusal: Refusal) -> NoReturn:
+def _abort(context: grpc.ServicerContext, refusal: ErrorAnswer) -> NoReturn:
     """End the RPC with the error's own gRPC code and message (agent/api/refusal.py)."""
     context.abort(getattr(grpc.StatusCode, refusal.grpc_status), refusal.message)
     raise AssertionError("grpc's abort returned")  # it raises; this tells the type checker
@@ -69,10 +73,10 @@ def _abort(context: grpc.ServicerContext, refusal: Refusal) -> NoReturn:
 class GrpcInferenceService:
     """The RPC handlers (plain methods: ``handlers`` wires them to grpc)."""
 
-    def __init__(self, app: ApiApp, budget: InflightBytesBudget, max_decoded_bytes: int) -> None:
-        self.app = app
-        self.server = app.server
-        self.metrics = app.metrics
+    def __init__(self, scheduler: Scheduler, budget: InflightBytesBudget, max_decoded_bytes: int) -> None:
+        self.scheduler = scheduler
+        self.server = scheduler.server
+        self.metrics = scheduler.metrics
         self.budget = budget
         self.max_decoded_bytes = max_decoded_bytes
 
@@ -106,10 +110,7 @@ class GrpcInferenceService:
 
     def _refuse(self, context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
         """``exc`` counted and answered as its class says (agent/api/refusal.py)."""
-        refusal = refusal_of(exc, "gRPC")
-        if refusal.error_kind is not None:
-            self.metrics.count_error(refusal.error_kind)
-        _abort(context, refusal)
+        _abort(context, self.scheduler.refuse(exc, "gRPC"))
 
     def model_infer(self, message_bytes: bytes, context: grpc.ServicerContext) -> bytes:
         allowance = Allowance(self.budget, self.max_decoded_bytes)
@@ -128,13 +129,15 @@ class GrpcInferenceService:
                 message = pb.ModelInferRequest.FromString(message_bytes)
             except ProtobufDecodeError as exc:
                 self._refuse(context, DecodeError(f"not a ModelInferRequest message: {exc}"))
-            request = Request("POST", f"grpc ModelInfer {message.model_name}", "", {}, message_bytes, True, allowance)
-            response = self.app.infer_from_thread(request, grpc_codec.answer_grpc_infer, message)
+            work = functools.partial(grpc_codec.answer_grpc_infer, self.server, message, allowance)
+            outcome = self.scheduler.submit_from_thread(
+                work, size=len(message_bytes), where=f"gRPC ModelInfer {message.model_name}"
+            )
         finally:
             allowance.release()
-        if response.refusal is not None:  # counted by the app already
-            _abort(context, response.refusal)
-        return response.body
+        if type(outcome) is not Answer:  # counted by the scheduler already
+            _abort(context, outcome)
+        return outcome.body
 
     def handlers(self) -> grpc.GenericRpcHandler:
         def unary(method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
@@ -165,8 +168,9 @@ class GrpcServer:
     def __init__(
         self, app: ApiApp, budget: InflightBytesBudget, *, max_message_bytes: int, max_decoded_bytes: int
     ) -> None:
-        self.service = GrpcInferenceService(app, budget, max_decoded_bytes)
-        capacity = app.capacity + _EXTRA_RPCS
+        # The HTTP app only lends its scheduler: the same admission control for both transports.
+        self.service = GrpcInferenceService(app.scheduler, budget, max_decoded_bytes)
+        capacity = app.scheduler.capacity + _EXTRA_RPCS
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="grpc"),
             handlers=[self.service.handlers()],

@@ -43,7 +43,6 @@ and an inference answers later from a thread-pool future without a task per requ
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import logging
 import os
@@ -56,6 +55,7 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
+from edgesdk.agent.api.answer import dumps
 from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 
 from edgesdk.errors import AgentError
@@ -134,11 +134,6 @@ class Response:
     #: More header lines, formatted already (``Name: value\r\n`` each), sent after ``headers``:
     #: for answers whose headers repeat (a prepared route's), formatted once, not per answer.
     head_lines: str = ""
-    #: (model name, feeds, outputs, variant id) of the inference it answers, set only while the
-    #: server has taps (``ModelServer.taps``): the app calls them once the answer is sent.
-    served: tuple[str, Any, Any, str] | None = None
-    #: The error it answers, transport-neutral (``refusal.Refusal``), for the gRPC adapter.
-    refusal: Any = None
 
 
 @dataclass(slots=True)
@@ -944,22 +939,6 @@ def _counted_client(peername: Any) -> str | None:
     if address.is_loopback or (mapped is not None and mapped.is_loopback):
         return None
     return host
-
-
-def _jsonable(value: Any) -> Any:
-    # What orjson does not serialize itself: numpy arrays it refuses (not C-contiguous, a dtype
-    # it lacks), numpy scalars and the like; anything else fails as the stdlib json would.
-    tolist = getattr(value, "tolist", None)
-    if tolist is not None:
-        return tolist()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-#: ``dumps(payload)``: JSON text of an API document, numpy arrays natively (float32 stays
-#: float32). A partial, not a function: no Python frame for each answer.
-dumps: Callable[[Any], bytes] = functools.partial(
-    orjson.dumps, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=_jsonable
-)
 
 
 def json_response(status: int, payload: Any, headers: list[tuple[str, str]] | None = None) -> Response:

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from edgesdk.agent.api.answer import Answer, dumps
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape, parse_json
-from edgesdk.agent.api.http import Request, Response, dumps, json_response
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
@@ -371,7 +371,7 @@ def requested_output(name: Any, parameters: Mapping[str, Any], index: int, signa
 
 def encode_infer_response(
     request: InferRequest, outputs: Mapping[str, np.ndarray], *, model: str, version: str, variant: str
-) -> Response:
+) -> Answer:
     """``$inference_response``: JSON data, or a JSON header followed by binary outputs."""
     wanted = request.outputs or tuple(RequestedOutput(name, request.binary_output) for name in outputs)
     described: list[dict[str, Any]] = []
@@ -398,27 +398,30 @@ def encode_infer_response(
     header = dumps(document)
     extra = [("X-Model-Variant", variant)]
     if not chunks:
-        return Response(200, header, headers=extra)
+        return Answer(header, headers=extra)
     extra.append(("Inference-Header-Content-Length", str(len(header))))
-    return Response(200, b"".join([header, *chunks]), content_type=BINARY_TYPE, headers=extra)
+    return Answer(b"".join([header, *chunks]), BINARY_TYPE, extra)
 
 
-def answer_infer(server: ModelServer, request: Request, route: ModelRoute) -> Response:
+def answer_infer(
+    server: ModelServer, route: ModelRoute, body: bytes, headers: Mapping[str, str], allowance: Allowance | None
+) -> Answer:
     """``POST .../infer``: decode, run through the server (all its checks), encode. Raises the
-    errors ``ApiApp`` turns into status codes, as ``/v1`` does."""
+    errors refusal.py answers, as ``/v1`` does."""
     model = served_model(server, route)
-    infer_request = decode_infer_request(request.body, request.headers, model.signature, request.allowance)
+    infer_request = decode_infer_request(body, headers, model.signature, allowance)
     outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
-    response = encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
+    answer = encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
     if server.taps:
-        response.served = (model.name, infer_request.feeds, outputs, variant)
-    return response
+        answer.served = (model.name, infer_request.feeds, outputs, variant)
+    return answer
 
 
-def model_ready(server: ModelServer, route: ModelRoute) -> Response:
-    model = served_model(server, route)
-    return json_response(200, {"name": model.name, "ready": True})
+def model_ready(server: ModelServer, route: ModelRoute) -> dict[str, Any]:
+    """``GET .../ready`` of a served model (ModelNotFoundError, NoModelError otherwise)."""
+    return {"name": served_model(server, route).name, "ready": True}
 
 
-def model_metadata_response(server: ModelServer, route: ModelRoute) -> Response:
-    return json_response(200, model_metadata(served_model(server, route)))
+def model_metadata_document(server: ModelServer, route: ModelRoute) -> dict[str, Any]:
+    """``GET /v2/models/{name}[/versions/{v}]``."""
+    return model_metadata(served_model(server, route))

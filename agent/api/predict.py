@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgesdk.agent.api.answer import Answer, json_answer
 from edgesdk.agent.api.budget import BudgetRefused
 from edgesdk.agent.api.codec import DecodeError, media_type
-from edgesdk.agent.api.http import Request, Response, json_response
+from edgesdk.agent.api.http import Request
 from edgesdk.agent.serving import ModelServer
 
 from edgesdk.pipeline import Limits, PipelineInputError, postprocess, preprocess
@@ -23,7 +24,7 @@ from edgesdk.pipeline.post import png_of
 SUFFIX = "/predict"
 
 
-def answer_predict(server: ModelServer, request: Request, model_name: str) -> Response:
+def answer_predict(server: ModelServer, request: Request, model_name: str) -> Answer:
     """The task result for one raw input (an ``InferAnswer`` for ``ApiApp._infer``)."""
     try:
         return _predict(server, request, model_name)
@@ -34,7 +35,7 @@ def answer_predict(server: ModelServer, request: Request, model_name: str) -> Re
         raise BudgetRefused(exc.status, str(exc)) from None
 
 
-def _predict(server: ModelServer, request: Request, model_name: str) -> Response:
+def _predict(server: ModelServer, request: Request, model_name: str) -> Answer:
     model = server.get_model(model_name)
     pipeline = getattr(model, "pipeline", None)
     if pipeline is None:
@@ -52,9 +53,9 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Response
     headers = [("X-Model-Variant", variant)]
     payload: dict[str, Any] = {"model": model.name, "version": model.version, "variant": variant, **result}
     if "mask" in result:
-        response = Response(200, png_of(result["mask"]), content_type="image/png", headers=headers)
+        response = Answer(png_of(result["mask"]), "image/png", headers)
     else:
-        response = json_response(200, payload, headers)
+        response = json_answer(payload, headers)
     if server.taps:  # the model's own feeds and outputs (ModelServer.taps)
         response.served = (model.name, feeds, outputs, variant)
     return response

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
+from edgesdk.agent.api.answer import dumps
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.codec import (
     JSON,
@@ -54,7 +55,7 @@ from edgesdk.agent.api.codec import (
     only_key_strings,
     tensor_entries,
 )
-from edgesdk.agent.api.http import KnownHead, Request, dumps, head_start
+from edgesdk.agent.api.http import KnownHead, Request, head_start
 from edgesdk.agent.batching import has_batch_axis
 from edgesdk.agent.nonfinite import all_finite
 from edgesdk.agent.serving import ServedModel
@@ -78,7 +79,7 @@ class PreparedInfer:
     the block's ``http.InlineRoute``, which the HTTP server asks before it makes a Request."""
 
     __slots__ = (
-        "app",
+        "scheduler",
         "server",
         "model",
         "known",
@@ -115,7 +116,7 @@ class PreparedInfer:
         allowances: bool,
         batch_input: str | None = None,
     ) -> None:
-        self.app = app
+        self.scheduler = app.scheduler
         self.server = app.server
         # Weakly: a block nobody sends again keeps its plan, and an update's previous model
         # (its runtime sessions, tens of MB) must not stay in memory for it.
@@ -142,7 +143,7 @@ class PreparedInfer:
         # Batches of the requests one wake-up of the loop brings (``later``): the model's one
         # input, when it has a batch axis and the API allows batches (inline_batch_max > 1).
         self.batching = batch_input is not None
-        self.batch_max = app.inline_batch_max
+        self.batch_max = app.scheduler.inline_batch_max
         self._input = batch_input or ""
         #: (connection, body, its input array, its Allowance) of the requests taken for the next batch.
         self._pending: list[tuple[Any, bytes, np.ndarray, Allowance | None]] = []
@@ -154,16 +155,15 @@ class PreparedInfer:
         self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
 
     def answer(self, body: bytes) -> tuple[bytes, str] | None:
-        app = self.app
+        scheduler = self.scheduler
         model = self.model()
-        # Swapped or unloaded: the generic path answers, and prepares again for what serves
-        # now. (The server's attribute, not its ``model`` property: no Python call here.)
-        if model is None or self.server._model is not model:
+        # Swapped or unloaded: the generic path answers, and prepares again for what serves now.
+        if model is None or self.server.model is not model:
             self.known.route = None
             self.known.settled = False
             return None
-        requests = app.requests
-        if requests.count >= app.capacity or not app.inline_left:
+        requests = scheduler.requests
+        if requests.count >= scheduler.capacity or not scheduler.inline_left:
             return None  # a 503, or the pool: the generic path decides
         budget, hold = self.budget, self.hold
         with budget.lock:  # Allowance.take_body, written out (the generic path answers a 503)
@@ -198,7 +198,7 @@ class PreparedInfer:
         self.server.observe(self._variant, ran)
         # The run's time stands for the whole answer's in the inline decision: what the plan
         # adds is a few microseconds for the small bodies it takes (the generic path times both).
-        self.app.took(ran)
+        self.scheduler.took(ran)
         served = self._served
         if served is not None:
             self._served = None
@@ -228,12 +228,12 @@ class PreparedInfer:
                 self._probe_left = _PROBE_EVERY + self._probes % 7
         elif len(pending) >= self.batch_max:
             return False
-        app = self.app
+        scheduler = self.scheduler
         model = self.model()
-        if model is None or self.server._model is not model:
+        if model is None or self.server.model is not model:
             return False  # answer() unsettles the block
-        requests = app.requests
-        if requests.count >= app.capacity or not app.inline_left:
+        requests = scheduler.requests
+        if requests.count >= scheduler.capacity or not scheduler.inline_left:
             return False
         budget, hold = self.budget, self.hold
         with budget.lock:
@@ -276,7 +276,7 @@ class PreparedInfer:
             fits = budget.used + stack <= budget.capacity
             if fits:
                 budget.used += stack
-        if fits and model is not None and self.server._model is model:
+        if fits and model is not None and self.server.model is model:
             try:
                 variant = model.active
                 run = variant.loaded.run if variant.takes_public_feeds else variant.run
@@ -323,8 +323,8 @@ class PreparedInfer:
             for _ in range(count):
                 observe(variant_id, ran)
             if count > 1:
-                self.app.metrics.inline_batched += count
-            self.app.took(ran / count)  # the loop was blocked for all of them: its share each
+                self.scheduler.metrics.inline_batched += count
+            self.scheduler.took(ran / count)  # the loop was blocked for all of them: its share each
             if self.server.taps and model is not None:
                 tap, name, feed_name = self.server.tap, model.name, self._input
                 for (_, _, array, _), outputs_of in zip(pending, members, strict=True):
@@ -332,7 +332,7 @@ class PreparedInfer:
 
     def _finish(self, allowance: Allowance | None) -> None:
         """A request (holding ``allowance``) no longer counts, nor holds its memory."""
-        self.app.requests.count -= 1
+        self.scheduler.requests.count -= 1
         budget = self.budget
         with budget.lock:
             budget.used -= self.hold
@@ -351,7 +351,7 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
         model is None
         or model.name != model_name
         or model.batcher is not None
-        or not app.inline_beside_others
+        or not app.scheduler.inline_beside_others
         or request.allowance is None
         or request.known is None
         or not request.body
@@ -404,7 +404,7 @@ def _batch_input(app: ApiApp, model: ServedModel) -> str | None:
     allows batches and every input and output has a dynamic first axis and, the input, fixed
     others (so that requests of one header block stack whatever their batch sizes)."""
     signature = model.signature
-    if app.inline_batch_max < 2 or len(signature.inputs) != 1:
+    if app.scheduler.inline_batch_max < 2 or len(signature.inputs) != 1:
         return None
     shape = signature.inputs[0].shape
     if not has_batch_axis([s.shape for s in signature.inputs], [s.shape for s in signature.outputs]):

@@ -5,7 +5,7 @@ HTTP status, its gRPC status code's name, the kind the error counter counts it a
 counted where it was raised), its Retry-After and whether its message is shown
 (``edgesdk/errors.py``, ``AgentError``). The base class is an unexpected failure: 500/INTERNAL,
 counted ``internal``, its message hidden (only its type is named). Any other exception is
-answered the same way. The HTTP adapter turns a :class:`Refusal` into a JSON error; the gRPC one
+answered the same way. The HTTP adapter turns an :class:`ErrorAnswer` into a JSON error; the gRPC one
 into ``context.abort(code, message)``.
 
 =====================================  ======  ===================  ===========  ===========
@@ -67,7 +67,7 @@ class QueueExpiredError(AnswerTimeoutError):
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class ErrorAnswer:
     """An error as any transport answers it."""
 
     http_status: int
@@ -77,7 +77,7 @@ class Refusal:
     retry_after: float | None
 
 
-def refusal_of(exc: BaseException, where: str = "") -> Refusal:
+def refusal_of(exc: BaseException, where: str = "") -> ErrorAnswer:
     """``exc`` as its answer (see the module's table); logs the failures that are the agent's:
     a hidden one with its traceback, a runtime's (shown, 500) as one line. ``where`` names the
     request in the log."""
@@ -92,4 +92,4 @@ def refusal_of(exc: BaseException, where: str = "") -> Refusal:
     else:
         message = f"internal error: {type(exc).__name__}"
         log.error("inference on %s failed", where, exc_info=exc)
-    return Refusal(carrier.http_status, carrier.grpc_status, message, carrier.error_kind, carrier.retry_after)
+    return ErrorAnswer(carrier.http_status, carrier.grpc_status, message, carrier.error_kind, carrier.retry_after)

@@ -83,17 +83,17 @@ def test_no_model_is_503_and_readyz_says_so() -> None:
 def _threads_of_second_request(inline_max_ms: float) -> list[str]:
     """Serve one request to measure the model, then report which thread ran the second."""
     app, _ = make_app(FakeModel(1.0), inline_max_ms=inline_max_ms)
-    assert app.inline_left == 0  # nothing measured yet: the first goes to the pool
+    assert app.scheduler.inline_left == 0  # nothing measured yet: the first goes to the pool
     answers = run_requests(app, [infer_request()])
     assert answers[0].status == 200
     seen: list[str] = []
-    original = app._answer  # both paths call it: inline on the loop, or in a pool worker
+    original = app.server.infer_with_variant  # both paths call it: inline on the loop, or in a pool worker
 
     def spy(*args):  # type: ignore[no-untyped-def]
         seen.append(threading.current_thread().name)
         return original(*args)
 
-    app._answer = spy  # type: ignore[method-assign]
+    app.server.infer_with_variant = spy  # type: ignore[method-assign]
     assert run_requests(app, [infer_request()])[0].status == 200
     app.close()
     return seen
@@ -131,18 +131,18 @@ def test_drain_waits_for_requests_in_flight() -> None:
 def test_one_preempted_run_keeps_the_fast_path_two_slow_ones_leave_it() -> None:
     app, _ = make_app(FakeModel(1.0), inline_max_ms=1.0)  # slow: over 10 ms
     for _ in range(8):
-        app.took(0.0001)
-    assert app.inline_left
-    app.took(0.5)  # one run preempted for half a second (a loaded machine): still inline
-    assert app.inline_left
-    app.took(0.0001)
-    app.took(0.5)
-    app.took(0.5)  # slow twice in a row: the model is slow now, the next ones go to the pool
-    assert not app.inline_left
-    app.took(0.002)  # slow, not far over: still the pool
-    assert not app.inline_left
-    app.took(0.0001)  # until a fast run (in the pool) says otherwise
-    assert app.inline_left
+        app.scheduler.took(0.0001)
+    assert app.scheduler.inline_left
+    app.scheduler.took(0.5)  # one run preempted for half a second (a loaded machine): still inline
+    assert app.scheduler.inline_left
+    app.scheduler.took(0.0001)
+    app.scheduler.took(0.5)
+    app.scheduler.took(0.5)  # slow twice in a row: the model is slow now, the next ones go to the pool
+    assert not app.scheduler.inline_left
+    app.scheduler.took(0.002)  # slow, not far over: still the pool
+    assert not app.scheduler.inline_left
+    app.scheduler.took(0.0001)  # until a fast run (in the pool) says otherwise
+    assert app.scheduler.inline_left
     app.close()
 
 
@@ -159,11 +159,11 @@ def test_inline_while_the_shortest_of_the_last_eight_is_under_the_threshold() ->
     slow_last = False
     for step in range(5000):
         took = rng.choice([0.0001, 0.0002, 0.0005, 0.002, 0.02, 0.5]) * rng.uniform(0.5, 1.5)
-        app.took(took)
+        app.scheduler.took(took)
         if took > 0.01 and slow_last:  # two far over in a row fill the window (see took)
             window = [took] * 8
         else:
             window = window[1:] + [took]
         slow_last = took > 0.01
-        assert bool(app.inline_left) == (min(window) < app.inline_max_s), step
+        assert bool(app.scheduler.inline_left) == (min(window) < app.scheduler.inline_max_s), step
     app.close()

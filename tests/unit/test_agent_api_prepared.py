@@ -164,9 +164,9 @@ def test_a_repeated_block_is_answered_by_its_plan_exactly_as_by_the_generic_path
     # Byte for byte what the generic path answered to the same request (i = 1 and 8 send the same).
     assert answers[8] == answers[1]
     assert agent.metrics.requests.count == 0
-    agent.app.inline_left = 1  # seven slow answers in a row: the plan's next fast one counts
+    agent.app.scheduler.inline_left = 1  # seven slow answers in a row: the plan's next fast one counts
     assert agent.send(make(values(3)))[0] == 200 and agent.generic == 2
-    assert agent.app.inline_left == 8  # the plan's answers feed the inline decision
+    assert agent.app.scheduler.inline_left == 8  # the plan's answers feed the inline decision
     assert sum(agent.metrics.errors().values()) == 0
 
 
@@ -311,7 +311,7 @@ def test_a_full_agent_and_a_slow_model_take_the_generic_path(
     assert status == 503 and headers["retry-after"] == "1"
     assert agent.metrics.errors()["overload"] == 1
     agent.metrics.requests.count = 0
-    agent.app.inline_left = 0  # the model got slow: the pool answers, as before
+    agent.app.scheduler.inline_left = 0  # the model got slow: the pool answers, as before
     before = agent.generic
     assert agent.send(raw_request(values(1)))[0] == 200
     assert agent.generic == before + 1

@@ -88,7 +88,10 @@ def test_http_answers_each_error_with_its_own_status_count_and_retry_after(
 ) -> None:
     app, metrics = make_app(FakeModel(2.0))
     request = Request("POST", "/v1/models/m/infer", "", {}, b"{}")
-    response = app._answer(request, _answer_raising(exc), "m")
+    app.scheduler.inline_left = 8  # answered inline, on this thread
+    answers: list[Any] = []
+    app._infer(request, answers.append, _answer_raising(exc), "m")
+    (response,) = answers
     assert response.status == status
     message = f"internal error: {type(exc).__name__}" if type(exc) in HIDDEN else str(exc)
     assert orjson.loads(response.body) == {"error": message}
@@ -137,7 +140,7 @@ def test_grpc_answers_each_error_with_its_own_code_and_message(
     app, metrics = make_app(FakeModel(2.0))
     app.loop = running_loop
     monkeypatch.setattr(grpc_codec, "answer_grpc_infer", _answer_raising(exc))
-    service = GrpcInferenceService(app, app_budget(), 1 << 20)
+    service = GrpcInferenceService(app.scheduler, app_budget(), 1 << 20)
     context = AbortContext()
     with pytest.raises(RuntimeError, match="aborted"):
         service.model_infer(pb.ModelInferRequest(model_name="m").SerializeToString(), context)  # type: ignore[arg-type]

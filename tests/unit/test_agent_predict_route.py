@@ -70,7 +70,7 @@ def _predict(body: bytes, content_type: str = "image/png") -> Request:
 
 def test_predict_ranks_labels_through_the_server_and_never_runs_on_the_event_loop() -> None:
     app, model = _app(PIPELINE, inline_max_ms=60_000)  # a tiny model: /infer would be answered inline
-    app.inline_left = 8
+    app.scheduler.inline_left = 8
     bright_bottom_left = _png([[10, 20], [250, 30]])
     (answer,) = run_requests(app, [_predict(bright_bottom_left)])
     assert answer.status == 200, answer.body

@@ -174,7 +174,7 @@ def test_grpc_model_infer_calls_the_taps_once_per_answer(
     from edgesdk.agent.api.grpc_server import GrpcInferenceService
 
     agent, recorder = tapped(loop, monkeypatch)
-    service = GrpcInferenceService(agent.app, agent.http.budget, 1 << 20)
+    service = GrpcInferenceService(agent.app.scheduler, agent.http.budget, 1 << 20)
     inputs = [values(i) for i in range(4)]
     for x in inputs:
         message = pb.ModelInferRequest(model_name="m")
