@@ -3,8 +3,8 @@
 Counting is the whole live summary: each histogram of the reference keeps an integer count per
 bin (no sketch: the bins are fixed by the reference, so PSI and Jensen-Shannon over them are
 exact; BENCHMARKS.md compares this with KLL and t-digest). A large tensor is read with a fixed
-stride, at most :data:`VALUES_PER_CHANNEL` values per channel per request; its min and max (the
-out-of-range and constant checks) are taken over every value.
+stride, about :data:`VALUES_PER_TENSOR` values per request; its min and max (the out-of-range
+and constant checks) are taken over every value.
 """
 
 from __future__ import annotations
@@ -15,26 +15,48 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from edgesdk.drift.profile import channels, confidences
+from edgesdk.drift.profile import confidences
 from edgesdk.drift.schema import ReferenceProfile, TensorProfile
 from edgesdk.drift.scores import bin_counts, closed_edges, js_distance, psi
 from edgesdk.schemas.messages import DriftScore, ModelQuality
 
-#: Values per channel counted per request (a fixed stride beyond it): 2,048 keeps a 224x224x3
-#: image at ~0.1 ms (BENCHMARKS.md) and is plenty for 10 bins.
-VALUES_PER_CHANNEL = 2048
+#: Values of one tensor counted per request, all channels together (a fixed stride beyond it):
+#: ~1,400 a channel of a 3x224x224 image, plenty for 10 bins (BENCHMARKS.md has the cost).
+VALUES_PER_TENSOR = 4096
 #: A histogram is scored only once the window counted this many values per bin, a class
 #: distribution this many answers per class: fewer make a noisy PSI out of an unchanged stream.
 PER_BIN = 5
 
 
+def sampled(value: np.ndarray, axis: int | None, channels: int) -> np.ndarray | None:
+    """``value`` as (channels, values), read with a fixed stride down to about
+    :data:`VALUES_PER_TENSOR` values; a view where the layout allows (NCHW or NHWC with one
+    sample). None when the tensor does not have the profile's channels."""
+    if axis is None:
+        flat = value.reshape(1, -1)
+    elif value.shape[axis] != channels:
+        return None
+    elif axis == -1:
+        flat = value.reshape(-1, channels).T
+    else:
+        flat = np.moveaxis(value, axis, 0).reshape(channels, -1)
+    stride = max(1, flat.size // VALUES_PER_TENSOR)
+    return flat[:, ::stride]
+
+
 class _TensorCounts:
-    """The counts of one tensor: one array per reference histogram, class and confidence counts."""
+    """The counts of one tensor: a (channels, bins) matrix over the reference's edges (rows as
+    wide as the widest histogram), and class and confidence counts for a classification output."""
 
     def __init__(self, profile: TensorProfile) -> None:
         self.profile = profile
         self.edges = [closed_edges(h.edges) for h in profile.histograms]
-        self.counts = [np.zeros(len(e) + 1, dtype=np.int64) for e in self.edges]
+        self.widths = [len(e) + 1 for e in self.edges]  # underflow, bins, overflow
+        self.counts = np.zeros((len(self.edges), max(self.widths)), dtype=np.int64)
+        self._offsets = (np.arange(len(self.edges)) * self.counts.shape[1])[:, None]
+        self._padded = np.full((len(self.edges), self.counts.shape[1] - 1), np.inf)  # edges, +inf after
+        for row, e in zip(self._padded, self.edges, strict=True):
+            row[: len(e)] = e
         self.classes = np.zeros(len(profile.classes), dtype=np.int64) if profile.classes else None
         self.confidence_edges = closed_edges(profile.confidence.edges) if profile.confidence else None
         self.confidence = np.zeros(len(profile.confidence.edges) + 1, dtype=np.int64) if profile.confidence else None
@@ -43,31 +65,43 @@ class _TensorCounts:
         """This request's counts (computed outside the lock); None when the shape does not fit."""
         profile = self.profile
         axis = profile.channel_axis if value.ndim == profile.ndim else None
-        if axis is None and len(self.edges) > 1:
+        if axis is None and len(self.widths) > 1:
             return None
-        parts = channels(value, axis)
-        counted = []
-        for edges, part in zip(self.edges, parts, strict=True):
-            stride = max(1, part.size // VALUES_PER_CHANNEL)
-            counted.append(bin_counts(edges, part[::stride]))
+        values = sampled(value, axis, len(self.widths))
+        if values is None:
+            return None
+        counted = [np.bincount(self._bins(values).ravel(), minlength=self.counts.size).reshape(self.counts.shape)]
         if self.classes is not None and value.ndim == 2 and value.shape[1] == len(self.classes):
-            counted.append(np.bincount(value.argmax(axis=1), minlength=len(self.classes)))
             assert self.confidence_edges is not None
+            counted.append(np.bincount(value.argmax(axis=1), minlength=len(self.classes)))
             counted.append(bin_counts(self.confidence_edges, confidences(value, profile.softmax)))
         return counted
 
+    def _bins(self, values: np.ndarray) -> np.ndarray:
+        """Each value's place in the counts matrix: its channel's row, the bin searchsorted
+        ('right') finds. Few values a channel (a logits vector): one comparison with every edge
+        of every channel at once; many (an image): one searchsorted per channel, on a float64
+        copy (4,096 values of a 3x224x224 image: ~50 us, BENCHMARKS.md)."""
+        if values.shape[1] <= 16:
+            return (values[:, :, None] >= self._padded[:, None, :]).sum(axis=2) + self._offsets
+        rows = np.array(values, dtype=np.float64)
+        width = self.counts.shape[1]
+        return np.concatenate(
+            [np.searchsorted(e, row, side="right") + c * width for c, (e, row) in enumerate(zip(self.edges, rows))]
+        )
+
     def add(self, counted: list[np.ndarray]) -> None:
-        for mine, more in zip(self.counts, counted, strict=False):
-            mine += more
-        if len(counted) > len(self.counts) and self.classes is not None and self.confidence is not None:
-            self.classes += counted[-2]
-            self.confidence += counted[-1]
+        self.counts += counted[0]
+        if len(counted) == 3 and self.classes is not None and self.confidence is not None:
+            self.classes += counted[1]
+            self.confidence += counted[2]
 
     def score(self) -> DriftScore | None:
         """The worst channel's PSI and JS (and the class and confidence distributions'), or None
         before anything was counted."""
         profile = self.profile
-        candidates = list(zip([h.shares for h in profile.histograms], self.counts, strict=True))
+        rows = [row[:width] for row, width in zip(self.counts, self.widths, strict=True)]
+        candidates = list(zip([h.shares for h in profile.histograms], rows, strict=True))
         if self.classes is not None and profile.classes:
             candidates.append((profile.classes, self.classes))
         if self.confidence is not None and profile.confidence:
