@@ -1,4 +1,6 @@
-"""An OpenVINO fp16 IR is judged at f16 compute, not at whatever this host's CPU plugin picks (issue 38).
+"""fp16 variants that compute what fp16 computes (issue 38): an OpenVINO fp16 IR is judged at f16
+compute, not at whatever this host's CPU plugin picks; an ONNX fp16 keeps in float32 the layers
+whose weights float16 cannot hold, rather than clamping them.
 
 The stand-in keeps what made MediaPipe's pose_detection fail: a value far from zero (an
 anchor offset) carried between layers, then scaled back down. bf16 (8 significant bits, what an
@@ -58,3 +60,40 @@ def test_fp32_and_pinned_ir_are_not_rounded(tmp_path) -> None:
     assert is_fp16_ir("openvino", files, {"device": "CPU"})
     assert not is_fp16_ir("openvino", files, {"device": "CPU", "INFERENCE_PRECISION_HINT": "f32"})
     assert not is_fp16_ir("onnxruntime", files, None)
+
+
+def test_onnx_fp16_keeps_a_layer_whose_weights_exceed_float16_in_float32(tmp_path) -> None:
+    """PP-OCRv4's detector keeps a BatchNormalization with a running variance of ~1e8: clamped to
+    float16's 65504, its output came out ~40x too large. That node stays float32; the rest is fp16."""
+    pytest.importorskip("onnxconverter_common", reason="onnx fp16 needs onnxconverter-common (edgesdk[convert])")
+    import onnx
+    import onnxruntime as ort
+    from edgesdk.converters.base import ConversionRequest
+    from edgesdk.converters.onnx_backend import OnnxConverter
+    from edgesdk.converters.source import load_source
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgesdk.schemas.common import Precision
+
+    channels = 4
+    weights = {"scale": np.ones(channels), "bias": np.zeros(channels), "mean": np.zeros(channels),
+               "var": np.full(channels, 1e8), "w": np.eye(channels).reshape(channels, channels, 1, 1)}  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+         helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"], name="bn")],
+        "wide_variance",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 4, 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    path = tmp_path / "wide_variance.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    (tmp_path / "work").mkdir()
+    source = load_source(str(path), tmp_path / "work")
+    artifact = OnnxConverter().convert(ConversionRequest(source, Precision.FP16, tmp_path / "fp16"))
+    x = np.random.default_rng(0).uniform(-2e4, 2e4, (1, channels, 4, 4)).astype(np.float32)
+    (got,) = ort.InferenceSession(str(artifact.files["model.onnx"])).run(None, {"x": x})
+    np.testing.assert_allclose(got, x / 1e4, atol=0.05)  # clamped: x / 256
+    assert any("bn" in note for note in artifact.notes), artifact.notes
+    kinds = {i.name: i.data_type for i in onnx.load(str(artifact.files["model.onnx"])).graph.initializer}
+    assert kinds["w"] == TensorProto.FLOAT16 and kinds["var"] == TensorProto.FLOAT, kinds  # the conv is fp16
