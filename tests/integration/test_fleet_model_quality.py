@@ -90,68 +90,76 @@ class Service:
             return exc.code, exc.read().decode(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: Any) -> Iterator[MosquittoBroker]:
-    require_mosquitto()
-    with MosquittoBroker(data_dir=tmp_path_factory.mktemp("quality-mosquitto")) as running:
-        yield running
+def _publish_reports(devices: MqttClient, now: datetime) -> None:
+    for seq in range(8):  # every 2 minutes, the oldest 14 minutes ago
+        ts = now - timedelta(minutes=14 - 2 * seq)
+        drifted = seq >= 1  # 12 minutes over PSI 0.25 by the newest report
+        report = _report("dev-q", seq, ts, 0.42 if drifted else 0.04, 5)
+        devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)
+        devices.publish("edgesdk/devices/dev-ok/telemetry", _report("dev-ok", seq, ts, 0.05, 0), qos=1)
+    devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)  # the newest again: a redelivery
 
 
-@pytest.fixture(scope="module")
-def devices(broker: MosquittoBroker) -> Iterator[MqttClient]:
-    client = MqttClient(ClientOptions(client_id="quality-test-devices", broker_url=broker.url))
-    client.start()
-    assert client.wait_connected(10), client.stats.last_error
-    yield client
-    client.stop()
-
-
-def _start(db_url: str, broker: MosquittoBroker, devices: MqttClient, root: Path) -> Iterator[Service]:
+def _start(db_url: str, root: Path) -> Iterator[Service]:
+    """The service on ``db_url`` with a broker of its own (the service's MQTT client id is the
+    same for every service of a namespace: two on one broker would take each other's session)."""
     from edgesdk.fleet.service.database import migrate, open_engine
     from edgesdk.fleet.service.tokens import create_token
     from edgesdk.keys import generate_publisher_key
 
+    require_mosquitto()
     engine = open_engine(db_url)
     migrate(engine)
     viewer = create_token(engine, name="vera", role="viewer", created_by="test")[1]
     operator = create_token(engine, name="otto", role="operator", created_by="test")[1]
     engine.dispose()
     key, _ = generate_publisher_key(root / "operator")
-    argv = [sys.executable, "-m", "tests.fleet_service_process", "--db", db_url, "--broker", broker.url]
-    argv += ["--operator-key", str(key), "--api", "127.0.0.1:0", "--data-dir", str(root)]
-    with open(root / "service.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
-    try:
-        port_file = root / "api.port"
-        deadline = time.monotonic() + 60
-        while not port_file.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert port_file.exists(), (root / "service.log").read_text()[-3000:]
-        now = datetime.now(UTC)
-        for seq in range(8):  # every 2 minutes, the oldest 14 minutes ago
-            ts = now - timedelta(minutes=14 - 2 * seq)
-            drifted = seq >= 1  # 12 minutes over PSI 0.25 by the newest report
-            report = _report("dev-q", seq, ts, 0.42 if drifted else 0.04, 5)
-            devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)
-            devices.publish("edgesdk/devices/dev-ok/telemetry", _report("dev-ok", seq, ts, 0.05, 0), qos=1)
-        devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)  # the newest again: a redelivery
-        yield Service(f"http://127.0.0.1:{port_file.read_text()}", db_url, viewer, operator, now)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with MosquittoBroker(data_dir=root / "mosquitto") as broker:
+        argv = [sys.executable, "-m", "tests.fleet_service_process", "--db", db_url, "--broker", broker.url]
+        argv += ["--operator-key", str(key), "--api", "127.0.0.1:0", "--data-dir", str(root)]
+        with open(root / "service.log", "w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+        devices = MqttClient(ClientOptions(client_id="quality-test-devices", broker_url=broker.url))
+        try:
+            port_file = root / "api.port"
+            deadline = time.monotonic() + 60
+            while not port_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            assert port_file.exists(), (root / "service.log").read_text()[-3000:]
+            devices.start()
+            assert devices.wait_connected(10), devices.stats.last_error
+            service = Service(f"http://127.0.0.1:{port_file.read_text()}", db_url, viewer, operator, datetime.now(UTC))
+            _publish_reports(devices, service.started)
+            if not _known(service, "dev-q", within_s=10):
+                # Published before the service's subscription took: once more, stored once all the same.
+                _publish_reports(devices, service.started)
+            yield service
+        finally:
+            devices.stop()
+            proc.terminate()
+            proc.wait(30)
+
+
+def _known(service: Service, device: str, *, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while service.get(f"/api/v1/devices/{device}", service.viewer)[0] != 200:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @pytest.fixture(scope="module")
-def sqlite_service(broker: MosquittoBroker, devices: MqttClient, tmp_path_factory: Any) -> Iterator[Service]:
+def sqlite_service(tmp_path_factory: Any) -> Iterator[Service]:
     root = tmp_path_factory.mktemp("quality-sqlite")
-    yield from _start(f"sqlite:///{root / 'fleet.sqlite3'}", broker, devices, root)
+    yield from _start(f"sqlite:///{root / 'fleet.sqlite3'}", root)
 
 
 @pytest.fixture(scope="module")
-def postgresql_service(broker: MosquittoBroker, devices: MqttClient, tmp_path_factory: Any) -> Iterator[Service]:
+def postgresql_service(tmp_path_factory: Any) -> Iterator[Service]:
     with throwaway_cluster() as cluster:
         root = tmp_path_factory.mktemp("quality-postgresql")
-        yield from _start(cluster.create_database("fleet_quality"), broker, devices, root)
+        yield from _start(cluster.create_database("fleet_quality"), root)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
