@@ -1,0 +1,290 @@
+"""The whole path from a JPEG to labels, side by side in one run (issue 42): MobileNetV2 (ImageNet
+weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved in rounds.
+
+1. ``agent /predict``: a real ``edge-agent run`` answers the JPEG bytes through the bundle's
+   signed pipeline (decode, resize 256x256, centre crop 224, mean/std, model, softmax top-5).
+2. ``agent /infer``: the same agent, the model alone: the already pre-processed tensor, raw.
+3. ``python loop``: the same pipeline written the usual way in-process (Pillow decode and
+   resize, numpy normalize, onnxruntime with its defaults, numpy softmax top-5); and the same
+   loop with the agent's onnxruntime settings (intra-op threads not spinning between runs),
+   so that the session's settings are not mistaken for the pipeline's cost.
+
+Cells take turns request by request, so the load of a shared machine hits each alike. Not
+measured: the usual loop behind its own HTTP server (benchmarks/bench_agent.py compares the
+agent's HTTP with FastAPI/Flask wrappers on tensors).
+
+The bundle is made by ``edgesdk convert --pipeline --validation-images --reference`` with the
+python loop's own function as the reference, so the run also shows the end-to-end gate on a
+real model. Memory per request: the agent's decoded-image charge (what /predict reserves
+before decoding) and its peak RSS growth over the /predict rounds; the loop's tracemalloc peak
+of one request. Needs torch, scikit-image, the MobileNetV2 weights and Pillow.
+
+Run: ``.venv/bin/python benchmarks/bench_pipeline.py [--requests 200] [--rounds 3] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+PIPELINE = """\
+input: image
+image:
+  color: RGB
+  resize: {height: 256, width: 256, interpolation: bilinear}
+  center_crop: {height: 224, width: 224}
+  scale: 0.00392156862745098
+  mean: [0.485, 0.456, 0.406]
+  std: [0.229, 0.224, 0.225]
+post:
+  activation: softmax
+  top_k: 5
+"""
+
+#: The usual loop, as a user writes it; also the ``--reference`` of the conversion.
+USUAL_LOOP = '''\
+"""MobileNetV2 the usual way: Pillow + numpy + onnxruntime, in-process."""
+import os
+
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
+
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+STD = np.array([0.229, 0.224, 0.225], np.float32)
+LABELS = open(os.environ["BENCH_LABELS"]).read().splitlines()
+_options = ort.SessionOptions()
+_options.intra_op_num_threads = int(os.environ.get("BENCH_THREADS", "0"))
+SESSION = ort.InferenceSession(os.environ["BENCH_ONNX"], _options, providers=["CPUExecutionProvider"])
+
+
+def predict(data: bytes):
+    image = Image.open(__import__("io").BytesIO(data)).convert("RGB").resize((256, 256), Image.Resampling.BILINEAR)
+    image = image.crop((16, 16, 240, 240))
+    x = ((np.asarray(image, np.float32) / 255.0 - MEAN) / STD).transpose(2, 0, 1)[None]
+    logits = SESSION.run(None, {"image": np.ascontiguousarray(x)})[0][0].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    best = np.argsort(-p)[:5]
+    return [{"label": LABELS[i], "index": int(i), "score": float(p[i])} for i in best]
+'''
+
+
+def percentiles(times_ms: list[float]) -> dict[str, float]:
+    values = np.asarray(times_ms)
+    return {f"p{q}_ms": round(float(np.percentile(values, q)), 2) for q in (50, 95, 99)}
+
+
+def prepare(work: Path) -> dict[str, Any]:
+    """ONNX export, JPEGs, labels, the usual loop's file; the convert + package + install."""
+    import torch
+
+    from edgesdk.workloads import mobilenet
+
+    net = mobilenet.pretrained_mobilenet_v2().eval()
+    onnx_path = work / "mobilenet_v2.onnx"
+    torch.onnx.export(
+        net, torch.zeros(1, 3, 224, 224), str(onnx_path), input_names=["image"], output_names=["logits"],
+        opset_version=17, dynamo=False,
+    )  # fmt: skip
+    from PIL import Image
+
+    images = work / "images"
+    images.mkdir()
+    jpegs = []
+    for name, pixels in mobilenet.sample_images():
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        (images / f"{name}.jpg").write_bytes(buffer.getvalue())
+        jpegs.append(buffer.getvalue())
+    (work / "labels.txt").write_text("\n".join(mobilenet.class_name(i) for i in range(1000)) + "\n")
+    (work / "pipeline.yaml").write_text(PIPELINE)
+    (work / "usual_loop.py").write_text(USUAL_LOOP)
+    return {"onnx": onnx_path, "jpegs": jpegs, "images": images}
+
+
+def convert_and_install(work: Path, setup: dict[str, Any], env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    from tests.agent_helpers import PROFILE, make_device, run_agent_cli
+
+    validation = REPO_ROOT / ".pytest_cache" / "d" / "edgesdk-mobilenet-v2" / "validation.npz"
+    data = ["--validation", str(validation)] if validation.exists() else ["--input", "image=1x3x224x224"]
+    started = time.perf_counter()
+    converted = subprocess.run(
+        [sys.executable, "-m", "edgesdk.cli.main", "convert", str(setup["onnx"]), "--profile", PROFILE,
+         "--formats", "onnx", "--precisions", "fp32", "--out", str(work / "convert"), *data,
+         "--pipeline", str(work / "pipeline.yaml"), "--labels", str(work / "labels.txt"),
+         "--validation-images", str(setup["images"]), "--reference", f"{work / 'usual_loop.py'}:predict",
+         "--task-gate", "0.9"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    if converted.returncode != 0:
+        raise SystemExit(f"convert failed:\n{converted.stderr[-3000:]}")
+    convert_s = time.perf_counter() - started
+    report = json.loads((work / "convert" / "report.json").read_text())
+    device = make_device(work / "device")
+    bundle = work / "mobilenet.edgepkg"
+    packaged = subprocess.run(
+        [sys.executable, "-m", "edgesdk.cli.main", "package", str(work / "convert"), "--name", "mobilenet",
+         "--version", "1.0.0", "--release", "1", "--publisher-key", str(device.publisher_key),
+         "--recipient", str(device.device_pub), "--target", PROFILE, "--out", str(bundle),
+         "--pipeline", str(work / "pipeline.yaml"), "--labels", str(work / "labels.txt")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    if packaged.returncode != 0:
+        raise SystemExit(f"package failed:\n{packaged.stderr[-3000:]}")
+    installed = run_agent_cli("install", "--config", str(device.config), str(bundle))
+    if installed.returncode != 0:
+        raise SystemExit(f"install failed:\n{installed.stderr[-3000:]}")
+    task = report["variants"][0]["task_accuracy"]
+    return device, {"convert_s": round(convert_s, 1), "end_to_end_gate": task["note"]}
+
+
+def vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(requests: int, rounds: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    try:
+        return measure(work, requests, rounds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
+    import httpx
+
+    from edgesdk.pipeline import preprocess
+    from edgesdk.pipeline.image import decoded_nbytes, open_image
+    from edgesdk.schemas.manifest import TensorSpec
+    from edgesdk.schemas.pipeline import load_pipeline
+    from tests.agent_helpers import AgentProcess, agent_env
+
+    load_before = os.getloadavg()[0]
+    setup = prepare(work)
+    threads = os.cpu_count() or 1
+    env = {**agent_env(), "BENCH_ONNX": str(setup["onnx"]), "BENCH_LABELS": str(work / "labels.txt")}
+    env["BENCH_THREADS"] = "0"  # onnxruntime's default, as the agent's (runtime_threads unset)
+    device, converted = convert_and_install(work, setup, env)
+    os.environ.update({k: env[k] for k in ("BENCH_ONNX", "BENCH_LABELS", "BENCH_THREADS")})
+    sys.path.insert(0, str(work))
+    from usual_loop import predict
+
+    pipeline = load_pipeline(work / "pipeline.yaml", work / "labels.txt")
+    spec = [TensorSpec(name="image", dtype="float32", shape=[1, 3, 224, 224])]
+    tensors = [preprocess(pipeline, jpeg, "image/jpeg", spec)["image"] for jpeg in setup["jpegs"]]
+    jpegs = setup["jpegs"]
+    import onnxruntime as ort
+    import usual_loop  # type: ignore[import-not-found]
+
+    default_session = usual_loop.SESSION
+    quiet = ort.SessionOptions()
+    quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the agent's sessions
+    quiet_session = ort.InferenceSession(str(setup["onnx"]), quiet, providers=["CPUExecutionProvider"])
+
+    def loop_with(session: Any, i: int) -> None:
+        usual_loop.SESSION = session
+        predict(jpegs[i])
+
+    cells = [
+        "agent /predict (JPEG)",
+        "agent /infer (tensor)",
+        "python loop (JPEG)",
+        "python loop, agent's ORT settings",
+    ]
+    times: dict[str, list[float]] = {name: [] for name in cells}
+    same_label = 0
+    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
+        raw = {"Content-Type": "application/x-edgesdk-tensors", "X-Tensors": "image=float32[1,3,224,224]"}
+
+        def call_predict(i: int) -> Any:
+            return client.post("/v1/models/mobilenet/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
+
+        for i in range(len(jpegs)):  # warm-up, and the labels side by side
+            reply = call_predict(i)
+            if reply.status_code != 200:
+                raise SystemExit(f"/predict answered {reply.status_code}: {reply.text[:300]}")
+            answer = reply.json()
+            same_label += answer["labels"][0]["label"] == predict(jpegs[i])[0]["label"]
+            client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
+        before = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
+        for n in range(requests * rounds):
+            i = n % len(jpegs)
+            for name in cells:
+                started = time.perf_counter()
+                reply = None
+                if name.startswith("agent /predict"):
+                    reply = call_predict(i)
+                elif name.startswith("agent /infer"):
+                    reply = client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
+                else:
+                    loop_with(default_session if name == "python loop (JPEG)" else quiet_session, i)
+                times[name].append((time.perf_counter() - started) * 1000)
+                if reply is not None and reply.status_code != 200:
+                    raise SystemExit(f"{name}: {reply.status_code} {reply.text[:300]}")
+        agent_peak_growth = vm_hwm_mb(agent.proc.pid) - before  # type: ignore[union-attr]
+        agent_peak = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
+    usual_loop.SESSION = default_session
+    tracemalloc.start()
+    predict(jpegs[0])
+    loop_peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    charges = [decoded_nbytes(open_image(j, "image/jpeg", pipeline.image.max_pixels), pipeline.image) for j in jpegs]
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.uname().machine}, {threads} cores (shared with other jobs)",
+        "load_average_1min_before_and_after": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
+        "photos": len(jpegs),
+        "requests_per_cell": requests * rounds,
+        **converted,
+        "same_top1_label_agent_vs_loop": f"{same_label}/{len(jpegs)}",
+        "latency": {name: percentiles(values) for name, values in times.items()},
+        "memory": {
+            "agent decoded-image charge per request, MB (median)": round(float(np.median(charges)) / 2**20, 2),
+            "agent peak RSS growth over the timed rounds, MB": round(agent_peak_growth, 1),
+            "agent peak RSS (whole process, model loaded), MB": round(agent_peak, 1),
+            "python loop tracemalloc peak of one request, MB": round(loop_peak, 2),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100, help="requests per cell per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = run(args.requests, args.rounds)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for name, figure in value.items():
+                print(f"  {name}: {figure}")
+        else:
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
