@@ -112,6 +112,8 @@ def bench(root: Path, seconds: float, concurrency: int) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr)
         with AgentProcess(device) as agent:
+            port = agent.port
+            assert port is not None  # set once the agent listens (AgentProcess.start)
             client = MqttClient(ClientOptions(client_id="bench-shadow", broker_url=broker.url, clean_start=True))
             client.start()
             client.wait_connected(10)
@@ -130,16 +132,14 @@ def bench(root: Path, seconds: float, concurrency: int) -> dict[str, Any]:
                     message = ctl.create(bundle, ["dev-1"], plan, health=health)
                     runner = threading.Thread(target=ctl.run, args=(message.deployment_id,))
                     runner.start()
-                    wait_for(
-                        lambda: (status(agent.port).get("updates") or {}).get("state") == "PROBATION", 120, "probation"
-                    )
+                    wait_for(lambda: (status(port).get("updates") or {}).get("state") == "PROBATION", 120, "probation")
                     time.sleep(0.5)  # the shadow worker started (it starts as probation does)
                     records, _ = run_load(
-                        "127.0.0.1", agent.port, "/v1/models/digits/infer", body,
+                        "127.0.0.1", port, "/v1/models/digits/infer", body,
                         {"content-type": "application/json"}, concurrency=concurrency, seconds=seconds,
                     )  # fmt: skip
                     runner.join(300)
-                    final = status(agent.port)["updates"]
+                    final = status(port)["updates"]
                     rows.append({"shadow": label, **percentiles(records), "probation": final["reason"]})
             finally:
                 ctl.stop()

@@ -56,6 +56,7 @@ class ShadowRunner:
         self._draw = draw or random.Random().random
         self._queue: queue.Queue[Sample] = queue.Queue(maxsize=queue_size)
         self._stopping = threading.Event()
+        self._counting = threading.Lock()
         self._quiet: set[int] = set()  # threads whose requests are not live traffic (probation's probes)
         self._thread: threading.Thread | None = None
         self.seen = 0
@@ -71,18 +72,20 @@ class ShadowRunner:
         """``ModelServer.taps`` entry: sample, then hand over without waiting."""
         if model_name != self.model_name or threading.get_ident() in self._quiet or self._stopping.is_set():
             return
-        self.seen += 1
-        if self.rate <= 0 or self._draw() >= self.rate:
-            return
-        if self.pressure() is not None:
-            self.skipped_pressure += 1
-            return
-        try:
-            self._queue.put_nowait((feeds, outputs))
-        except queue.Full:
-            self.dropped += 1
-            return
-        self.sampled += 1
+        taken = self.rate > 0 and self._draw() < self.rate
+        skipped = taken and self.pressure() is not None
+        queued = False
+        if taken and not skipped:
+            try:
+                self._queue.put_nowait((feeds, outputs))
+                queued = True
+            except queue.Full:
+                pass
+        with self._counting:  # request threads tap at once: no count may be lost
+            self.seen += 1
+            self.skipped_pressure += skipped
+            self.sampled += queued
+            self.dropped += taken and not skipped and not queued
 
     @contextlib.contextmanager
     def quiet(self) -> Any:
