@@ -237,13 +237,13 @@ _OPTIONS = [
     click.option(
         "--min-agreement",
         default=None,
-        help="Roll a device back when, in probation, the lower 95%% bound of its new model's agreement with the "
+        help="Roll a device back when, in probation, the lower 95 % bound of its new model's agreement with the "
         "previous release on sampled live requests is below this (0..1 or a percentage, e.g. 0.95).",
     ),
     click.option(
         "--shadow-rate",
         default=None,
-        help="Share of live requests also run on the previous release during probation (default 10%%; 0%% = off).",
+        help="Share of live requests also run on the previous release during probation (default 10 percent; 0 = off).",
     ),
     click.option(
         "--wave-timeout",
