@@ -230,20 +230,28 @@ def _score(value: Any, said: str, name: str) -> float | None:
 # -- a variant through the pipeline ----------------------------------------------------------------
 
 
-def run_variant(check: TaskCheck, model: Any, source_inputs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
-    """Every file through the pipeline and ``model`` (a loaded variant: ``run(feeds)``), as
-    ``/predict`` answers it; ``source_inputs`` are the float inputs the pipeline fills."""
+def pipeline_feeds(check: TaskCheck, source_inputs: Sequence[TensorSpec]) -> list[dict[str, np.ndarray]]:
+    """Every file decoded and pre-processed once (the same for every variant): the model's feeds,
+    for ``source_inputs``, the float inputs the pipeline fills."""
+    feeds = []
+    for path in check.files:
+        try:
+            feeds.append(preprocess(check.pipeline, path.read_bytes(), MEDIA_TYPES[path.suffix.lower()], source_inputs))
+        except PipelineInputError as exc:
+            raise UsageError(f"--validation-images: {path.name} cannot go through the pipeline: {exc}") from None
+    return feeds
+
+
+def run_variant(check: TaskCheck, model: Any, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, Any]]:
+    """Every file's feeds through ``model`` (a loaded variant: ``run(feeds)``) and the pipeline's
+    post step, as ``/predict`` answers it."""
     from edgesdk.converters.validate import _dequantize, _quantize
 
     in_specs = {s.name: s for s in model.inputs}
     out_specs = {s.name: s for s in model.outputs}
     results = []
-    for path in check.files:
-        try:
-            feeds = preprocess(check.pipeline, path.read_bytes(), MEDIA_TYPES[path.suffix.lower()], source_inputs)
-        except PipelineInputError as exc:
-            raise UsageError(f"--validation-images: {path.name} cannot go through the pipeline: {exc}") from None
-        raw = model.run({n: _quantize(v, in_specs[n]) if n in in_specs else v for n, v in feeds.items()})
+    for feed in feeds:
+        raw = model.run({n: _quantize(v, in_specs[n]) if n in in_specs else v for n, v in feed.items()})
         outputs = {n: _dequantize(v, out_specs.get(n)) for n, v in raw.items()}
         try:
             results.append(postprocess(check.pipeline, outputs))
@@ -319,6 +327,7 @@ def gate_variants(
 
     from edgesdk.runtimes import load_variant
 
+    feeds = pipeline_feeds(check, source_inputs)
     kept = []
     for b in built:
         if not b.validated:  # could not run on this host (Core ML on Linux): neither can its pipeline
@@ -330,7 +339,7 @@ def gate_variants(
         with quiet_native():
             model = load_variant(runtime, blobs, options=host_options(runtime, b.planned.options))
             try:
-                b.task = judge(check, run_variant(check, model, source_inputs))
+                b.task = judge(check, run_variant(check, model, feeds))
             finally:
                 model.close()
         if b.task.passed:
