@@ -96,3 +96,9 @@ def test_malformed_profiles_are_refused_by_the_schema() -> None:
     oversized = {"samples": 1, "inputs": {f"in{i}": tensor for i in range(6)}, "outputs": {}}
     with pytest.raises(ValidationError, match=f"over {MAX_NUMBERS}"):
         ReferenceProfile.model_validate(oversized)
+
+
+def test_nonfinite_validation_values_stay_out_of_the_profile() -> None:
+    tensor = tensor_profile(np.array([[1.0, np.nan], [np.inf, -2.0]]))
+    assert (tensor.min, tensor.max) == (-2.0, 1.0)
+    assert sum(tensor.histograms[0].shares) == pytest.approx(1.0)
