@@ -56,6 +56,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--other-tree", type=Path, help="a checkout whose agent runs beside this one")
     parser.add_argument(
+        "--shim",
+        type=Path,
+        help="with --other-tree: a sitecustomize folder that points the editable install at EDGESDK_TREE "
+        "(no symlinks needed; /tmp/helpers/oldcode-shim in the helpers' sessions)",
+    )
+    parser.add_argument(
         "--batched-agent",
         type=int,
         metavar="N",
@@ -72,7 +78,11 @@ def main() -> None:
     if args.other_tree:
         device = bench_api.prepare(work / "other", (args.model,))[args.model]["device"]
         env = agent_env()
-        env["PYTHONPATH"] = str(args.other_tree.resolve())
+        if args.shim:
+            env["PYTHONPATH"] = str(args.shim.resolve())
+            env["EDGESDK_TREE"] = str(args.other_tree.resolve())
+        else:
+            env["PYTHONPATH"] = str(args.other_tree.resolve())
         agents.append(AgentProcess(device, env=env).start())
         servers["other agent"] = (agents[1].port, path, agents[1].proc.pid)
     if args.batched_agent:
@@ -113,6 +123,12 @@ def main() -> None:
         print(
             f"| {name} | {statistics.median(m[0] for m in measured):.1f} | {statistics.median(m[1] for m in measured):,.0f} "
             f"| {statistics.median(m[2] for m in measured):.2f} | {ratio:.3f} |"
+        )
+    if "other agent" in rows:
+        ratios = [a[0] / o[0] for a, o in zip(rows["agent"], rows["other agent"], strict=True) if o[0]]
+        print(
+            f"\nagent ÷ other agent, per round: {', '.join(f'{r:.3f}' for r in ratios)}; "
+            f"median {statistics.median(ratios):.3f}"
         )
 
 
