@@ -12,7 +12,7 @@ class distribution (arg-max per sample) and a histogram of its top-1 confidence.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +50,13 @@ def channel_axis_of(shape: tuple[int, ...]) -> int | None:
     return axis - ndim if 1 < shape[axis] <= MAX_CHANNELS else None
 
 
-def channels(array: np.ndarray, channel_axis: int | None) -> list[np.ndarray]:
-    """The values of each channel (one array of all the values without a channel axis)."""
+def channels(array: np.ndarray, channel_axis: int | None) -> Iterator[np.ndarray]:
+    """The values of each channel, one copy at a time (all the values without a channel axis)."""
     if channel_axis is None:
-        return [array.reshape(-1)]
-    return [np.take(array, c, axis=channel_axis).reshape(-1) for c in range(array.shape[channel_axis])]
+        yield array.reshape(-1)
+        return
+    for c in range(array.shape[channel_axis]):
+        yield np.take(array, c, axis=channel_axis).reshape(-1)
 
 
 def histogram_of(values: np.ndarray) -> Histogram:
