@@ -115,6 +115,9 @@ class Agent:
         default_name = config.default_model or self.stores.default
         self.governor = self._make_governor(self.server, pinned=default_name in self.pins)
         self.metrics = Metrics(self.server, stats=stats, governor=self.governor, measured=self.measurements.current)
+        # Before the model set: watching it for drift makes the entries of installed models, and
+        # _make_entry reads this.
+        self._governors_running = False
         self.models = ModelSet(
             self.stores,
             self.server,
@@ -128,7 +131,6 @@ class Agent:
         )
         self.metrics.attach_models(self.models)
         self.drift = watch_drift(self.models, self.events, self.metrics)  # issue 41: drift in telemetry
-        self._governors_running = False
         # The link and each model's updater (agent/fleet_connection.py), made and started in serve().
         self.fleet = FleetConnection(
             config,
