@@ -131,17 +131,26 @@ def vad_onnx(tmp_path_factory) -> Path:
     return extract(SILERO_VAD, "silero_vad.onnx", tmp_path_factory.mktemp("vad"))
 
 
-def _package(device: Any, convert: Path, name: str, pipeline: str, *extra: str) -> Path:
-    """``edgesdk package --pipeline`` (the real CLI) for ``device``; the bundle."""
+def _package(device: Any, convert: Path, name: str, pipeline: str, *extra: str, labels: Path | None = None) -> Path:
+    """The text bundle through ``edgesdk package --pipeline --tokenizer`` (the real CLI), the VAD's
+    through ``edgesdk.api.package`` (in process: one interpreter start less); installed on ``device``."""
     (device.root / f"{name}.yaml").write_text(pipeline)
     bundle = device.root / f"{name}.edgepkg"
-    packaged = subprocess.run(
-        [sys.executable, "-m", "edgesdk.cli.main", "package", str(convert), "--name", name, "--version", "1.0.0"]
-        + ["--release", "1", "--publisher-key", str(device.publisher_key), "--recipient", str(device.device_pub)]
-        + ["--target", PROFILE, "--out", str(bundle), "--pipeline", str(device.root / f"{name}.yaml"), *extra],
-        capture_output=True, text=True, env=agent_env(), timeout=120,
-    )  # fmt: skip
-    assert packaged.returncode == 0, packaged.stderr
+    if extra:
+        packaged = subprocess.run(
+            [sys.executable, "-m", "edgesdk.cli.main", "package", str(convert), "--name", name, "--version", "1.0.0"]
+            + ["--release", "1", "--publisher-key", str(device.publisher_key), "--recipient", str(device.device_pub)]
+            + ["--target", PROFILE, "--out", str(bundle), "--pipeline", str(device.root / f"{name}.yaml"), *extra],
+            capture_output=True, text=True, env=agent_env(), timeout=120,
+        )  # fmt: skip
+        assert packaged.returncode == 0, packaged.stderr
+    else:
+        from edgesdk.api import package
+
+        package(
+            convert, out=bundle, name=name, version="1.0.0", release=1, publisher_key=device.publisher_key,
+            recipients=device.device_pub, targets=[PROFILE], pipeline=device.root / f"{name}.yaml", labels=labels,
+        )  # fmt: skip
     installed = run_agent_cli("install", "--config", str(device.config), str(bundle))
     assert installed.returncode == 0, installed.stderr
     return bundle
@@ -167,7 +176,7 @@ def audio_text_agent(minilm, vad_onnx, tmp_path_factory):
     golden = feeds | {f"output:{o.name}": value for o, value in zip(session.get_outputs(), session.run(None, feeds))}
     vad_dir = _convert_dir(root / "vad", "vad", vad_onnx, vad_inputs, vad_outputs, golden)
     (root / "labels.txt").write_text("speech\n")
-    _package(device, vad_dir, "vad", VAD_PIPELINE, "--labels", str(root / "labels.txt"))
+    _package(device, vad_dir, "vad", VAD_PIPELINE, labels=root / "labels.txt")
     with AgentProcess(device) as running:
         yield running
         assert running.proc.poll() is None, running.log()
