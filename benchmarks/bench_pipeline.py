@@ -8,6 +8,8 @@ weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved 
    resize, numpy normalize, onnxruntime with its defaults, numpy softmax top-5); and the same
    loop with the agent's onnxruntime settings (intra-op threads not spinning between runs),
    so that the session's settings are not mistaken for the pipeline's cost.
+4. ``decode + pre only``: ``edgesdk.pipeline.preprocess`` against the usual code's own
+   decode/resize/crop/normalize, in-process, to tell the steps' cost from the HTTP's.
 
 Cells take turns request by request, so the load of a shared machine hits each alike. Not
 measured: the usual loop behind its own HTTP server (benchmarks/bench_agent.py compares the
@@ -74,11 +76,15 @@ _options.intra_op_num_threads = int(os.environ.get("BENCH_THREADS", "0"))
 SESSION = ort.InferenceSession(os.environ["BENCH_ONNX"], _options, providers=["CPUExecutionProvider"])
 
 
-def predict(data: bytes):
+def pre(data: bytes):
     image = Image.open(__import__("io").BytesIO(data)).convert("RGB").resize((256, 256), Image.Resampling.BILINEAR)
     image = image.crop((16, 16, 240, 240))
     x = ((np.asarray(image, np.float32) / 255.0 - MEAN) / STD).transpose(2, 0, 1)[None]
-    logits = SESSION.run(None, {"image": np.ascontiguousarray(x)})[0][0].astype(np.float64)
+    return np.ascontiguousarray(x)
+
+
+def predict(data: bytes):
+    logits = SESSION.run(None, {"image": pre(data)})[0][0].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
     best = np.argsort(-p)[:5]
@@ -210,6 +216,8 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
         "agent /infer (tensor)",
         "python loop (JPEG)",
         "python loop, agent's ORT settings",
+        "decode + pre only: edgesdk.pipeline, in-process",
+        "decode + pre only: the usual code, in-process",
     ]
     times: dict[str, list[float]] = {name: [] for name in cells}
     same_label = 0
@@ -236,6 +244,10 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
                     reply = call_predict(i)
                 elif name.startswith("agent /infer"):
                     reply = client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
+                elif name.startswith("decode + pre only: edgesdk"):
+                    preprocess(pipeline, jpegs[i], "image/jpeg", spec)
+                elif name.startswith("decode + pre only"):
+                    usual_loop.pre(jpegs[i])
                 else:
                     loop_with(default_session if name == "python loop (JPEG)" else quiet_session, i)
                 times[name].append((time.perf_counter() - started) * 1000)
