@@ -112,8 +112,9 @@ def _data_chunk(body: memoryview, start: int, size: int, fmt: tuple[int, int, in
 
 def decoded_nbytes(pcm: Pcm, pre: AudioPre) -> int:
     """float32 samples at the source rate, the resampled mono copy and its features (×2 working)."""
-    out = math.ceil(pcm.frames * pre.sample_rate / pcm.rate) if pre.length is None else pre.length
-    return pcm.frames * pcm.channels * 4 + out * 4 * 3 + feature_count(out, pre) * 4
+    resampled = math.ceil(pcm.frames * pre.sample_rate / pcm.rate)
+    kept = pre.length if pre.length is not None else resampled
+    return pcm.frames * pcm.channels * 4 + resampled * 4 * 2 + kept * 4 + feature_count(kept, pre) * 4
 
 
 def feature_count(samples: int, pre: AudioPre) -> int:

@@ -22,7 +22,7 @@ def read_text(data: bytes, media_type: str, pre: TextPre) -> str:
         raise PipelineInputError(
             415, f'Content-Type {media_type!r} is not text this model takes; send application/json {{"text": ...}}'
         )
-    if len(data) > pre.max_chars * 4 + 64:  # UTF-8: at most 4 bytes a character, plus the braces
+    if len(data) > pre.max_chars * 6 + 64:  # at most 6 bytes a character (a \uXXXX escape), plus the braces
         raise PipelineInputError(
             413, f"a body of {len(data)} bytes; this model's text is at most {pre.max_chars} characters"
         )
