@@ -113,3 +113,17 @@ def test_embedding_mean_pools_over_the_attention_mask_and_normalises() -> None:
     assert compare_results("embedding", {"embedding": vector}, {"embedding": -vector}) == pytest.approx(-1.0)
     with pytest.raises(UsageError, match="no task-level comparison for kind 'tensor'"):
         compare_results("tensor", {}, {})
+
+
+def test_packaging_reads_a_vocabulary_file_keeping_a_space_token(tmp_path) -> None:
+    from edgesdk.schemas.pipeline import load_pipeline
+
+    (tmp_path / "pipeline.yaml").write_text("post: {kind: ctc, blank: 0}\n")
+    (tmp_path / "vocab.txt").write_text("<blank>\na\n \nb\n\n")
+    pipeline = load_pipeline(tmp_path / "pipeline.yaml", vocabulary=tmp_path / "vocab.txt")
+    assert pipeline.post.vocabulary == ["<blank>", "a", " ", "b"]
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(UsageError, match=r"--vocabulary .*empty.txt: nothing in it"):
+        load_pipeline(tmp_path / "pipeline.yaml", vocabulary=tmp_path / "empty.txt")
+    with pytest.raises(SchemaError, match="needs its vocabulary"):
+        load_pipeline(tmp_path / "pipeline.yaml")
