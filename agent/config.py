@@ -32,6 +32,7 @@ _PATH_KEYS = (
     ("device_key",),
     ("trust_document",),
     ("api", "unix_socket"),
+    ("capture", "operator_public_key"),
     ("governor", "trace_file"),
     ("mqtt", "password_file"),
     ("mqtt", "tls", "ca_file"),

@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgesdk.agent.capture.start import start_capture
 from edgesdk.agent.config import check_configured_files
 from edgesdk.agent.device_identity import find_or_make_device_key, open_security_state
 from edgesdk.agent.drift.monitor import watch_drift
@@ -147,6 +148,7 @@ class Agent:
             ota_hooks=ota_hooks,
         )
         attach_shadow(self.fleet, self.models)  # each updater's probation shadow: free budget, governor pressure
+        self.capture = start_capture(config, self.models, self.data_dir)  # issue 41: off unless [capture] rate > 0
         self.loader = InstalledModelLoader(
             config,
             self.profile,

@@ -13,6 +13,7 @@
     │   └── AccuracyGateError      no variant kept the accuracy the gate asks for
     ├── BudgetError                nothing fits the profile's size or memory budget
     ├── KeyFileError               a key file is missing, malformed or has loose permissions
+    ├── CaptureFileError           (edgesdk/capture/sealed.py) a capture file is not one, was changed, or is for another key
     ├── TrustError                 a trust document is malformed, badly signed, or cannot replace the current one
     │   ├── TrustRollbackError     its version is not newer than the trusted one (rollback or replay)
     │   └── TrustExpiredError      the trusted document has expired: no new content until a newer one

@@ -240,6 +240,28 @@ class ProfilingConfig(Schema):
     timeout_s: float = Field(1800.0, gt=0, description="a profiling run that takes longer is stopped and reported")
 
 
+class CaptureConfig(Schema):
+    """``[capture]``: sampled data capture (docs/agent.md, "Data capture"), off by default. A share of
+    answered requests (inputs, outputs, model, release, variant, time) is written under
+    ``data_dir/capture``, each file encrypted to the operator's X25519 public key: the device
+    cannot read what it captured, and nor can anyone who takes its disk."""
+
+    rate: float = Field(0.0, ge=0, le=1, description="share of answered requests captured; 0: capture off")
+    operator_public_key: Path | None = Field(
+        None,
+        description="the operator's X25519 public key file (edgesdk capture keygen); capture refuses to start "
+        "without it",
+    )
+    max_mb: float = Field(100.0, gt=0, description="disk budget of the capture files; the oldest go first")
+    retention_days: float = Field(30.0, gt=0, description="capture files older than this are deleted")
+    redact: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+        description="'module:function' called with (feeds, outputs) before a record is written; it returns the "
+        "(feeds, outputs) that may be kept, or None to keep nothing. A hook that raises keeps nothing",
+    )
+
+
 class AgentConfig(Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     device_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -267,6 +289,7 @@ class AgentConfig(Schema):
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
     ota: OtaConfig = Field(default_factory=OtaConfig)
     profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
     runtime_threads: int | None = Field(
         None,
         gt=0,

@@ -49,6 +49,7 @@ PART_OF: dict[str, str] = {
         (
             "edgesdk._version",
             "edgesdk.bundle",
+            "edgesdk.capture",
             "edgesdk.console",
             "edgesdk.device_profiles",
             "edgesdk.drift",
