@@ -69,6 +69,15 @@ def _task_check(
     return prepare_task_check(load_pipeline(pipeline, labels), images, reference, gate)
 
 
+def _task_cell(task: object) -> str:
+    """A variant's end-to-end figure for the table (not run: it could not run on this host)."""
+    from edgesdk.schemas.report import TaskAccuracy
+
+    if not isinstance(task, TaskAccuracy):
+        return "not run here"
+    return f"{task.agreement:.4f} (≥{task.lower_bound:.4f}: {task.verdict})"
+
+
 @click.command("convert")
 @click.argument("model")
 @click.option("--profile", "profile_name", required=True, help="Device profile name (see `edgesdk profiles list`).")
@@ -281,10 +290,12 @@ def convert(
                 v.measurements.latency_p50_ms,
                 v.ladder_role,
             ]
+            + ([_task_cell(v.task_accuracy)] if report.end_to_end else [])
         )
     print_table(
         f"{report.model_name} → {report.profile} ({report.metric}, gate {report.gate:g})",
-        ["variant", "runtime", "method", "size", f"{report.metric} (95% lower bound)", "p50 ms (host)", "ladder"],
+        ["variant", "runtime", "method", "size", f"{report.metric} (95% lower bound)", "p50 ms (host)", "ladder"]
+        + (["end to end: your labels (95% lower bound)"] if report.end_to_end else []),
         rows,
     )
     for line in report.decisions:

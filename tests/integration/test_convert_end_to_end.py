@@ -119,6 +119,7 @@ def test_every_variant_is_gated_end_to_end_on_the_users_own_labels(validated, us
         # Both figures on the printed report: the tensor gate's line and the end-to-end line.
         assert f"{variant.id} logits: top1" in validated.stdout
         assert f"{variant.id} end to end: task top-1 label agreement" in validated.stdout
+    assert "end to end: your labels (95% lower bound)" in validated.stdout  # the table's column
     fp32 = next(v for v in report.variants if v.id == "onnx-fp32").task_accuracy
     assert fp32 is not None and fp32.agreement == 1.0 and fp32.score_diff is not None and fp32.score_diff < 1e-4
 
