@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "trust": "edgesdk.cli.trust_cmd:trust",
     "package": "edgesdk.cli.package_cmd:package",
     "bundle": "edgesdk.cli.bundle_cmd:bundle",
+    "capture": "edgesdk.cli.capture_cmd:capture",
 }
 
 
@@ -79,7 +80,7 @@ def cli(ctx: click.Context, profiles_dirs: tuple[str, ...]) -> None:
     \b
     Everyone:            profiles, schema, demo
     Embedded developers: convert, package, bundle, keys
-    Fleet operators:     fleet, image, trust
+    Fleet operators:     fleet, image, trust, capture
     """
     ctx.ensure_object(dict)
     ctx.obj["profiles_dirs"] = list(profiles_dirs)
