@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from edgesdk.converters.end_to_end import Expected, expected_results, load_reference, normalize
+from edgesdk.converters.end_to_end import Expected, TaskCheck, expected_results, judge, load_reference, normalize
 
 from edgesdk.errors import UsageError
 
@@ -90,3 +90,32 @@ def test_a_json_reference_must_name_every_file(tmp_path: Path, files: list[Path]
 )
 def test_the_usual_answer_shapes_read_as_one_top1_label(answer: object, expected: Expected) -> None:
     assert normalize(answer, "--reference x returned", "a.png") == expected
+
+
+def _check(files: list[Path], expected: list[Expected]) -> TaskCheck:
+    from edgesdk.schemas.pipeline import Pipeline
+    from edgesdk.schemas.report import EndToEndCheck
+
+    pipeline = Pipeline.model_validate({"post": {"labels": ["cat", "dog"]}})
+    summary = EndToEndCheck(images="x", files=len(files), reference="r", pipeline_sha256="0" * 64, gate=0.99)
+    return TaskCheck(pipeline, files, expected, summary, gate=0.5, score_tolerance=0.05)
+
+
+def _answer(label: str, index: int, score: float) -> dict[str, object]:
+    return {"labels": [{"label": label, "index": index, "score": score}]}
+
+
+def test_labels_that_agree_with_scores_far_apart_miss_the_gate_on_the_score_tail(files: list[Path]) -> None:
+    check = _check(files, [Expected("cat", 0.9), Expected("dog", 0.8)])
+    close = judge(check, [_answer("cat", 0, 0.89), _answer("dog", 1, 0.81)])
+    assert close.passed and close.agreement == 1.0 and close.score_diff == pytest.approx(0.01)
+    apart = judge(check, [_answer("cat", 0, 0.5), _answer("dog", 1, 0.81)])
+    assert not apart.passed and apart.verdict == "fail" and apart.score_diff == pytest.approx(0.4)
+    assert "worst sample 0.4000" in apart.note
+
+
+def test_a_different_label_is_named_with_the_users(files: list[Path]) -> None:
+    check = _check(files, [Expected("cat"), Expected("dog")])
+    result = judge(check, [_answer("dog", 1, 0.7), _answer("dog", 1, 0.9)])
+    assert result.agreement == 0.5 and result.disagreements == ["a.png: dog (yours cat)"]
+    assert result.score_diff is None  # the user gave no scores: only labels are judged
