@@ -135,3 +135,50 @@ def test_shadow_agreement_rolls_back_a_fast_wrong_canary_and_commits_a_faithful_
         client.stopped.set()
         client.join(15)
         agent.stop()
+
+
+def test_after_a_restart_in_probation_the_shadow_loads_the_previous_slot_within_the_memory_budget(
+    tmp_path: Path, bundles: OtaBundles, digits
+) -> None:
+    """Real store, bundles, opener and ModelServer.swap, in process: with nothing of v1 loaded
+    (as after a restart in probation) the shadow verifies and decrypts the previous slot in memory
+    when it fits the free budget, and loads nothing when it does not."""
+    from edgesdk.agent.shadow.reference import ShadowDevice
+
+    from edgesdk.bundle import inspect_bundle
+    from edgesdk.schemas.messages import HealthCriteria
+    from tests.agent_wiring_helpers import updater_for
+    from tests.ota_helpers import StandInAgent
+
+    agent = StandInAgent(tmp_path / "dev", bundles)
+    manager = updater_for(agent)
+    manager.install_local(bundles.v1, timeout=60)
+    manager.install_local(bundles.v2, timeout=60)
+    target = manager.target
+    assert target._previous_model is None and agent.store.previous_slot is not None
+    target._manifest = inspect_bundle(bundles.v2).manifest  # what activation reads from the new slot
+    deployment = manager.machine.record.deployment.model_copy(
+        update={"health": HealthCriteria(min_agreement=0.9, shadow_rate=1.0)}
+    )
+
+    target.shadow_device = ShadowDevice(free_mb=lambda: 0.01, pressure=lambda: None)
+    refused = target._start_shadow(deployment)
+    assert refused.runner is None and "MB to load and the model memory budget has 0.0 MB free" in (refused.absent or "")
+
+    target.shadow_device = ShadowDevice(free_mb=lambda: 1000.0, pressure=lambda: None)
+    check = target._start_shadow(deployment)
+    try:
+        assert check.runner is not None and check.reference_release == 1
+        assert check.runner.reference.model.release == 1 and agent.server.model.release == 2
+        images = np.load(digits.validation)["image"][:40].astype(np.float32)
+        for done, image in enumerate(images, start=1):  # one at a time: the queue never drops here
+            feeds = {"image": image[None]}
+            agent.server.tap("digits", feeds, agent.server.infer("digits", feeds), "onnx-fp32")
+            deadline = time.monotonic() + 10
+            while check.runner.compared < done and time.monotonic() < deadline:
+                time.sleep(0.005)
+        assert check.breach(final=True) is None, check.summary()
+        assert check.summary().startswith("shadow agreement 1.00 (lower bound 0.9"), check.summary()
+    finally:
+        check.stop()
+    assert agent.server.taps == []  # the tap is gone with the probation
