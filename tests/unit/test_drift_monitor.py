@@ -1,0 +1,72 @@
+"""The agent's drift monitor (agent/drift/monitor.py) with a fake model set: it taps each model's
+server once, samples 1 in N past 100 answers a second, counts NaN/Inf refusals by the model's
+input names, and starts over when a model loads."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from edgesdk.agent.drift.monitor import MAX_SAMPLED_RPS, DriftMonitor, watch_drift
+from edgesdk.agent.nonfinite import nonfinite_error
+
+
+class _Models:
+    def __init__(self, *names: str) -> None:
+        self.default_server = SimpleNamespace(taps=[], model=None)
+        self._entries = {n: self._entry(n) for n in names}
+
+    @staticmethod
+    def _entry(name: str) -> Any:
+        model = SimpleNamespace(
+            bundle_sha256=None, signature=SimpleNamespace(inputs=[SimpleNamespace(name=f"{name}-input")])
+        )
+        store = SimpleNamespace(slot_info=lambda slot: None)
+        return SimpleNamespace(name=name, server=SimpleNamespace(taps=[], model=model), store=store)
+
+    def entries(self) -> list[Any]:
+        return list(self._entries.values())
+
+    def entry(self, name: str) -> Any:
+        return self._entries[name]
+
+
+def _answer(monitor: DriftMonitor, name: str, count: int) -> None:
+    feeds, outputs = {f"{name}-input": np.arange(4, dtype=np.float32)}, {"y": np.ones(2, np.float32)}
+    for _ in range(count):
+        monitor.tap(name, feeds, outputs, "v")
+
+
+def test_watching_taps_each_server_once_and_feeds_telemetry() -> None:
+    models, events, metrics = _Models("digits", "kws"), SimpleNamespace(), SimpleNamespace()
+    events.subscribe = lambda fn: setattr(events, "handler", fn)
+    metrics.attach_quality = lambda reports: setattr(metrics, "reports", reports)
+    monitor = watch_drift(models, events, metrics)
+    events.handler("model_loaded", {"model": "kws"})  # already tapped: not twice
+    assert [len(e.server.taps) for e in models.entries()] == [1, 1]
+    _answer(monitor, "kws", 3)
+    reports = metrics.reports()
+    assert reports["kws"].samples == 3 and not reports["kws"].reference and reports["digits"].samples == 0
+
+
+def test_a_busy_model_is_sampled_one_in_n_from_the_next_window() -> None:
+    monitor = DriftMonitor(_Models("digits"))
+    _answer(monitor, "digits", 2000)
+    first = monitor.reports()["digits"]  # 2,000 answers in far less than a second
+    assert first.samples == 2000
+    every = monitor._models["digits"].every
+    assert every == math.ceil(2000 / max(first.window_s, 1e-3) / MAX_SAMPLED_RPS) and every > 1
+    _answer(monitor, "digits", 2000)
+    assert monitor.reports()["digits"].samples == sum(1 for n in range(2000, 4000) if n % every == 0)
+
+
+def test_nonfinite_refusals_count_for_the_model_with_that_input() -> None:
+    monitor = DriftMonitor(_Models("digits", "kws"))
+    monitor.reports()  # the windows start (and read the refusals so far)
+    nonfinite_error("kws-input")
+    nonfinite_error("kws-input")
+    reports = monitor.reports()
+    assert (reports["kws"].nonfinite, reports["digits"].nonfinite) == (2, 0)
+    assert monitor.reports()["kws"].nonfinite == 0  # counted once
