@@ -167,6 +167,9 @@ class ServedModel:
     choices: tuple[VariantChoice, ...] = ()
     #: The bundle's signed pre/post-processing (POST /v1/models/{name}/predict), if it has one.
     pipeline: Pipeline | None = None
+    #: The API's inference plans for this model by body layout (agent/api/plan.py): made once,
+    #: dropped with the model when another is swapped in.
+    plans: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def run_active(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
         """Run checked feeds on the active variant, taken once; the batcher's ``run_batch``."""
