@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from edgesdk.agent.drift.window import ModelWindow
 from edgesdk.agent.nonfinite import REFUSED
+from edgesdk.agent.shadow.readout import live_agreement
 
 from edgesdk.drift.schema import ReferenceProfile
 from edgesdk.errors import EdgeSDKError
@@ -119,8 +120,15 @@ class DriftMonitor:
             quality = sampled.window.report(refused_nonfinite=sampled.refused_since())
             rate = quality.samples * sampled.every / max(quality.window_s, 1e-3)
             sampled.every = max(1, math.ceil(rate / MAX_SAMPLED_RPS))
-            found[entry.name] = quality
+            found[entry.name] = self._with_agreement(entry, quality)
         return found
+
+    def _with_agreement(self, entry: Any, quality: ModelQuality) -> ModelQuality:
+        """The report with the model's shadow agreement while a probation's shadow runs."""
+        servers = (getattr(self.models, "default_server", None), entry.server)
+        taps = [tap for server in servers for tap in getattr(server, "taps", None) or []]
+        agreement = live_agreement(taps, entry.name)
+        return quality if agreement is None else quality.model_copy(update={"agreement": agreement})
 
     def _start(self, name: str) -> _Sampled | None:
         with self._lock:

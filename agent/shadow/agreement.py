@@ -129,6 +129,10 @@ class Agreement:
 
     def worst(self, minimum: float | None) -> OutputAgreement | None:
         """The output with the lowest bound (the one that decides), or None before any sample."""
-        with self._lock:
-            readings = [t.reading(minimum) for t in self.tallies.values() if t.samples]
+        readings = self.readings(minimum)
         return min(readings, key=lambda r: r.lower_bound) if readings else None
+
+    def readings(self, minimum: float | None) -> list[OutputAgreement]:
+        """Every output's reading so far (those with samples), by name."""
+        with self._lock:
+            return [self.tallies[name].reading(minimum) for name in sorted(self.tallies) if self.tallies[name].samples]

@@ -47,8 +47,10 @@ class ShadowRunner:
         pressure: Callable[[], str | None] = lambda: None,
         queue_size: int = QUEUE_SIZE,
         draw: Callable[[], float] | None = None,
+        minimum: float | None = None,
     ) -> None:
         self.model_name = model_name
+        self.minimum = minimum  # the deployment's min_agreement: telemetry reads the figures against it
         self.reference = reference
         self.agreement = agreement
         self.rate = rate

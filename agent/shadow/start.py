@@ -51,7 +51,8 @@ def start_shadow(
     if old is None or old.bundle_sha256 == model.bundle_sha256:
         return ShadowCheck(minimum, absent="no previous release differs from the one serving")
     pressure = device.pressure if device is not None else (lambda: None)
-    runner = ShadowRunner(model.name, reference, Agreement(manifest), rate=rate, pressure=pressure).start()
+    runner = ShadowRunner(model.name, reference, Agreement(manifest), rate=rate, pressure=pressure, minimum=minimum)
+    runner.start()
     taps.append(runner.tap)
     log.info("shadow of %s on release %d at rate %g", model.name, old.release, rate)
     check = ShadowCheck(minimum, runner, reference_release=old.release)

@@ -64,6 +64,19 @@ class DriftScore(Schema):
     js: float = Field(ge=0, le=1, description="Jensen-Shannon distance, base 2")
 
 
+class ShadowAgreement(Schema):
+    """One output's shadow agreement during probation (issue 41): the new model's answers against
+    the previous release's on the same sampled requests, the figure the probation gate reads."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    kind: str = Field(description="the output's metric: top1, ctc, abs, max_abs (shares), cosine, iou (tails)")
+    value: float
+    lower_bound: float = Field(description="the one-sided 95 % bound probation holds against the minimum")
+    samples: int = Field(ge=0, description="compared samples so far in this probation")
+    minimum: float | None = Field(None, description="the deployment's min_agreement; null: reported only")
+
+
 class ModelQuality(Schema):
     """What the device saw of one model's inputs and outputs since its last report: drift against
     the bundle's reference profile and data-quality counts (issue 41). ``reference`` is False when
@@ -79,6 +92,9 @@ class ModelQuality(Schema):
     nonfinite: int = Field(0, ge=0, description="requests refused for NaN/Inf")
     out_of_range: int = Field(0, ge=0, description="requests with values outside the reference's range")
     constant: int = Field(0, ge=0, description="requests whose every value was the same")
+    agreement: dict[str, ShadowAgreement] | None = Field(
+        None, description="per output, while a shadow comparison runs in probation (else null)"
+    )
 
 
 class ModelTelemetry(Schema):
