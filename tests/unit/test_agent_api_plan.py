@@ -77,3 +77,21 @@ def test_header_blocks_that_differ_elsewhere_share_one_plan(
     assert routes[0].decode is routes[1].decode  # type: ignore[union-attr]  # around one plan
     model = agent.server.model
     assert model is not None and len(model.plans) == 1
+
+
+def test_the_transport_neutral_modules_import_nothing_of_http() -> None:
+    """Below the HTTP adapter (app.py, prepared.py, http.py) no module knows HTTP's types: gRPC's
+    translation, the codecs, the plans, the scheduler, the answers and the error table."""
+    import ast
+    from pathlib import Path
+
+    import edgesdk.agent.api as api
+
+    folder = Path(api.__path__[0])
+    neutral = ["answer", "codec", "grpc_codec", "open_inference", "plan", "refusal", "scheduler", "budget"]
+    for name in neutral:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {
+            node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module is not None
+        } | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert not {m for m in imported if m.endswith("api.http") or m.endswith("api.app")}, name
