@@ -8,7 +8,9 @@ pruned with raw telemetry, and drawn on the device page in Debian's Chromium.
 
 The device ``dev-q`` reports every 2 minutes over the last 14: its input ``x`` has drifted
 (PSI 0.42) for 12 minutes, and 5 of its 100 requests a report carry NaN; ``dev-ok`` stays near
-its reference.
+its reference. Its last three reports carry a probation's shadow agreement falling under the
+deployment's minimum 0.95 (``AGREEMENT``): stored, served, exported, charted on the device page
+and shown in its row of a rollout page while it is in probation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from tests.pg_helpers import throwaway_cluster  # noqa: E402
 pytestmark = [pytest.mark.integration]
 
 MODEL = {"name": "digits", "version": "1.2.0", "release": 12, "variant": "onnx-fp32", "sha256": "b" * 64}
+#: dev-q's shadow agreement in its reports 5, 6 and 7: (figure, lower bound, samples).
+AGREEMENT = {5: (0.97, 0.90, 60), 6: (0.93, 0.87, 120), 7: (0.90, 0.85, 180)}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync"]
 
 
@@ -59,6 +63,10 @@ def _report(device: str, seq: int, ts: datetime, psi: float, nonfinite: int) -> 
         "out_of_range": 1,
         "constant": 0,
     }
+    if device == "dev-q" and seq in AGREEMENT:
+        value, lower, samples = AGREEMENT[seq]
+        figure = {"kind": "top1", "value": value, "lower_bound": lower, "samples": samples, "minimum": 0.95}
+        quality["agreement"] = {"probs": figure}
     body = {
         "device_id": device,
         "msg_id": f"{device}-q{seq}",
@@ -78,6 +86,17 @@ class Service:
     viewer: str
     operator: str
     started: datetime  # the reports' clock
+    devices: MqttClient  # publishes as the devices do
+
+    def call(self, method: str, path: str, body: bytes | None, kind: str = "application/json") -> tuple[int, Any]:
+        """An operator's REST call; (status, JSON answer)."""
+        headers = {"Authorization": f"Bearer {self.operator}", "Content-Type": kind}
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
 
     def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -128,7 +147,8 @@ def _start(db_url: str, root: Path) -> Iterator[Service]:
             assert port_file.exists(), (root / "service.log").read_text()[-3000:]
             devices.start()
             assert devices.wait_connected(10), devices.stats.last_error
-            service = Service(f"http://127.0.0.1:{port_file.read_text()}", db_url, viewer, operator, datetime.now(UTC))
+            url = f"http://127.0.0.1:{port_file.read_text()}"
+            service = Service(url, db_url, viewer, operator, datetime.now(UTC), devices)
             _publish_reports(devices, service.started)
             if not _known(service, "dev-q", within_s=10):
                 # Published before the service's subscription took: once more, stored once all the same.
@@ -186,6 +206,8 @@ def test_quality_reports_are_stored_once_and_read_back_per_model_and_time(servic
     assert newest["model"] == "digits" and newest["release"] == 12 and newest["reference"] is True
     assert newest["inputs"] == {"x": {"psi": 0.42, "js": 0.3}} and newest["outputs"]["probs"]["psi"] == 0.03
     assert (newest["samples"], newest["nonfinite"], newest["out_of_range"], newest["constant"]) == (100, 5, 1, 0)
+    figure = {"kind": "top1", "value": 0.9, "lower_bound": 0.85, "samples": 180, "minimum": 0.95}
+    assert newest["agreement"] == {"probs": figure} and reports[0]["agreement"] is None  # no shadow ran then
     assert [r["ts"] for r in reports] == sorted(r["ts"] for r in reports)
     recent = service.started.timestamp() - 5 * 60
     assert len(_reports(service, "dev-q", f"?since={recent}", count=0)) == 3  # 4, 2 and 0 minutes ago
@@ -212,6 +234,10 @@ def test_drift_and_quality_counts_are_exported_and_raised_as_alerts_with_their_f
     # 8 reports of 100 sampled and 5 NaN each; the redelivered one is not counted twice.
     assert f'edgesdk_fleet_model_requests_total{{{labels},kind="sampled"}} 800.0' in page
     assert f'edgesdk_fleet_model_requests_total{{{labels},kind="nonfinite"}} 40.0' in page
+    agreement = f'edgesdk_fleet_model_shadow_agreement{{{labels},output="probs"'
+    assert f'{agreement},bound="value"}} 0.9' in page and f'{agreement},bound="lower"}} 0.85' in page
+    assert f'{agreement},bound="minimum"}} 0.95' in page
+    assert 'edgesdk_fleet_model_shadow_agreement{device="dev-ok"' not in page  # no shadow: no figure
     status, alerts = service.get("/api/v1/alerts", service.viewer)
     assert status == 200
     mine = {(a["kind"], a["target"]): a for a in alerts["items"]}
@@ -250,12 +276,46 @@ def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_se
             box = drift.locator("svg").bounding_box()
             assert box is not None and box["width"] > 300 and box["height"] > 100  # drawn, not collapsed
             assert "NaN/Inf refused 5 requests" in counts.inner_text()
+            agreement = section.locator("figure").nth(2)
+            assert "digits: shadow agreement with the previous release (agreement)" in agreement.inner_text()
+            assert "probs top1 0.9 agreement" in agreement.inner_text()
+            assert "probs lower bound 0.85 agreement" in agreement.inner_text()
+            assert agreement.locator("polyline").count() == 2 and agreement.locator("line.threshold").count() == 1
+            points = agreement.locator("polyline").first.get_attribute("points") or ""
+            assert len(points.split()) == 3, points  # the three reports made while the shadow ran
+            _the_rollout_row_shows_agreement_in_probation(sqlite_service, page)
             page.goto(sqlite_service.url + "/ui/alerts")
             alert = page.locator("#alerts li[data-kind=model_drift]")
             assert "PSI 0.42 on input x" in alert.inner_text()
             assert alert.locator("a").get_attribute("href") == "/ui/devices/dev-q"
         finally:
             browser.close()
+
+
+def _the_rollout_row_shows_agreement_in_probation(service: Service, page: Any) -> None:
+    """A real rollout to dev-q, its status PROBATION as the agent reports it: dev-q's row on the
+    rollout page shows its newest agreement figure against the minimum."""
+    from edgesdk.schemas.messages import OtaStatus
+    from tests.bundle_helpers import make_keys, placeholder_bundle
+
+    root = Path(service.db_url.removeprefix("sqlite:///")).parent
+    bundle = placeholder_bundle(root / "rollout", make_keys(root / "rollout-keys"))
+    status, stored = service.call("POST", "/api/v1/bundles", bundle.read_bytes(), "application/octet-stream")
+    assert status in (200, 201), stored
+    plan = {"bundle_id": stored["id"], "devices": ["dev-q"], "deployment_id": "q-rollout", "canary": 0}
+    status, made = service.call("POST", "/api/v1/deployments", json.dumps(plan | {"probation_s": 900}).encode())
+    assert status == 201, made
+    try:
+        report = OtaStatus(
+            device_id="dev-q", deployment_id="q-rollout", msg_id="q-p", ts=datetime.now(UTC), state="PROBATION"
+        )
+        service.devices.publish("edgesdk/devices/dev-q/ota/status", report.model_dump_json().encode(), qos=1)
+        page.goto(service.url + "/ui/deployments/q-rollout")
+        row = page.locator("#dd-dev-q .agreement")
+        row.wait_for()  # live: the state arrives by the event stream
+        assert row.inner_text() == "shadow agreement 0.900 on probs (top1), lower bound 0.850 < 0.95 over 180 requests"
+    finally:
+        service.call("POST", "/api/v1/deployments/q-rollout/abort", json.dumps({"reason": "test over"}).encode())
 
 
 def test_quality_rows_are_pruned_with_raw_telemetry_and_the_totals_stay(service: Service) -> None:

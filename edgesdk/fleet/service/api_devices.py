@@ -108,7 +108,7 @@ def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         """The drift scores and data-quality counts in the device's telemetry, per model and
         report, oldest first (at most the newest 5,000): PSI and Jensen-Shannon distance per input
         and output tensor against the bundle's reference profile, requests refused for NaN/Inf,
-        out of the reference's range, constant."""
+        out of the reference's range, constant; during probation, the shadow agreement per output."""
         _known_device(engine, device_id)
         start = since if since is not None else time.time() - 86400
         rows = quality.device_quality(engine, device_id, since=start, model=model)
@@ -142,6 +142,14 @@ class DriftFigures(BaseModel):
     js: float
 
 
+class AgreementFigure(BaseModel):
+    kind: str = Field(description="top1, ctc, abs, max_abs (shares of samples that agree), cosine, iou (tails)")
+    value: float
+    lower_bound: float = Field(description="the one-sided 95 % bound probation holds against the minimum")
+    samples: int
+    minimum: float | None = Field(None, description="the deployment's min_agreement; null: reported only")
+
+
 class QualityReport(BaseModel):
     """One telemetry report's figures for one model (``edgesdk.schemas.messages.ModelQuality``)."""
 
@@ -156,6 +164,9 @@ class QualityReport(BaseModel):
     nonfinite: int
     out_of_range: int
     constant: int
+    agreement: dict[str, AgreementFigure] | None = Field(
+        None, description="shadow agreement per output while a probation's shadow ran (else null)"
+    )
 
 
 class DeviceQuality(BaseModel):

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
-from edgesdk.fleet.service.dashboard_rollout import canary_note, wave_progress
+from edgesdk.fleet.service.dashboard_rollout import agreement_notes, canary_note, wave_progress
 from edgesdk.fleet.service.dashboard_ui import Ui, escape, not_found, state_badge
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.rollout_form import FieldError, plan_from, rollout_form
@@ -63,6 +63,7 @@ def add_deployment_pages(app: FastAPI, context: Any, ui: Ui) -> None:
                 sa.select(h).where((h.c.deployment_id == deployment_id) & h.c.progress.is_(None)).order_by(h.c.ts)
             ).all()
         waves = sorted({d.wave for d in devices})
+        agreement = agreement_notes(engine, devices, row.message.model_name)
         wave_sections = ""
         for wave in waves:
             members = [d for d in devices if d.wave == wave]
@@ -72,7 +73,7 @@ def add_deployment_pages(app: FastAPI, context: Any, ui: Ui) -> None:
                 f'<tr id="dd-{escape(d.device_id)}"><td><a href="/ui/devices/{escape(d.device_id)}">{escape(d.device_id)}</a></td>'
                 f"<td class=state>{_device_state(d.state, row.state)}</td>"
                 f"<td>{'' if d.progress is None else f'{d.progress:.0%}'}</td>"
-                f"<td>{escape(d.model_release)}</td><td class=reason>{escape(_device_reason(d, row.state))}</td></tr>"
+                f"<td>{escape(d.model_release)}</td><td class=reason>{escape(_device_reason(d, row.state))}{agreement.get(d.device_id, '')}</td></tr>"
                 for d in members
             )
             wave_sections += (

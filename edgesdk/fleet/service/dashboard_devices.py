@@ -29,7 +29,7 @@ from edgesdk.fleet.service.charts import line_chart
 from edgesdk.fleet.service.dashboard_ui import Ui, escape
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
-from edgesdk.fleet.service.quality import DRIFT_PSI, device_quality
+from edgesdk.fleet.service.quality import DRIFT_PSI, QualityRow, device_quality
 
 PAGE = "/ui/devices"
 PER_PAGE = 50
@@ -221,7 +221,8 @@ def _row(r: Any, telemetry: Any, status: BrokerStatus | None, now: float) -> str
 
 def quality_charts(engine: Any, device_id: str, since: float) -> str:
     """The device page's model-quality section (issue 41): per model, PSI per tensor over time
-    (the drift alert's level dashed) and the data-quality counts of each report."""
+    (the drift alert's level dashed), the data-quality counts of each report and, once a
+    probation's shadow reported, its agreement per output with the lower bound (the minimum dashed)."""
     rows = device_quality(engine, device_id, since=since)
     models = sorted({r.model for r in rows})
     if not models:
@@ -238,9 +239,26 @@ def quality_charts(engine: Any, device_id: str, since: float) -> str:
             f'<div class=quality data-model="{escape(model)}">'
             + line_chart(drift, unit="PSI", title=f"{model}: drift per tensor", threshold=DRIFT_PSI)
             + line_chart(counts, unit="requests", title=f"{model}: data quality per report")
+            + _agreement_chart(model, mine)
             + "</div>"
         )
     return "<section id=model-quality><h2>Model quality</h2>" + "".join(charts) + "</section>"
+
+
+def _agreement_chart(model: str, rows: list[QualityRow]) -> str:
+    """Shadow agreement and its lower bound per output over the reports that carry it ('' when none
+    does); the newest minimum dashed (probation rolls back when the bound stays under it)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    minimum = None
+    for r in rows:
+        for output, figure in sorted((r.agreement or {}).items()):
+            series.setdefault(f"{output} {figure['kind']}", []).append((r.ts, figure["value"]))
+            series.setdefault(f"{output} lower bound", []).append((r.ts, figure["lower_bound"]))
+            minimum = figure.get("minimum", minimum)
+    if not series:
+        return ""
+    title = f"{model}: shadow agreement with the previous release"
+    return line_chart(series, unit="agreement", title=title, threshold=minimum)
 
 
 _COUNT_SERIES = (("NaN/Inf refused", "nonfinite"), ("out of range", "out_of_range"), ("constant", "constant"))

@@ -19,7 +19,8 @@ few tables). What is exported, and what the alert rules in ``deploy/prometheus/`
 * model quality (issue 41), from each device's newest report of each model: the drift scores
   ``edgesdk_fleet_model_drift_psi`` and ``_js`` per tensor (``direction``: input or output), and
   ``edgesdk_fleet_model_requests_total`` by ``kind`` (sampled, nonfinite, out_of_range, constant)
-  added up over every report stored (``edgesdk.fleet.service.quality``);
+  added up over every report stored (``edgesdk.fleet.service.quality``), and while a probation's
+  shadow runs ``edgesdk_fleet_model_shadow_agreement`` per output (``bound``: value, lower, minimum);
 * the ingest's counters (messages, malformed, impersonating, duplicates, enrollment requests
   stored and refused, messages of accounts that are not devices) since the database was created.
 
@@ -271,6 +272,13 @@ class FleetMetrics:
                     ]
             page.family(f"edgesdk_fleet_model_drift_{score}", "gauge", f"{help_text}, newest report", samples)
         page.family(
+            "edgesdk_fleet_model_shadow_agreement",
+            "gauge",
+            "shadow agreement of the output with the previous release in probation, newest report: bound=value "
+            "(the figure), lower (its 95 % lower bound, what probation judges), minimum (the deployment's)",
+            _agreement_samples(quality),
+        )
+        page.family(
             "edgesdk_fleet_model_requests_total",
             "counter",
             "requests the device's model saw, by kind: sampled (sketched), nonfinite (refused for NaN/Inf), "
@@ -296,3 +304,14 @@ class FleetMetrics:
             "times the fleet service lost its MQTT broker since it started",
             [] if broker is None else [({}, broker.disconnects)],
         )
+
+
+def _agreement_samples(quality: list[QualityRow]) -> list[tuple[dict[str, Any], float]]:
+    samples: list[tuple[dict[str, Any], float]] = []
+    for row in quality:
+        for output, figure in sorted((row.agreement or {}).items()):
+            labels = {"device": row.device_id, "model": row.model, "output": output}
+            for bound, key in (("value", "value"), ("lower", "lower_bound"), ("minimum", "minimum")):
+                if figure.get(key) is not None:
+                    samples.append((labels | {"bound": bound}, float(figure[key])))
+    return samples

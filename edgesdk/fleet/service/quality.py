@@ -8,6 +8,10 @@ report's figures are one ``model_quality`` row, de-duplicated with the telemetry
 (QoS 1 redelivers), and kept as long as raw telemetry (``retention.prune``). Their counts are
 added to ``model_quality_totals`` once per new row: the Prometheus counters, which never go back.
 
+A report made while a probation's shadow runs also carries the shadow agreement per output
+(``ModelQuality.agreement``: the figure, its lower bound, the samples, the deployment's minimum),
+kept in the row's ``scores`` JSON beside the drift scores (null when no shadow ran).
+
 The alert thresholds live here, once: the shipped Prometheus rules
 (``deploy/prometheus/fleet-alerts.yml``) use the same numbers, and a test compares them.
 """
@@ -54,6 +58,7 @@ class QualityRow:
     nonfinite: int
     out_of_range: int
     constant: int
+    agreement: dict[str, dict[str, Any]] | None = None  # per output, while a shadow ran
 
     def tensors(self) -> dict[tuple[str, str], float]:
         """PSI by (direction, tensor)."""
@@ -77,6 +82,8 @@ def _row(message: Telemetry, model: Any, quality: ModelQuality) -> dict[str, Any
         "inputs": {k: v.model_dump() for k, v in quality.inputs.items()},
         "outputs": {k: v.model_dump() for k, v in quality.outputs.items()},
     }
+    if quality.agreement is not None:
+        scores["agreement"] = {k: v.model_dump() for k, v in quality.agreement.items()}
     psis = [s.psi for s in (*quality.inputs.values(), *quality.outputs.values())]
     return {
         "device_id": message.device_id,
@@ -158,6 +165,7 @@ def _quality(row: Any) -> QualityRow:
         nonfinite=row.nonfinite,
         out_of_range=row.out_of_range,
         constant=row.constant,
+        agreement=scores.get("agreement"),
     )
 
 
@@ -170,6 +178,24 @@ def device_quality(engine: Any, device_id: str, *, since: float, model: str | No
     with Transaction(engine) as db:
         rows = db.execute(query.order_by(table.c.ts.desc(), table.c.model_name).limit(MAX_REPORTS)).all()
     return [_quality(r) for r in reversed(rows)]
+
+
+def probation_agreement(db: Any, device_ids: list[str], model: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each device's newest report of ``model``, its shadow agreement per output (devices whose
+    newest report carries none are left out): the rollout page's probation rows."""
+    q = schema.model_quality
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for device_id in device_ids:  # the devices in probation: a handful, one index seek each
+        newest = db.execute(
+            sa.select(q.c.scores)
+            .where((q.c.device_id == device_id) & (q.c.model_name == model))
+            .order_by(q.c.ts.desc())
+            .limit(1)
+        ).scalar()
+        agreement = json.loads(newest).get("agreement") if newest is not None else None
+        if agreement:
+            found[device_id] = agreement
+    return found
 
 
 def latest_quality(db: Any) -> list[QualityRow]:
