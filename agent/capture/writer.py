@@ -37,7 +37,8 @@ QUEUE_SIZE = 16
 RETENTION_CHECK_S = 60.0
 
 Redact = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], Any]
-#: (model, version, release) of a model name, read when a request is sampled.
+#: The version and release a model name serves, read on the request's thread when it is sampled
+#: (a swap right after the answer must not relabel it).
 Describe = Callable[[str], Mapping[str, Any]]
 
 
@@ -63,6 +64,7 @@ class _Sample:
     outputs: Mapping[str, np.ndarray]
     variant: str
     at: float
+    about: Mapping[str, Any] = field(default_factory=dict)  # version, release: read when sampled
 
 
 class CaptureWriter:
@@ -110,7 +112,8 @@ class CaptureWriter:
         queued = False
         if taken:
             try:
-                self._queue.put_nowait(_Sample(model_name, feeds, outputs, variant, time.time()))
+                sample = _Sample(model_name, feeds, outputs, variant, time.time(), self.describe(model_name))
+                self._queue.put_nowait(sample)
                 queued = True
             except queue.Full:
                 pass
@@ -160,7 +163,7 @@ class CaptureWriter:
             "variant": sample.variant,
             "device_id": self.device_id,
             "time": datetime.fromtimestamp(sample.at, timezone.utc).isoformat(),
-            **self.describe(sample.model),
+            **sample.about,
         }
         sealed = seal(pack_record(feeds, outputs, meta), self.operator)
         if len(sealed) > self.max_bytes:

@@ -71,7 +71,9 @@ def test_capture_counts_survive_concurrent_taps(tmp_path: Path) -> None:
 
 def test_capture_file_opens_only_with_the_operator_key(tmp_path: Path) -> None:
     key, other = X25519PrivateKey.generate(), X25519PrivateKey.generate()
-    path = _writer(tmp_path, key, describe=lambda _: {"release": 3}).write(_sample())
+    sample = _sample()
+    sample.about = {"release": 3}
+    path = _writer(tmp_path, key).write(sample)
     assert path is not None and path.parent.name == "capture" and oct(path.stat().st_mode & 0o777) == "0o600"
     data = path.read_bytes()
     assert FEEDS["image"].tobytes() not in data and OUTPUTS["logits"].tobytes() not in data
