@@ -136,6 +136,19 @@ class CaptureWriter:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        counts = self.counts
+        log.info(
+            "capture: %d of %d answers sampled, %d written, %d dropped (queue full), %d kept nothing (redact), "
+            "%d over the budget, %d write errors, %d files deleted (budget, retention)",
+            counts.sampled,
+            counts.seen,
+            counts.written,
+            counts.dropped,
+            counts.redacted_out,
+            counts.too_large,
+            counts.write_errors,
+            counts.evicted,
+        )
 
     def _work(self) -> None:
         while True:
