@@ -155,11 +155,10 @@ class DriftMonitor:
 
 def watch_drift(models: Any, events: Any, metrics: Any) -> DriftMonitor:
     """The agent's drift monitor: on the default model's server now, on each other model's when it
-    loads, its figures in every telemetry report (agent/daemon.py calls this once)."""
+    loads (``model_loaded``), its figures in every telemetry report (agent/daemon.py calls this
+    once, before any model loads)."""
     monitor = DriftMonitor(models)
     monitor.attach(models.default_server)
-    for entry in models.entries():
-        monitor.attach(entry.server)
-    events.subscribe(monitor.on_event)
+    events.subscribe(monitor.on_event)  # every model loads after this (and makes no entry here)
     metrics.attach_quality(monitor.reports)
     return monitor

@@ -44,7 +44,8 @@ def test_watching_taps_each_server_once_and_feeds_telemetry() -> None:
     events.subscribe = lambda fn: setattr(events, "handler", fn)
     metrics.attach_quality = lambda reports: setattr(metrics, "reports", reports)
     monitor = watch_drift(models, events, metrics)
-    events.handler("model_loaded", {"model": "kws"})  # already tapped: not twice
+    for name in ("digits", "kws", "kws"):  # each model's server tapped when it loads, once
+        events.handler("model_loaded", {"model": name})
     assert [len(e.server.taps) for e in models.entries()] == [1, 1]
     _answer(monitor, "kws", 3)
     reports = metrics.reports()
