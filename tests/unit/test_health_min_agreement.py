@@ -39,7 +39,13 @@ def deployment(health: HealthCriteria) -> Deployment:
 def test_unused_shadow_fields_are_not_on_the_wire_nor_signed() -> None:
     plain = deployment(HealthCriteria(probation_s=5))
     wire = json.loads(command_payload(plain))
-    assert set(wire["health"]) == {"probation_s", "max_error_rate", "p95_latency_ms", "max_restarts", "max_output_drift"}
+    assert set(wire["health"]) == {
+        "probation_s",
+        "max_error_rate",
+        "p95_latency_ms",
+        "max_restarts",
+        "max_output_drift",
+    }
     assert b"min_agreement" not in canonical_json(plain) and b"shadow_rate" not in canonical_json(plain)
 
 

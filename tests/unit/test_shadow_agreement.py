@@ -206,7 +206,9 @@ def test_shadow_of_a_previous_release_beyond_the_memory_budget_is_never_loaded(t
     check, loaded, server = start_from_slot(tmp_path, free_mb=120.0)
     assert loaded == [] and server.taps == []
     assert check.absent == "the previous release needs 500.0 MB to load and the model memory budget has 120.0 MB free"
-    assert "shadow agreement cannot be checked (the previous release needs 500.0 MB" in (check.breach(final=False) or "")
+    assert "shadow agreement cannot be checked (the previous release needs 500.0 MB" in (
+        check.breach(final=False) or ""
+    )
     informational, _, _ = start_from_slot(tmp_path, free_mb=120.0, minimum=None)
     assert informational.breach(final=True) is None  # not asked for: the update goes on without a shadow
     unknown, loaded, _ = start_from_slot(tmp_path, free_mb=None)
