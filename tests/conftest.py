@@ -3,6 +3,7 @@ cache directory, so every tier can use a real model without paying for training 
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import shutil
 from pathlib import Path
@@ -54,11 +55,16 @@ def digits(request: pytest.FixtureRequest):
     from edgesdk.workloads.digits import prepare_digits
 
     cache_dir = Path(request.config.cache.mkdir("edgesdk-digits-v1"))
-    try:
-        return prepare_digits(cache_dir)
-    except Exception:
-        shutil.rmtree(cache_dir, ignore_errors=True)  # a half-written cache must not poison later runs
-        raise
+    # scripts/test runs the arm64 lane's pytest beside the suite's, on the same cache folder: one
+    # trains and writes while the other waits, then finds the files whole (the lock is a sibling
+    # file, so removing a half-written cache below never removes the lock someone holds).
+    with (cache_dir.parent / "edgesdk-digits-v1.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return prepare_digits(cache_dir)
+        except Exception:
+            shutil.rmtree(cache_dir, ignore_errors=True)  # a half-written cache must not poison later runs
+            raise
 
 
 @pytest.fixture
