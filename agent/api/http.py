@@ -43,6 +43,7 @@ and an inference answers later from a thread-pool future without a task per requ
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import os
@@ -193,9 +194,10 @@ class InlineRoute(Protocol):
     #: Whether the route may take requests to answer later (``later``): set once, when prepared.
     batching: bool
 
-    def later(self, connection: HttpProtocol, body: bytes) -> bool:
+    def later(self, body: bytes, reply: Callable[[tuple[bytes, str] | None], None]) -> bool:
         """Take the request to answer after the loop's other reads of this wake-up (in one batch
-        with them), by ``connection.answer_later``; or False: ask ``answer`` now."""
+        with them): ``reply`` is called once with what ``answer`` would have given (None: the
+        route declined after all, the server's handler answers it); or False: ask ``answer`` now."""
         ...
 
 
@@ -579,7 +581,11 @@ class HttpProtocol(asyncio.Protocol):
         when the block has an inline route that answers it, only the answer."""
         route = known.route
         if route is not None:
-            if route.batching and len(self.server.connections) > 1 and route.later(self, body):
+            if (
+                route.batching
+                and len(self.server.connections) > 1
+                and route.later(body, functools.partial(self.answer_later, known, route.head, body))
+            ):
                 # Its answer comes from answer_later, after this wake-up's other reads: until
                 # then the connection is busy (what else it sends waits in the queue).
                 self._messages += 1
@@ -638,7 +644,7 @@ class HttpProtocol(asyncio.Protocol):
             )
         )
 
-    def answer_later(self, known: KnownHead, body: bytes, answer: tuple[bytes, str] | None, head: str) -> None:
+    def answer_later(self, known: KnownHead, head: str, body: bytes, answer: tuple[bytes, str] | None) -> None:
         """The answer to the request of ``known`` with ``body`` that its route took to answer later
         (``InlineRoute.later``; ``answer`` and ``head`` as ``answer`` and ``head`` there): what
         ``respond`` does for a 200 (the connection was busy meanwhile: a half-close, pipelined

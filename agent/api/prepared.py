@@ -30,9 +30,9 @@ and the price of keeping one error path.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from edgesdk.agent.api.budget import Allowance
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from edgesdk.agent.api.app import ApiApp
 
 log = logging.getLogger("edgesdk.agent.api")
+
+#: Where a request taken for a batch gets its answer (``later``): the HTTP connection's.
+Reply = Callable[[tuple[bytes, str] | None], None]
 
 
 class PreparedInfer:
@@ -104,8 +107,8 @@ class PreparedInfer:
         self.batching = batch_input is not None
         self.batch_max = app.scheduler.inline_batch_max
         self._input = batch_input or ""
-        #: (connection, body, its input array, its Allowance) of the requests taken for the next batch.
-        self._pending: list[tuple[Any, bytes, np.ndarray, Allowance | None]] = []
+        #: (its reply, its input array, its Allowance) of the requests taken for the next batch.
+        self._pending: list[tuple[Reply, np.ndarray, Allowance | None]] = []
         self._company = 0  # requests in the last batch
         self._probe_left = _PROBE_EVERY
         self._probes = 0
@@ -163,7 +166,7 @@ class PreparedInfer:
             self._served = None
             self.server.tap(*served, self._variant)
 
-    def later(self, connection: Any, body: bytes) -> bool:
+    def later(self, body: bytes, reply: Reply) -> bool:
         """Take this request for a batch with the others this wake-up of the loop brings (from
         other connections: each sends one request at a time), run once their reads are done
         (``_run_batch``, next on the loop), or False: ``answer`` answers it now.
@@ -207,9 +210,9 @@ class PreparedInfer:
             log.debug("prepared route: %s not taken for a batch (%r)", self.known.path, exc)
             self._finish(allowance)
             return False
-        pending.append((connection, body, feed, allowance))
+        pending.append((reply, feed, allowance))
         if len(pending) == 1:
-            connection.loop.call_soon(self._run_batch)
+            self.scheduler.loop.call_soon(self._run_batch)  # type: ignore[union-attr]  # set before serving
         return True
 
     def _run_batch(self) -> None:
@@ -226,7 +229,7 @@ class PreparedInfer:
         members: list[Mapping[str, np.ndarray]] = []  # each request's rows of the outputs
         variant_id, ran = "", 0.0
         model = self.model()
-        arrays = [member[2] for member in pending]
+        arrays = [member[1] for member in pending]
         budget = self.budget
         # The stacked copy of the inputs is memory of its own (a raw body's input is a view of
         # the body, held already): charged while the batch runs, or the batch is declined.
@@ -270,11 +273,10 @@ class PreparedInfer:
         if fits:
             with budget.lock:
                 budget.used -= stack
-        head, known = self.head, self.known
-        for (connection, body, _, allowance), answer in zip(pending, answers, strict=True):
+        for (reply, _, allowance), answer in zip(pending, answers, strict=True):
             self._finish(allowance)
             try:
-                connection.answer_later(known, body, answer, head)
+                reply(answer)
             except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
                 log.exception("answering a batched request failed")
         if variant_id:
@@ -286,7 +288,7 @@ class PreparedInfer:
             self.scheduler.took(ran / count)  # the loop was blocked for all of them: its share each
             if self.server.taps and model is not None:
                 tap, name, feed_name = self.server.tap, model.name, self._input
-                for (_, _, array, _), outputs_of in zip(pending, members, strict=True):
+                for (_, array, _), outputs_of in zip(pending, members, strict=True):
                     tap(name, {feed_name: array}, outputs_of, variant_id)
 
     def _finish(self, allowance: Allowance | None) -> None:

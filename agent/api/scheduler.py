@@ -130,7 +130,9 @@ class Scheduler:
             requests.count += 1
             started = time.perf_counter()
             try:
-                outcome = self._run(work, where)
+                outcome = work()  # _run, written out: one call fewer on a tiny model's every answer
+            except Exception as exc:  # noqa: BLE001 - a bug in one request is a 500, never a dead agent
+                outcome = self.refuse(exc, where)
             finally:
                 requests.count -= 1
             took = time.perf_counter() - started
