@@ -281,7 +281,16 @@ class UpdateMachine:
     def _stage(self, deployment: Deployment) -> str:
         slot = self.target.stage(deployment, self._downloaded(deployment))
         self.record = self.record.model_copy(update={"staged_slot": slot, "activated_slot": slot})
-        return f"staged in slot {slot}"
+        staged = f"staged in slot {slot}"
+        shadow_phase = getattr(self.target, "shadow_phase", None)  # an UpdateTarget may have none
+        if not deployment.health.shadow_s or shadow_phase is None:
+            return staged
+        # Before activation the staged model shadows the serving one (agent/shadow/phase.py);
+        # a refusal (ProbationFailed) fails the update with the old model still serving.
+        self._publish(reason=f"{staged}; shadow phase for {deployment.health.shadow_s:g} s before activation")
+        summary = shadow_phase(deployment, slot, self._cancel.is_set)
+        self._check_cancel()
+        return f"{staged}; {summary}"
 
     def _activate(self, deployment: Deployment) -> str:
         slot = self.record.activated_slot
@@ -382,7 +391,7 @@ _STOPPABLE = frozenset({E.ERROR, E.CANCEL})
 WORK: dict[UpdateState, StateWork] = {
     S.DOWNLOADING:  StateWork(UpdateMachine._download,         E.DOWNLOADED,  _STOPPABLE),
     S.VERIFYING:    StateWork(UpdateMachine._verify,           E.VERIFIED,    _STOPPABLE),
-    S.STAGED:       StateWork(UpdateMachine._stage,            E.STAGED,      _STOPPABLE),
+    S.STAGED:       StateWork(UpdateMachine._stage,            E.STAGED,      _STOPPABLE | {E.UNHEALTHY}),
     S.ACTIVATING:   StateWork(UpdateMachine._activate,         E.ACTIVATED,   _STOPPABLE),
     S.PROBATION:    StateWork(UpdateMachine._watch_probation,  E.HEALTHY,     _STOPPABLE | {E.UNHEALTHY}),
     S.ROLLING_BACK: StateWork(UpdateMachine._roll_back,        E.ROLLED_BACK, frozenset({E.ERROR})),

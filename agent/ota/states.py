@@ -55,6 +55,7 @@ TRANSITIONS: dict[tuple[UpdateState, UpdateEvent], UpdateState] = {
     (S.STAGED,       E.ERROR):         S.FAILED,
     (S.STAGED,       E.CANCEL):        S.FAILED,
     (S.STAGED,       E.LOOP_DETECTED): S.FAILED,
+    (S.STAGED,       E.UNHEALTHY):     S.FAILED,         # the shadow phase refused it: never activated
 
     (S.ACTIVATING,   E.ACTIVATED):     S.PROBATION,
     (S.ACTIVATING,   E.ERROR):         S.ROLLING_BACK,

@@ -226,6 +226,35 @@ class AgentUpdateTarget:
                 self.admit(verified.manifest)  # before anything is written into a slot
             return str(store.stage(verified))
 
+    def shadow_phase(self, deployment: Deployment, slot: str, cancelled: Callable[[], bool]) -> str:
+        """Before activation: the staged bundle in ``slot`` shadows the serving model for
+        ``health.shadow_s`` (agent/shadow/phase.py). Raises ProbationFailed when it is refused."""
+        from edgesdk.agent.shadow.phase import run_shadow_phase
+
+        manifest: list[Any] = []
+
+        def load_staged(fits: Callable[[Any], str | None], server: Any) -> str | None:
+            with self._opener() as opener:
+                verified = self._verify(opener, self.slots.bundle_path(slot), installed_release=None)
+                manifest.append(verified.manifest)
+                why_not = fits(verified.manifest)  # the memory budget, before anything is decrypted
+                if why_not is None:
+                    opener.serve(server, verified)
+                return why_not
+
+        outcome = run_shadow_phase(
+            deployment.health,
+            self.serving,
+            lambda: manifest[0],
+            load_staged=load_staged,
+            device=self.shadow_device,
+            cancelled=cancelled,
+        )
+        if outcome.refused is not None:
+            raise ProbationFailed(outcome.refused)
+        log.info("%s", outcome.summary)
+        return outcome.summary
+
     def _load_golden(self, opener: BundleOpener, verified: Any) -> tuple[dict[str, Any], dict[str, Any], str] | None:
         """Golden inputs/outputs for probation probes (in memory only)."""
         self._manifest = verified.manifest

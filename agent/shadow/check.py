@@ -33,8 +33,10 @@ class ShadowCheck:
         *,
         absent: str | None = None,
         reference_release: int | None = None,
+        window: str = "probation",
     ) -> None:
         self.minimum = minimum
+        self.window = window  # "probation", or "the shadow phase" before activation: named in the reasons
         self.runner = runner
         self.absent = absent
         self.reference_release = reference_release
@@ -59,8 +61,8 @@ class ShadowCheck:
                 return None
             return (
                 f"shadow agreement not shown: {samples} compared requests, at least {MIN_SHADOW_SAMPLES} needed "
-                f"for min_agreement {minimum:g} ({self.runner.counts()}; raise shadow_rate or probation, "
-                "or send traffic during probation)"
+                f"for min_agreement {minimum:g} ({self.runner.counts()}; raise shadow_rate or the {self.window}'s "
+                f"length, or send traffic during {self.window})"
             )
         certain = worst.upper_bound is not None and worst.upper_bound < minimum
         if certain or (final and worst.lower_bound < minimum):

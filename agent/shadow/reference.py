@@ -59,13 +59,19 @@ def from_slot(slots: Any, verify_and_load: VerifyAndLoad, profile: Any, free_mb:
         return "the previous release's slot is gone"
     if free_mb is None:
         return "the previous release is not loaded and this updater knows no memory budget"
+    return from_bundle(verify_and_load, profile, free_mb, what="the previous release")
+
+
+def from_bundle(verify_and_load: VerifyAndLoad, profile: Any, free_mb: float, *, what: str) -> ModelServer | str:
+    """A server of the bundle ``verify_and_load`` opens, loaded only when it fits in ``free_mb``
+    (the model memory budget not held by a serving model); else why not, naming ``what`` and the figures."""
     server = ModelServer(profile=profile, allow_nonfinite=True)
 
     def fits(manifest: Any) -> str | None:
         need = bundle_load_mb(manifest)
         if need <= free_mb:
             return None
-        return f"the previous release needs {need:.1f} MB to load and the model memory budget has {free_mb:.1f} MB free"
+        return f"{what} needs {need:.1f} MB to load and the model memory budget has {free_mb:.1f} MB free"
 
     why_not = verify_and_load(fits, server)
     return server if why_not is None else why_not

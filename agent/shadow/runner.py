@@ -48,8 +48,13 @@ class ShadowRunner:
         queue_size: int = QUEUE_SIZE,
         draw: Callable[[], float] | None = None,
         minimum: float | None = None,
+        runs_candidate: bool = False,
     ) -> None:
         self.model_name = model_name
+        # False (probation): ``reference`` is the previous release, the live answers are judged.
+        # True (the shadow phase before activation): ``reference`` is the staged model that
+        # answers nobody, judged against the live answers of the model that serves.
+        self.runs_candidate = runs_candidate
         self.minimum = minimum  # the deployment's min_agreement: telemetry reads the figures against it
         self.reference = reference
         self.agreement = agreement
@@ -120,12 +125,15 @@ class ShadowRunner:
             except queue.Empty:
                 continue
             try:
-                reference = self.reference.infer(self.model_name, feeds)
+                ran = self.reference.infer(self.model_name, feeds)
             except Exception as exc:  # noqa: BLE001 - a reference failure must never reach serving
                 self.errors += 1
                 log.debug("shadow reference run failed: %s", exc)
                 continue
-            self.agreement.compare(outputs, reference)
+            if self.runs_candidate:
+                self.agreement.compare(ran, outputs)
+            else:
+                self.agreement.compare(outputs, ran)
             self.compared += 1
 
     def counts(self) -> str:

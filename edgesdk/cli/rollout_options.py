@@ -38,6 +38,7 @@ class RolloutArgs:
     max_error_rate: str
     min_agreement: str | None
     shadow_rate: str | None
+    shadow_for: str | None
     wave_timeout: str | None
     artifact_urls: tuple[str, ...]
     mqtt_fallback: bool
@@ -101,10 +102,24 @@ class RolloutArgs:
             waves=parse_waves(self.waves),
             max_failures=parse_percent(self.max_failures, option="--max-failures"),
             probation_s=bounded_duration(self.probation, option="--probation"),
-            wave_timeout_s=bounded_duration(self.wave_timeout, option="--wave-timeout") if self.wave_timeout else None,
+            wave_timeout_s=self.wave_timeout_s(),
             command_ttl_s=positive_duration(self.expires),
             **self.schedule(),
         )
+
+    def shadow_s(self) -> float | None:
+        return bounded_duration(self.shadow_for, option="--shadow-for") if self.shadow_for else None
+
+    def wave_timeout_s(self) -> float | None:
+        """--wave-timeout; with --shadow-for and none given, the default (probation + 10m) plus the shadow phase."""
+        if self.wave_timeout:
+            return bounded_duration(self.wave_timeout, option="--wave-timeout")
+        from edgesdk.schemas.messages import MAX_PROBATION_S
+
+        shadow_s = self.shadow_s()
+        if not shadow_s:
+            return None
+        return min(bounded_duration(self.probation, option="--probation") + shadow_s + 600.0, MAX_PROBATION_S)
 
     def schedule(self) -> dict[str, Any]:
         """``start_at``, ``window`` and ``window_tz`` of the plan, each checked."""
@@ -130,12 +145,16 @@ class RolloutArgs:
         minimum = parse_fraction(self.min_agreement, option="--min-agreement") if self.min_agreement else None
         if minimum is not None and shadow_rate == 0:
             raise UsageError("--min-agreement needs a --shadow-rate above 0% (no request would be compared)")
+        shadow_s = self.shadow_s()
+        if shadow_s and shadow_rate == 0:
+            raise UsageError("--shadow-for needs a --shadow-rate above 0% (no request would be compared)")
         return HealthCriteria(
             probation_s=plan.probation_s,
             p95_latency_ms=self.p95_ms,
             max_error_rate=parse_percent(self.max_error_rate, option="--max-error-rate"),
             min_agreement=minimum,
             shadow_rate=shadow_rate,
+            shadow_s=shadow_s,
         )
 
     def api_body(self) -> dict[str, Any]:
@@ -157,6 +176,7 @@ class RolloutArgs:
             "max_error_rate": health.max_error_rate,
             "min_agreement": health.min_agreement,
             "shadow_rate": health.shadow_rate,
+            "shadow_s": health.shadow_s,
             "wave_timeout_s": plan.wave_timeout_s,
             "expires_s": plan.command_ttl_s,
             "chunk_size": self.chunk_size,
@@ -244,6 +264,12 @@ _OPTIONS = [
         "--shadow-rate",
         default=None,
         help="Share of live requests also run on the previous release during probation (default 10 percent; 0 = off).",
+    ),
+    click.option(
+        "--shadow-for",
+        default=None,
+        help="Before activation, run the new model for this long (e.g. 10m) on the --shadow-rate share of the live "
+        "requests the current model answers; it answers nobody. Below --min-agreement the update is refused.",
     ),
     click.option(
         "--wave-timeout",

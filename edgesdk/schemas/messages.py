@@ -190,16 +190,23 @@ class HealthCriteria(Schema):
     shadow_rate: float | None = Field(
         None, ge=0, le=1, description="share of live requests also run on the previous release; None: 0.1"
     )
+    # Issue 41: a shadow phase before activation (docs/ota.md): the staged model runs on the sampled
+    # share of live requests the serving model answers, and answers nobody. Bounded like probation.
+    shadow_s: float | None = Field(
+        None, ge=0, le=MAX_PROBATION_S, description="seconds of shadow phase before activation; None: none"
+    )
 
     @model_validator(mode="after")
     def _shadow_to_check(self) -> HealthCriteria:
         if self.min_agreement is not None and self.shadow_rate == 0:
             raise ValueError("min_agreement needs a shadow_rate above 0 (no request would be compared)")
+        if self.shadow_s and self.shadow_rate == 0:
+            raise ValueError("shadow_s needs a shadow_rate above 0 (no request would be compared)")
         return self
 
     def later_fields_unset(self) -> set[str]:
         """Fields newer than the first signed format that are at their default (left out on the wire)."""
-        return {name for name in ("min_agreement", "shadow_rate") if getattr(self, name) is None}
+        return {name for name in ("min_agreement", "shadow_rate", "shadow_s") if getattr(self, name) is None}
 
 
 #: Deployment messages before version 2 carried no freshness or audience fields. They still

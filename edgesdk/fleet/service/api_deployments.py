@@ -25,6 +25,7 @@ from edgesdk.fleet.service.api_routing import (
     paging,
 )
 from edgesdk.fleet.service.api_schemas import (
+    MAX_WAVE_TIMEOUT_S,
     CommandOptions,
     DeploymentCreate,
     DeploymentDetail,
@@ -139,6 +140,7 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
                     max_error_rate=body.max_error_rate,
                     min_agreement=body.min_agreement,
                     shadow_rate=body.shadow_rate,
+                    shadow_s=body.shadow_s,
                 ),
                 chunk_size=body.chunk_size,
                 artifact_urls=body.artifact_urls,
@@ -218,12 +220,19 @@ def _plan(body: DeploymentCreate) -> RolloutPlan:
         waves=tuple(body.waves),
         max_failures=body.max_failures,
         probation_s=body.probation_s,
-        wave_timeout_s=body.wave_timeout_s,
+        wave_timeout_s=_wave_timeout_s(body),
         command_ttl_s=body.expires_s,
         start_at=body.start_at.timestamp() if body.start_at is not None else None,
         window=body.window,
         window_tz=body.window_tz,
     )
+
+
+def _wave_timeout_s(body: DeploymentCreate) -> float | None:
+    """The body's; with a shadow phase and none given, the default (probation + 10 min) plus the phase."""
+    if body.wave_timeout_s is not None or not body.shadow_s:
+        return body.wave_timeout_s
+    return min(body.probation_s + body.shadow_s + 600.0, MAX_WAVE_TIMEOUT_S)
 
 
 def _refuse_unknown_devices(engine: Any, device_ids: list[str]) -> None:

@@ -47,6 +47,9 @@ class DeploymentCreate(_Body):
         None, ge=0, le=1, description="roll back below this lower bound of agreement with the previous release"
     )
     shadow_rate: float | None = Field(None, ge=0, le=1, description="share of live requests shadowed; default 0.1")
+    shadow_s: float | None = Field(
+        None, ge=0, le=MAX_PROBATION_S, description="seconds the new model shadows the current one before activation"
+    )
     wave_timeout_s: float | None = Field(None, gt=0, le=MAX_WAVE_TIMEOUT_S)
     expires_s: float = Field(
         6 * 3600.0,
@@ -72,6 +75,8 @@ class DeploymentCreate(_Body):
             raise ValueError(f"waves {self.waves} must rise and end at 1.0")
         if self.min_agreement is not None and self.shadow_rate == 0:
             raise ValueError("min_agreement needs a shadow_rate above 0 (no request would be compared)")
+        if self.shadow_s and self.shadow_rate == 0:
+            raise ValueError("shadow_s needs a shadow_rate above 0 (no request would be compared)")
         return self
 
 
