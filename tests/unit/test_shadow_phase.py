@@ -177,3 +177,33 @@ def test_fleet_push_bad_shadow_for_is_one_clear_line() -> None:
     with pytest.raises(UsageError, match="--shadow-for needs a --shadow-rate above 0%"):
         args = rollout(shadow_for="10m", shadow_rate="0%")
         args.health(args.plan())
+
+
+def test_a_cancel_ends_the_shadow_phase_and_the_update_fails_unactivated(tmp_path: Path) -> None:
+    from edgesdk.agent.ota.machine import UpdateMachine
+    from edgesdk.agent.ota.record import StateFile
+
+    serving = SimpleNamespace(taps=[], model=SimpleNamespace(name="digits", release=1), profile=None)
+    device = ShadowDevice(free_mb=lambda: 120.0, pressure=lambda: None, taps=None)
+    started = time.monotonic()
+    outcome = run_shadow_phase(
+        HealthCriteria(min_agreement=0.9, shadow_s=600),
+        serving,
+        lambda: MANIFEST,
+        load_staged=lambda fits, server: fits(FITS),
+        device=device,
+        cancelled=lambda: True,
+    )
+    assert outcome.refused is None and time.monotonic() - started < 5 and serving.taps == []
+
+    class Cancelling(ShadowingDevice):
+        def shadow_phase(self, deployment, slot, cancelled) -> str:
+            machine.cancel()  # the operator's cancel arrives during the phase
+            assert cancelled()
+            return "shadow phase: cut short"
+
+    fake = Cancelling(FakeDisk(), None)
+    machine = UpdateMachine(fake, StateFile(tmp_path / "state.json"), device_id="dev-1")
+    machine.start(make_deployment(shadow_s=600.0))
+    assert fake.serving_history == [OLD] and fake.published[-1].state == S.FAILED.value
+    assert fake.published[-1].reason == "cancelled by operator"
