@@ -148,7 +148,8 @@ class Agent:
             ota_hooks=ota_hooks,
         )
         attach_shadow(self.fleet, self.models)  # each updater's probation shadow: free budget, governor pressure
-        self.capture = start_capture(config, self.models, self.data_dir)  # issue 41: off unless [capture] rate > 0
+        # issue 41: off unless [capture] rate > 0; uploads through the link once serve() made it
+        self.capture = start_capture(config, self.models, self.data_dir, link=lambda: self.fleet.link)
         self.loader = InstalledModelLoader(
             config,
             self.profile,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +72,19 @@ def describer(models: Any) -> Any:
     return describe
 
 
-def start_capture(config: AgentConfig, models: Any, data_dir: Path) -> CaptureWriter | None:
-    """The running capture writer on the API's taps, or None when capture is off."""
+def start_capture(
+    config: AgentConfig, models: Any, data_dir: Path, *, link: Callable[[], Any] | None = None
+) -> CaptureWriter | None:
+    """The running capture writer on the API's taps, or None when capture is off. With ``upload``,
+    the files also go to the fleet service through the MQTT link ``link()`` returns (once made)."""
     settings = config.capture
     if settings.rate <= 0:
         return None
+    if settings.upload and (not config.mqtt.enabled or link is None):
+        raise ConfigError(
+            "[capture] upload = true sends capture files over MQTT, but [mqtt] enabled is false: "
+            "enable [mqtt] or set upload = false"
+        )
     from edgesdk.agent.capture.writer import CaptureWriter
 
     from edgesdk.keys import key_id
@@ -93,6 +101,11 @@ def start_capture(config: AgentConfig, models: Any, data_dir: Path) -> CaptureWr
         describe=describer(models),
     ).start()
     atexit.register(writer.stop, 5.0)  # what is queued at a clean stop is written, not lost
+    if settings.upload and link is not None:
+        from edgesdk.agent.capture.upload import CaptureUploader
+
+        uploader = CaptureUploader(writer.directory, config.device_id, link).start()
+        atexit.register(uploader.stop, 1.0)
     models.default_server.taps.append(writer.tap)  # the API calls this server's taps for every model
     log.info(
         "capturing %g of answered requests to %s, encrypted to operator key %s",

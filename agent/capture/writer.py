@@ -14,6 +14,7 @@ import collections
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,8 @@ from edgesdk.capture.sealed import SUFFIX, seal
 
 log = logging.getLogger("edgesdk.agent.capture")
 
+#: What a model name may keep in a file name (anything else becomes ``_``).
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 #: Requests waiting for the writer; beyond it samples are dropped (and counted).
 QUEUE_SIZE = 16
 #: How often the whole directory is checked against the retention (between writes too).
@@ -183,7 +186,7 @@ class CaptureWriter:
             self._count("too_large")
             return None
         self._make_room(len(sealed))
-        path = self.directory / self._file_name(sample.at)
+        path = self.directory / self._file_name(sample.at, sample.model)
         try:
             atomic_write_bytes(path, sealed)
         except OSError as exc:
@@ -208,10 +211,12 @@ class CaptureWriter:
         feeds, outputs = kept
         return feeds, outputs
 
-    def _file_name(self, at: float) -> str:
+    def _file_name(self, at: float, model: str) -> str:
+        """``{UTC time}-{sequence}-{model}.edgecap``: the time first (name order is age order), the model
+        last so that the uploader can say which model a file is of without opening it."""
         self._sequence += 1
         stamp = datetime.fromtimestamp(at, timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        return f"{stamp}-{self._sequence:06d}{SUFFIX}"
+        return f"{stamp}-{self._sequence:06d}-{_SAFE_NAME.sub('_', model)}{SUFFIX}"
 
     def _make_room(self, size: int) -> None:
         """Delete the oldest files until ``size`` more bytes fit the budget (and, once a minute,

@@ -31,8 +31,11 @@ ENROLL_CREDENTIALS: Final = "enroll/credentials"
 #: ``{namespace}/fleet/``: one message for the whole fleet, read by every device.
 TRUST: Final = "trust"
 
+#: A finished capture file, sealed to the operator's key (``CaptureUpload`` JSON, device → fleet).
+CAPTURE: Final = "capture"
+
 #: Suffixes a device publishes under its own id (the ACL grants write on exactly these).
-DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL)
+DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL, CAPTURE)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")

@@ -260,6 +260,11 @@ class CaptureConfig(Schema):
         description="'module:function' called with (feeds, outputs) before a record is written; it returns the "
         "(feeds, outputs) that may be kept, or None to keep nothing. A hook that raises keeps nothing",
     )
+    upload: bool = Field(
+        False,
+        description="send finished capture files to the fleet service over MQTT (needs [mqtt] enabled); off: "
+        "capture works offline and the files stay on the device",
+    )
 
 
 class AgentConfig(Schema):

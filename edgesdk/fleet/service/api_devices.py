@@ -9,10 +9,10 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 
-from edgesdk.fleet.service import alerts, quality, schema, tokens
+from edgesdk.fleet.service import alerts, captures, quality, schema, tokens
 from edgesdk.fleet.service.api_routing import (
     ONE_ERRORS,
     READ_ERRORS,
@@ -114,6 +114,35 @@ def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         rows = quality.device_quality(engine, device_id, since=start, model=model)
         return {"device_id": device_id, "reports": [_quality_report(r) for r in rows]}
 
+    @app.get(
+        "/api/v1/devices/{device_id}/captures",
+        response_model=DeviceCaptures,
+        tags=["devices"],
+        responses=documented(*ONE_ERRORS),
+    )
+    def device_captures(
+        device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))
+    ) -> dict[str, Any]:
+        """The capture files the device uploaded, newest first (at most 1,000), without their bytes:
+        each is sealed to the operator's capture key, which the service does not hold."""
+        _known_device(engine, device_id)
+        return {"device_id": device_id, "captures": captures.list_captures(engine, device_id)}
+
+    @app.get(
+        "/api/v1/captures/{capture_id}",
+        tags=["devices"],
+        response_class=Response,
+        responses={200: SEALED_FILE, **documented(*ONE_ERRORS)},
+    )
+    def download_capture(capture_id: int, _op: tokens.Operator = Depends(who("operator", "captures.read"))) -> Response:
+        """One capture file as the device sealed it (``edgesdk capture decrypt`` opens it)."""
+        found = captures.read_capture(engine, capture_id)
+        if found is None:
+            raise HTTPException(404, f"no capture {capture_id}")
+        name, data = found
+        disposition = f'attachment; filename="{name}"'
+        return Response(data, media_type="application/octet-stream", headers={"Content-Disposition": disposition})
+
     @app.get("/api/v1/groups", response_model=Page[Group], tags=["devices"], responses=documented(*READ_ERRORS))
     def list_groups(
         page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
@@ -172,6 +201,28 @@ class QualityReport(BaseModel):
 class DeviceQuality(BaseModel):
     device_id: str
     reports: list[QualityReport]
+
+
+#: The download's answer in the OpenAPI document: the sealed file's bytes.
+SEALED_FILE: dict[str, Any] = {
+    "description": "the capture file, sealed to the operator's capture key",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
+class CaptureEntry(BaseModel):
+    id: int = Field(description="the capture id of GET /api/v1/captures/{id}")
+    device_id: str
+    model: str
+    name: str = Field(description="the file's name on the device (its UTC time first)")
+    size: int
+    sha256: str = Field(description="of the sealed bytes, checked on arrival")
+    received: float = Field(description="Unix time the service stored it")
+
+
+class DeviceCaptures(BaseModel):
+    device_id: str
+    captures: list[CaptureEntry]
 
 
 def _quality_report(row: quality.QualityRow) -> dict[str, Any]:

@@ -48,9 +48,11 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from edgesdk.capture.upload import CaptureUpload
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.broker_credentials import RESERVED_USERNAMES
 from edgesdk.fleet.service import bulk, schema
+from edgesdk.fleet.service.captures import DEFAULT_MAX_FILE_BYTES, DEFAULT_QUOTA_BYTES, Capture, CaptureStore
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates, inserted_new_row
 from edgesdk.fleet.service.quality import QualityWriter
 from edgesdk.fleet.service.refusals import Refusals
@@ -88,6 +90,9 @@ class IngestCounters:
     not_a_device: int = 0  # messages on the topic of a broker account that is not a device
     refusals_counted: int = 0  # refusals of commands this service issued to the device
     security_events: int = 0  # refusals of commands it did not (edgesdk.fleet.service.refusals)
+    capture_stored: int = 0  # capture files uploaded by devices (edgesdk.fleet.service.captures)
+    capture_refused: int = 0  # over the size cap of one capture file: not stored
+    capture_evicted: int = 0  # deleted for a device's capture quota (its oldest first)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -96,7 +101,7 @@ class IngestCounters:
 class Ingest:
     """Folds device messages of ``namespace`` into the service database."""
 
-    SUFFIXES = (topics.PRESENCE, topics.TELEMETRY, topics.EVENTS, topics.OTA_STATUS, topics.ENROLL)
+    SUFFIXES = (topics.PRESENCE, topics.TELEMETRY, topics.EVENTS, topics.OTA_STATUS, topics.ENROLL, topics.CAPTURE)
 
     def __init__(
         self,
@@ -109,6 +114,8 @@ class Ingest:
         flush_s: float = 0.1,
         queue_max: int = 20000,
         max_pending_enrollments: int = DEFAULT_MAX_PENDING_ENROLLMENTS,
+        capture_quota_bytes: int = DEFAULT_QUOTA_BYTES,
+        capture_max_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         self.engine = engine
         self.namespace = namespace
@@ -135,12 +142,15 @@ class Ingest:
         self._enroll_insert = insert_ignoring_duplicates(engine, schema.enrollment_requests)
         self._refusals = Refusals(engine, store.where, store)
         self._quality = QualityWriter(engine)  # drift and data-quality figures (issue 41)
+        self._captures = CaptureStore(engine, quota_bytes=capture_quota_bytes)  # sealed capture files (issue 41)
+        self._capture_max_bytes = capture_max_bytes
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
             topics.TELEMETRY: Telemetry,
             topics.EVENTS: Event,
             topics.OTA_STATUS: OtaStatus,
             topics.ENROLL: EnrollRequest,
+            topics.CAPTURE: CaptureUpload,
         }
 
     def _insert_statement(self, table: sa.Table, names: tuple[str, ...]) -> Any:
@@ -186,10 +196,35 @@ class Ingest:
             )
             self._ack([receipt])
             return True
+        if isinstance(message, CaptureUpload):
+            message = self._capture(message)
+            if message is None:
+                self._ack([receipt])
+                return True
         with self._lock:
             self._enqueued += 1
         self._queue.put((message, receipt))  # blocks when full: back-pressure, never a silent drop
         return True
+
+    def _capture(self, upload: CaptureUpload) -> Capture | None:
+        """The upload and its checked bytes, or None (counted) when it is over the cap or its bytes
+        do not match its size and SHA-256."""
+        if upload.size > self._capture_max_bytes:
+            self._count("capture_refused")
+            log.warning(
+                "refused capture %s of %s: %d bytes, over the %d-byte cap",
+                upload.name,
+                upload.device_id,
+                upload.size,
+                self._capture_max_bytes,
+            )
+            return None
+        try:
+            return Capture(upload, upload.content())
+        except EdgeSDKError as exc:
+            self._count("malformed")
+            log.warning("ignored capture from %s: %s", upload.device_id, exc)
+            return None
 
     def _count(self, name: str, by: int = 1) -> None:
         with self._lock:
@@ -290,11 +325,13 @@ class Ingest:
         presence = [m for m in items if isinstance(m, Presence)]
         statuses = [m for m in items if isinstance(m, OtaStatus)]
         requests = [m for m in items if isinstance(m, EnrollRequest)]
+        captures = [m for m in items if isinstance(m, Capture)]
         with Transaction(self.engine, self.store.where) as db:
             seen: dict[str, float] = {}
             for m in items:
                 if not isinstance(m, EnrollRequest):  # anyone with the bootstrap secret may send one
-                    seen[m.device_id] = max(seen.get(m.device_id, 0.0), m.ts.timestamp())
+                    said = m.upload if isinstance(m, Capture) else m
+                    seen[said.device_id] = max(seen.get(said.device_id, 0.0), said.ts.timestamp())
             self._touch_devices(db, seen)
             stored_telemetry = self._insert(
                 db, self._telemetry_insert, _TELEMETRY_COLUMNS, [_telemetry_row(m) for m in telemetry]
@@ -309,6 +346,7 @@ class Ingest:
             self._apply_telemetry(db, telemetry)
             self._apply_ota_states(db, statuses)
             refused = self._enroll_all(db, requests)
+            stored_captures, evicted_captures = self._captures.write(db, captures)
         for status in statuses:  # its own transaction; a kill before it is redelivered (not acked)
             if status.command_sha256 is None:
                 self.store.record_status(status)
@@ -326,6 +364,9 @@ class Ingest:
             c.enroll_refused += refused
             c.refusals_counted += counted
             c.security_events += security_events
+            c.capture_stored += stored_captures
+            c.capture_evicted += evicted_captures
+            c.duplicates += len(captures) - stored_captures
 
     def _insert(self, db: Any, statement: Any, names: tuple[str, ...], rows: list[dict[str, Any]]) -> int:
         """Insert ``rows`` (each with exactly the columns ``names``), skipping duplicates; how many were new."""

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -419,4 +420,23 @@ model_quality_totals = Table(
     Column("nonfinite", BigInteger, nullable=False),
     Column("out_of_range", BigInteger, nullable=False),
     Column("constant", BigInteger, nullable=False),
+)
+
+# -- sampled data capture (issue 41, edgesdk/fleet/service/captures.py) --------------------------
+
+#: Capture files uploaded by devices, stored as they came: sealed to the operator's key, which
+#: the service never holds. ``id`` is the capture id of ``GET /api/v1/captures/{id}``.
+captures = Table(
+    "captures",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("device_id", String(64), nullable=False),
+    Column("model", String(128), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("received", Float, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    UniqueConstraint("device_id", "sha256", name="uq_captures_device_sha256"),
+    Index("ix_captures_device_received", "device_id", "received"),
 )

@@ -41,7 +41,7 @@ from edgesdk.protocol import topics
 log = logging.getLogger(__name__)
 
 #: The suffixes ingest workers share; presence is the service's (see the module docstring).
-SHARED_SUFFIXES = (topics.TELEMETRY, topics.EVENTS, topics.OTA_STATUS, topics.ENROLL)
+SHARED_SUFFIXES = (topics.TELEMETRY, topics.EVENTS, topics.OTA_STATUS, topics.ENROLL, topics.CAPTURE)
 DEFAULT_SHARE_GROUP = "edgesdk-fleet"
 #: Unacknowledged messages the broker may have in flight to one ingest client: a few batches.
 RECEIVE_MAXIMUM = 4000

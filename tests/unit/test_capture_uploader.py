@@ -1,0 +1,78 @@
+"""The capture uploader (agent/capture/upload.py) with a stand-in link: it hands the oldest unsent
+file to the outbox only when the outbox is empty, never sends a file twice (not after a restart
+either), counts a file too large for one message and keeps it on the device; and
+``[capture] upload = true`` without ``[mqtt]`` is refused at start in one line."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from edgesdk.agent.capture.start import start_capture
+from edgesdk.agent.capture.upload import CaptureUploader, model_of
+
+from edgesdk.capture.upload import MAX_UPLOAD_BYTES, CaptureUpload
+from edgesdk.errors import ConfigError
+from edgesdk.schemas.agent_config import AgentConfig
+
+
+class _Outbox:
+    depth = 0
+
+
+class _Link:
+    def __init__(self) -> None:
+        self.queue = _Outbox()
+        self.sent: list[tuple[str, CaptureUpload]] = []
+
+    def publish_reliable(self, suffix: str, message: CaptureUpload) -> int:
+        self.sent.append((suffix, message))
+        return len(self.sent)
+
+
+def _file(directory: Path, second: int, model: str, size: int = 10) -> Path:
+    path = directory / f"20261205T0000{second:02d}.000000Z-{second:06d}-{model}.edgecap"
+    path.write_bytes(bytes([second]) * size)
+    return path
+
+
+def test_the_uploader_sends_oldest_first_one_at_a_time_and_never_twice(tmp_path: Path) -> None:
+    first, second = _file(tmp_path, 1, "digits"), _file(tmp_path, 2, "mobilenet-v2")
+    link = _Link()
+    uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
+    link.queue.depth = 1  # the outbox still holds a message: wait
+    assert not uploader.send_next() and link.sent == []
+    link.queue.depth = 0
+    assert uploader.send_next()
+    suffix, message = link.sent[0]
+    assert suffix == "capture" and message.name == first.name and message.model == "digits"
+    assert message.content() == first.read_bytes()
+    assert message.sha256 == hashlib.sha256(first.read_bytes()).hexdigest()
+    assert uploader.send_next() and link.sent[1][1].model == "mobilenet-v2"
+    assert not uploader.send_next()
+    assert first.exists() and second.exists()  # kept within the disk budget, not deleted on send
+
+    restarted = CaptureUploader(tmp_path, "dev-1", lambda: link)
+    assert not restarted.send_next() and len(link.sent) == 2
+
+
+def test_the_uploader_waits_for_the_link_and_keeps_a_file_too_large_for_a_message(tmp_path: Path) -> None:
+    big = _file(tmp_path, 1, "digits", size=MAX_UPLOAD_BYTES + 1)
+    small = _file(tmp_path, 2, "digits")
+    link: Any = None
+    uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
+    assert not uploader.send_next()  # no link made yet
+    link = _Link()
+    assert uploader.send_next()
+    assert [m.name for _, m in link.sent] == [small.name] and uploader.counts.too_large == 1 and big.exists()
+    assert model_of("odd.edgecap") == ""
+
+
+def test_capture_upload_without_mqtt_is_refused_in_one_line(tmp_path: Path) -> None:
+    config = AgentConfig.model_validate(
+        {"device_id": "dev-1", "profile": "rpi5-8gb", "capture": {"rate": 1.0, "upload": True}}
+    )
+    with pytest.raises(ConfigError, match=r"upload = true .* \[mqtt\] enabled is false"):
+        start_capture(config, object(), tmp_path, link=lambda: None)
