@@ -107,6 +107,27 @@ def _spec(name: str, detail: Mapping[str, Any]) -> TensorSpec:
     return TensorSpec(name=name, dtype=np.dtype(detail["dtype"]).name, shape=shape, quantization=quantization)
 
 
+def _kernel_choice(module: Any, model: bytes) -> dict[str, Any]:
+    """The interpreter's op resolver: LiteRT's builtin kernels without its default XNNPACK
+    delegate for a quantized model whose inputs can change shape, else the default.
+
+    Measured (issue 38, ai-edge-litert 2.3, basic-pitch's nmp.tflite quantized to int8): with
+    XNNPACK, an interpreter resized to another batch after it has run gives one of two answers
+    for the same bytes and inputs (contour cosine 0.989508 or 0.933721 for the dynamic int8; the
+    full-integer int8 sometimes stops in DIV, "data[i] != zero_point"), depending on the state of
+    the process; the builtin kernels gave one answer every time (0.989142), and float models
+    stayed exact with XNNPACK. Validation and the agent both load here: the device runs the
+    kernels that were validated."""
+    resolvers = getattr(module, "OpResolverType", None)
+    if resolvers is None:
+        return {}
+    without = {"experimental_op_resolver_type": resolvers.BUILTIN_WITHOUT_DEFAULT_DELEGATES}
+    probe = module.Interpreter(model_content=model, **without)  # reads the graph; allocates nothing
+    resizable = any(-1 in list(d.get("shape_signature", ())) for d in probe.get_input_details())
+    quantized = any(np.dtype(d["dtype"]) in (np.int8, np.uint8) for d in probe.get_tensor_details())
+    return without if resizable and quantized else {}
+
+
 class _TensorIndexRunner:
     """A signature runner's interface over a .tflite without a SignatureDef (MediaPipe ships
     every model so): the subgraph's inputs and outputs by their tensor names, run by index."""
@@ -302,9 +323,13 @@ class LiteRTBackend:
         num_threads = int(threads) if threads is not None else None
         with _without_chatter():
             try:
+                kernels = _kernel_choice(module, model) if not delegates else {}
                 try:
                     interpreter = module.Interpreter(
-                        model_content=model, num_threads=num_threads, experimental_delegates=delegates or None
+                        model_content=model,
+                        num_threads=num_threads,
+                        experimental_delegates=delegates or None,
+                        **kernels,
                     )
                     interpreter.allocate_tensors()
                 except (ValueError, RuntimeError) as exc:
@@ -313,7 +338,8 @@ class LiteRTBackend:
                     # The delegate loaded but does not take this model (not compiled for the Edge TPU...).
                     skipped[using[0]] = f"the interpreter did not start with it: {one_line(str(exc))[:200]}"
                     delegates, using = [], (LITERT_CPU,)
-                    interpreter = module.Interpreter(model_content=model, num_threads=num_threads)
+                    kernels = _kernel_choice(module, model)
+                    interpreter = module.Interpreter(model_content=model, num_threads=num_threads, **kernels)
                     interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
                 raise RuntimeBackendError(f"LiteRT could not load the model: {one_line(str(exc))}") from exc
