@@ -184,6 +184,8 @@ def _refuses_oversized_and_forged_uploads(broker: MosquittoBroker, url: str, vie
         assert big.name not in names() and "forged.edgecap" not in names()
         counters = _until(lambda: (c := _ingest_counters(db_url)).get("capture_refused") and c, 10)
         assert counters["capture_refused"] == 1 and counters["malformed"] >= 1, counters
+        metrics = _until(lambda: (text := _get(f"{url}/metrics", viewer)[1].decode()) and text)
+        assert 'edgesdk_fleet_ingest_total{kind="capture_refused"} 1' in metrics, metrics[-2000:]
     finally:
         sender.stop()
 

@@ -245,6 +245,9 @@ class FleetMetrics:
             "enroll_requests",
             "enroll_refused",  # new ids beyond --max-pending-enrollments
             "not_a_device",  # on the topic of the bootstrap or operator account
+            "capture_stored",  # capture files uploaded (edgesdk/fleet/service/captures.py)
+            "capture_refused",  # over the size cap of one capture file
+            "capture_evicted",  # deleted for a device's capture quota
         )
         page.family(
             "edgesdk_fleet_ingest_total",
