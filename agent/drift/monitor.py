@@ -7,8 +7,9 @@ front is the one verified when the slot was staged: its hash is checked again he
 whose bundle has no profile still reports its counts, with ``reference=False``.
 
 Cost: the tap runs on the thread that answered, after the answer (ModelServer.taps). When a
-model answers more than :data:`MAX_SAMPLED_RPS` requests a second, 1 in N is counted (N set at
-each report from the last window's rate).
+model answers more than :data:`MAX_SAMPLED_RPS` requests a second, 1 in N is counted; the tap
+measures that rate itself every :data:`RETUNE_EVERY` answers, so an agent with no fleet (no
+telemetry report ever) samples as well as one that reports.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import itertools
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +37,8 @@ log = logging.getLogger("edgesdk.agent.drift")
 #: Requests counted per second and model before the tap samples 1 in N (~0.1 ms each for a
 #: 224x224x3 image: at most ~1 % of one core).
 MAX_SAMPLED_RPS = 100.0
+#: Answers between two measurements of a model's request rate (one clock read each).
+RETUNE_EVERY = 256
 
 
 def installed_reference(store: Any, bundle_sha256: str | None) -> ReferenceProfile | None:
@@ -64,6 +68,18 @@ class _Sampled:
         self.refused = sum(REFUSED[name] for name in inputs)
         self.every = 1
         self.seen = itertools.count()
+        self._since = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether this answer is one of the 1 in N counted; every RETUNE_EVERY answers N follows
+        the rate measured over them (racing threads may skip or repeat a retune: harmless)."""
+        seen = next(self.seen)
+        if seen and seen % RETUNE_EVERY == 0:
+            now = time.monotonic()
+            rate = RETUNE_EVERY / max(now - self._since, 1e-6)
+            self._since = now
+            self.every = max(1, math.ceil(rate / MAX_SAMPLED_RPS))
+        return seen % self.every == 0
 
     def refused_since(self) -> int:
         now = sum(REFUSED[name] for name in self.inputs)
@@ -102,7 +118,7 @@ class DriftMonitor:
         self, model_name: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], variant_id: str
     ) -> None:
         sampled = self._models.get(model_name) or self._start(model_name)
-        if sampled is not None and next(sampled.seen) % sampled.every == 0:
+        if sampled is not None and sampled.due():
             sampled.window.add(feeds, outputs)
 
     def reports(self) -> dict[str, ModelQuality]:
@@ -118,8 +134,6 @@ class DriftMonitor:
             if sampled is None:
                 continue
             quality = sampled.window.report(refused_nonfinite=sampled.refused_since())
-            rate = quality.samples * sampled.every / max(quality.window_s, 1e-3)
-            sampled.every = max(1, math.ceil(rate / MAX_SAMPLED_RPS))
             found[entry.name] = self._with_agreement(entry, quality)
         return found
 

@@ -4,12 +4,12 @@ input names, and starts over when a model loads."""
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
-from edgesdk.agent.drift.monitor import MAX_SAMPLED_RPS, DriftMonitor, watch_drift
+from edgesdk.agent.drift.monitor import RETUNE_EVERY, DriftMonitor, watch_drift
 from edgesdk.agent.nonfinite import nonfinite_error
 
 
@@ -52,15 +52,23 @@ def test_watching_taps_each_server_once_and_feeds_telemetry() -> None:
     assert reports["kws"].samples == 3 and not reports["kws"].reference and reports["digits"].samples == 0
 
 
-def test_a_busy_model_is_sampled_one_in_n_from_the_next_window() -> None:
+def test_a_busy_model_is_sampled_one_in_n_without_waiting_for_a_report() -> None:
+    # An agent with no fleet never reports: the tap must measure the rate itself.
     monitor = DriftMonitor(_Models("digits"))
-    _answer(monitor, "digits", 2000)
-    first = monitor.reports()["digits"]  # 2,000 answers in far less than a second
-    assert first.samples == 2000
-    every = monitor._models["digits"].every
-    assert every == math.ceil(2000 / max(first.window_s, 1e-3) / MAX_SAMPLED_RPS) and every > 1
-    _answer(monitor, "digits", 2000)
-    assert monitor.reports()["digits"].samples == sum(1 for n in range(2000, 4000) if n % every == 0)
+    _answer(monitor, "digits", RETUNE_EVERY)  # far faster than MAX_SAMPLED_RPS, nothing sampled yet
+    sampled = monitor._models["digits"]
+    assert sampled.every == 1
+    _answer(monitor, "digits", 4 * RETUNE_EVERY)
+    assert sampled.every > 1
+    assert monitor.reports()["digits"].samples < 2 * RETUNE_EVERY  # counted 1 in N after the first retune
+
+
+def test_a_quiet_model_is_counted_whole() -> None:
+    clock = iter(range(0, 10_000, 10))  # 10 s between answers: 0.1 answers a second
+    with mock.patch("edgesdk.agent.drift.monitor.time.monotonic", lambda: float(next(clock))):
+        monitor = DriftMonitor(_Models("digits"))
+        _answer(monitor, "digits", 3 * RETUNE_EVERY)
+    assert monitor._models["digits"].every == 1 and monitor.reports()["digits"].samples == 3 * RETUNE_EVERY
 
 
 def test_nonfinite_refusals_count_for_the_model_with_that_input() -> None:
