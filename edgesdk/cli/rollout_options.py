@@ -108,7 +108,8 @@ class RolloutArgs:
         )
 
     def shadow_s(self) -> float | None:
-        return bounded_duration(self.shadow_for, option="--shadow-for") if self.shadow_for else None
+        """--shadow-for in seconds; 0 is no phase, left off the wire like no option (older agents)."""
+        return (bounded_duration(self.shadow_for, option="--shadow-for") or None) if self.shadow_for else None
 
     def wave_timeout_s(self) -> float | None:
         """--wave-timeout; with --shadow-for and none given, the default (probation + 10m) plus the shadow phase."""

@@ -164,6 +164,7 @@ def test_shadow_s_is_off_the_wire_unless_asked_bounded_and_reaches_health_and_re
     assert args.health(plan).shadow_s == 600.0 and args.api_body()["shadow_s"] == 600.0
     assert plan.wave_timeout_s == 60 + 600 + 600  # probation 1m + the phase + 10 min
     assert "shadow_s" not in rollout().api_body() and rollout().plan().wave_timeout_s is None
+    assert "shadow_s" not in rollout(shadow_for="0s").api_body()  # no phase: nothing an older agent refuses
     body = DeploymentCreate(bundle_id="b", devices=["dev-1"], probation_s=60, shadow_s=600)
     assert _wave_timeout_s(body) == 1260.0
 
