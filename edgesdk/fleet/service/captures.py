@@ -7,6 +7,11 @@ SHA-256 is checked on arrival (``CaptureUpload.content``); a file over ``max_fil
 refused before it is queued, and each device keeps at most ``quota_bytes``: storing a new file
 deletes that device's oldest until the rest fit (counted). A redelivered upload (QoS 1, the
 device's outbox after a restart) has the same SHA-256 and is stored once.
+
+The bytes are kept in the database, not in files beside it as bundles are: captures are small
+(one request each, at most one message) and written by the ingest, which may run as several
+worker processes on other hosts (``fleet serve --workers``); in the database every worker and
+every replica of the API sees them, and a backup of the database holds them.
 """
 
 from __future__ import annotations
