@@ -1,10 +1,11 @@
 """Uploading finished capture files to the fleet service (``[capture] upload = true``).
 
 One thread hands the oldest file not yet sent to the MQTT link's store-and-forward outbox
-(QoS 1, ``devices/{id}/capture``), one file at a time and only when the outbox is empty: the
-previous upload (and every telemetry report before it) has been acknowledged by the broker, so
-capture never fills the outbox's quota and pushes out telemetry, and it waits while the device is
-offline. The broker keeps it in the service's persistent session until the service has stored it.
+(QoS 1, ``devices/{id}/capture``), one file at a time and only when the link is connected and the
+outbox is empty: the previous upload (and every telemetry report before it) has been acknowledged
+by the broker, so capture never fills the outbox's quota and pushes out telemetry, and while the
+device is offline the files wait on disk. The broker keeps an upload in the service's persistent
+session until the service has stored it (the service acknowledges only after its commit).
 
 A sent file stays on the device, within the capture disk budget and retention like every other
 (the budget deletes it, oldest first); its name goes to ``.uploaded`` in the capture directory
@@ -82,8 +83,8 @@ class CaptureUploader:
     def send_next(self) -> bool:
         """Queue the oldest unsent file when the outbox is empty; True when one was queued."""
         link = self.link_of()
-        if link is None or link.queue.depth > 0:
-            return False
+        if link is None or not link.client.connected or link.queue.depth > 0:
+            return False  # offline (or stopping) the file waits on disk, not in the outbox's quota
         for path in capture_files(self.directory):
             if path.name in self._sent:
                 continue
@@ -91,8 +92,8 @@ class CaptureUploader:
                 raw = path.read_bytes()
             except FileNotFoundError:  # deleted for the budget meanwhile
                 continue
-            self._mark_sent(path.name)
             if len(raw) > MAX_UPLOAD_BYTES:
+                self._mark_sent(path.name)  # never sent: not looked at again
                 self.counts.too_large += 1
                 log.warning(
                     "capture: %s is %d bytes, over the %d an upload carries: kept on the device only",
@@ -102,6 +103,7 @@ class CaptureUploader:
                 )
                 continue
             link.publish_reliable(topics.CAPTURE, upload_message(self.device_id, path.name, model_of(path.name), raw))
+            self._mark_sent(path.name)  # once in the outbox: durable, sent after a restart too
             self.counts.uploaded += 1
             return True
         return False

@@ -22,8 +22,13 @@ class _Outbox:
     depth = 0
 
 
+class _Client:
+    connected = True
+
+
 class _Link:
     def __init__(self) -> None:
+        self.client = _Client()
         self.queue = _Outbox()
         self.sent: list[tuple[str, CaptureUpload]] = []
 
@@ -44,7 +49,9 @@ def test_the_uploader_sends_oldest_first_one_at_a_time_and_never_twice(tmp_path:
     uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
     link.queue.depth = 1  # the outbox still holds a message: wait
     assert not uploader.send_next() and link.sent == []
-    link.queue.depth = 0
+    link.queue.depth, link.client.connected = 0, False  # offline: the file waits on disk
+    assert not uploader.send_next() and link.sent == []
+    link.client.connected = True
     assert uploader.send_next()
     suffix, message = link.sent[0]
     assert suffix == "capture" and message.name == first.name and message.model == "digits"
