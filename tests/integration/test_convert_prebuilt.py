@@ -55,8 +55,8 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twi
         "convert", str(model), "--profile", PROFILE, "--out", str(out), "--calibration", str(tmp_path / "cal.npz"),
         "--formats", "tflite,openvino", "--precisions", "fp32,int8", "--gate", "0.97",
     )  # fmt: skip
-    # --gate 0.97: on these tones ai-edge-quantizer's dynamic int8 keeps cosine ~0.984 and full-integer
-    # static ~0.953 (measured), under the default 0.99; the route is what this test is about.
+    # --gate 0.97: on these tones ai-edge-quantizer's dynamic int8 keeps cosine ~0.989 (worst output,
+    # worst sample), under the default 0.99; the route is what this test is about.
     assert proc.returncode == 0, proc.stderr
     report = _report(out)
     shipped = {v.id: v for v in report.variants}
@@ -64,16 +64,15 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twi
     fp32 = shipped["tflite-fp32"]
     assert (out / fp32.files[0]).read_bytes() == model.read_bytes()  # the source is its own fp32
     assert sorted(s.name for s in fp32.outputs) == ["contour", "note", "onset"]  # its signature names
-    # KNOWN NONDETERMINISM (2026-12-05, under investigation): the same dynamic int8 of nmp.tflite
-    # reads cosine ~0.99 on most runs and 0.80-0.93 on about one in four (same files, same data),
-    # so it ships or misses its gate. Until that is found, a miss must be a gate's verdict, never a
-    # crash; when it ships it must be the dynamic int8, smaller than fp32.
-    int8 = shipped.get("tflite-int8")
-    if int8 is None:
-        (miss,) = [r.reason for r in report.rejected if r.format.value == "tflite" and r.precision.value == "int8"]
-        assert "dynamic-int8: " in miss and ": fail" in miss and "failed:" not in miss.split("dynamic-int8: ")[1], miss
-    else:
-        assert int8.size < fp32.size and int8.quantization_method == "dynamic-int8"
+    # The int8 is decided the same way on every run (issue 38): its bytes never varied, but XNNPACK
+    # answered two ways when resized after a run, so a quantized model with a resizable batch runs
+    # on LiteRT's builtin kernels (litert_backend._kernel_choice). Measured over 10 runs: the
+    # dynamic int8 ships (contour cosine 0.989142 each time); the full-integer int8 misses the gate
+    # on accuracy (0.535301 each time), never by a crash in a kernel.
+    int8 = shipped["tflite-int8"]
+    assert int8.size < fp32.size and int8.quantization_method == "dynamic-int8"
+    (static,) = [t for t in report.recipes if t.format.value == "tflite" and t.method == "static-int8-full-integer"]
+    assert static.outcome == "dropped" and static.accuracy is not None and static.accuracy < 0.97, static
     assert shipped["openvino-fp32"].accuracy.value > 0.9999
     # The reference (LiteRT on nmp.tflite) against onnxruntime on nmp.onnx, the same network.
     from edgesdk.converters.prebuilt import tflite_signature_names
@@ -97,14 +96,11 @@ def test_a_float_tflite_converts_to_tflite_and_openvino_agrees_with_its_onnx_twi
         # Whether the dynamic int8 is a speed step depends on timings (the converter's on this
         # host, then the agent's own at install), which a loaded machine can flip: either it is
         # loaded, or the reason it is not names the timing that decided.
-        if int8 is not None:
-            int8_choice = choices["tflite-int8"]
-            if int8.ladder_role == "size-only":
-                assert int8_choice["reason"].startswith("a size step only"), int8_choice
-            else:
-                assert int8_choice["loaded"] or int8_choice["reason"].startswith("not a step on this device"), (
-                    int8_choice
-                )
+        int8_choice = choices["tflite-int8"]
+        if int8.ladder_role == "size-only":
+            assert int8_choice["reason"].startswith("a size step only"), int8_choice
+        else:
+            assert int8_choice["loaded"] or int8_choice["reason"].startswith("not a step on this device"), int8_choice
         assert choices["openvino-fp32"]["reason"].startswith("tflite-fp32 serves fp32 (litert comes first")
         response = client.post(
             "/v1/models/basic_pitch/infer", json={"inputs": {"input_2": golden["input_2"][:1].tolist()}}
