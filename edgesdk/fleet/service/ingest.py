@@ -68,6 +68,10 @@ _COUNTERS_EVERY_S = 1.0
 #: Pending enrollment requests kept at most (``fleet serve --max-pending-enrollments``).
 DEFAULT_MAX_PENDING_ENROLLMENTS = 1000
 
+#: Capture files (up to 1.4 MB each) queued for the writer at once; beyond, the network thread
+#: waits (back-pressure, as for a full queue): a flood of uploads cannot fill the service's memory.
+CAPTURES_IN_FLIGHT = 64
+
 #: Hands a batch's receipts back to the MQTT client once the batch is committed.
 Acknowledge = Callable[[list[Any]], None]
 
@@ -144,6 +148,7 @@ class Ingest:
         self._quality = QualityWriter(engine)  # drift and data-quality figures (issue 41)
         self._captures = CaptureStore(engine, quota_bytes=capture_quota_bytes)  # sealed capture files (issue 41)
         self._capture_max_bytes = capture_max_bytes
+        self._capture_slots = threading.Semaphore(CAPTURES_IN_FLIGHT)
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
             topics.TELEMETRY: Telemetry,
@@ -201,6 +206,7 @@ class Ingest:
             if message is None:
                 self._ack([receipt])
                 return True
+            self._capture_slots.acquire()  # released once the writer has stored it
         with self._lock:
             self._enqueued += 1
         self._queue.put((message, receipt))  # blocks when full: back-pressure, never a silent drop
@@ -220,11 +226,12 @@ class Ingest:
             )
             return None
         try:
-            return Capture(upload, upload.content())
+            content = upload.content()
         except EdgeSDKError as exc:
             self._count("malformed")
             log.warning("ignored capture from %s: %s", upload.device_id, exc)
             return None
+        return Capture(upload.model_copy(update={"data": ""}), content)  # the base64 text is not kept
 
     def _count(self, name: str, by: int = 1) -> None:
         with self._lock:
@@ -280,6 +287,8 @@ class Ingest:
             items = [item for item in batch if item is not _STOP]
             if items:
                 self._store(items)
+                for _ in range(sum(isinstance(m, Capture) for m, _receipt in items)):
+                    self._capture_slots.release()
                 with self._lock:
                     self._written += len(items)
             self._flush_counters(force=stop)
