@@ -13,7 +13,7 @@ from typing import Any
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet.rollout import RolloutPlan
-from edgesdk.schemas.messages import HealthCriteria
+from edgesdk.schemas.messages import MAX_PROBATION_S, HealthCriteria
 
 #: The form's fields and what they hold when the page first shows it.
 DEFAULTS = {
@@ -26,6 +26,8 @@ DEFAULTS = {
     "probation_s": "600",
     "p95_ms": "",
     "min_agreement": "",
+    "shadow_rate": "",
+    "shadow_s": "",
 }
 
 
@@ -65,24 +67,51 @@ def _seconds_or_ms(fields: dict[str, str], name: str, label: str) -> float | Non
     return value
 
 
+def _bounded_seconds(fields: dict[str, str], name: str, label: str) -> float | None:
+    """Seconds of a phase, at most 30 days as REST bounds them (agents refuse a longer one)."""
+    value = _seconds_or_ms(fields, name, label)
+    if value is not None and value > MAX_PROBATION_S:
+        raise FieldError(
+            name, f"{label} {fields.get(name, '').strip()!r} must be at most {MAX_PROBATION_S:.0f} s (30 days)"
+        )
+    return value
+
+
+def _shadowing(fields: dict[str, str]) -> dict[str, float | None]:
+    """min_agreement, shadow_rate and shadow_s of the health criteria; blank (and a 0 s phase) is
+    left off the wire, as ``fleet push`` leaves them, since older agents refuse the fields."""
+    agreement = fields.get("min_agreement", "").strip()  # shadow agreement with the previous release (docs/ota.md)
+    minimum = _percent(fields, "min_agreement", "min agreement", agreement) if agreement else None
+    rate_text = fields.get("shadow_rate", "").strip()
+    rate = _percent(fields, "shadow_rate", "shadow rate", rate_text) if rate_text else None
+    phase = _bounded_seconds(fields, "shadow_s", "shadow phase") or None
+    for asked, label in ((minimum is not None, "min agreement"), (phase is not None, "a shadow phase")):
+        if asked and rate == 0:
+            raise FieldError("shadow_rate", f"{label} needs a shadow rate above 0% (no request would be compared)")
+    return {"min_agreement": minimum, "shadow_rate": rate, "shadow_s": phase}
+
+
 def plan_from(fields: dict[str, str]) -> tuple[RolloutPlan, HealthCriteria, list[str] | None, str | None]:
     """The form's fields as (plan, health, devices, group); FieldError naming the bad field."""
     waves_text = fields.get("waves", "").strip() or DEFAULTS["waves"]
     waves = tuple(_percent(fields, "waves", "waves", w) for w in waves_text.split(",") if w.strip())
     if not waves or list(waves) != sorted(waves) or waves[-1] != 1.0:
         raise FieldError("waves", f"waves {waves_text!r} must rise and end at 100%")
-    probation = _seconds_or_ms(fields, "probation_s", "probation")
+    probation = _bounded_seconds(fields, "probation_s", "probation") or 0.0
     p95 = _seconds_or_ms(fields, "p95_ms", "p95 SLO")
-    agreement = fields.get("min_agreement", "").strip()  # shadow agreement with the previous release (docs/ota.md)
-    minimum = _percent(fields, "min_agreement", "min agreement", agreement) if agreement else None
+    shadowing = _shadowing(fields)
+    phase = shadowing["shadow_s"]
+    # As REST: a shadow phase lengthens each wave's default deadline (probation + 10 min) by itself.
+    wave_timeout = min(probation + phase + 600.0, MAX_PROBATION_S) if phase else None
     try:
         plan = RolloutPlan(
             canary=_percent(fields, "canary", "canary"),
             waves=waves,
             max_failures=_percent(fields, "max_failures", "max failures"),
-            probation_s=probation or 0.0,
+            probation_s=probation,
+            wave_timeout_s=wave_timeout,
         )
-        health = HealthCriteria(probation_s=probation or 0.0, p95_latency_ms=p95, min_agreement=minimum)
+        health = HealthCriteria(probation_s=probation, p95_latency_ms=p95, **shadowing)
     except FieldError:
         raise
     except ValueError as exc:  # the models' own bounds (pydantic's ValidationError is one)
@@ -137,5 +166,7 @@ def rollout_form(
         + text("probation_s", "probation s", "number", " min=0")
         + text("p95_ms", "p95 SLO ms")
         + text("min_agreement", "min agreement %")
+        + text("shadow_rate", "shadow rate %", extra=' placeholder="10%"')
+        + text("shadow_s", "shadow phase s", "number", " min=0")
         + "<button type=submit id=start-rollout>Start</button></form></section>"
     )
