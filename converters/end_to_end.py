@@ -330,6 +330,10 @@ def gate_variants(
     feeds = pipeline_feeds(check, source_inputs)
     kept = []
     for b in built:
+        unfolded = fold_steps(check.pipeline, b)
+        if unfolded is not None:
+            reject(b, unfolded)
+            continue
         if not b.validated:  # could not run on this host (Core ML on Linux): neither can its pipeline
             decide(f"{b.planned.id}: not gated end to end (it cannot run on this host)")
             kept.append(b)
@@ -351,3 +355,20 @@ def gate_variants(
                 b, f"{b.planned.precision.value} dropped end to end: {b.task.note}" + (f" ({shown})" if shown else "")
             )
     return kept
+
+
+def fold_steps(pipeline: Pipeline, built: Any) -> str | None:
+    """Fold the pipeline's ``folded`` steps into this variant's graph (graph_fold.py), before it
+    is gated end to end; the reason it cannot ship when it is not an ONNX variant (the one
+    pipeline of the bundle tells every variant's agent to skip those steps)."""
+    if not pipeline.folded:
+        return None
+    if built.planned.format.value != "onnx":
+        return (
+            f"{built.planned.precision.value} dropped: the pipeline folds {pipeline.folded} into the graph,"
+            " done for ONNX variants only (convert with --formats onnx)"
+        )
+    from edgesdk.converters.graph_fold import fold_artifact
+
+    fold_artifact(built.artifact.files, pipeline.image)
+    return None

@@ -752,6 +752,11 @@ def _write(
             )
         )
     golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
+    if end_to_end is not None and end_to_end.pipeline.folded:  # the graph normalizes: it takes pixels
+        from edgesdk.converters.graph_fold import raw_pixels
+
+        first = run.source.inputs[0].name
+        golden[first] = raw_pixels(golden[first], end_to_end.pipeline.image)
     np.savez_compressed(staging / "golden.npz", **golden)  # type: ignore[arg-type]
     # The drift reference the device compares its traffic with (issue 41), signed in by `edgesdk package`.
     write_profile(staging, run.data, run.reference, classify=run.metric == "top1", plain=run.source.layout.is_plain)

@@ -60,8 +60,9 @@ def decoded_nbytes(image: Any, pre: ImagePre) -> int:
     return width * height * channels + out_h * out_w * channels * 4 * 2
 
 
-def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any]) -> np.ndarray:
-    """Decode ``image`` and run the pipeline's image steps, in their fixed order; a batch of one."""
+def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any], normalize: bool = True) -> np.ndarray:
+    """Decode ``image`` and run the pipeline's image steps, in their fixed order; a batch of one.
+    ``normalize=False``: the model's graph does ``scale``, ``mean`` and ``std`` (folded in)."""
     from PIL import Image
 
     mode = "L" if pre.color == "L" else "RGB"
@@ -79,8 +80,9 @@ def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any]) -> np.ndarray:
         pixels = pixels[:, :, None]
     if pre.color == "BGR":
         pixels = pixels[:, :, ::-1]
-    pixels = pixels * np.float32(pre.scale)
-    pixels = (pixels - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+    if normalize:
+        pixels = pixels * np.float32(pre.scale)
+        pixels = (pixels - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
     if pre.layout == "NCHW":
         pixels = pixels.transpose(2, 0, 1)
     return cast(np.ascontiguousarray(pixels[None]), dtype)

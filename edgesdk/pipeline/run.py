@@ -63,7 +63,8 @@ def preprocess(
     else:
         picture = image.open_image(data, media_type, pipeline.image.max_pixels)
         limits.take(image.decoded_nbytes(picture, pipeline.image), "the decoded image")
-        feeds = {first.name: image.to_tensor(picture, pipeline.image, np.dtype(first.dtype))}
+        normalize = "normalize" not in pipeline.folded  # else the graph does it (converters/graph_fold.py)
+        feeds = {first.name: image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize)}
     return feeds | fixed
 
 

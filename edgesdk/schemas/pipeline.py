@@ -14,6 +14,8 @@ declared rate) → mono downmix → resample → pad/trim → framing + window, 
 Text: ``{"text": ...}`` → a ``tokenizer.json`` → input_ids, attention_mask, token_type_ids.
 Post steps: activation (softmax/sigmoid) → top-k with labels and a threshold; an argmax mask;
 box decoding with class-aware NMS; greedy CTC with a vocabulary; a pooled, normalised embedding.
+``folded: [normalize]``: the ``x * scale`` and ``(x - mean) / std`` steps are in the ONNX graph
+(converters/graph_fold.py), so the agent skips them.
 """
 
 from __future__ import annotations
@@ -221,11 +223,19 @@ class Pipeline(Schema):
         description="the model's other inputs, each filled with this value (a recurrent state's 0, a sample rate)",
     )
     post: PostProcess = Field(default_factory=PostProcess)
+    folded: list[Literal["normalize"]] = Field(
+        default_factory=list,
+        max_length=1,
+        description="steps the model graph does (folded in at conversion, ONNX variants only): the agent skips them,"
+        " and the model's input takes the decoded pixels (0..255) instead of the normalized tensor",
+    )
 
     @model_validator(mode="after")
     def _text_has_tokenizer(self) -> Pipeline:
         if self.input == "text" and self.text.tokenizer is None:
             raise ValueError("a text pipeline needs its tokenizer (packaged with --tokenizer tokenizer.json)")
+        if self.folded and self.input != "image":
+            raise ValueError(f"folded {self.folded} names image steps; this is an {self.input} pipeline")
         return self
 
 
