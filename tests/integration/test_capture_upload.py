@@ -2,7 +2,8 @@
 ``edge-agent run`` with ``[capture] rate = 1.0`` and ``upload = true``, a real mosquitto, the
 service process (``tests/fleet_service_process.py``, the ``FleetService`` of ``fleet serve``) on
 SQLite. A served request's capture file arrives, is listed, downloads byte-identical to the file
-on the device and opens with ``edgesdk capture decrypt`` and the operator key (the service never
+on the device (the dashboard's device page lists it to viewers, links and serves it to operators only)
+and opens with ``edgesdk capture decrypt`` and the operator key (the service never
 had it); an oversized upload is refused and counted, a forged one (bytes that do not match its
 SHA-256) too. On the SHIPPED broker configuration a device cannot publish on another device's
 capture topic."""
@@ -140,6 +141,7 @@ def test_an_agents_capture_file_is_uploaded_listed_and_downloads_to_what_the_ope
             status, downloaded = _get(f"{url}/api/v1/captures/{entry['id']}", operator)
             assert status == 200 and downloaded == local
             assert _get(f"{url}/api/v1/captures/{entry['id'] + 1000}", operator)[0] == 404
+            _device_page_lists_captures_and_links_them_for_operators_only(url, viewer, operator, entry, local)
 
             saved = tmp_path / "downloaded.edgecap"
             saved.write_bytes(downloaded)
@@ -157,6 +159,42 @@ def test_an_agents_capture_file_is_uploaded_listed_and_downloads_to_what_the_ope
         finally:
             service.terminate()
             service.wait(30)
+
+
+def _signed_in(url: str, token: str) -> Any:
+    """An HTTP client holding a dashboard session for ``token`` (the sign-in form, as a browser)."""
+    import re
+
+    client = httpx.Client(base_url=url, timeout=30)
+    csrf = re.search(r'name=csrf value="([^"]+)"', client.get("/login").text)
+    assert csrf
+    client.post("/login", data={"token": token, "csrf": csrf.group(1)})
+    return client
+
+
+def _device_page_lists_captures_and_links_them_for_operators_only(
+    url: str, viewer: str, operator: str, entry: dict[str, Any], local: bytes
+) -> None:
+    """The device page lists the capture (model, size, SHA-256) to both roles; only the operator's
+    page links it, and only the operator's session downloads it (the viewer's gets 403)."""
+    link = f"/ui/captures/{entry['id']}"
+    watcher, otto = _signed_in(url, viewer), _signed_in(url, operator)
+    try:
+        seen = watcher.get("/ui/devices/dev-1").text
+        assert f'id="capture-{entry["id"]}"' in seen and entry["sha256"] in seen, seen[-3000:]
+        assert f"{entry['size']:,} B" in seen and ">digits<" in seen
+        assert link not in seen
+        assert watcher.get(link).status_code == 403
+        page = otto.get("/ui/devices/dev-1").text
+        assert f'href="{link}"' in page
+        download = otto.get(link)
+        assert download.status_code == 200 and download.content == local
+        assert entry["name"] in download.headers["content-disposition"]
+        assert otto.get(f"/ui/captures/{entry['id'] + 1000}").status_code == 404
+    finally:
+        watcher.close()
+        otto.close()
+    assert httpx.get(url + link, timeout=30).status_code in (302, 303, 307)  # no session: to the sign-in page
 
 
 def _refuses_oversized_and_forged_uploads(broker: MosquittoBroker, url: str, viewer: str, db_url: str) -> None:

@@ -42,7 +42,7 @@ from edgesdk.fleet.service.dashboard_alerts import add_alerts_page, alert_items
 from edgesdk.fleet.service.dashboard_artifacts import add_artifacts_page
 from edgesdk.fleet.service.dashboard_audit import add_audit_page
 from edgesdk.fleet.service.dashboard_deployments import UPLOAD, UPLOAD_JS, add_deployment_pages
-from edgesdk.fleet.service.dashboard_devices import add_devices_page, quality_charts
+from edgesdk.fleet.service.dashboard_devices import add_devices_page, capture_list, quality_charts
 from edgesdk.fleet.service.dashboard_enrollment import add_enrollment_pages
 from edgesdk.fleet.service.dashboard_live import LIVE_JS, add_live_events
 from edgesdk.fleet.service.dashboard_ui import Ui
@@ -402,7 +402,7 @@ def add_dashboard(app: FastAPI, context: Any) -> None:
         body = (
             f"<h1>Device {_e(device_id)}</h1><section><table id=facts data-live>{fact_rows}</table></section>"
             f"<section><h2>Last {hours:g} h</h2>{latency}{temperature}{precision}{power}{governor}</section>"
-            f"{quality_charts(engine, device_id, since)}"
+            f"{quality_charts(engine, device_id, since)}{capture_list(engine, device_id, operator)}"
             f"<section><h2>OTA history</h2><table id=ota data-live><tr><th>time</th><th>deployment</th><th>state</th><th>reason</th></tr>{ota_rows}</table></section>"
             f"<section><h2>Events</h2><table id=events><tr><th>time</th><th>event</th><th>detail</th></tr>{event_rows}</table></section>"
         )

@@ -23,10 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgesdk.errors import UsageError
-from edgesdk.fleet.service import schema
+from edgesdk.fleet.service import captures, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart
-from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.dashboard_ui import Ui, escape, not_found
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
 from edgesdk.fleet.service.quality import DRIFT_PSI, QualityRow, device_quality
@@ -34,6 +34,8 @@ from edgesdk.fleet.service.quality import DRIFT_PSI, QualityRow, device_quality
 PAGE = "/ui/devices"
 PER_PAGE = 50
 MAX_PER_PAGE = 200
+#: Capture files a device page lists, newest first; GET /api/v1/devices/{id}/captures has up to 1,000.
+CAPTURES_SHOWN = 50
 STATES = ("online", "offline", "unknown")
 _d = schema.devices
 SORTS: dict[str, tuple[Any, ...]] = {
@@ -159,6 +161,28 @@ def add_devices_page(app: FastAPI, context: Any, ui: Ui, broker: Any) -> None:
         total, rows, latest = find_devices(engine, query, status)
         return ui.page("devices", _render(query, total, rows, latest, status), operator)
 
+    @app.get("/ui/captures/{capture_id}", include_in_schema=False)
+    def download_capture(request: Request, capture_id: int) -> Response:
+        """A capture file as the device sealed it, for the operator role, as GET /api/v1/captures/{id}."""
+        operator, _session_id = ui.session(request)
+        if operator is None:
+            return ui.login_redirect()
+        if not tokens.allows(operator.role, "operator"):
+            why = f"downloading capture files needs the operator role; you are {operator.role}"
+            return ui.page(
+                "refused",
+                f'<section><p class="bad">{escape(why)}</p></section>',
+                operator,
+                refresh=False,
+                status_code=403,
+            )
+        found = captures.read_capture(engine, capture_id)
+        if found is None:
+            return ui.page("not found", not_found("capture", str(capture_id)), operator, refresh=False, status_code=404)
+        name, data = found
+        headers = {"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"}
+        return Response(data, media_type="application/octet-stream", headers=headers)
+
 
 def _render(query: DeviceQuery, total: int, rows: list[Any], latest: dict, status: BrokerStatus | None) -> str:
     now = time.time()
@@ -262,3 +286,32 @@ def _agreement_chart(model: str, rows: list[QualityRow]) -> str:
 
 
 _COUNT_SERIES = (("NaN/Inf refused", "nonfinite"), ("out of range", "out_of_range"), ("constant", "constant"))
+
+
+def capture_list(engine: Any, device_id: str, operator: tokens.Operator) -> str:
+    """The device page's capture files (issue 41), newest first: when each arrived, its model, size
+    and SHA-256. The download link is the operator role's only: a viewer sees that files exist, as
+    ``GET /api/v1/devices/{id}/captures`` shows them, not the files (sealed, but the data itself)."""
+    found = captures.list_captures(engine, device_id)
+    if not found:
+        return "<section id=captures><h2>Capture files</h2><p class=empty>none uploaded</p></section>"
+    can_download = tokens.allows(operator.role, "operator")
+    rows = "".join(_capture_row(c, can_download) for c in found[:CAPTURES_SHOWN])
+    more = len(found) - CAPTURES_SHOWN
+    rest = f"<p id=captures-more>{more} older: GET /api/v1/devices/{escape(device_id)}/captures</p>" if more > 0 else ""
+    return (
+        "<section id=captures><h2>Capture files</h2><table id=capture-table><tr><th>received (UTC)</th>"
+        f"<th>model</th><th>size</th><th>sha256</th><th>file</th></tr>{rows}</table>{rest}</section>"
+    )
+
+
+def _capture_row(capture: dict[str, Any], can_download: bool) -> str:
+    received = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(capture["received"]))
+    name = escape(capture["name"])
+    file = (
+        f'<a class=capture-download href="/ui/captures/{capture["id"]}" download>{name}</a>' if can_download else name
+    )
+    return (
+        f'<tr class=capture id="capture-{capture["id"]}"><td>{received}</td><td>{escape(capture["model"])}</td>'
+        f"<td>{capture['size']:,} B</td><td><code>{escape(capture['sha256'])}</code></td><td>{file}</td></tr>"
+    )
