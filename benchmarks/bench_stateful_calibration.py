@@ -27,7 +27,7 @@ def main() -> int:
     import edgesdk.converters.pipeline as pipeline
 
     import tests.onnx_builders as builders
-    from edgesdk.api import convert
+    from edgesdk.toolchain import convert
 
     builders.FRAME, builders.HIDDEN = 256, 128
     work = Path(tempfile.mkdtemp(prefix="bench-stateful-"))

@@ -29,18 +29,18 @@ from edgesdk._version import __version__
 from edgesdk.errors import EdgeSDKError
 
 if TYPE_CHECKING:
-    from edgesdk.api import BundleVerification, convert, load_profile, package, verify_bundle
     from edgesdk.client import AgentClient, AsyncAgentClient
     from edgesdk.profiles import get_profile, load_profiles
+    from edgesdk.toolchain import BundleVerification, convert, load_profile, package, verify_bundle
 
 _LAZY = {
     "get_profile": "edgesdk.profiles",
     "load_profiles": "edgesdk.profiles",
-    "BundleVerification": "edgesdk.api",
-    "convert": "edgesdk.api",
-    "load_profile": "edgesdk.api",
-    "package": "edgesdk.api",
-    "verify_bundle": "edgesdk.api",
+    "BundleVerification": "edgesdk.toolchain",
+    "convert": "edgesdk.toolchain",
+    "load_profile": "edgesdk.toolchain",
+    "package": "edgesdk.toolchain",
+    "verify_bundle": "edgesdk.toolchain",
     "AgentClient": "edgesdk.client",
     "AsyncAgentClient": "edgesdk.client",
 }

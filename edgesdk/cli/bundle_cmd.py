@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from edgesdk.api import verify_bundle
 from edgesdk.bundle import inspect_bundle
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
 from edgesdk.schemas.manifest import BundleManifest
+from edgesdk.toolchain import verify_bundle
 
 _bundle_argument = click.argument("bundle_file", type=click.Path(dir_okay=False, path_type=Path))
 

@@ -209,10 +209,10 @@ def convert(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from edgesdk.api import convert as run_convert
-    from edgesdk.api import load_profile
     from edgesdk.converters.input_spec import parse_batch_axes
     from edgesdk.converters.stateful import parse_state_pairs
+    from edgesdk.toolchain import convert as run_convert
+    from edgesdk.toolchain import load_profile
 
     profile = load_profile(profile_name, profiles_dirs=profiles_dirs(ctx))  # fail fast, before any heavy import
     layout_spec = _read_data_spec(data_spec)

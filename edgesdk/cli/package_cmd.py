@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
-from edgesdk.api import package as package_bundle
-from edgesdk.api import parse_expiry
 from edgesdk.bundle import inspect_bundle
 from edgesdk.cli.fleet_cmd import server_options
 from edgesdk.cli.output import json_option, print_json, print_table, profiles_dirs
 from edgesdk.errors import UsageError
+from edgesdk.toolchain import package as package_bundle
+from edgesdk.toolchain import parse_expiry
 
 
 def _release_range(text: str) -> tuple[int, int]:

@@ -133,7 +133,7 @@ def vad_onnx(tmp_path_factory) -> Path:
 
 def _package(device: Any, convert: Path, name: str, pipeline: str, *extra: str, labels: Path | None = None) -> Path:
     """The text bundle through ``edgesdk package --pipeline --tokenizer`` (the real CLI), the VAD's
-    through ``edgesdk.api.package`` (in process: one interpreter start less); installed on ``device``."""
+    through ``edgesdk.toolchain.package`` (in process: one interpreter start less); installed on ``device``."""
     (device.root / f"{name}.yaml").write_text(pipeline)
     bundle = device.root / f"{name}.edgepkg"
     if extra:
@@ -145,7 +145,7 @@ def _package(device: Any, convert: Path, name: str, pipeline: str, *extra: str, 
         )  # fmt: skip
         assert packaged.returncode == 0, packaged.stderr
     else:
-        from edgesdk.api import package
+        from edgesdk.toolchain import package
 
         package(
             convert, out=bundle, name=name, version="1.0.0", release=1, publisher_key=device.publisher_key,

@@ -38,7 +38,7 @@ PART_OF: dict[str, str] = {
     "edgesdk": "package root",  # lazy (PEP 562): names load on first use, see edgesdk/__init__.py
     "edgesdk.agent": DEVICE,
     "edgesdk.cli": "host CLI",
-    "edgesdk.api": "host library",
+    "edgesdk.toolchain": "host library",
     "edgesdk.converters": "converters",
     "edgesdk.fleet": "fleet",
     "edgesdk.client": "client",

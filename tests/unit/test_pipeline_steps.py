@@ -51,10 +51,10 @@ def test_pipeline_schema_refuses_unknown_inputs_and_bad_steps_in_one_line() -> N
 
 
 def test_packaged_pipeline_and_labels_are_covered_by_the_bundle_signature(tmp_path) -> None:
-    from edgesdk.api import package
     from edgesdk.bundle import verify_bundle
     from edgesdk.errors import SignatureError
     from edgesdk.keys import load_publisher_public_key
+    from edgesdk.toolchain import package
     from tests.bundle_helpers import make_keys, write_convert_dir
 
     keys = make_keys(tmp_path / "keys")

@@ -117,7 +117,7 @@ def test_import_edgesdk_stays_lazy() -> None:
     # A device importing edgesdk.bundle must not pay for the toolchain or the client.
     code = (
         "import sys, edgesdk, edgesdk.bundle; "
-        "print(sorted(m for m in ('edgesdk.api', 'edgesdk.client', 'edgesdk.profiles') if m in sys.modules))"
+        "print(sorted(m for m in ('edgesdk.toolchain', 'edgesdk.client', 'edgesdk.profiles') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.strip() == "[]"
