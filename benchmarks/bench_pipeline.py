@@ -2,7 +2,9 @@
 weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved in rounds.
 
 1. ``agent /predict``: a real ``edge-agent run`` answers the JPEG bytes through the bundle's
-   signed pipeline (decode, resize 256x256, centre crop 224, mean/std, model, softmax top-5).
+   signed pipeline (decode, resize 256x256, centre crop 224, mean/std, model, softmax top-5);
+   and the same agent's second bundle whose pipeline folds the mean/std into the ONNX graph
+   (``folded: [normalize]``, converters/graph_fold.py): the agent skips that numpy step.
 2. ``agent /infer``: the same agent, the model alone: the already pre-processed tensor, raw.
 3. ``python loop``: the same pipeline written the usual way in-process (Pillow decode and
    resize, numpy normalize, onnxruntime with its defaults, numpy softmax top-5); and the same
@@ -11,9 +13,12 @@ weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved 
 4. ``decode + pre only``: ``edgesdk.pipeline.preprocess`` against the usual code's own
    decode/resize/crop/normalize, in-process, to tell the steps' cost from the HTTP's.
 
-Cells take turns request by request, so the load of a shared machine hits each alike. Not
-measured: the usual loop behind its own HTTP server (benchmarks/bench_agent.py compares the
-agent's HTTP with FastAPI/Flask wrappers on tensors).
+5. ``python loop behind raw HTTP``: the fair peer of ``/predict``: the same usual loop (with
+   the agent's onnxruntime settings) answering JPEG bodies with JSON labels (orjson) from the
+   raw uvloop + httptools server of benchmarks/_fair_peers.py (the API benchmarks' fastest
+   peer), in its own process, over the same kind of keep-alive connection as the agent's.
+
+Cells take turns request by request, in a rotating order, so the load of a shared machine hits each alike.
 
 The bundle is made by ``edgesdk convert --pipeline --validation-images --reference`` with the
 python loop's own function as the reference, so the run also shows the end-to-end gate on a
@@ -125,16 +130,19 @@ def prepare(work: Path) -> dict[str, Any]:
     return {"onnx": onnx_path, "jpegs": jpegs, "images": images}
 
 
-def convert_and_install(work: Path, setup: dict[str, Any], env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
-    from tests.agent_helpers import PROFILE, make_device, run_agent_cli
+def convert_and_install(
+    work: Path, setup: dict[str, Any], env: dict[str, str], device: Any, pipeline: str, name: str
+) -> dict[str, Any]:
+    """``pipeline`` (a file in ``work``) converted, gated end to end, packaged as ``name`` and installed."""
+    from tests.agent_helpers import PROFILE, run_agent_cli
 
     validation = REPO_ROOT / ".pytest_cache" / "d" / "edgesdk-mobilenet-v2" / "validation.npz"
     data = ["--validation", str(validation)] if validation.exists() else ["--input", "image=1x3x224x224"]
     started = time.perf_counter()
     converted = subprocess.run(
         [sys.executable, "-m", "edgesdk.cli.main", "convert", str(setup["onnx"]), "--profile", PROFILE,
-         "--formats", "onnx", "--precisions", "fp32", "--out", str(work / "convert"), *data,
-         "--pipeline", str(work / "pipeline.yaml"), "--labels", str(work / "labels.txt"),
+         "--formats", "onnx", "--precisions", "fp32", "--out", str(work / name), *data,
+         "--pipeline", str(work / pipeline), "--labels", str(work / "labels.txt"),
          "--validation-images", str(setup["images"]), "--reference", f"{work / 'usual_loop.py'}:predict",
          "--task-gate", "0.9"],
         capture_output=True, text=True, env=env, timeout=900,
@@ -142,14 +150,13 @@ def convert_and_install(work: Path, setup: dict[str, Any], env: dict[str, str]) 
     if converted.returncode != 0:
         raise SystemExit(f"convert failed:\n{converted.stderr[-3000:]}")
     convert_s = time.perf_counter() - started
-    report = json.loads((work / "convert" / "report.json").read_text())
-    device = make_device(work / "device")
-    bundle = work / "mobilenet.edgepkg"
+    report = json.loads((work / name / "report.json").read_text())
+    bundle = work / f"{name}.edgepkg"
     packaged = subprocess.run(
-        [sys.executable, "-m", "edgesdk.cli.main", "package", str(work / "convert"), "--name", "mobilenet",
+        [sys.executable, "-m", "edgesdk.cli.main", "package", str(work / name), "--name", name,
          "--version", "1.0.0", "--release", "1", "--publisher-key", str(device.publisher_key),
          "--recipient", str(device.device_pub), "--target", PROFILE, "--out", str(bundle),
-         "--pipeline", str(work / "pipeline.yaml"), "--labels", str(work / "labels.txt")],
+         "--pipeline", str(work / pipeline), "--labels", str(work / "labels.txt")],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     if packaged.returncode != 0:
@@ -158,7 +165,47 @@ def convert_and_install(work: Path, setup: dict[str, Any], env: dict[str, str]) 
     if installed.returncode != 0:
         raise SystemExit(f"install failed:\n{installed.stderr[-3000:]}")
     task = report["variants"][0]["task_accuracy"]
-    return device, {"convert_s": round(convert_s, 1), "end_to_end_gate": task["note"]}
+    return {f"{name} convert_s": round(convert_s, 1), f"{name} end_to_end_gate": task["note"]}
+
+
+def serve_usual_loop(port: int) -> None:
+    """The fair peer: the usual loop behind _fair_peers.py's raw uvloop + httptools server
+    (``--serve-loop PORT``; BENCH_* in the environment), with the agent's session settings."""
+    import onnxruntime as ort
+    import orjson
+    import usual_loop  # type: ignore[import-not-found]
+    import uvloop
+
+    from benchmarks._fair_peers import RawProtocol, serve_raw
+
+    quiet = ort.SessionOptions()
+    quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the agent's sessions
+    usual_loop.SESSION = ort.InferenceSession(os.environ["BENCH_ONNX"], quiet, providers=["CPUExecutionProvider"])
+
+    def work(content_type: str, body: bytes, x_tensors: str) -> tuple[bytes, str, list[tuple[str, str]]]:
+        return orjson.dumps({"labels": usual_loop.predict(body)}), "application/json", []
+
+    RawProtocol.work = staticmethod(work)  # type: ignore[assignment]
+    uvloop.run(serve_raw(port))
+
+
+def start_loop_server(work: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(work), str(REPO_ROOT)])}
+    server = subprocess.Popen([sys.executable, __file__, "--serve-loop", str(port)], env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):  # listening: it answers only JPEG bodies, so a connection is the probe
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, url
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the usual loop's raw HTTP server did not start")
 
 
 def vm_hwm_mb(pid: int) -> float:
@@ -190,7 +237,12 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
     threads = os.cpu_count() or 1
     env = {**agent_env(), "BENCH_ONNX": str(setup["onnx"]), "BENCH_LABELS": str(work / "labels.txt")}
     env["BENCH_THREADS"] = "0"  # onnxruntime's default, as the agent's (runtime_threads unset)
-    device, converted = convert_and_install(work, setup, env)
+    from tests.agent_helpers import make_device
+
+    device = make_device(work / "device")
+    (work / "folded.yaml").write_text(PIPELINE + "folded: [normalize]\n")
+    converted = convert_and_install(work, setup, env, device, "pipeline.yaml", "mobilenet")
+    converted |= convert_and_install(work, setup, env, device, "folded.yaml", "mobilenet-folded")
     os.environ.update({k: env[k] for k in ("BENCH_ONNX", "BENCH_LABELS", "BENCH_THREADS")})
     sys.path.insert(0, str(work))
     from usual_loop import predict
@@ -213,6 +265,8 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
 
     cells = [
         "agent /predict (JPEG)",
+        "agent /predict, mean/std folded into the graph (JPEG)",
+        "python loop behind raw HTTP, agent's ORT settings (JPEG)",
         "agent /infer (tensor)",
         "python loop (JPEG)",
         "python loop, agent's ORT settings",
@@ -220,28 +274,43 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
         "decode + pre only: the usual code, in-process",
     ]
     times: dict[str, list[float]] = {name: [] for name in cells}
-    same_label = 0
-    with AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=60) as client:
+    same_label = same_folded = same_peer = 0
+    loop_server, loop_url = start_loop_server(work, env)
+    with (
+        AgentProcess(device) as agent,
+        httpx.Client(base_url=agent.url, timeout=60) as client,
+        httpx.Client(base_url=loop_url, timeout=60) as peer,
+    ):
         raw = {"Content-Type": "application/x-edgesdk-tensors", "X-Tensors": "image=float32[1,3,224,224]"}
 
-        def call_predict(i: int) -> Any:
-            return client.post("/v1/models/mobilenet/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
+        def call_predict(i: int, model: str = "mobilenet") -> Any:
+            return client.post(f"/v1/models/{model}/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
+
+        def call_peer(i: int) -> Any:
+            return peer.post("/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
 
         for i in range(len(jpegs)):  # warm-up, and the labels side by side
             reply = call_predict(i)
             if reply.status_code != 200:
                 raise SystemExit(f"/predict answered {reply.status_code}: {reply.text[:300]}")
-            answer = reply.json()
-            same_label += answer["labels"][0]["label"] == predict(jpegs[i])[0]["label"]
+            answer, usual = reply.json(), predict(jpegs[i])[0]["label"]
+            same_label += answer["labels"][0]["label"] == usual
+            same_folded += call_predict(i, "mobilenet-folded").json()["labels"][0]["label"] == usual
+            same_peer += call_peer(i).json()["labels"][0]["label"] == usual
             client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
         before = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
         for n in range(requests * rounds):
             i = n % len(jpegs)
-            for name in cells:
+            turn = n % len(cells)  # each cell goes first as often: no cell pays for the one before it
+            for name in cells[turn:] + cells[:turn]:
                 started = time.perf_counter()
                 reply = None
-                if name.startswith("agent /predict"):
+                if name.startswith("agent /predict, mean/std folded"):
+                    reply = call_predict(i, "mobilenet-folded")
+                elif name.startswith("agent /predict"):
                     reply = call_predict(i)
+                elif name.startswith("python loop behind raw HTTP"):
+                    reply = call_peer(i)
                 elif name.startswith("agent /infer"):
                     reply = client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
                 elif name.startswith("decode + pre only: edgesdk"):
@@ -255,6 +324,8 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
                     raise SystemExit(f"{name}: {reply.status_code} {reply.text[:300]}")
         agent_peak_growth = vm_hwm_mb(agent.proc.pid) - before  # type: ignore[union-attr]
         agent_peak = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
+    loop_server.terminate()
+    loop_server.wait(timeout=10)
     usual_loop.SESSION = default_session
     tracemalloc.start()
     predict(jpegs[0])
@@ -269,7 +340,10 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
         "requests_per_cell": requests * rounds,
         **converted,
         "same_top1_label_agent_vs_loop": f"{same_label}/{len(jpegs)}",
+        "same_top1_label_agent_folded_vs_loop": f"{same_folded}/{len(jpegs)}",
+        "same_top1_label_http_peer_vs_loop": f"{same_peer}/{len(jpegs)}",
         "latency": {name: percentiles(values) for name, values in times.items()},
+        "p50 ratios (below 1: the agent is faster)": ratios(times),
         "memory": {
             "agent decoded-image charge per request, MB (median)": round(float(np.median(charges)) / 2**20, 2),
             "agent peak RSS growth over the timed rounds, MB": round(agent_peak_growth, 1),
@@ -279,7 +353,22 @@ def measure(work: Path, requests: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def ratios(times: dict[str, list[float]]) -> dict[str, float]:
+    """The agent's /predict (plain and folded) over the fair HTTP peer, and folded over plain."""
+    p50 = {name: float(np.percentile(values, 50)) for name, values in times.items()}
+    plain, folded = p50["agent /predict (JPEG)"], p50["agent /predict, mean/std folded into the graph (JPEG)"]
+    peer = p50["python loop behind raw HTTP, agent's ORT settings (JPEG)"]
+    return {
+        "agent /predict / loop behind raw HTTP": round(plain / peer, 3),
+        "agent /predict folded / loop behind raw HTTP": round(folded / peer, 3),
+        "agent /predict folded / agent /predict": round(folded / plain, 3),
+    }
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-loop":
+        serve_usual_loop(int(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100, help="requests per cell per round")
     parser.add_argument("--rounds", type=int, default=3)

@@ -751,15 +751,16 @@ def _write(
                 latency_basis=b.latency_basis,
             )
         )
-    golden = golden_set(run.source, run.data, run.reference, GOLDEN_SAMPLES)
+    data = run.data
     if end_to_end is not None and end_to_end.pipeline.folded:  # the graph normalizes: it takes pixels
         from edgesdk.converters.graph_fold import raw_pixels
 
         first = run.source.inputs[0].name
-        golden[first] = raw_pixels(golden[first], end_to_end.pipeline.image)
+        data = {**data, first: raw_pixels(np.asarray(data[first]), end_to_end.pipeline.image)}
+    golden = golden_set(run.source, data, run.reference, GOLDEN_SAMPLES)
     np.savez_compressed(staging / "golden.npz", **golden)  # type: ignore[arg-type]
     # The drift reference the device compares its traffic with (issue 41), signed in by `edgesdk package`.
-    write_profile(staging, run.data, run.reference, classify=run.metric == "top1", plain=run.source.layout.is_plain)
+    write_profile(staging, data, run.reference, classify=run.metric == "top1", plain=run.source.layout.is_plain)
     report = ConversionReport(
         model_name=run.source.name,
         source=run.source.source,
