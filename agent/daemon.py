@@ -24,19 +24,19 @@ from typing import TYPE_CHECKING, Any
 from edgesdk.agent.capture.start import start_capture
 from edgesdk.agent.config import check_configured_files
 from edgesdk.agent.device_identity import find_or_make_device_key, open_security_state
+from edgesdk.agent.device_models import DeviceModels, ModelParts
 from edgesdk.agent.drift.monitor import watch_drift
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.fleet_connection import FleetConnection
 from edgesdk.agent.governor.runner import Governor
 from edgesdk.agent.governor.sensors import make_source
 from edgesdk.agent.install_profiling import InstallProfiler
+from edgesdk.agent.installed_models import InstalledModels, ModelSlotStore
 from edgesdk.agent.keyring import KeyFiles
 from edgesdk.agent.lifecycle import GRPC_PORT_FILE, PID_FILE, PORT_FILE, AgentLifecycle
 from edgesdk.agent.memory_budget import MemoryBudget
 from edgesdk.agent.metrics import InferenceStats, Metrics
 from edgesdk.agent.model_loading import InstalledModelLoader
-from edgesdk.agent.model_set import ModelEntry, ModelSet
-from edgesdk.agent.model_stores import ModelStores, NamedModelStore
 from edgesdk.agent.profiling import SavedMeasurements
 from edgesdk.agent.serving import ModelServer
 from edgesdk.agent.shadow.wiring import attach as attach_shadow
@@ -86,7 +86,7 @@ class Agent:
         self.measurements = SavedMeasurements(self.data_dir)  # edge-agent profile's figures
         stats = InferenceStats()
         # The default model's server: the one the API is given (it hands requests naming
-        # another model to that model's server, agent/model_set.py).
+        # another model to that model's server, agent/device_models.py).
         self.server = self._make_server(stats)
         # One A/B store per model under data_dir/models (a single-model data dir is migrated here).
         self.device_key_path, made_key = find_or_make_device_key(config, self.data_dir)
@@ -98,7 +98,7 @@ class Agent:
         )
         if self.security.problem is not None:
             self.problems.append(self.security.problem)
-        self.stores = ModelStores(self.data_dir, security=self.security)
+        self.stores = InstalledModels(self.data_dir, security=self.security)
         self.pins = {name: Precision(policy.precision) for name, policy in config.models.items() if policy.precision}
         self.trust = self._trust()
         self.keyring = KeyFiles(
@@ -119,7 +119,7 @@ class Agent:
         # Before the model set: watching it for drift makes the entries of installed models, and
         # _make_entry reads this.
         self._governors_running = False
-        self.models = ModelSet(
+        self.models = DeviceModels(
             self.stores,
             self.server,
             stats,
@@ -215,7 +215,7 @@ class Agent:
         )
 
     def _make_governor(self, server: ModelServer, *, pinned: bool) -> Governor:
-        """A model's governor; a pinned model's never switches (ModelSet applies the pin)."""
+        """A model's governor; a pinned model's never switches (DeviceModels applies the pin)."""
         governor = self.config.governor
         return Governor(
             server,
@@ -227,17 +227,17 @@ class Agent:
             enabled=governor.enabled and not pinned,
         )
 
-    def _make_entry(self, name: str, store: NamedModelStore) -> ModelEntry:
+    def _make_entry(self, name: str, store: ModelSlotStore) -> ModelParts:
         """The parts of a model beside the default one: its server, statistics and governor."""
         stats = InferenceStats()
         server = self._make_server(stats)
         governor = self._make_governor(server, pinned=name in self.pins)
         if self._governors_running:
             governor.start()
-        return ModelEntry(name, server, stats, store, governor)
+        return ModelParts(name, server, stats, store, governor)
 
     @property
-    def store(self) -> NamedModelStore:
+    def store(self) -> ModelSlotStore:
         """The default model's A/B store (AgentError on a device with no model yet)."""
         entry = self.models.default_entry()
         if entry is None:

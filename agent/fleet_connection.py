@@ -24,10 +24,10 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.schemas.agent_config import AgentConfig
 
 if TYPE_CHECKING:
+    from edgesdk.agent.device_models import DeviceModels, ModelParts
     from edgesdk.agent.events import EventBus
     from edgesdk.agent.link import AgentLink
     from edgesdk.agent.metrics import Metrics
-    from edgesdk.agent.model_set import ModelEntry, ModelSet
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.ota.hooks import OtaHooks
@@ -48,7 +48,7 @@ class FleetConnection:
         config: AgentConfig,
         *,
         profile_name: str,
-        models: ModelSet,
+        models: DeviceModels,
         running_model: RunningModelSource,
         metrics: Metrics,
         keyring: Keyring,
@@ -131,7 +131,7 @@ class FleetConnection:
         updates: UpdateManager = entry.updates
         return updates
 
-    def make_updater(self, entry: ModelEntry) -> UpdateManager:
+    def make_updater(self, entry: ModelParts) -> UpdateManager:
         """A model's updater, given what it uses: its serving and slots, the keys, events, the
         link (if any), the device's command gate, the memory budget and the turn all models'
         updates take. ImportError when this agent was installed without the OTA module."""

@@ -98,7 +98,7 @@ class AgentLink:
         self.config = config
         self.telemetry = telemetry
         self.running_model_source = running_model
-        self.running_models_source = running_models  # every model of the device (agent/model_set.py)
+        self.running_models_source = running_models  # every model of the device (agent/device_models.py)
         self.keyring = keyring
         self._public_key: str | None = None
         self.mqtt = config.mqtt

@@ -26,7 +26,7 @@ from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
 
 if TYPE_CHECKING:
-    from edgesdk.agent.model_set import ModelEntry, ModelSet
+    from edgesdk.agent.device_models import DeviceModels, ModelParts
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.serving import ModelServer
     from edgesdk.agent.trust import AgentTrust
@@ -42,7 +42,7 @@ class InstalledModelLoader:
         config: AgentConfig,
         profile: DeviceProfile,
         *,
-        models: ModelSet,
+        models: DeviceModels,
         default_server: ModelServer,
         keyring: Keyring,
         device_key_path: Path,
@@ -111,7 +111,7 @@ class InstalledModelLoader:
                 log.info("measured here: %s not a speed step; loading the model with the measured ladder", dropped)
                 self.open_installed([entry])
 
-    def _report_rollback_floor(self, entry: ModelEntry) -> None:
+    def _report_rollback_floor(self, entry: ModelParts) -> None:
         try:
             floor = entry.store.rollback_floor()
         except RollbackError as exc:
@@ -128,7 +128,7 @@ class InstalledModelLoader:
             log.error("%s", problem)
             self.problems.append(problem)
 
-    def open_installed(self, entries: list[ModelEntry]) -> bool:
+    def open_installed(self, entries: list[ModelParts]) -> bool:
         if self.config.unseal == "in_process":
             return self._load_models(entries, None)
         from edgesdk.agent.unseal import Unsealer
@@ -149,7 +149,7 @@ class InstalledModelLoader:
                     return self._load_models(entries, None)
             return self._load_models(entries, unsealer)
 
-    def _load_models(self, entries: list[ModelEntry], unsealer: Any) -> bool:
+    def _load_models(self, entries: list[ModelParts], unsealer: Any) -> bool:
         # In process the store and the server get the key objects; a helper reads the key files.
         try:
             publishers = self.keyring.trusted_publishers if unsealer is None else None
@@ -163,7 +163,7 @@ class InstalledModelLoader:
             log.info("no bundle installed yet; waiting for one (edge-agent install FILE.edgepkg, or OTA)")
         return any(served)
 
-    def _load_model(self, entry: ModelEntry, publishers: Any, device_key: Any, unsealer: Any) -> bool:
+    def _load_model(self, entry: ModelParts, publishers: Any, device_key: Any, unsealer: Any) -> bool:
         """Serve one model's active slot (or its last good one); its problems are reported, named."""
         store, server = entry.store, entry.server
         decrypt = unsealer.decrypt if unsealer is not None else None
@@ -199,7 +199,7 @@ class InstalledModelLoader:
         self.problems.extend(problems)
         return False
 
-    def _check_bundle_file_later(self, entry: ModelEntry, slot: Any) -> None:
+    def _check_bundle_file_later(self, entry: ModelParts, slot: Any) -> None:
         """Re-hash the serving slot's file on a background thread (see the module's docstring)."""
         model = entry.server.model
         if slot is None or model is None or model.bundle_sha256 is None:

@@ -9,9 +9,9 @@ part may do to another is written down here, once.
 port                   provided by                       used by
 =====================  ================================  ==========================
 RunningModelSource     ModelServer (and Metrics)         Metrics, AgentLink, updater
-RunningModelsSource    ModelSet                          AgentLink (presence), Metrics
+RunningModelsSource    DeviceModels                          AgentLink (presence), Metrics
 Serving                ModelServer                       Metrics, AgentUpdateTarget
-Slots                  ModelStore                        AgentUpdateTarget
+Slots                  SlotStore                        AgentUpdateTarget
 Keyring                KeyFiles (Agent.keyring)          updater, AgentLink
 BundleOpener           edgesdk.agent.openers             AgentUpdateTarget, Agent
 TelemetrySource        Metrics                           AgentLink
@@ -58,7 +58,7 @@ class RunningModelsSource(Protocol):
 
 
 class ModelReadout(Protocol):
-    """One model's figures for telemetry and ``/metrics`` (a ``ModelEntry``)."""
+    """One model's figures for telemetry and ``/metrics`` (a ``ModelParts``)."""
 
     name: str
 
@@ -71,7 +71,7 @@ class ModelReadout(Protocol):
 
 
 class ModelsReadout(Protocol):
-    """Every model's figures and the memory budget (``ModelSet``)."""
+    """Every model's figures and the memory budget (``DeviceModels``)."""
 
     def entries(self) -> Sequence[ModelReadout]: ...
 

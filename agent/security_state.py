@@ -319,7 +319,7 @@ def record_from_files(config: AgentConfig, floors: dict[str, int]) -> SecurityRe
     """What ``edge-agent security-state seed`` writes: the trust document, each model's floor
     and the command ledger as the data dir's files say now (``floors`` sets or overrides a
     model's floor). AgentError naming a model whose floor the files cannot establish."""
-    from edgesdk.agent.model_stores import ModelStores
+    from edgesdk.agent.installed_models import InstalledModels
     from edgesdk.agent.trust import AgentTrust
 
     from edgesdk.errors import RollbackFloorUnknownError
@@ -331,7 +331,7 @@ def record_from_files(config: AgentConfig, floors: dict[str, int]) -> SecurityRe
         document = trust.verified()  # the installed copy when there is one; its own root checked
         if trust.path != trust.shipped:
             trust_text, trust_version = trust.path.read_text(), document.version
-    stores = ModelStores(data_dir)
+    stores = InstalledModels(data_dir)
     release_floors = dict(floors)
     for name in stores.names():
         if name in floors:

@@ -322,7 +322,7 @@ class ModelServer:
         self._change_lock = threading.Lock()  # one swap/switch at a time; infer never takes it
         # Scans large float inputs for NaN/Inf while the model runs (see infer_with_variant).
         self.scans: ScanThread = shared_scan_thread()
-        #: The device's other models by name, each with its own server (agent/model_set.py): a
+        #: The device's other models by name, each with its own server (agent/device_models.py): a
         #: request naming one is handed to it, so the API routes by name through this server.
         self.others: Mapping[str, ModelServer] = {}
         #: Called once per answered request, after its answer is handed to the transport, on

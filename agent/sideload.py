@@ -17,7 +17,7 @@ from edgesdk.agent.ports import EventSink
 from edgesdk.errors import EdgeSDKError
 
 if TYPE_CHECKING:
-    from edgesdk.agent.model_set import ModelEntry, ModelSet
+    from edgesdk.agent.device_models import DeviceModels, ModelParts
     from edgesdk.agent.openers import OpenerFactory
     from edgesdk.agent.ota import UpdateManager
     from edgesdk.agent.trust import AgentTrust
@@ -29,9 +29,9 @@ class Sideload:
     def __init__(
         self,
         *,
-        models: ModelSet,
+        models: DeviceModels,
         trust: AgentTrust | None,
-        make_updater: Callable[[ModelEntry], UpdateManager],
+        make_updater: Callable[[ModelParts], UpdateManager],
         open_bundles: Callable[[], OpenerFactory],
         profile_name: str,
         events: EventSink,
@@ -55,7 +55,7 @@ class Sideload:
         result["state"] = state.value
         return result
 
-    def _install_directly(self, entry: ModelEntry, path: Path) -> dict[str, Any]:
+    def _install_directly(self, entry: ModelParts, path: Path) -> dict[str, Any]:
         store = entry.store
         opener = self.open_bundles()()
         try:
@@ -89,7 +89,7 @@ class Sideload:
         return _installed_summary(entry)
 
 
-def _installed_summary(entry: ModelEntry) -> dict[str, Any]:
+def _installed_summary(entry: ModelParts) -> dict[str, Any]:
     slot = entry.store.active_slot
     info = entry.store.slot_info(slot) if slot else None
     info = info or {}

@@ -19,10 +19,10 @@ from edgesdk.schemas.agent_config import AgentConfig
 from edgesdk.schemas.profile import DeviceProfile
 
 if TYPE_CHECKING:
+    from edgesdk.agent.device_models import DeviceModels, ModelParts
     from edgesdk.agent.events import EventBus
     from edgesdk.agent.governor.runner import Governor
     from edgesdk.agent.install_profiling import InstallProfiler
-    from edgesdk.agent.model_set import ModelEntry, ModelSet
     from edgesdk.agent.security_state import SecurityState
     from edgesdk.agent.serving import ModelServer
     from edgesdk.agent.trust import AgentTrust
@@ -39,7 +39,7 @@ class AgentStatus:
         *,
         server: ModelServer,
         governor: Governor,
-        models: ModelSet,
+        models: DeviceModels,
         events: EventBus,
         problems: list[str],
         trust: AgentTrust | None,
@@ -84,7 +84,7 @@ class AgentStatus:
             "profiling": self.profiler.status(),  # profiling at install: running, done, failed (why)
         }
 
-    def _status_entry(self, entry: ModelEntry) -> dict[str, Any]:
+    def _status_entry(self, entry: ModelParts) -> dict[str, Any]:
         governor = entry.governor
         resident = entry.resident_mb()
         return {
@@ -107,7 +107,7 @@ def _status_model(running: Any) -> dict[str, Any] | None:
     return {"model": running.name, **running.model_dump(mode="json")}
 
 
-def _status_store(entry: ModelEntry) -> dict[str, Any]:
+def _status_store(entry: ModelParts) -> dict[str, Any]:
     store = entry.store
     return {
         "active_slot": store.active_slot,

@@ -128,7 +128,7 @@ class Unsealer:
     """The daemon's handle on one helper process; a context manager (the helper exits on close).
 
     ``verify`` and ``verify_installed`` take the keyword arguments of ``verify_bundle`` and
-    ``verify_installed_bundle`` (so :class:`~edgesdk.agent.store.ModelStore` can use them as
+    ``verify_installed_bundle`` (so :class:`~edgesdk.agent.slot_store.SlotStore` can use them as
     they are) except that keys are files: the helper reads ``publisher_keys`` and
     ``device_key`` itself. ``decrypt(bundle, variant_id, _key)`` fits ``ModelServer.swap``."""
 

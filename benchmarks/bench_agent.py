@@ -499,7 +499,7 @@ import json, resource, sys
 from pathlib import Path
 from edgesdk.agent.unseal import Unsealer
 data_dir, publisher = Path(sys.argv[1]), Path(sys.argv[2])
-model_dir = data_dir / "models" / "digits"  # the model's own store (agent/model_stores.py)
+model_dir = data_dir / "models" / "digits"  # the model's own store (agent/installed_models.py)
 store = json.loads((model_dir / "store.json").read_text())
 slot = store["slots"][store["active"]]
 with Unsealer(publisher_keys=[publisher], device_key=data_dir / "device.key") as unsealer:

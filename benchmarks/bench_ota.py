@@ -2,7 +2,7 @@
 
 1. Fleet: N simulated devices in ONE process against one local mosquitto, each running the
    real update code (UpdateManager → state machine → chunked MQTT transfer → verify_bundle →
-   smoke test in onnxruntime → ModelStore A/B slots → ModelServer swap → probation → commit)
+   smoke test in onnxruntime → SlotStore A/B slots → ModelServer swap → probation → commit)
    on its own data dir, updating to a ~5 MB bundle pushed by the real rollout controller and
    chunk server. Reported: time until 100 % committed, MQTT bytes per device / bundle size
    (payloads + topics + fixed headers of every message a device sends or receives for the

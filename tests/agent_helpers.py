@@ -53,7 +53,7 @@ class Device:
         return self.config
 
     def model_dir(self, name: str = "digits") -> Path:
-        """Where the agent keeps model ``name``'s store and update record (agent/model_stores.py)."""
+        """Where the agent keeps model ``name``'s store and update record (agent/installed_models.py)."""
         return self.data_dir / "models" / name
 
     def install(self, convert_dir: Path, *, name: str, version: str = "1.0.0", release: int = 1) -> Path:

@@ -1,6 +1,6 @@
 """Shared by the OTA tests and benchmark: real bundles of the digits CNN in several flavours,
 signed deployments for them, and a stand-in agent built from the real agent parts
-(ModelStore, ModelServer, Metrics, EventBus) for in-process tests and simulated fleets."""
+(SlotStore, ModelServer, Metrics, EventBus) for in-process tests and simulated fleets."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ class StandInAgent:
         from edgesdk.agent.events import EventBus
         from edgesdk.agent.metrics import InferenceStats, Metrics
         from edgesdk.agent.serving import ModelServer
-        from edgesdk.agent.store import ModelStore
+        from edgesdk.agent.slot_store import SlotStore
 
         from edgesdk.keys import load_publisher_public_key
         from edgesdk.profiles import get_profile
@@ -210,7 +210,7 @@ class StandInAgent:
         )
         self.profile = get_profile(PROFILE)
         self.events = EventBus()
-        self.store = ModelStore(data_dir)
+        self.store = SlotStore(data_dir)
         stats = InferenceStats()
         self.server = ModelServer(
             profile=self.profile, events=self.events, observe=stats.observe, count_error=stats.count_error

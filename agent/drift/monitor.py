@@ -91,7 +91,7 @@ class DriftMonitor:
     """One per agent: the tap of each model's server, and the telemetry's quality figures."""
 
     def __init__(self, models: Any) -> None:
-        self.models = models  # agent/model_set.py's ModelSet
+        self.models = models  # agent/device_models.py's DeviceModels
         self._models: dict[str, _Sampled] = {}
         self._lock = threading.Lock()  # making a model's window; counting takes the window's own
 

@@ -1,7 +1,7 @@
 """The engine that walks the tables in :mod:`edgesdk.agent.ota.states`.
 
 It knows nothing about MQTT, bundles or runtimes: each state's work is one method of an
-:class:`UpdateTarget` (the real one drives the agent's ModelStore and ModelServer; unit tests
+:class:`UpdateTarget` (the real one drives the agent's SlotStore and ModelServer; unit tests
 pass a fake), and :data:`WORK` — a table like the transition table — says which step does it,
 which event its success reports and which events its failure may report. The loop is always
 the same: persist the state, publish it, do its work, map the outcome to an event, look the

@@ -1,7 +1,7 @@
 """The real :class:`UpdateTarget`: each state's work done with the agent's own parts.
 
 It gets the agent's parts as ports (:mod:`edgesdk.agent.ports`): ``Serving`` (the atomic
-switch, ModelServer), ``Slots`` (the A/B store, ModelStore), ``Keyring`` (verification and
+switch, ModelServer), ``Slots`` (the A/B store, SlotStore), ``Keyring`` (verification and
 decryption keys) and, for MQTT chunk downloads, the ``UpdateChannel`` (the link).
 Verification is ``verify_bundle``, the transfer is :mod:`edgesdk.agent.ota.transfer`. Each state
 that verifies or decrypts opens a :class:`~edgesdk.agent.ports.BundleOpener` for its own work and
@@ -63,7 +63,7 @@ class AgentUpdateTarget:
     ) -> None:
         self.ota_dir = ota_dir
         # Refuses a verified bundle's manifest before it is staged (the device's memory budget
-        # across its models, agent/model_set.py); raises with the reason.
+        # across its models, agent/device_models.py); raises with the reason.
         self.admit = admit
         self.transfer_limits = transfer_limits or TransferLimits()
         self.http_settings = http_settings or HttpSettings()

@@ -1,4 +1,4 @@
-"""OTA with the real agent parts in one process: real bundles (digits CNN), real ModelStore and
+"""OTA with the real agent parts in one process: real bundles (digits CNN), real SlotStore and
 ModelServer, real verification and smoke test, real mosquitto, the real MQTT link and the real
 fleet chunk server. The multi-process SIGKILL table is in test_ota_agent_process.py."""
 

@@ -499,7 +499,7 @@ def test_state_file_survives_as_old_or_new(tmp_path: Path) -> None:
 
 
 class FakeStore:
-    """The part of ModelStore that guard_boot uses, over a FakeDisk."""
+    """The part of SlotStore that guard_boot uses, over a FakeDisk."""
 
     def __init__(self, disk: FakeDisk) -> None:
         self.disk = disk

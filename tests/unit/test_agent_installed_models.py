@@ -1,4 +1,4 @@
-"""Per-model stores (agent/model_stores.py) and the memory budget (agent/memory_budget.py), on
+"""Per-model stores (agent/installed_models.py) and the memory budget (agent/memory_budget.py), on
 files only: the migration of a single-model data dir (and one interrupted half way), the
 per-model fail-closed floor, and the budget's arithmetic and message."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from edgesdk.agent.installed_models import InstalledModels, check_model_name
 from edgesdk.agent.memory_budget import MemoryBudget, MemoryBudgetError, bundle_load_mb
-from edgesdk.agent.model_stores import ModelStores, check_model_name
 from edgesdk.agent.rollback_floor import FLOOR_FILE, KIND_ADVANCE, FloorRecord, RecordFile
 
 from edgesdk.errors import AgentError, RollbackFloorUnknownError
@@ -37,7 +37,7 @@ def legacy_data_dir(data_dir: Path, name: str = "digits", release: int = 2) -> P
 
 def test_a_single_model_data_dir_moves_into_its_model_directory(tmp_path: Path) -> None:
     data = legacy_data_dir(tmp_path / "data")
-    stores = ModelStores(data)
+    stores = InstalledModels(data)
     assert stores.migrated == "digits" and stores.default == "digits" and stores.names() == ["digits"]
     model = data / "models" / "digits"
     for item in ("slots/a/bundle.edgepkg", "store.json", FLOOR_FILE, "ota/state.json"):
@@ -46,7 +46,7 @@ def test_a_single_model_data_dir_moves_into_its_model_directory(tmp_path: Path) 
     assert (data / "ota" / "command_sequence.json").exists()  # the device's one sequence ledger stays
     store = stores.store("digits")
     assert store.active_slot == "a" and store.committed and store.rollback_floor() == 2
-    assert ModelStores(data).migrated is None  # nothing left to move at the next start
+    assert InstalledModels(data).migrated is None  # nothing left to move at the next start
 
 
 def test_a_migration_interrupted_half_way_is_finished_at_the_next_start(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_a_migration_interrupted_half_way_is_finished_at_the_next_start(tmp_path
     staging = data / "models" / ".migrating-digits"
     staging.mkdir(parents=True)
     (data / "slots").rename(staging / "slots")  # the crash came after the first rename
-    stores = ModelStores(data)
+    stores = InstalledModels(data)
     assert stores.migrated == "digits"
     assert not staging.exists()
     assert stores.store("digits").rollback_floor() == 2
@@ -65,20 +65,20 @@ def test_a_migration_never_overwrites_a_model_directory(tmp_path: Path) -> None:
     data = legacy_data_dir(tmp_path / "data")
     (data / "models" / "digits").mkdir(parents=True)
     with pytest.raises(AgentError, match="exists already"):
-        ModelStores(data)
+        InstalledModels(data)
     assert (data / "store.json").exists()  # untouched
 
 
 def test_each_model_has_its_own_floor_and_a_lost_one_fails_closed(tmp_path: Path) -> None:
     data = legacy_data_dir(tmp_path / "data")
-    stores = ModelStores(data)
+    stores = InstalledModels(data)
     other = stores.store("kws")
     assert other.rollback_floor() is None  # a model never installed here has no floor
     # digits' directory is lost whole: the index still says it committed, so installs are refused.
     import shutil
 
     shutil.rmtree(data / "models" / "digits")
-    fresh = ModelStores(data)
+    fresh = InstalledModels(data)
     with pytest.raises(RollbackFloorUnknownError, match="digits"):
         fresh.store("digits").rollback_floor()
     assert fresh.store("kws").rollback_floor() is None

@@ -12,7 +12,7 @@ Layout under the agent's data dir::
 A new bundle is staged into the slot that is not active, then activated, then committed
 once it has proven itself (the OTA probation, or at once for a sideload). The serving slot
 is never overwritten before the new one is proven: staging always targets the other slot.
-At start, :meth:`ModelStore.load_active` checks the active slot again and falls back to the
+At start, :meth:`SlotStore.load_active` checks the active slot again and falls back to the
 last proven slot when it fails, reporting why. The check is
 ``edgesdk.bundle.verify_installed_bundle``: signature, manifest, target, and that header +
 manifest are the ones installed (``front_sha256`` recorded at staging). The payloads are not
@@ -21,7 +21,7 @@ authenticates every byte it loads (GCM tags + signed plaintext SHA-256), so a bu
 rotted on an SD card fails when its variants are loaded, and the daemon then rolls back to
 the last good slot. A slot staged before ``front_sha256`` was recorded is fully re-verified.
 
-Anti-rollback does not trust ``store.json``: :meth:`ModelStore.rollback_floor` is the floor of
+Anti-rollback does not trust ``store.json``: :meth:`SlotStore.rollback_floor` is the floor of
 :class:`~edgesdk.agent.rollback_floor.RollbackFloor` (a monotonic counter plus per-slot records,
 each fsynced on its own), raised when a slot *commits*, so a rollback during probation still
 works; every install path checks against it.
@@ -46,7 +46,7 @@ from edgesdk.agent.rollback_floor import MonotonicCounter, RecordedFloor, Rollba
 from edgesdk.errors import AgentError, EdgeSDKError, IntegrityError
 from edgesdk.hashing import sha256_file
 
-log = logging.getLogger("edgesdk.agent.store")
+log = logging.getLogger("edgesdk.agent.slot_store")
 
 Slot = Literal["a", "b"]
 SLOTS: tuple[Slot, Slot] = ("a", "b")
@@ -70,8 +70,8 @@ def _default_verify_installed(path: Path, **kwargs: Any) -> Any:
     return edgesdk.bundle.verify_installed_bundle(path, **kwargs)  # type: ignore[attr-defined]
 
 
-class ModelStore:
-    """The A/B slot store of one device. Every change is persisted atomically before it counts."""
+class SlotStore:
+    """One model's A/B slots of bundles on disk. Every change is persisted atomically before it counts."""
 
     def __init__(
         self,

@@ -3,12 +3,12 @@
 Layout under the agent's data dir::
 
     models/index.json          the default model, and every model that ever committed
-    models/digits/             one ModelStore (slots/, store.json, rollback_floor) ...
+    models/digits/             one SlotStore (slots/, store.json, rollback_floor) ...
     models/digits/ota/         ... and its own update record (state.json, downloads)
     models/wakeword/           another model: its own slots, floor, probation and rollback
     ota/command_sequence.json  the operator's command sequence stays one per device
 
-Each model's store is the single-model :class:`~edgesdk.agent.store.ModelStore` rooted in its
+Each model's store is the single-model :class:`~edgesdk.agent.slot_store.SlotStore` rooted in its
 own directory, so installing, updating, rolling back or losing the store of one model touches
 no file of another.
 
@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.fsutil import atomic_write_json, fsync_dir
 from edgesdk.agent.rollback_floor import FLOOR_FILE
-from edgesdk.agent.store import BUNDLE_FILE, SLOTS, ModelStore
+from edgesdk.agent.slot_store import BUNDLE_FILE, SLOTS, SlotStore
 
 from edgesdk.errors import AgentError, RollbackFloorUnknownError
 
 if TYPE_CHECKING:
     from edgesdk.agent.security_state import SecurityState
 
-log = logging.getLogger("edgesdk.agent.model_stores")
+log = logging.getLogger("edgesdk.agent.installed_models")
 
 MODELS_DIR = "models"
 INDEX_FILE = "index.json"
@@ -65,7 +65,7 @@ def check_model_name(name: str) -> str:
     return name
 
 
-class ModelIndex:
+class ModelIndexFile:
     """``models/index.json``: the default model and the models that committed (atomic writes)."""
 
     def __init__(self, path: Path) -> None:
@@ -107,10 +107,10 @@ class ModelIndex:
             atomic_write_json(self.path, self._data)
 
 
-class NamedModelStore(ModelStore):
+class ModelSlotStore(SlotStore):
     """The A/B store of one model; its commits are remembered in the device's model index."""
 
-    def __init__(self, model_dir: Path, name: str, index: ModelIndex, **kwargs: Any) -> None:
+    def __init__(self, model_dir: Path, name: str, index: ModelIndexFile, **kwargs: Any) -> None:
         super().__init__(model_dir, **kwargs)
         self.name = name
         self._index = index
@@ -147,8 +147,9 @@ class NamedModelStore(ModelStore):
         return floor
 
 
-class ModelStores:
-    """Every model's store under ``data_dir/models``; created on first use, migrated at start."""
+class InstalledModels:
+    """The device's installed models by name: each one's slot store under ``data_dir/models``; created on
+    first use, migrated at start."""
 
     def __init__(self, data_dir: Path, *, security: SecurityState | None = None, **store_options: Any) -> None:
         self.data_dir = Path(data_dir)
@@ -156,9 +157,9 @@ class ModelStores:
         self.security = security
         self.root = self.data_dir / MODELS_DIR
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.index = ModelIndex(self.root / INDEX_FILE)
+        self.index = ModelIndexFile(self.root / INDEX_FILE)
         self._options = store_options
-        self._stores: dict[str, NamedModelStore] = {}
+        self._stores: dict[str, ModelSlotStore] = {}
         #: The model a single-model data dir was migrated to at this start, if any.
         self.migrated: str | None = migrate_single_model(self.data_dir, self.index)
 
@@ -171,12 +172,12 @@ class ModelStores:
             p.name for p in self.root.iterdir() if p.is_dir() and MODEL_NAME.match(p.name) and _holds_store(p)
         )
 
-    def store(self, name: str) -> NamedModelStore:
+    def store(self, name: str) -> ModelSlotStore:
         """The store of ``name`` (created empty on first use)."""
         found = self._stores.get(name)
         if found is None:
             recorded = self.security.release_floor(name) if self.security is not None else None
-            found = NamedModelStore(self.model_dir(name), name, self.index, recorded_floor=recorded, **self._options)
+            found = ModelSlotStore(self.model_dir(name), name, self.index, recorded_floor=recorded, **self._options)
             self._stores[name] = found
         return found
 
@@ -225,7 +226,7 @@ def _legacy_name(data_dir: Path) -> str:
     return "legacy"
 
 
-def migrate_single_model(data_dir: Path, index: ModelIndex) -> str | None:
+def migrate_single_model(data_dir: Path, index: ModelIndexFile) -> str | None:
     """Move a single-model store into ``models/<name>/``; returns the name, None when nothing to move."""
     root = data_dir / MODELS_DIR
     pending = sorted(root.glob(f"{_STAGING_PREFIX}*")) if root.exists() else []

@@ -1,6 +1,6 @@
 """Several models on one device: each its own store, server, governor, statistics and updater.
 
-:class:`ModelSet` holds one :class:`ModelEntry` per installed model name. The *default* model's
+:class:`DeviceModels` holds one :class:`ModelParts` per installed model name. The *default* model's
 entry uses the agent's own ``ModelServer`` (``Agent.server``), the one the local API is given:
 a request naming another model is handed by that server to the other model's server
 (``ModelServer.others``), so ``/v1/models/{name}/infer`` and ``/v2/models/{name}/infer`` route
@@ -8,11 +8,11 @@ by name while the single-model routes and reports (``/readyz``, ``/v1/status``'s
 deployment naming no model) keep meaning the default model.
 
 Isolation: an entry's server swaps only its own model, its store is its own directory
-(:mod:`edgesdk.agent.model_stores`), and its updater its own state machine; what one model does
+(:mod:`edgesdk.agent.installed_models`), and its updater its own state machine; what one model does
 (an update, a rollback, a store that fails to verify) never replaces or blocks the reference
 another model's requests hold.
 
-Memory: :meth:`ModelSet.admit` is the budget check every install path runs after the bundle
+Memory: :meth:`DeviceModels.admit` is the budget check every install path runs after the bundle
 verified and before anything is staged (:mod:`edgesdk.agent.memory_budget`).
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgesdk.agent.installed_models import InstalledModels, ModelSlotStore, check_model_name
 from edgesdk.agent.memory_budget import MemoryBudget, served_load_mb
 from edgesdk.agent.metrics import InferenceStats
-from edgesdk.agent.model_stores import ModelStores, NamedModelStore, check_model_name
 from edgesdk.agent.serving import ModelServer
 
 from edgesdk.errors import AgentError
@@ -38,17 +38,17 @@ if TYPE_CHECKING:
     from edgesdk.agent.events import EventBus
     from edgesdk.agent.governor.runner import Governor
 
-log = logging.getLogger("edgesdk.agent.model_set")
+log = logging.getLogger("edgesdk.agent.device_models")
 
 
 @dataclass
-class ModelEntry:
-    """One installed model's parts."""
+class ModelParts:
+    """One model's running parts: its server, statistics, slot store, governor and updater."""
 
     name: str
     server: ModelServer
     stats: InferenceStats
-    store: NamedModelStore
+    store: ModelSlotStore
     governor: Governor | None = None
     #: The model's UpdateManager, once the updater started (None without the OTA module).
     updates: Any = None
@@ -72,19 +72,19 @@ class ModelEntry:
 
 
 #: Builds the parts of a new entry: (name, store) → the entry (the daemon's factory).
-EntryFactory = Callable[[str, NamedModelStore], ModelEntry]
+ModelPartsFactory = Callable[[str, ModelSlotStore], ModelParts]
 
 
-class ModelSet:
-    """Every model of the device by name, the default one first."""
+class DeviceModels:
+    """The models this agent runs, by name, the default one first: each one's :class:`ModelParts`."""
 
     def __init__(
         self,
-        stores: ModelStores,
+        stores: InstalledModels,
         default_server: ModelServer,
         default_stats: InferenceStats,
         *,
-        make_entry: EntryFactory,
+        make_entry: ModelPartsFactory,
         budget: MemoryBudget,
         events: EventBus,
         default_name: str | None = None,
@@ -98,7 +98,7 @@ class ModelSet:
         self.budget = budget
         self.pins = dict(pins or {})
         self._make_entry = make_entry
-        self._entries: dict[str, ModelEntry] = {}
+        self._entries: dict[str, ModelParts] = {}
         self._lock = threading.Lock()
         #: Updates of different models run one after another (docs/ota.md, "Several models").
         self.update_turn = threading.Lock()
@@ -118,13 +118,13 @@ class ModelSet:
         default = self.default_name
         return sorted(names, key=lambda n: (n != default, n))
 
-    def entries(self) -> list[ModelEntry]:
+    def entries(self) -> list[ModelParts]:
         return [self.entry(name) for name in self.names()]
 
     def known(self, name: str) -> bool:
         return name in self._entries or name in self.stores.names()
 
-    def entry(self, name: str) -> ModelEntry:
+    def entry(self, name: str) -> ModelParts:
         """The entry of ``name``, made on first use; the first model of a device becomes its default."""
         found = self._entries.get(name)
         if found is not None:
@@ -138,7 +138,7 @@ class ModelSet:
                 self.stores.set_default(name)
             store = self.stores.store(name)
             if name == self.default_name:
-                entry = ModelEntry(name, self.default_server, self.default_stats, store, self.default_governor)
+                entry = ModelParts(name, self.default_server, self.default_stats, store, self.default_governor)
             else:
                 entry = self._make_entry(name, store)
             entry.pinned = self.pins.get(name)
@@ -148,7 +148,7 @@ class ModelSet:
             self._publish_routes()
             return entry
 
-    def default_entry(self) -> ModelEntry | None:
+    def default_entry(self) -> ModelParts | None:
         name = self.default_name
         return self.entry(name) if name is not None else None
 

@@ -1,4 +1,4 @@
-"""ModelSet (agent/model_set.py) with real ModelServers over fake runtimes: requests route by
+"""DeviceModels (agent/device_models.py) with real ModelServers over fake runtimes: requests route by
 model name through the default model's server, a pinned model starts on its precision and is
 never moved by another model's load, and the budget counts the other models only."""
 
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from edgesdk.agent.device_models import DeviceModels, ModelParts
 from edgesdk.agent.events import EventBus
+from edgesdk.agent.installed_models import InstalledModels
 from edgesdk.agent.memory_budget import MemoryBudget, MemoryBudgetError
 from edgesdk.agent.metrics import InferenceStats
-from edgesdk.agent.model_set import ModelEntry, ModelSet
-from edgesdk.agent.model_stores import ModelStores
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer
 
 from edgesdk.errors import AgentError
@@ -21,17 +21,19 @@ from edgesdk.schemas.common import Precision
 from tests.unit.test_agent_serving import FakeModel, variant, x
 
 
-def model_set(tmp_path: Path, *, budget_mb: float = 100.0, pins: dict[str, Precision] | None = None) -> ModelSet:
+def device_models(
+    tmp_path: Path, *, budget_mb: float = 100.0, pins: dict[str, Precision] | None = None
+) -> DeviceModels:
     events = EventBus()
     stats = InferenceStats()
     default = ModelServer(events=events, observe=stats.observe, count_error=stats.count_error)
 
-    def make_entry(name: str, store) -> ModelEntry:
+    def make_entry(name: str, store) -> ModelParts:
         own = InferenceStats()
-        return ModelEntry(name, ModelServer(events=events, observe=own.observe), own, store)
+        return ModelParts(name, ModelServer(events=events, observe=own.observe), own, store)
 
-    return ModelSet(
-        ModelStores(tmp_path / "data"),
+    return DeviceModels(
+        InstalledModels(tmp_path / "data"),
         default,
         stats,
         make_entry=make_entry,
@@ -51,7 +53,7 @@ def serve(server: ModelServer, name: str, factor: float) -> None:
 
 
 def test_requests_route_by_name_through_the_default_models_server(tmp_path: Path) -> None:
-    models = model_set(tmp_path)
+    models = device_models(tmp_path)
     serve(models.entry("digits").server, "digits", 1.0)  # the first model becomes the default
     kws = models.entry("kws")
     serve(kws.server, "kws", 3.0)
@@ -67,7 +69,7 @@ def test_requests_route_by_name_through_the_default_models_server(tmp_path: Path
 
 
 def test_a_pinned_model_starts_on_its_precision_and_stays_there(tmp_path: Path) -> None:
-    models = model_set(tmp_path, pins={"kws": Precision.INT8})
+    models = device_models(tmp_path, pins={"kws": Precision.INT8})
     serve(models.entry("digits").server, "digits", 1.0)
     kws = models.entry("kws")
     serve(kws.server, "kws", 1.0)
@@ -78,7 +80,7 @@ def test_a_pinned_model_starts_on_its_precision_and_stays_there(tmp_path: Path) 
 
 
 def test_the_budget_counts_the_other_models_and_refuses_another_models_bundle(tmp_path: Path) -> None:
-    models = model_set(tmp_path, budget_mb=10.0)
+    models = device_models(tmp_path, budget_mb=10.0)
     serve(models.entry("digits").server, "digits", 1.0)
     serve(models.entry("kws").server, "kws", 1.0)
     assert models.memory()["models"] == {"digits": pytest.approx(0.0, abs=0.01), "kws": pytest.approx(0.0, abs=0.01)}
@@ -103,7 +105,7 @@ def test_telemetry_and_metrics_carry_every_model_with_its_label(tmp_path: Path) 
 
     from edgesdk.schemas.messages import Telemetry
 
-    models = model_set(tmp_path)
+    models = device_models(tmp_path)
     serve(models.entry("digits").server, "digits", 1.0)
     serve(models.entry("kws").server, "kws", 1.0)
     models.default_server.infer("kws", {"x": x()})

@@ -1,4 +1,4 @@
-"""ModelStore: A/B slots of encrypted bundles, atomic state, fallback to the last good slot.
+"""SlotStore: A/B slots of encrypted bundles, atomic state, fallback to the last good slot.
 Verification is faked here (the real verify_bundle runs in the integration tests)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from edgesdk.agent.store import ModelStore
+from edgesdk.agent.slot_store import SlotStore
 
 from edgesdk.errors import AgentError, IntegrityError, SignatureError
 
@@ -39,7 +39,7 @@ def fake_verify(path: Path, **_: object) -> FakeVerified:
     return FakeVerified(path, hashlib.sha256(data).hexdigest(), manifest)
 
 
-def install(store: ModelStore, verified: FakeVerified) -> str:
+def install(store: SlotStore, verified: FakeVerified) -> str:
     slot = store.stage(verified)
     store.activate(slot)
     store.commit()
@@ -47,7 +47,7 @@ def install(store: ModelStore, verified: FakeVerified) -> str:
 
 
 def test_stage_activate_commit_alternate_slots(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     assert store.active_slot is None and store.installed_release() is None
     assert install(store, fake_bundle(tmp_path, "m", 1)) == "a"
     assert install(store, fake_bundle(tmp_path, "m", 2)) == "b"
@@ -60,9 +60,9 @@ def test_stage_activate_commit_alternate_slots(tmp_path) -> None:
 
 
 def test_state_is_persisted_and_reread(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     install(store, fake_bundle(tmp_path, "m", 1))
-    again = ModelStore(tmp_path / "data", verify=fake_verify)
+    again = SlotStore(tmp_path / "data", verify=fake_verify)
     assert again.active_slot == "a" and again.committed and again.installed_release() == 1
     state = json.loads((tmp_path / "data" / "store.json").read_text())
     assert state["slots"]["a"]["good"] is True
@@ -70,7 +70,7 @@ def test_state_is_persisted_and_reread(tmp_path) -> None:
 
 
 def test_stage_refuses_a_file_changed_after_verification(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     verified = fake_bundle(tmp_path, "m", 1)
     verified.path.write_bytes(b"ENCRYPTED m 666")  # swapped on disk after verify
     with pytest.raises(IntegrityError, match="changed after it was verified"):
@@ -80,7 +80,7 @@ def test_stage_refuses_a_file_changed_after_verification(tmp_path) -> None:
 
 
 def test_rollback_goes_to_previous_good_slot(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     install(store, fake_bundle(tmp_path, "m", 1))
     slot = store.stage(fake_bundle(tmp_path, "m", 2))
     store.activate(slot)
@@ -91,14 +91,14 @@ def test_rollback_goes_to_previous_good_slot(tmp_path) -> None:
 
 
 def test_rollback_without_a_good_previous_is_refused(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     store.activate(store.stage(fake_bundle(tmp_path, "m", 1)))
     assert store.rollback() is None
     assert store.active_slot == "a"
 
 
 def test_activate_unknown_or_empty_slot(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     with pytest.raises(AgentError, match="unknown slot 'c'"):
         store.activate("c")  # type: ignore[arg-type]
     with pytest.raises(AgentError, match="no staged bundle"):
@@ -108,7 +108,7 @@ def test_activate_unknown_or_empty_slot(tmp_path) -> None:
 
 
 def test_load_active_falls_back_to_last_good_and_reports(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     install(store, fake_bundle(tmp_path, "m", 1))
     install(store, fake_bundle(tmp_path, "m", 2))
     store.bundle_path("b").write_bytes(b"BROKEN")  # the active slot rots on the SD card
@@ -117,12 +117,12 @@ def test_load_active_falls_back_to_last_good_and_reports(tmp_path) -> None:
     assert store.load_report["fell_back"] is True and store.load_report["slot"] == "a"
     assert "slot b" in store.load_report["problems"][0] and "signature invalid" in store.load_report["problems"][0]
     # Persisted: the good slot is active, so the next install stages over the broken one.
-    again = ModelStore(tmp_path / "data", verify=fake_verify)
+    again = SlotStore(tmp_path / "data", verify=fake_verify)
     assert again.active_slot == "a" and again.stage(fake_bundle(tmp_path, "m", 3)) == "b"
 
 
 def test_load_active_detects_a_swapped_slot_file(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     install(store, fake_bundle(tmp_path, "m", 1))
     install(store, fake_bundle(tmp_path, "m", 2))
     store.bundle_path("b").write_bytes(b"ENCRYPTED m 9")  # validly signed, but not what was installed
@@ -132,7 +132,7 @@ def test_load_active_detects_a_swapped_slot_file(tmp_path) -> None:
 
 
 def test_load_active_with_nothing_usable(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     assert store.load_active([], "p") is None
     install(store, fake_bundle(tmp_path, "m", 1))
     store.bundle_path("a").unlink()
@@ -144,7 +144,7 @@ def test_unreadable_state_file_means_empty_store(tmp_path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "store.json").write_text("{not json")
-    store = ModelStore(data, verify=fake_verify)
+    store = SlotStore(data, verify=fake_verify)
     assert store.active_slot is None
 
 
@@ -162,7 +162,7 @@ def test_start_up_reopens_a_slot_without_rehashing_it(tmp_path) -> None:
     def full_verify_not_expected(path: Path, **_: object) -> FakeVerified:
         raise AssertionError("the full verification ran at start")
 
-    store = ModelStore(tmp_path / "data", verify=full_verify_not_expected, verify_installed=verify_installed)
+    store = SlotStore(tmp_path / "data", verify=full_verify_not_expected, verify_installed=verify_installed)
     for release in (1, 2):
         bundle = fake_bundle(tmp_path, "m", release)
         install(store, Fronted(bundle.path, bundle.sha256, bundle.manifest, bundle.sha256))
@@ -191,7 +191,7 @@ def test_a_slot_staged_without_front_hash_is_fully_verified_even_when_expired(tm
         seen.append(dict(kwargs))
         return fake_verify(path)
 
-    store = ModelStore(tmp_path / "data", verify=verify)
+    store = SlotStore(tmp_path / "data", verify=verify)
     install(store, fake_bundle(tmp_path, "m", 1))
     assert store.slot_info("a")["front_sha256"] is None
     store.load_active([], "rpi5-8gb")
@@ -199,7 +199,7 @@ def test_a_slot_staged_without_front_hash_is_fully_verified_even_when_expired(tm
 
 
 def test_check_file_compares_with_the_hash_recorded_at_install(tmp_path) -> None:
-    store = ModelStore(tmp_path / "data", verify=fake_verify)
+    store = SlotStore(tmp_path / "data", verify=fake_verify)
     install(store, fake_bundle(tmp_path, "m", 1))
     assert store.check_file("a") is None
     store.bundle_path("a").write_bytes(b"ENCRYPTED m 1 rotten")
