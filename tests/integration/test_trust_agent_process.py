@@ -122,7 +122,7 @@ class Fleet:
         ), self.watch.json("presence")
 
     def deploy(self, deployment) -> None:
-        payload = deployment.model_dump_json().encode()
+        payload = command_payload(deployment)  # the bytes the fleet publishes (unused newer health fields left out)
         self.client.publish(device_topic("edgesdk", "dev-1", OTA_DEPLOYMENT), payload, qos=1)
 
     def push_trust(self, doc) -> None:
