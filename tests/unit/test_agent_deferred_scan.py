@@ -265,19 +265,35 @@ def test_an_int8_variant_quantizing_a_nan_input_still_reports_the_nan() -> None:
     assert errors == ["bad_input"] and int8.runs == 2
 
 
+class WaitsForTheScan(RecordingModel):
+    """Its run lasts until the scan thread has taken the request's job (10 s at most), so the
+    scan runs over there whatever the machine's speed (a fixed sleep lost that race under QEMU,
+    where the thread's first pick-up came after the run had ended)."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0)
+        self.scan_started = threading.Event()
+
+    def run(self, feeds):
+        assert self.scan_started.wait(10), "the scan thread never took the job"
+        self.scan_started.clear()
+        return super().run(feeds)
+
+
 def test_a_slow_scan_holds_the_result_back(monkeypatch) -> None:
-    # The scan thread picks the job up during the 10 ms run, and its scan takes 100 ms: the
-    # request must wait for it, and refuse the input it finds bad.
+    # The scan thread takes the job during the run, and its scan takes 100 ms more: the request
+    # must wait for it, and refuse the input it finds bad.
     real = nonfinite_module.first_nonfinite
     scanned_on: list[str] = []
+    model = WaitsForTheScan()
 
     def slow(inputs):
         scanned_on.append(threading.current_thread().name)
+        model.scan_started.set()
         time.sleep(0.1)
         return real(inputs)
 
     monkeypatch.setattr(nonfinite_module, "first_nonfinite", slow)
-    model = RecordingModel(delay=0.01)
     server, errors = serve(model)
     server.scans = ScanThread()
     start = time.perf_counter()
