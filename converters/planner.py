@@ -14,12 +14,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from edgesdk.converters import onnx2tf_route, onnx2torch_route
+from edgesdk.converters.base import ConverterCapabilities
 from edgesdk.converters.recipes import Family, recipes_for
 from edgesdk.converters.registry import CONVERTER_FOR_FORMAT, CONVERTERS, missing_method_packages, missing_packages
 from edgesdk.converters.runtime_footprint import runtimes_that_do_not_fit
 
 from edgesdk.schemas.common import ModelFormat, Precision, RuntimeName
-from edgesdk.schemas.profile import DeviceProfile
+from edgesdk.schemas.profile import DeviceProfile, RuntimeSupport
 from edgesdk.schemas.report import RejectedVariant
 
 
@@ -106,6 +107,32 @@ def _why_precision(profile: DeviceProfile, runtime: RuntimeName, precision: Prec
     return reason
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """make_plan's arguments, handed to its steps together."""
+
+    profile: DeviceProfile
+    source_kind: str
+    has_calibration: bool
+    formats: Collection[ModelFormat] | None
+    precisions: Collection[Precision] | None
+    host_runtimes: Collection[RuntimeName]
+    int8_methods: Collection[str] | None
+    family: Family
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How one format gets made and validated on this host: its converter and validation runtime."""
+
+    fmt: ModelFormat
+    support: RuntimeSupport
+    converter: str
+    caps: ConverterCapabilities
+    runtime: RuntimeName
+    numeric: bool
+
+
 def make_plan(
     profile: DeviceProfile,
     source_kind: str,
@@ -118,8 +145,28 @@ def make_plan(
     family: Family = Family.OTHER,
 ) -> Plan:
     """Formats × precision ladder for ``profile``, with the reasoning."""
+    ask = _Ask(profile, source_kind, has_calibration, formats, precisions, host_runtimes, int8_methods, family)
     plan = Plan()
-    device_formats = profile.formats
+    too_big = _note_device_limits(plan, ask)
+    unreachable: list[ModelFormat] = []
+    for fmt in profile.formats:
+        support = profile.runtime_for(fmt)
+        if support is None:  # pragma: no cover - formats come from the runtimes
+            continue
+        if formats and fmt not in formats:
+            plan.decisions.append(f"{fmt.value}: skipped, not in --formats")
+            continue
+        if not _plan_format(plan, ask, fmt, support, too_big):
+            unreachable.append(fmt)
+    if unreachable:
+        plan.decisions.append(_not_offered(source_kind, unreachable))
+    return plan
+
+
+def _note_device_limits(plan: Plan, ask: _Ask) -> dict[RuntimeName, str]:
+    """The footprint and measured-speed sentences, and --formats the device does not run;
+    returns the runtimes too big for the board (-> why)."""
+    profile = ask.profile
     too_big, footprint_lines = runtimes_that_do_not_fit(profile)
     plan.decisions += footprint_lines
     if profile.measured:
@@ -128,140 +175,180 @@ def make_plan(
             f"speed: {profile.name}'s measured: section ({len(profile.measured)} set(s) from {devices} device(s)) "
             "decides the ladder of the models it has, before this host's timings"
         )
-    for wanted in formats or ():
-        if wanted not in device_formats:
+    for wanted in ask.formats or ():
+        if wanted not in profile.formats:
             plan.reject(
                 wanted,
                 Precision.FP32,
-                f"{profile.name} does not run {wanted.value} (it runs {', '.join(f.value for f in device_formats)})",
+                f"{profile.name} does not run {wanted.value} (it runs {', '.join(f.value for f in profile.formats)})",
             )
-    unreachable: list[ModelFormat] = []
-    for fmt in device_formats:
-        support = profile.runtime_for(fmt)
-        if support is None:  # pragma: no cover - formats come from the runtimes
-            continue
-        if formats and fmt not in formats:
-            plan.decisions.append(f"{fmt.value}: skipped, not in --formats")
-            continue
-        ladder = [p for p in LADDER if p in support.precisions]
-        if support.runtime in too_big:
-            for p in ladder:
-                plan.reject(fmt, p, too_big[support.runtime])
-            continue
-        for extra in support.precisions:
-            if extra not in LADDER:
-                plan.reject(fmt, extra, f"no converter makes {extra.value} yet")
-        if precisions:
-            for p in ladder:
-                if p not in precisions:
-                    plan.decisions.append(f"{fmt.value} {p.value}: skipped, not in --precisions")
-            for p in precisions:
-                if p not in support.precisions:
-                    plan.reject(fmt, p, f"{support.runtime.value} on {profile.name} does not list {p.value}")
-            ladder = [p for p in ladder if p in precisions]
-        converter = CONVERTER_FOR_FORMAT.get(fmt)
-        if converter is None:
-            for p in ladder:
-                plan.reject(fmt, p, f"no converter for {fmt.value}")
-            continue
-        caps = CONVERTERS[converter].capabilities
-        if source_kind not in caps.sources and not (formats and fmt in formats):
-            # No converter exists for this source and format: not a rejection per rung, one
-            # decision line for all such formats (written after the loop).
-            unreachable.append(fmt)
-            continue
-        no_onnx_route = onnx_to_tflite_missing() if source_kind == "onnx" and converter == "tflite" else None
-        if source_kind not in caps.sources or no_onnx_route:
-            route = {
-                ModelFormat.TFLITE: no_onnx_route or "",
-                ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
-            }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
-            if source_kind not in caps.sources:
-                route = f"{converter} takes {', '.join(caps.sources)} models"
-            for p in ladder:
-                plan.reject(
-                    fmt,
-                    p,
-                    f"cannot convert this {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead",
-                )
-            continue
-        missing = missing_packages(converter, source_kind)
-        if missing:
-            for p in ladder:
-                plan.reject(fmt, p, f"converter needs {', '.join(missing)}: pip install 'edgesdk[{caps.extra}]'")
-            continue
-        runtime = _validation_runtime(support.runtime)
-        numeric = caps.numeric_validation and runtime in host_runtimes
-        if caps.numeric_validation and not numeric:
-            for p in ladder:
-                plan.reject(
-                    fmt, p, f"runtime {runtime.value} is not installed on this host, so the variant cannot be validated"
-                )
-            continue
-        if not numeric:
-            plan.decisions.append(
-                f"{fmt.value}: {runtime.value} cannot predict on this host; variants are unvalidated: spec checked "
-                "(I/O names, shapes, dtypes, op histogram, size), no numerical parity, never on the governor's "
-                "ladder, packaged only with --allow-unvalidated"
+    return too_big
+
+
+def _plan_format(
+    plan: Plan, ask: _Ask, fmt: ModelFormat, support: RuntimeSupport, too_big: dict[RuntimeName, str]
+) -> bool:
+    """Plans (or rejects) the ladder of one format the device runs. False when no converter takes
+    this source to ``fmt`` at all: that is said once for all such formats, not per rung."""
+    ladder = _format_ladder(plan, ask, fmt, support, too_big)
+    if ladder is None:
+        return True
+    converter = CONVERTER_FOR_FORMAT.get(fmt)
+    if converter is None:
+        _reject_ladder(plan, fmt, ladder, f"no converter for {fmt.value}")
+        return True
+    caps = CONVERTERS[converter].capabilities
+    if ask.source_kind not in caps.sources and not (ask.formats and fmt in ask.formats):
+        return False
+    blocker = _conversion_blocker(ask.source_kind, fmt, converter, caps)
+    if blocker:
+        _reject_ladder(plan, fmt, ladder, blocker)
+        return True
+    runtime = _validation_runtime(support.runtime)
+    numeric = caps.numeric_validation and runtime in ask.host_runtimes
+    if caps.numeric_validation and not numeric:
+        _reject_ladder(
+            plan,
+            fmt,
+            ladder,
+            f"runtime {runtime.value} is not installed on this host, so the variant cannot be validated",
+        )
+        return True
+    if not numeric:
+        plan.decisions.append(
+            f"{fmt.value}: {runtime.value} cannot predict on this host; variants are unvalidated: spec checked "
+            "(I/O names, shapes, dtypes, op histogram, size), no numerical parity, never on the governor's "
+            "ladder, packaged only with --allow-unvalidated"
+        )
+    route = _Route(fmt, support, converter, caps, runtime, numeric)
+    for precision in ladder:
+        _plan_rung(plan, ask, route, precision)
+    return True
+
+
+def _reject_ladder(plan: Plan, fmt: ModelFormat, ladder: list[Precision], reason: str) -> None:
+    for p in ladder:
+        plan.reject(fmt, p, reason)
+
+
+def _format_ladder(
+    plan: Plan, ask: _Ask, fmt: ModelFormat, support: RuntimeSupport, too_big: dict[RuntimeName, str]
+) -> list[Precision] | None:
+    """The rungs of LADDER the device's runtime lists for ``fmt`` and --precisions keeps, with a
+    sentence for each one left out; None when the runtime does not fit the board."""
+    ladder = [p for p in LADDER if p in support.precisions]
+    if support.runtime in too_big:
+        _reject_ladder(plan, fmt, ladder, too_big[support.runtime])
+        return None
+    for extra in support.precisions:
+        if extra not in LADDER:
+            plan.reject(fmt, extra, f"no converter makes {extra.value} yet")
+    if ask.precisions:
+        for p in ladder:
+            if p not in ask.precisions:
+                plan.decisions.append(f"{fmt.value} {p.value}: skipped, not in --precisions")
+        for p in ask.precisions:
+            if p not in support.precisions:
+                plan.reject(fmt, p, f"{support.runtime.value} on {ask.profile.name} does not list {p.value}")
+        ladder = [p for p in ladder if p in ask.precisions]
+    return ladder
+
+
+def _conversion_blocker(source_kind: str, fmt: ModelFormat, converter: str, caps: ConverterCapabilities) -> str | None:
+    """Why this host cannot turn a ``source_kind`` model into ``fmt``, or None when it can."""
+    no_onnx_route = onnx_to_tflite_missing() if source_kind == "onnx" and converter == "tflite" else None
+    if source_kind not in caps.sources or no_onnx_route:
+        route = {
+            ModelFormat.TFLITE: no_onnx_route or "",
+            ModelFormat.COREML: "the ONNX→Core ML route (onnx2coreml) is not installed",
+        }.get(fmt, f"{converter} takes {', '.join(caps.sources)} models")
+        if source_kind not in caps.sources:
+            route = f"{converter} takes {', '.join(caps.sources)} models"
+        return f"cannot convert this {source_kind} model to {fmt.value}: {route}; give the PyTorch model (module:factory) instead"
+    missing = missing_packages(converter, source_kind)
+    if missing:
+        return f"converter needs {', '.join(missing)}: pip install 'edgesdk[{caps.extra}]'"
+    return None
+
+
+def _plan_rung(plan: Plan, ask: _Ask, route: _Route, precision: Precision) -> None:
+    """Plans one precision of a format (int8: with the methods to build), or rejects it."""
+    methods: tuple[str | None, ...] = (None,)
+    if precision == Precision.INT8:
+        int8 = _int8_methods(plan, ask, route)
+        if int8 is None:
+            return
+        methods = int8
+    plan.variants.append(
+        PlannedVariant(
+            route.converter,
+            route.fmt,
+            route.runtime,
+            precision,
+            methods,
+            _validation_options(route.runtime, precision),
+            numeric_validation=route.numeric,
+        )
+    )
+    plan.decisions.append(
+        f"{route.fmt.value} {precision.value} planned: {_why_precision(ask.profile, route.support.runtime, precision)}"
+    )
+
+
+def _int8_methods(plan: Plan, ask: _Ask, route: _Route) -> tuple[str | None, ...] | None:
+    """The int8 methods to build for ``route``: the family's recipes (or --int8-method), less those
+    whose packages are missing or that need calibration data not given; None when none is left."""
+    fmt, converter, caps = route.fmt, route.converter, route.caps
+    methods: tuple[str | None, ...] = recipes_for(converter, ask.family, caps.int8_methods)
+    if ask.int8_methods:
+        # An explicit --int8-method may name a recipe of another family.
+        methods = tuple(m for m in caps.int8_methods if m in ask.int8_methods or m in methods)
+    for method in methods:
+        lacking = missing_method_packages(converter, method)
+        if lacking:
+            plan.decisions.append(f"{fmt.value} int8: {method} skipped, it needs {', '.join(lacking)}")
+    methods = tuple(m for m in methods if not missing_method_packages(converter, m))
+    if ask.int8_methods:
+        chosen = tuple(m for m in methods if m in ask.int8_methods)
+        if not chosen:
+            plan.reject(
+                fmt,
+                Precision.INT8,
+                f"none of --int8-method {', '.join(sorted(ask.int8_methods))} applies to {fmt.value} "
+                f"(it has {', '.join(caps.int8_methods)})",
             )
-        for precision in ladder:
-            methods: tuple[str | None, ...] = (None,)
-            if precision == Precision.INT8:
-                methods = recipes_for(converter, family, caps.int8_methods)
-                if int8_methods:
-                    # An explicit --int8-method may name a recipe of another family.
-                    methods = tuple(m for m in caps.int8_methods if m in int8_methods or m in methods)
-                for method in methods:
-                    lacking = missing_method_packages(converter, method)
-                    if lacking:
-                        plan.decisions.append(f"{fmt.value} int8: {method} skipped, it needs {', '.join(lacking)}")
-                methods = tuple(m for m in methods if not missing_method_packages(converter, m))
-                if int8_methods:
-                    chosen = tuple(m for m in methods if m in int8_methods)
-                    if not chosen:
-                        plan.reject(
-                            fmt,
-                            precision,
-                            f"none of --int8-method {', '.join(sorted(int8_methods))} applies to {fmt.value} "
-                            f"(it has {', '.join(caps.int8_methods)})",
-                        )
-                        continue
-                    methods = chosen
-                if not has_calibration:
-                    usable = tuple(m for m in methods if m not in STATIC_INT8)
-                    if not usable:
-                        plan.reject(fmt, precision, "int8 needs calibration data (--calibration)")
-                        continue
-                    plan.decisions.append(
-                        f"{fmt.value} int8: no calibration data, so only {', '.join(str(m) for m in usable)}"
-                    )
-                    methods = usable
-                if len(methods) > 1 and not numeric:
-                    plan.decisions.append(
-                        f"{fmt.value} int8: speed cannot be measured on this host; building {methods[0]} "
-                        f"(first in preference), not {', '.join(str(m) for m in methods[1:])}"
-                    )
-                    methods = methods[:1]
-                if len(methods) > 1:
-                    plan.decisions.append(
-                        f"{fmt.value} int8: will build {' and '.join(str(m) for m in methods)} and keep the faster one that holds the gate"
-                    )
-            options: dict[str, str] = {}
-            if runtime == RuntimeName.OPENVINO:
-                options["device"] = "CPU"
-                if precision in (Precision.FP32, Precision.INT8):
-                    # This CPU may run fp32 IR (and int8 IR's float parts) in bf16 unless told:
-                    # parity needs f32, and int8 is timed against fp32 on the same float path.
-                    options["INFERENCE_PRECISION_HINT"] = "f32"
-            plan.variants.append(
-                PlannedVariant(converter, fmt, runtime, precision, methods, options, numeric_validation=numeric)
-            )
-            plan.decisions.append(
-                f"{fmt.value} {precision.value} planned: {_why_precision(profile, support.runtime, precision)}"
-            )
-    if unreachable:
-        plan.decisions.append(_not_offered(source_kind, unreachable))
-    return plan
+            return None
+        methods = chosen
+    if not ask.has_calibration:
+        usable = tuple(m for m in methods if m not in STATIC_INT8)
+        if not usable:
+            plan.reject(fmt, Precision.INT8, "int8 needs calibration data (--calibration)")
+            return None
+        plan.decisions.append(f"{fmt.value} int8: no calibration data, so only {', '.join(str(m) for m in usable)}")
+        methods = usable
+    if len(methods) > 1 and not route.numeric:
+        plan.decisions.append(
+            f"{fmt.value} int8: speed cannot be measured on this host; building {methods[0]} "
+            f"(first in preference), not {', '.join(str(m) for m in methods[1:])}"
+        )
+        methods = methods[:1]
+    if len(methods) > 1:
+        plan.decisions.append(
+            f"{fmt.value} int8: will build {' and '.join(str(m) for m in methods)} and keep the faster one that holds the gate"
+        )
+    return methods
+
+
+def _validation_options(runtime: RuntimeName, precision: Precision) -> dict[str, str]:
+    """Runtime options for validating a variant on this host."""
+    options: dict[str, str] = {}
+    if runtime == RuntimeName.OPENVINO:
+        options["device"] = "CPU"
+        if precision in (Precision.FP32, Precision.INT8):
+            # This CPU may run fp32 IR (and int8 IR's float parts) in bf16 unless told:
+            # parity needs f32, and int8 is timed against fp32 on the same float path.
+            options["INFERENCE_PRECISION_HINT"] = "f32"
+    return options
 
 
 def _not_offered(source_kind: str, unreachable: list[ModelFormat]) -> str:
