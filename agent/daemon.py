@@ -34,7 +34,7 @@ from edgesdk.agent.install_profiling import InstallProfiler
 from edgesdk.agent.installed_models import InstalledModels, ModelSlotStore
 from edgesdk.agent.keyring import KeyFiles
 from edgesdk.agent.lifecycle import GRPC_PORT_FILE, PID_FILE, PORT_FILE, AgentLifecycle
-from edgesdk.agent.memory_budget import MemoryBudget
+from edgesdk.agent.memory_budget import ModelRamBudget
 from edgesdk.agent.metrics import InferenceStats, Metrics
 from edgesdk.agent.model_loading import InstalledModelLoader
 from edgesdk.agent.profiling import SavedMeasurements
@@ -124,7 +124,7 @@ class Agent:
             self.server,
             stats,
             make_entry=self._make_entry,
-            budget=MemoryBudget(self.profile.memory.model_ram_budget_mb, self.profile.name),
+            budget=ModelRamBudget(self.profile.memory.model_ram_budget_mb, self.profile.name),
             events=self.events,
             default_name=config.default_model,
             default_governor=self.governor,

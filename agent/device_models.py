@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.agent.installed_models import InstalledModels, ModelSlotStore, check_model_name
-from edgesdk.agent.memory_budget import MemoryBudget, served_load_mb
+from edgesdk.agent.memory_budget import ModelRamBudget, served_load_mb
 from edgesdk.agent.metrics import InferenceStats
 from edgesdk.agent.serving import ModelServer
 
@@ -85,7 +85,7 @@ class DeviceModels:
         default_stats: InferenceStats,
         *,
         make_entry: ModelPartsFactory,
-        budget: MemoryBudget,
+        budget: ModelRamBudget,
         events: EventBus,
         default_name: str | None = None,
         default_governor: Governor | None = None,
@@ -181,7 +181,7 @@ class DeviceModels:
     # -- installs -----------------------------------------------------------------------------------
 
     def admit(self, name: str, manifest: Any) -> None:
-        """Refuse (MemoryBudgetError, with the figures) a bundle of model ``name`` that would not fit
+        """Refuse (ModelRamBudgetError, with the figures) a bundle of model ``name`` that would not fit
         beside what the other models hold; AgentError when the bundle is another model's."""
         if manifest.model.name != name:
             raise AgentError(

@@ -24,7 +24,7 @@ from edgesdk.errors import AgentError
 _MB = float(1 << 20)
 
 
-class MemoryBudgetError(AgentError):
+class ModelRamBudgetError(AgentError):
     """An install would not fit in the device's model memory budget beside the models it serves."""
 
 
@@ -54,7 +54,7 @@ def served_load_mb(model: Any) -> float:
     return _ladder_load_mb(v.meta for v in model.ladder)
 
 
-class MemoryBudget:
+class ModelRamBudget:
     """``model_ram_budget_mb`` of the device profile, shared by every model."""
 
     def __init__(self, budget_mb: float, profile_name: str) -> None:
@@ -62,7 +62,7 @@ class MemoryBudget:
         self.profile_name = profile_name
 
     def check(self, manifest: Any, resident: Mapping[str, float]) -> None:
-        """MemoryBudgetError (one line, with the figures) when ``manifest`` does not fit beside ``resident``."""
+        """ModelRamBudgetError (one line, with the figures) when ``manifest`` does not fit beside ``resident``."""
         need = bundle_load_mb(manifest)
         used = sum(resident.values())
         free = self.budget_mb - used
@@ -70,7 +70,7 @@ class MemoryBudget:
             return
         held = ", ".join(f"{name} {mb:.1f} MB" for name, mb in sorted(resident.items())) or "none"
         model = manifest.model
-        raise MemoryBudgetError(
+        raise ModelRamBudgetError(
             f"model {model.name} {model.version} needs {need:.1f} MB to load but only {free:.1f} MB of the "
             f"{self.budget_mb:.0f} MB model budget of profile {self.profile_name} is free ({used:.1f} MB resident: "
             f"{held}); not installed"

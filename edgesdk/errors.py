@@ -34,7 +34,7 @@
     │   │   └── DeclaredInputError     (agent/api/codec.py) what an encoding declares does not fit, found before allocating
     │   ├── ModelNotFoundError     (agent/serving.py) the request names a model not served here
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
-    │   ├── MemoryBudgetError      (agent/memory_budget.py) an install would not fit in the model memory budget
+    │   ├── ModelRamBudgetError    (agent/memory_budget.py) an install would not fit in the model memory budget
     │   ├── BatchAbandonedError    (agent/batching.py) a request's batch ended without running
     │   ├── SecurityStateError     (agent/security_state.py) the device's security record is missing or invalid: tampered
     │   ├── DecodeError            (agent/api/codec.py) a body is not valid in its encoding

@@ -12,7 +12,7 @@ import pytest
 from edgesdk.agent.device_models import DeviceModels, ModelParts
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.installed_models import InstalledModels
-from edgesdk.agent.memory_budget import MemoryBudget, MemoryBudgetError
+from edgesdk.agent.memory_budget import ModelRamBudget, ModelRamBudgetError
 from edgesdk.agent.metrics import InferenceStats
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer
 
@@ -37,7 +37,7 @@ def device_models(
         default,
         stats,
         make_entry=make_entry,
-        budget=MemoryBudget(budget_mb, "test"),
+        budget=ModelRamBudget(budget_mb, "test"),
         events=events,
         pins=pins,
     )
@@ -92,7 +92,7 @@ def test_the_budget_counts_the_other_models_and_refuses_another_models_bundle(tm
         )
 
     models.admit("kws", manifest("kws", 9.9))  # kws's own current size is not counted
-    with pytest.raises(MemoryBudgetError, match="needs 10.5 MB"):
+    with pytest.raises(ModelRamBudgetError, match="needs 10.5 MB"):
         models.admit("kws", manifest("kws", 10.5))
     with pytest.raises(AgentError, match="bundle is model 'digits', not 'kws'"):
         models.admit("kws", manifest("digits", 1.0))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from edgesdk.agent.installed_models import InstalledModels, check_model_name
-from edgesdk.agent.memory_budget import MemoryBudget, MemoryBudgetError, bundle_load_mb
+from edgesdk.agent.memory_budget import ModelRamBudget, ModelRamBudgetError, bundle_load_mb
 from edgesdk.agent.rollback_floor import FLOOR_FILE, KIND_ADVANCE, FloorRecord, RecordFile
 
 from edgesdk.errors import AgentError, RollbackFloorUnknownError
@@ -113,9 +113,9 @@ def test_a_bundles_load_size_counts_one_variant_per_precision_that_may_serve() -
 
 
 def test_the_budget_refuses_with_the_figures_in_one_line() -> None:
-    budget = MemoryBudget(100, "rpi-test")
+    budget = ModelRamBudget(100, "rpi-test")
     budget.check(manifest(variant("fp32", 1, 60.0)), {"digits": 40.0})  # exactly fits
-    with pytest.raises(MemoryBudgetError) as refused:
+    with pytest.raises(ModelRamBudgetError) as refused:
         budget.check(manifest(variant("fp32", 1, 60.5)), {"digits": 40.0})
     message = str(refused.value)
     assert "\n" not in message
