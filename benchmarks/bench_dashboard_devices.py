@@ -32,10 +32,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from edgesdk.fleet.service import schema, tokens  # noqa: E402
-from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
-from edgesdk.fleet.service.api_server import ApiServer  # noqa: E402
 from edgesdk.fleet.service.dashboard import COOKIE  # noqa: E402
 from edgesdk.fleet.service.database import Transaction, migrate, open_engine  # noqa: E402
+from edgesdk.fleet.service.rest.app import ApiContext, create_app  # noqa: E402
+from edgesdk.fleet.service.rest.server import ApiServer  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 
 CASES = {

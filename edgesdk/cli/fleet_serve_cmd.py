@@ -234,11 +234,11 @@ def serve(
     )
     check_scaling(settings, settings.db_url)
     if api_bind is not None:
-        from edgesdk.fleet.service.api_server import parse_bind
+        from edgesdk.fleet.service.rest.server import parse_bind
 
         parse_bind(api_bind)  # a bad value fails before the broker is touched
     if metrics_bind is not None:
-        from edgesdk.fleet.service.api_server import parse_bind
+        from edgesdk.fleet.service.rest.server import parse_bind
 
         parse_bind(metrics_bind, "--metrics-listen")
     options = client_options_from(params, service_client_id(params["namespace"], settings.instance))

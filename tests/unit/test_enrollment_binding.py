@@ -83,9 +83,9 @@ def service(tmp_path: Path):
     from fastapi.testclient import TestClient
 
     from edgesdk.fleet.service import tokens
-    from edgesdk.fleet.service.api import ApiContext, create_app
     from edgesdk.fleet.service.database import migrate, open_engine
     from edgesdk.fleet.service.ingest import Ingest
+    from edgesdk.fleet.service.rest.app import ApiContext, create_app
     from edgesdk.fleet.service.store import SqlRolloutStore
 
     engine = open_engine(f"sqlite:///{tmp_path / 'svc.sqlite3'}")
@@ -162,7 +162,7 @@ def test_rest_refuses_a_shared_key_and_warns_when_allowed(service, caplog) -> No
     assert client.post("/api/v1/enrollment/cam-a/approve", json={"key_id": _kid(key)}).status_code == 200
     refused = client.post("/api/v1/enrollment/cam-b/approve", json={"key_id": _kid(key)})
     assert refused.status_code == 409 and "already approved for device 'cam-a'" in refused.json()["detail"]
-    with caplog.at_level("WARNING", logger="edgesdk.fleet.service.api_admin"):
+    with caplog.at_level("WARNING", logger="edgesdk.fleet.service.rest.admin"):
         allowed = client.post("/api/v1/enrollment/cam-b/approve", json={"key_id": _kid(key), "allow_shared_key": True})
     assert allowed.status_code == 200, allowed.text
     assert "also approved for cam-a" in allowed.json()["warnings"][0]

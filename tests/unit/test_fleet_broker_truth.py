@@ -22,11 +22,11 @@ pytest.importorskip("fastapi", reason="the fleet service API needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from edgesdk.fleet.service import tokens  # noqa: E402
-from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.broker_watch import BrokerStatus, BrokerWatch, presence_label  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
 from edgesdk.fleet.service.metrics import FleetMetrics  # noqa: E402
+from edgesdk.fleet.service.rest.app import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 
 

@@ -29,10 +29,10 @@ pytest.importorskip("fastapi", reason="the fleet service API needs fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from edgesdk.fleet.service import audit, tokens  # noqa: E402
-from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.broker_watch import BrokerStatus  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
+from edgesdk.fleet.service.rest.app import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from tests.bundle_helpers import make_keys, placeholder_bundle  # noqa: E402
 from tests.unit.test_fleet_service_store import _telemetry  # noqa: E402
@@ -317,7 +317,7 @@ def test_the_openapi_document_names_parameters_types_answers_and_documents_probl
 
 
 def test_fleet_devices_through_the_server_shows_p95_errors_and_outbox(api: Api, edgesdk_cli, tmp_path: Path) -> None:
-    from edgesdk.fleet.service.api_server import ApiServer
+    from edgesdk.fleet.service.rest.server import ApiServer
 
     server = ApiServer(api.client.app, "127.0.0.1:0").start()
     try:

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from edgesdk.fleet.deployments import ABORTED  # noqa: E402
 from edgesdk.fleet.service import tokens  # noqa: E402
-from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
+from edgesdk.fleet.service.rest.app import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from tests.unit.test_fleet_service_store import _template  # noqa: E402
 

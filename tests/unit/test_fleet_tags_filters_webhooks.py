@@ -32,9 +32,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from edgesdk.errors import UsageError  # noqa: E402
 from edgesdk.fleet.deployments import ABORTED  # noqa: E402
 from edgesdk.fleet.service import audit, tokens, webhooks  # noqa: E402
-from edgesdk.fleet.service.api import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.database import migrate, open_engine  # noqa: E402
 from edgesdk.fleet.service.ingest import Ingest  # noqa: E402
+from edgesdk.fleet.service.rest.app import ApiContext, create_app  # noqa: E402
 from edgesdk.fleet.service.store import SqlRolloutStore  # noqa: E402
 from tests.bundle_helpers import make_keys, placeholder_bundle  # noqa: E402
 from tests.pg_helpers import throwaway_cluster  # noqa: E402

@@ -103,7 +103,7 @@ def test_fleet_push_bad_shadow_options_are_one_clear_line(given: dict[str, str],
 
 
 def test_rest_and_dashboard_take_min_agreement() -> None:
-    from edgesdk.fleet.service.api_schemas import DeploymentCreate
+    from edgesdk.fleet.service.rest.schemas import DeploymentCreate
     from edgesdk.fleet.service.rollout_form import plan_from
 
     body = DeploymentCreate(bundle_id="b", devices=["dev-1"], min_agreement=0.95, shadow_rate=0.2)

@@ -139,7 +139,7 @@ def test_the_rest_rollout_body_refuses_absurd_numbers(field: str, value: object)
     pytest.importorskip("fastapi", reason="needs the fleet-service extra")
     from pydantic import ValidationError
 
-    from edgesdk.fleet.service.api_schemas import CommandOptions, DeploymentCreate
+    from edgesdk.fleet.service.rest.schemas import CommandOptions, DeploymentCreate
 
     with pytest.raises(ValidationError, match=field):
         DeploymentCreate.model_validate({"bundle_id": "b", "group": "g", field: value})

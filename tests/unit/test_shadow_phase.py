@@ -147,8 +147,8 @@ def test_update_with_a_passing_shadow_phase_activates_and_one_without_shadow_s_h
 
 
 def test_shadow_s_is_off_the_wire_unless_asked_bounded_and_reaches_health_and_rest() -> None:
-    from edgesdk.fleet.service.api_deployments import _wave_timeout_s
-    from edgesdk.fleet.service.api_schemas import DeploymentCreate
+    from edgesdk.fleet.service.rest.deployments import _wave_timeout_s
+    from edgesdk.fleet.service.rest.schemas import DeploymentCreate
     from edgesdk.protocol.signing import canonical_json, command_payload
 
     assert b"shadow_s" not in command_payload(deployment(HealthCriteria())) + canonical_json(

@@ -118,8 +118,8 @@ def _pending(engine: Any, device_id: str) -> Any:
 
 def _approve(context: Any, device_id: str, key_id: str) -> None:
     """The REST approve's own checks and effects, bound to the key id the page showed."""
-    from edgesdk.fleet.service.api_admin import _approve as approve_key
-    from edgesdk.fleet.service.api_schemas import EnrollmentDecision
+    from edgesdk.fleet.service.rest.admin import _approve as approve_key
+    from edgesdk.fleet.service.rest.schemas import EnrollmentDecision
 
     row = _pending(context.engine, device_id)
     if len(key_id) != 32:

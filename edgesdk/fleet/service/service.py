@@ -203,8 +203,8 @@ class FleetService:
             self.pool = WorkerPool(self.settings.workers, worker, self.client_options).start()
         self._lead()
         if self.settings.api_bind is not None:
-            from edgesdk.fleet.service.api import ApiContext, create_app
-            from edgesdk.fleet.service.api_server import ApiServer
+            from edgesdk.fleet.service.rest.app import ApiContext, create_app
+            from edgesdk.fleet.service.rest.server import ApiServer
 
             context = ApiContext(
                 engine=self.engine,
@@ -222,8 +222,8 @@ class FleetService:
                 self.settings.artifact_url or f"http://{_reachable(self.api.host)}:{self.api.port}/artifacts"
             )
         if self.settings.metrics_bind is not None:
-            from edgesdk.fleet.service.api import create_metrics_app
-            from edgesdk.fleet.service.api_server import ApiServer
+            from edgesdk.fleet.service.rest.app import create_metrics_app
+            from edgesdk.fleet.service.rest.server import ApiServer
 
             self.metrics_server = ApiServer(
                 create_metrics_app(self.engine, self.broker_status),

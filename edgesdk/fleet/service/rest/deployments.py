@@ -15,7 +15,8 @@ from edgesdk.errors import UsageError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.fleet.service import bundles, refusals, schema, tokens
-from edgesdk.fleet.service.api_routing import (
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
@@ -24,7 +25,7 @@ from edgesdk.fleet.service.api_routing import (
     documented,
     paging,
 )
-from edgesdk.fleet.service.api_schemas import (
+from edgesdk.fleet.service.rest.schemas import (
     MAX_WAVE_TIMEOUT_S,
     CommandOptions,
     DeploymentCreate,
@@ -34,14 +35,13 @@ from edgesdk.fleet.service.api_schemas import (
     RolloutState,
     SecurityEvent,
 )
-from edgesdk.fleet.service.api_targeting import resolve_target
-from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.targeting import resolve_target
 from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
 
 if TYPE_CHECKING:
-    from edgesdk.fleet.service.api import ApiContext
+    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:

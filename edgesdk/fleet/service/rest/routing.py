@@ -8,8 +8,9 @@ from typing import Any
 
 from fastapi import Query
 
-from edgesdk.fleet.service import api_problems, audit, tokens
-from edgesdk.fleet.service.api_schemas import Problem
+from edgesdk.fleet.service import audit, tokens
+from edgesdk.fleet.service.rest import problems
+from edgesdk.fleet.service.rest.schemas import Problem
 
 #: The errors each kind of route documents (all application/problem+json).
 READ_ERRORS = (401, 403, 422)
@@ -25,7 +26,7 @@ def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {
         status: {
             "model": Problem,
-            "content": {api_problems.MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+            "content": {problems.MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         }
         for status in statuses
     }

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet.service import schema, tokens, webhooks
-from edgesdk.fleet.service.api_routing import (
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
@@ -21,11 +22,10 @@ from edgesdk.fleet.service.api_routing import (
     documented,
     paging,
 )
-from edgesdk.fleet.service.api_schemas import Page
-from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.schemas import Page
 
 if TYPE_CHECKING:
-    from edgesdk.fleet.service.api import ApiContext
+    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 class _Body(BaseModel):

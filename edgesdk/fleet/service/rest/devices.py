@@ -13,7 +13,9 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 
 from edgesdk.fleet.service import alerts, captures, quality, schema, tokens
-from edgesdk.fleet.service.api_routing import (
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.metrics import latest_telemetry
+from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
@@ -22,7 +24,7 @@ from edgesdk.fleet.service.api_routing import (
     documented,
     paging,
 )
-from edgesdk.fleet.service.api_schemas import (
+from edgesdk.fleet.service.rest.schemas import (
     Alert,
     Decommissioned,
     Device,
@@ -31,11 +33,9 @@ from edgesdk.fleet.service.api_schemas import (
     Group,
     Page,
 )
-from edgesdk.fleet.service.database import Transaction
-from edgesdk.fleet.service.metrics import latest_telemetry
 
 if TYPE_CHECKING:
-    from edgesdk.fleet.service.api import ApiContext
+    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:

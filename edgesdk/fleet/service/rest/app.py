@@ -1,11 +1,11 @@
 """The fleet service's REST API (FastAPI): devices, history, deployments, enrollment, bundles,
 tokens, groups, alerts, the audit log and ``/healthz``. This module makes the app, its
-authentication and its error answers; the routes are in ``api_devices``, ``api_deployments``
-and ``api_admin``.
+authentication and its error answers; the routes are in ``devices``, ``deployments``,
+``admin``, ``targeting`` and ``webhooks`` of this package.
 
 Every route but ``/healthz`` and ``/artifacts`` needs an operator token (``Authorization:
 Bearer esf_…``); reads need the viewer role, writes operator or admin (see ``tokens``). Every
-error is RFC 9457 problem+json (``api_problems``); every list is a page (``limit``, ``offset``;
+error is RFC 9457 problem+json (``problems``); every list is a page (``limit``, ``offset``;
 ``{items, total, limit, offset}``). Every write — allowed, refused (401, 403, 404, 409, 422…) or
 failed — is written to the audit log. The app gets the database and a ``RolloutCommands`` port
 (the service's rollout controller, which signs and publishes abort/rollback commands; a
@@ -29,14 +29,15 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from edgesdk.fleet.service import api_problems, audit, tokens
-from edgesdk.fleet.service.api_admin import add_bundle_routes, add_enrollment_routes, add_operator_routes
-from edgesdk.fleet.service.api_deployments import add_deployment_routes
-from edgesdk.fleet.service.api_devices import add_device_routes
-from edgesdk.fleet.service.api_routing import documented
-from edgesdk.fleet.service.api_schemas import Health
-from edgesdk.fleet.service.api_targeting import add_targeting_routes
+from edgesdk.fleet.service import audit, tokens
 from edgesdk.fleet.service.metrics import FleetMetrics
+from edgesdk.fleet.service.rest import problems
+from edgesdk.fleet.service.rest.admin import add_bundle_routes, add_enrollment_routes, add_operator_routes
+from edgesdk.fleet.service.rest.deployments import add_deployment_routes
+from edgesdk.fleet.service.rest.devices import add_device_routes
+from edgesdk.fleet.service.rest.routing import documented
+from edgesdk.fleet.service.rest.schemas import Health
+from edgesdk.fleet.service.rest.targeting import add_targeting_routes
 from edgesdk.fleet.service.store import SqlRolloutStore
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def create_app(context: ApiContext) -> FastAPI:
 
     app.add_middleware(SecurityHeaders, policy=content_security_policy(SCRIPTS))
     engine = context.engine
-    api_problems.install(app, lambda request, status, detail: _audit_refusal(engine, request, status, detail))
+    problems.install(app, lambda request, status, detail: _audit_refusal(engine, request, status, detail))
 
     def who(needed: tokens.Role, action: str) -> Any:
         """A dependency: the operator behind the token; 401 (missing or bad token, each its own

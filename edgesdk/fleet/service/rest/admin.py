@@ -11,7 +11,9 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 
 from edgesdk.errors import EnrollmentError, UsageError
 from edgesdk.fleet.service import audit, bundles, schema, tokens
-from edgesdk.fleet.service.api_routing import (
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.ingest import read_counters
+from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
@@ -20,7 +22,7 @@ from edgesdk.fleet.service.api_routing import (
     documented,
     paging,
 )
-from edgesdk.fleet.service.api_schemas import (
+from edgesdk.fleet.service.rest.schemas import (
     AuditEntry,
     Bundle,
     EnrollmentDecision,
@@ -32,11 +34,9 @@ from edgesdk.fleet.service.api_schemas import (
     Token,
     TokenCreate,
 )
-from edgesdk.fleet.service.database import Transaction
-from edgesdk.fleet.service.ingest import read_counters
 
 if TYPE_CHECKING:
-    from edgesdk.fleet.service.api import ApiContext
+    from edgesdk.fleet.service.rest.app import ApiContext
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The REST API's server-side device tags, dynamic groups (saved target filters) and groups'
 maintenance windows (issue 40). Tags and filters are the operator's, never the device's; a
 filter, like a group's window, is read when a rollout is created (``targeting``, ``schedule``).
-The webhooks' routes are in ``api_webhooks``."""
+The webhooks' routes are in ``rest.webhooks``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from edgesdk.errors import UsageError
 from edgesdk.fleet import schedule
 from edgesdk.fleet.service import schema, targeting, tokens
-from edgesdk.fleet.service.api_routing import (
+from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
@@ -24,12 +25,11 @@ from edgesdk.fleet.service.api_routing import (
     documented,
     paging,
 )
-from edgesdk.fleet.service.api_schemas import Page
-from edgesdk.fleet.service.api_webhooks import add_webhook_routes
-from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.schemas import Page
+from edgesdk.fleet.service.rest.webhooks import add_webhook_routes
 
 if TYPE_CHECKING:
-    from edgesdk.fleet.service.api import ApiContext
+    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 def _key() -> Any:
