@@ -1,6 +1,8 @@
 """The end-to-end gate: each variant answers the user's own raw files through the bundle's
 pipeline (decode → pre → model → post, ``edgesdk.pipeline``: the very code ``/predict`` runs),
-in its runtime on this host, and must give the labels the user's current code gives.
+in its runtime on this host, and must give the task results the user's current code gives:
+the labels (below), or boxes, a mask, text or an embedding (``task_results.py``: each kind's
+figures read on their worst file, the mean beside it).
 
 Tensor gates compare a variant with the source model on tensors someone already made; they
 cannot see a pipeline that normalizes differently from the user's code, or a label file off by
@@ -26,16 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from edgesdk.converters.task_results import TaskGates, answer_of, judge_task, parse_task_gates
 
 from edgesdk.errors import ConversionError, UsageError
 from edgesdk.pipeline import PipelineInputError, compare_results, postprocess, preprocess
 from edgesdk.quality.tail_statistics import agreement_reading, tail_reading
 from edgesdk.schemas.manifest import TensorSpec
 from edgesdk.schemas.pipeline import Pipeline
-from edgesdk.schemas.report import EndToEndCheck, TaskAccuracy
+from edgesdk.schemas.report import EndToEndCheck, TaskAccuracy, TaskFigure
 
-#: File suffix → the media type the agent is sent for it.
-MEDIA_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+#: File suffix → the media type the agent is sent for it, per pipeline input (a .txt file's
+#: text goes as the JSON body ``/predict`` takes).
+MEDIA_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".wav": "audio/wav", ".txt": "text"}
+SUFFIXES = {"image": (".jpg", ".jpeg", ".png"), "audio": (".wav",), "text": (".txt",)}
 DEFAULT_TASK_GATE = 0.99
 DEFAULT_SCORE_TOLERANCE = 0.05
 #: Disagreements named in the report (the first ones, by file name).
@@ -58,10 +63,15 @@ class TaskCheck:
 
     pipeline: Pipeline
     files: list[Path]
-    expected: list[Expected]
+    expected: list[Any]  # Expected (classes), else the user's answer as postprocess gives it
     summary: EndToEndCheck
     gate: float = DEFAULT_TASK_GATE
     score_tolerance: float = DEFAULT_SCORE_TOLERANCE
+    gates: TaskGates | None = None  # boxes, mask, ctc, embedding: their gates
+
+    @property
+    def kind(self) -> str:
+        return self.pipeline.post.kind
 
 
 def pipeline_sha256(pipeline: Pipeline) -> str:
@@ -74,46 +84,57 @@ def prepare_task_check(
     pipeline: Pipeline,
     images: Path,
     reference: str,
-    gate: float = DEFAULT_TASK_GATE,
+    gate: float | str | Sequence[str] | None = None,
     score_tolerance: float = DEFAULT_SCORE_TOLERANCE,
 ) -> TaskCheck:
-    """Read the folder of raw files and the user's answer for each (their JSON or function)."""
-    if pipeline.post.kind != "classes":
-        raise UsageError(
-            f"--reference: the end-to-end gate reads class labels; a {pipeline.post.kind!r} post is not gated yet"
-        )
-    if not 0 < gate <= 1:
-        raise UsageError(f"--task-gate {gate}: must be a share of files in (0, 1], e.g. 0.99")
-    files = list_images(images)
-    expected = expected_results(reference, files)
+    """Read the folder of raw files and the user's answer for each (their JSON or function).
+    ``gate``: the top-1 share for classes, or ``NAME=VALUE[@pN]`` items (task_results.py)."""
+    kind = pipeline.post.kind
+    gates = parse_task_gates(kind, gate)
+    files = list_images(images, pipeline.input)
+    expected = expected_results(reference, files, kind, pipeline.post.labels)
+    scored = kind == "classes" and any(e.score is not None for e in expected)
     summary = EndToEndCheck(
         images=str(images),
         files=len(files),
         reference=reference,
         pipeline_sha256=pipeline_sha256(pipeline),
-        gate=gate,
-        score_tolerance=score_tolerance if any(e.score is not None for e in expected) else None,
+        gate=gates.top1 if kind == "classes" else 1.0,
+        score_tolerance=score_tolerance if scored else None,
+        kind=kind,
+        gates=gates.thresholds(kind),
     )
-    return TaskCheck(pipeline, files, expected, summary, gate, score_tolerance)
+    return TaskCheck(
+        pipeline, files, expected, summary, gates.top1, score_tolerance, None if kind == "classes" else gates
+    )
 
 
-def list_images(folder: Path) -> list[Path]:
-    """The JPEG/PNG files of ``folder`` (not its subfolders), by name."""
+def list_images(folder: Path, input_kind: str = "image") -> list[Path]:
+    """The raw files of ``folder`` (not its subfolders) the pipeline's input takes, by name:
+    JPEG/PNG images, WAV audio or .txt texts."""
+    suffixes = SUFFIXES[input_kind]
+    shown = ", ".join(suffixes)
     if not folder.is_dir():
-        raise UsageError(f"--validation-images {folder}: not a folder; give a folder of .jpg/.png files")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in MEDIA_TYPES)
+        raise UsageError(f"--validation-images {folder}: not a folder; give a folder of {shown} files")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes)
     if not files:
-        raise UsageError(f"--validation-images {folder}: no .jpg, .jpeg or .png file in it")
+        raise UsageError(f"--validation-images {folder}: no {shown} file in it (an {input_kind} pipeline)")
     return files
 
 
 # -- the user's reference ------------------------------------------------------------------------
 
 
-def expected_results(reference: str, files: Sequence[Path]) -> list[Expected]:
+def expected_results(
+    reference: str, files: Sequence[Path], kind: str = "classes", labels: list[str] | None = None
+) -> list[Any]:
     """The user's answer per file, from ``FILE.json`` or by calling their function on each file."""
+
+    def read(value: Any, said: str, name: str) -> Any:
+        return normalize(value, said, name) if kind == "classes" else answer_of(kind, value, said, name, labels)
+
     if reference.endswith(".json"):
-        return _from_json(reference, files)
+        return _from_json(reference, files, read)
     function = load_reference(reference)
     takes_bytes = _takes_bytes(function)
     answers = []
@@ -122,7 +143,7 @@ def expected_results(reference: str, files: Sequence[Path]) -> list[Expected]:
             value = function(path.read_bytes() if takes_bytes else str(path))
         except Exception as exc:  # noqa: BLE001 - the user's code: any failure is theirs to read, in one line
             raise UsageError(f"--reference {reference} raised on {path.name}: {type(exc).__name__}: {exc}") from None
-        answers.append(normalize(value, f"--reference {reference} returned", path.name))
+        answers.append(read(value, f"--reference {reference} returned", path.name))
     return answers
 
 
@@ -178,7 +199,7 @@ def _takes_bytes(function: Callable[[Any], Any]) -> bool:
     return bool(parameters) and parameters[0].annotation in (bytes, "bytes")
 
 
-def _from_json(reference: str, files: Sequence[Path]) -> list[Expected]:
+def _from_json(reference: str, files: Sequence[Path], read: Callable[[Any, str, str], Any]) -> list[Any]:
     try:
         table = json.loads(Path(reference).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -188,7 +209,7 @@ def _from_json(reference: str, files: Sequence[Path]) -> list[Expected]:
     missing = [p.name for p in files if p.name not in table]
     if missing:
         raise UsageError(f"--reference {reference}: no label for {missing[0]} ({len(missing)} file(s) missing)")
-    return [normalize(table[p.name], f"--reference {reference} gives", p.name) for p in files]
+    return [read(table[p.name], f"--reference {reference} gives", p.name) for p in files]
 
 
 def normalize(value: Any, said: str, name: str) -> Expected:
@@ -235,8 +256,11 @@ def pipeline_feeds(check: TaskCheck, source_inputs: Sequence[TensorSpec]) -> lis
     for ``source_inputs``, the float inputs the pipeline fills."""
     feeds = []
     for path in check.files:
+        data, media_type = path.read_bytes(), MEDIA_TYPES[path.suffix.lower()]
+        if media_type == "text":  # the body /predict takes for a text pipeline
+            data, media_type = json.dumps({"text": data.decode("utf-8", "replace")}).encode(), "application/json"
         try:
-            feeds.append(preprocess(check.pipeline, path.read_bytes(), MEDIA_TYPES[path.suffix.lower()], source_inputs))
+            feeds.append(preprocess(check.pipeline, data, media_type, source_inputs))
         except PipelineInputError as exc:
             raise UsageError(f"--validation-images: {path.name} cannot go through the pipeline: {exc}") from None
     return feeds
@@ -254,14 +278,17 @@ def run_variant(check: TaskCheck, model: Any, feeds: Sequence[Mapping[str, np.nd
         raw = model.run({n: _quantize(v, in_specs[n]) if n in in_specs else v for n, v in feed.items()})
         outputs = {n: _dequantize(v, out_specs.get(n)) for n, v in raw.items()}
         try:
-            results.append(postprocess(check.pipeline, outputs))
+            results.append(postprocess(check.pipeline, outputs, feed))
         except PipelineInputError as exc:
             raise ConversionError(f"the pipeline cannot read this variant's output: {exc}") from None
     return results
 
 
 def judge(check: TaskCheck, results: Sequence[Mapping[str, Any]]) -> TaskAccuracy:
-    """The variant's answers against the user's: label agreement (Wilson bound) and the score tail."""
+    """The variant's answers against the user's: label agreement (Wilson bound) and the score
+    tail; for boxes, masks, text and embeddings each gate of the kind (task_results.py)."""
+    if check.gates is not None:
+        return judge_task(check.kind, check.gates, check.files, results, check.expected)
     labels = check.pipeline.post.labels
     agree, differences, missed = [], [], []
     for path, ours, theirs in zip(check.files, results, check.expected, strict=True):
@@ -287,7 +314,22 @@ def judge(check: TaskCheck, results: Sequence[Mapping[str, Any]]) -> TaskAccurac
         note += f"; |score - yours| {scores.statistic} {scores.value:.4f} (mean {scores.mean:.4f}) vs tolerance {check.score_tolerance:g}"
     if reading.verdict == "inconclusive":
         note += f"; {reading.samples_needed} files would tell"
+    figures = [
+        TaskFigure(
+            name="top1", value=round(reading.value, 6), statistic=f"share of files (95% bound {reading.lower_bound:.4f})",
+            mean=round(reading.value, 6), gate=check.gate, samples=reading.samples, passed=reading.verdict != "fail",
+        )
+    ]  # fmt: skip
+    if scores is not None:
+        figures.append(
+            TaskFigure(
+                name="score_diff", value=round(scores.value, 6), statistic=scores.statistic, mean=round(scores.mean, 6),
+                gate=check.score_tolerance, higher_is_better=False, samples=scores.samples,
+                passed=scores.verdict != "fail",
+            )
+        )  # fmt: skip
     return TaskAccuracy(
+        figures=figures,
         agreement=round(reading.value, 6),
         lower_bound=round(reading.lower_bound or 0.0, 6),
         gate=check.gate,

@@ -7,7 +7,7 @@ import html
 import io
 
 from edgesdk.schemas.manifest import AccuracyResult
-from edgesdk.schemas.report import ConversionReport
+from edgesdk.schemas.report import ConversionReport, TaskFigure
 
 _COLORS = {"onnx": "tab:blue", "tflite": "tab:orange", "openvino": "tab:purple", "coreml": "tab:gray"}
 _MARKERS = {"fp32": "o", "fp16": "s", "bf16": "P", "int8": "^", "int4": "v"}
@@ -69,6 +69,42 @@ def _bound(acc: AccuracyResult | None) -> str:
     if acc is None or acc.lower_bound is None:
         return ""
     return f"{acc.lower_bound:.4f} ({acc.verdict})"
+
+
+def _task_bar(f: TaskFigure) -> str:
+    """A small inline SVG of one end-to-end figure: the gate's line (red), the mean (grey) and
+    what the gate reads (black: the worst file, a percentile or a share) on a 0..1 scale (0..2x the
+    gate for an error rate)."""
+    top = 1.0 if f.higher_is_better else max(2 * f.gate, f.value, f.mean, 1e-9)
+
+    def x(v: float) -> float:
+        return 4 + 152 * min(max(v / top, 0.0), 1.0)
+
+    return (
+        f'<svg width="160" height="14" role="img" aria-label="{html.escape(f.name)}">'
+        f'<rect x="4" y="5" width="152" height="4" fill="#eee"/>'
+        f'<line x1="{x(f.gate):.1f}" x2="{x(f.gate):.1f}" y1="0" y2="14" stroke="red"/>'
+        f'<circle cx="{x(f.mean):.1f}" cy="7" r="3" fill="#999"/><circle cx="{x(f.value):.1f}" cy="7" r="3"/></svg>'
+    )
+
+
+def _task_rows(report: ConversionReport) -> str:
+    """Each variant's end-to-end figures (task results vs yours), beside its tensor metrics."""
+    rows = [
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (v.id, f.name, f"{f.value:.4f}", f.statistic,
+        f"{f.mean:.4f}", f"{'≥' if f.higher_is_better else '≤'} {f.gate:g}", "pass" if f.passed else "fail",
+        f.worst or "")) + f"<td>{_task_bar(f)}</td></tr>"
+        for v in report.variants if v.task_accuracy is not None
+        for f in v.task_accuracy.figures
+    ]  # fmt: skip
+    if not rows:
+        return ""
+    return (
+        "<h2>End to end: task results against yours</h2><p>Each figure per file; the gate reads the black dot "
+        "(the worst file, a named percentile, or a share), the grey dot is the mean, the red line the gate.</p>"
+        "<table><tr><th>variant</th><th>figure</th><th>value</th><th>statistic</th><th>mean</th><th>gate</th>"
+        f"<th>verdict</th><th>worst file</th><th></th></tr>{''.join(rows)}</table>"
+    )
 
 
 def render_html(report: ConversionReport) -> str:
@@ -150,6 +186,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}th{{background:#f3
 95th for an error), or an agreement on its Wilson bound; the mean is shown beside it.</p>
 <table><tr><th>variant</th><th>output</th><th>metric</th><th>value</th><th>statistic</th><th>95% bound</th><th>mean</th>
 <th>gate</th><th>verdict</th><th>why this metric</th></tr>{"".join(per_output) or "<tr><td colspan=10>none</td></tr>"}</table>
+{_task_rows(report)}
 {arch}
 <h2>Every recipe tried (family: {html.escape(report.family or "?")})</h2>
 <table><tr><th>variant</th><th>method</th><th>layers in float</th><th>{report.metric}</th><th>95% lower bound</th>

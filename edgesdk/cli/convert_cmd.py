@@ -49,7 +49,7 @@ def _read_data_spec(path: Path | None) -> DataSpec:
 
 
 def _task_check(
-    pipeline: Path | None, labels: Path | None, images: Path | None, reference: str | None, gate: float
+    pipeline: Path | None, labels: Path | None, images: Path | None, reference: str | None, gates: tuple[str, ...]
 ) -> object:
     """The end-to-end gate's inputs, read before any conversion (None when not asked for)."""
     given = {"--pipeline": pipeline, "--validation-images": images, "--reference": reference}
@@ -66,7 +66,7 @@ def _task_check(
     from edgesdk.schemas.pipeline import load_pipeline
 
     assert pipeline is not None and images is not None and reference is not None
-    return prepare_task_check(load_pipeline(pipeline, labels), images, reference, gate)
+    return prepare_task_check(load_pipeline(pipeline, labels), images, reference, gates)
 
 
 def _task_cell(task: object) -> str:
@@ -168,7 +168,12 @@ def _task_cell(task: object) -> str:
     "by file name. It is your code, imported and run on this host.",
 )
 @click.option(
-    "--task-gate", type=float, default=0.99, show_default=True, help="Minimum top-1 label agreement end to end."
+    "--task-gate",
+    "task_gates",
+    multiple=True,
+    metavar="[NAME=]VALUE[@pN]",
+    help="An end-to-end gate (repeatable): top1 (classes, default 0.99; a plain VALUE), recall, precision, "
+    "box_iou, match_iou (boxes), mask_iou, exact, cer (text), cosine (embedding); e.g. --task-gate cer=0.05@p95.",
 )
 @json_option
 @click.pass_context
@@ -196,7 +201,7 @@ def convert(
     labels: Path | None,
     validation_images: Path | None,
     reference: str | None,
-    task_gate: float,
+    task_gates: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Convert MODEL (.onnx, .tflite, OpenVINO IR .xml, or module:factory returning an nn.Module) for a device profile.
@@ -226,7 +231,7 @@ def convert(
         if not tensor or not axis.isdigit() or not label:
             raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
         axes.setdefault(tensor, {})[int(axis)] = label
-    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gate)
+    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gates)
     # stderr: stdout is for the result (table or --json). A live bar on a terminal; off one,
     # a line per step (a bar there would stay blank until the end).
     err = Console(stderr=True, highlight=False)

@@ -52,12 +52,30 @@ class OutputAccuracy(Schema):
     note: str = ""
 
 
+class TaskFigure(Schema):
+    """One task-level figure of the end-to-end gate: what it gates on (the tail: the worst file,
+    a named percentile, or a share) and the mean beside it."""
+
+    name: str = Field(description="top1, recall, precision, box_iou, mask_iou, exact, cer or cosine")
+    value: float = Field(description="what the gate reads")
+    statistic: str = Field(description="worst sample, pN, share of samples, or 95% Wilson bound")
+    mean: float
+    gate: float
+    higher_is_better: bool = True
+    samples: int = Field(ge=0)
+    worst: str | None = Field(None, description="the file with the worst figure")
+    passed: bool
+
+
 class TaskAccuracy(Schema):
     """A variant's task results through the bundle's whole pipeline (decode → pre → model → post,
     run on the converting host) against the user's own results (converters/end_to_end.py)."""
 
-    metric: Literal["top1_label"] = "top1_label"
-    agreement: float = Field(description="share of the raw files whose top-1 label is the user's")
+    metric: Literal["top1_label", "boxes", "mask", "ctc", "embedding"] = "top1_label"
+    figures: list[TaskFigure] = Field(default_factory=list, description="every task-level gate's reading")
+    agreement: float = Field(
+        description="share of the raw files whose top-1 label is the user's (other kinds: that pass every gate)"
+    )
     lower_bound: float = Field(description="one-sided 95% Wilson lower bound of agreement")
     gate: float
     samples: int = Field(ge=0, description="raw files judged")
@@ -83,6 +101,8 @@ class EndToEndCheck(Schema):
     pipeline_sha256: str = Field(description="the validated pipeline (labels included); package signs only this one")
     gate: float
     score_tolerance: float | None = None
+    kind: str = Field("classes", description="the pipeline's post kind: what the task results are")
+    gates: dict[str, float] = Field(default_factory=dict, description="every task-level gate and its threshold")
 
 
 class ShippedVariant(Schema):
