@@ -490,28 +490,11 @@ def convert(
         from edgesdk.profiles import get_profile
 
         profile = get_profile(profile, profiles_dirs)
-    try:
-        wanted_formats = {ModelFormat(f) for f in formats} if formats else None
-        wanted_precisions = {Precision(p) for p in precisions} if precisions else None
-    except ValueError as exc:
-        raise UsageError(
-            f"{exc}; formats: {', '.join(f.value for f in ModelFormat)}; precisions: "
-            f"{', '.join(p.value for p in Precision)}"
-        ) from exc
+    wanted_formats, wanted_precisions = _wanted_variants(formats, precisions)
     asked = requested_metrics(metric)  # UsageError on an unknown kind or a bad threshold
     out = Path(out)
-
-    def data_from(
-        value: Path | str | Mapping[str, np.ndarray] | None, what: str
-    ) -> tuple[dict[str, np.ndarray] | None, str]:
-        if value is None:
-            return None, ""
-        if isinstance(value, Mapping):
-            return {k: np.asarray(v) for k, v in value.items()}, f"(in-memory {what} data)"
-        return load_npz(value, what), str(value)
-
-    raw_calibration, cal_where = data_from(calibration, "calibration")
-    raw_validation, val_where = data_from(validation, "validation")
+    raw_calibration, cal_where = _data_from(calibration, "calibration")
+    raw_validation, val_where = _data_from(validation, "validation")
     staging = _prepare_out(out)
     work = Path(tempfile.mkdtemp(prefix="edgesdk-convert-"))
     try:
@@ -530,47 +513,11 @@ def convert(
             source, raw_calibration, cal_where, raw_validation, val_where, batch_axes, state_pairs
         )
         decisions = [*source.notes, *decisions]
-        if raw_validation and cal:
-            repeated = check_disjoint(cal, val)  # UsageError on overlap
-            decisions.append(
-                "calibration and validation data are disjoint (SHA-256 per sample)"
-                + (f"; validation repeats {repeated} of its own samples" if repeated else "")
-            )
-        if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
-            val = subset(val, MAX_VALIDATION_SAMPLES)
-            decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
-        everywhere = asked.get(None)
-        legacy = everywhere is not None and everywhere.kind in DEFAULT_GATES
-        # The bundle's golden check (on the device) reads one metric: the per-output ones are below.
-        chosen: Metric = everywhere.kind if legacy else choose_metric(source.outputs)  # type: ignore[assignment,union-attr]
-        threshold = gate if gate is not None else DEFAULT_GATES[chosen]
-        decisions.append(
-            f"metric {chosen}, gate {threshold:g} for the bundle's golden check on the device"
-            + (" (chosen from the output shape)" if not asked else "")
-            + "; each output's own gate follows"
-        )
-        decisions.append(minimum_samples_sentence(chosen, threshold))
-        if source.kind in ("onnx", "pytorch"):
-            family, family_reason = detect_family(source.onnx_path)
-        else:  # a .tflite or OpenVINO IR source: the recipes read ONNX graphs
-            family, family_reason = Family.OTHER, f"not read from a {source.kind} source (the default recipes apply)"
-        decisions.append(f"model family {family.value}: {family_reason}")
-
-        from edgesdk.runtimes import available_runtimes
-
-        plan: Plan = (
-            as_is_plan(profile, source, available_runtimes())
-            if as_is
-            else make_plan(
-                profile,
-                refuse_quantized_source(source),
-                has_calibration=cal is not None,
-                formats=wanted_formats,
-                precisions=wanted_precisions,
-                host_runtimes=available_runtimes(),
-                int8_methods=int8_methods,
-                family=family,
-            )
+        val = _check_validation_data(cal, val, user_gave_validation=bool(raw_validation), decisions=decisions)
+        chosen, threshold = _golden_gate(asked, gate, source, decisions)
+        family = _model_family(source, decisions)
+        plan = _plan_variants(
+            profile, source, as_is, cal is not None, wanted_formats, wanted_precisions, int8_methods, family
         )
         say.builds_planned = sum(len(p.methods) for p in plan.variants)
         say(Stage.REFERENCE, "computing reference outputs")
@@ -586,20 +533,7 @@ def convert(
         _compare_latency(run, shipped)
         run.decisions += assign_roles(shipped, profile, model=source.name)
         if not shipped:
-            grouped: dict[tuple[str, str], list[str]] = {}
-            for r in run.rejected:
-                grouped.setdefault((r.format.value, r.reason), []).append(r.precision.value)
-            tried = "; ".join(f"{fmt} {'/'.join(ps)}: {reason}" for (fmt, reason), ps in grouped.items())
-            tried = tried or "nothing was planned"
-            error: type[EdgeSDKError] = AccuracyGateError
-            if run.unsupported:
-                error = UnsupportedOpError
-            elif built:
-                # Variants were built and passed their gate, so _apply_budgets dropped every one.
-                error = BudgetError
-            elif not plan.variants:
-                error = ConversionError
-            raise error(f"no variant of {source.name} can ship to {profile.name}: {tried}")
+            raise _nothing_ships(run, built, plan, source.name, profile.name)
         say(Stage.REPORT, "writing the report")
         report = _write(staging, run, shipped, profile, family.value, end_to_end)
         _finish_out(staging, out)
@@ -609,6 +543,127 @@ def convert(
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _wanted_variants(
+    formats: Collection[ModelFormat | str] | None, precisions: Collection[Precision | str] | None
+) -> tuple[set[ModelFormat] | None, set[Precision] | None]:
+    """--formats and --precisions as enums; UsageError listing the known ones on a bad name."""
+    try:
+        wanted_formats = {ModelFormat(f) for f in formats} if formats else None
+        wanted_precisions = {Precision(p) for p in precisions} if precisions else None
+    except ValueError as exc:
+        raise UsageError(
+            f"{exc}; formats: {', '.join(f.value for f in ModelFormat)}; precisions: "
+            f"{', '.join(p.value for p in Precision)}"
+        ) from exc
+    return wanted_formats, wanted_precisions
+
+
+def _data_from(
+    value: Path | str | Mapping[str, np.ndarray] | None, what: str
+) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The samples (from an .npz path or in memory) and where they came from, for the report."""
+    if value is None:
+        return None, ""
+    if isinstance(value, Mapping):
+        return {k: np.asarray(v) for k, v in value.items()}, f"(in-memory {what} data)"
+    return load_npz(value, what), str(value)
+
+
+def _check_validation_data(
+    cal: dict[str, np.ndarray] | None,
+    val: dict[str, np.ndarray],
+    *,
+    user_gave_validation: bool,
+    decisions: list[str],
+) -> dict[str, np.ndarray]:
+    """Validation data disjoint from calibration (UsageError on overlap) when the user gave
+    both, and limited to MAX_VALIDATION_SAMPLES."""
+    if user_gave_validation and cal:
+        repeated = check_disjoint(cal, val)  # UsageError on overlap
+        decisions.append(
+            "calibration and validation data are disjoint (SHA-256 per sample)"
+            + (f"; validation repeats {repeated} of its own samples" if repeated else "")
+        )
+    if next(iter(val.values())).shape[0] > MAX_VALIDATION_SAMPLES:
+        val = subset(val, MAX_VALIDATION_SAMPLES)
+        decisions.append(f"validation limited to the first {MAX_VALIDATION_SAMPLES} samples")
+    return val
+
+
+def _golden_gate(
+    asked: dict[str | None, OutputMetric], gate: float | None, source: SourceModel, decisions: list[str]
+) -> tuple[Metric, float]:
+    """The one metric and gate of the bundle's golden check on the device (the per-output
+    metrics are chosen by _Run)."""
+    everywhere = asked.get(None)
+    legacy = everywhere is not None and everywhere.kind in DEFAULT_GATES
+    chosen: Metric = everywhere.kind if legacy else choose_metric(source.outputs)  # type: ignore[assignment,union-attr]
+    threshold = gate if gate is not None else DEFAULT_GATES[chosen]
+    decisions.append(
+        f"metric {chosen}, gate {threshold:g} for the bundle's golden check on the device"
+        + (" (chosen from the output shape)" if not asked else "")
+        + "; each output's own gate follows"
+    )
+    decisions.append(minimum_samples_sentence(chosen, threshold))
+    return chosen, threshold
+
+
+def _model_family(source: SourceModel, decisions: list[str]) -> Family:
+    """The model's family (it picks the int8 recipes), with the reason in the decisions."""
+    if source.kind in ("onnx", "pytorch"):
+        family, family_reason = detect_family(source.onnx_path)
+    else:  # a .tflite or OpenVINO IR source: the recipes read ONNX graphs
+        family, family_reason = Family.OTHER, f"not read from a {source.kind} source (the default recipes apply)"
+    decisions.append(f"model family {family.value}: {family_reason}")
+    return family
+
+
+def _plan_variants(
+    profile: DeviceProfile,
+    source: SourceModel,
+    as_is: bool,
+    has_calibration: bool,
+    wanted_formats: set[ModelFormat] | None,
+    wanted_precisions: set[Precision] | None,
+    int8_methods: Collection[str] | None,
+    family: Family,
+) -> Plan:
+    """The variants to build: the source as it is (--as-is), or the planner's formats × ladder."""
+    from edgesdk.runtimes import available_runtimes
+
+    if as_is:
+        return as_is_plan(profile, source, available_runtimes())
+    return make_plan(
+        profile,
+        refuse_quantized_source(source),
+        has_calibration=has_calibration,
+        formats=wanted_formats,
+        precisions=wanted_precisions,
+        host_runtimes=available_runtimes(),
+        int8_methods=int8_methods,
+        family=family,
+    )
+
+
+def _nothing_ships(run: _Run, built: list[_Built], plan: Plan, model: str, device: str) -> EdgeSDKError:
+    """The error when no variant can ship: every rejection grouped by format and reason, as the
+    class that says why (an unsupported op, the budgets, nothing planned, or the accuracy gate)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for r in run.rejected:
+        grouped.setdefault((r.format.value, r.reason), []).append(r.precision.value)
+    tried = "; ".join(f"{fmt} {'/'.join(ps)}: {reason}" for (fmt, reason), ps in grouped.items())
+    tried = tried or "nothing was planned"
+    error: type[EdgeSDKError] = AccuracyGateError
+    if run.unsupported:
+        error = UnsupportedOpError
+    elif built:
+        # Variants were built and passed their gate, so _apply_budgets dropped every one.
+        error = BudgetError
+    elif not plan.variants:
+        error = ConversionError
+    return error(f"no variant of {model} can ship to {device}: {tried}")
 
 
 def _gate_end_to_end(run: _Run, built: list[_Built], check: Any) -> list[_Built]:
