@@ -75,7 +75,8 @@ def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any], normalize: bool =
         image = image.resize((pre.resize.width, pre.resize.height), resample=filters[pre.resize.interpolation.upper()])
     if pre.center_crop is not None:
         image = center_crop(image, pre.center_crop.height, pre.center_crop.width)
-    pixels: np.ndarray = np.asarray(image, dtype=np.float32)
+    # A graph that normalizes and casts (folded: [normalize, cast]) takes the decoder's uint8 as is.
+    pixels: np.ndarray = np.asarray(image, dtype=np.uint8 if not normalize and dtype == np.uint8 else np.float32)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if pre.color == "BGR":
@@ -100,6 +101,8 @@ def center_crop(image: Any, height: int, width: int) -> Any:
 def cast(tensor: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
     """To the model's public input dtype; integers rounded and clipped to their range (a
     quantized variant's own scale/zero point are applied by the server, as for tensor routes)."""
+    if tensor.dtype == dtype:
+        return tensor
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return np.clip(np.rint(tensor), info.min, info.max).astype(dtype)
