@@ -594,3 +594,60 @@ def test_the_real_serve_command_starts_answers_and_stops_cleanly(fleet: Fleet, t
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_deployment_list_pages_in_the_database_newest_first_on_sqlite_and_postgresql(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """``GET /api/v1/deployments`` over more deployments than a page: the pages, walked with
+    ``offset``, hold every deployment once, newest first (ties in ``created`` in a fixed order),
+    with the total; the database pages (every read of the deployments' rows is LIMITed), on both
+    dialects."""
+    for url in (f"sqlite:///{tmp_path / 'pages.sqlite3'}", postgres.create_database("fleet_pages")):
+        pages = _DeploymentPages(url, tmp_path)
+        newest_first = ["dep-6", "dep-5", "dep-4", "dep-3", "dep-2", "dep-1", "dep-0"]
+        assert pages.walk("") == (newest_first, {7}), url
+        assert pages.walk("&state=ABORTED") == (["dep-5", "dep-2"], {2}), url
+        listing = [s for s in pages.reads if "FROM deployments" in s and "ORDER BY" in s]
+        assert listing and all("LIMIT" in s for s in listing), (url, listing)
+        pages.engine.dispose()
+
+
+class _DeploymentPages:
+    """Seven deployments (two ABORTED, ties in ``created``) behind the REST app, and every SQL
+    statement the app sends."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        import sqlalchemy as sa
+        from fastapi.testclient import TestClient
+
+        from edgesdk.fleet.service import tokens
+        from edgesdk.fleet.service.rest.app import ApiContext, create_app
+        from tests.unit.test_fleet_service_store import _template
+
+        self.engine = open_engine(url)
+        migrate(self.engine)
+        store = SqlRolloutStore(self.engine)
+        table = schema.deployments
+        for n, ts in enumerate([100.0, 101.0, 101.0, 102.0, 103.0, 103.0, 103.0]):  # ties: the id orders them
+            store.create(_template(f"dep-{n}"), tmp_path / "b.edgepkg", {}, [["a"]])
+            with self.engine.begin() as db:
+                db.execute(table.update().where(table.c.id == f"dep-{n}").values(created=ts))
+        store.set_state("dep-2", "ABORTED", reason="test")
+        store.set_state("dep-5", "ABORTED", reason="test")
+        _, token = tokens.create_token(self.engine, name="pager", role="viewer", created_by="test")
+        self.headers = {"Authorization": f"Bearer {token}"}
+        context = ApiContext(engine=self.engine, store=store, commands=None, data_dir=tmp_path)  # type: ignore[arg-type]
+        self.client = TestClient(create_app(context))
+        self.reads: list[str] = []
+        sa.event.listen(self.engine, "before_cursor_execute", lambda *args: self.reads.append(args[2]))
+
+    def walk(self, query: str) -> tuple[list[str], set[int]]:
+        """The ids on the pages of three (offset 0, 3, 6) and the totals they gave."""
+        ids, totals = [], set()
+        for offset in range(0, 9, 3):
+            answer = self.client.get(f"/api/v1/deployments?limit=3&offset={offset}{query}", headers=self.headers)
+            assert answer.status_code == 200, answer.text
+            ids += [item["deployment_id"] for item in answer.json()["items"]]
+            totals.add(answer.json()["total"])
+        return ids, totals

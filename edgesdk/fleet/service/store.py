@@ -96,6 +96,18 @@ class SqlRolloutStore:
             rows = db.execute(sa.select(schema.deployments).order_by(schema.deployments.c.created)).all()
         return [_deployment(r) for r in rows]
 
+    def newest_page(self, *, limit: int, offset: int, state: str | None = None) -> tuple[list[DeploymentRow], int]:
+        """One page of the deployments (in ``state``), newest first, and how many there are: the
+        database pages (LIMIT/OFFSET), so a page reads its rows only. Ties in ``created`` are
+        broken by id, so that consecutive pages neither repeat nor skip a deployment."""
+        table = schema.deployments
+        chosen = sa.true() if state is None else table.c.state == state
+        query = sa.select(table).where(chosen).order_by(table.c.created.desc(), table.c.id.desc())
+        with self._begin() as db:
+            total = int(db.execute(sa.select(sa.func.count()).select_from(table).where(chosen)).scalar_one())
+            rows = db.execute(query.limit(limit).offset(offset)).all()
+        return [_deployment(r) for r in rows], total
+
     def in_states(self, states: set[str]) -> list[str]:
         """Ids of the deployments in ``states``, oldest first (what the service must drive)."""
         table = schema.deployments

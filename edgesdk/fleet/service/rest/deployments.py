@@ -59,9 +59,8 @@ def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
         _op: tokens.Operator = Depends(who("viewer", "deployments.read")),
     ) -> dict[str, Any]:
         """Newest first."""
-        rows = [row for row in reversed(store.all()) if state is None or row.state == state]
-        shown = rows[page.offset : page.offset + page.limit]
-        return page.page([_summary(store, row.id) for row in shown], len(rows), sliced=True)
+        rows, total = store.newest_page(limit=page.limit, offset=page.offset, state=state)
+        return page.page([_summary(store, row.id) for row in rows], total, sliced=True)
 
     @app.get(
         "/api/v1/deployments/{deployment_id}",
