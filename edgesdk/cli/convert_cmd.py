@@ -12,7 +12,10 @@ from edgesdk.cli.output import ProgressLines, json_option, print_json, print_tab
 from edgesdk.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from edgesdk.schemas.data_spec import DataSpec
+    from edgesdk.schemas.report import ConversionReport
 
 _DTYPES = ("float32", "float16", "int64", "int32", "uint8", "int8", "bool")
 
@@ -211,9 +214,6 @@ def convert(
     accuracy gate are repaired or dropped, the report says why. OUT gets report.json,
     report.html, golden.npz and artifacts/<variant>/.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from edgesdk.converters.input_spec import parse_batch_axes
     from edgesdk.converters.stateful import parse_state_pairs
     from edgesdk.toolchain import convert as run_convert
@@ -224,16 +224,61 @@ def convert(
     declared_axes: dict[str, int | str] = {**layout_spec.batch_axes, **parse_batch_axes(batch_axes)}
     declared_state = {**layout_spec.state, **parse_state_pairs(state_pairs)}
     example = dict(_parse_input(s) for s in inputs) or None
+    axes = _parse_dynamic_axes(dynamic_axes)
+    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gates)
+    report = _showing_progress(
+        as_json,
+        lambda show: run_convert(
+            model,
+            profile,
+            out=out,
+            calibration=calibration,
+            validation=validation,
+            metric=list(metrics) or "auto",
+            gate=gate,
+            formats=formats,
+            precisions=precisions,
+            name=name,
+            output_names=output_names,
+            example=example,
+            dynamic_axes=axes or None,
+            int8_methods=int8_methods or None,
+            batch_axes=declared_axes or None,
+            as_is=as_is,
+            state_pairs=declared_state or None,
+            end_to_end=end_to_end,
+            progress=show,
+        ),
+    )
+    if as_json:
+        print_json(report.model_dump(mode="json"))
+        return
+    _print_variant_table(report)
+    _print_notes(report)
+    click.echo(f"wrote {out}/report.json, report.html, golden.npz and {len(report.variants)} variant(s)")
+
+
+def _parse_dynamic_axes(specs: tuple[str, ...]) -> dict[str, dict[int, str]]:
+    """--dynamic-axis NAME:AXIS:LABEL values → tensor → {axis: label}."""
     axes: dict[str, dict[int, str]] = {}
-    for spec in dynamic_axes:
+    for spec in specs:
         tensor, _, rest = spec.partition(":")
         axis, _, label = rest.partition(":")
         if not tensor or not axis.isdigit() or not label:
             raise UsageError(f"--dynamic-axis {spec!r}: expected NAME:AXIS:LABEL, e.g. input_ids:1:sequence")
         axes.setdefault(tensor, {})[int(axis)] = label
-    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gates)
-    # stderr: stdout is for the result (table or --json). A live bar on a terminal; off one,
-    # a line per step (a bar there would stay blank until the end).
+    return axes
+
+
+def _showing_progress(
+    as_json: bool, run: Callable[[Callable[[str, int, int], None]], ConversionReport]
+) -> ConversionReport:
+    """Runs the conversion with its progress on stderr (stdout is for the result, table or
+    --json): a live bar on a terminal; off one, a line per step (a bar there would stay blank
+    until the end)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     err = Console(stderr=True, highlight=False)
     lines = ProgressLines() if not (as_json or err.is_terminal) else None
     with Progress(
@@ -254,32 +299,15 @@ def convert(
             else:
                 progress.update(task, description=message, completed=done, total=total)
 
-        report = run_convert(
-            model,
-            profile,
-            out=out,
-            calibration=calibration,
-            validation=validation,
-            metric=list(metrics) or "auto",
-            gate=gate,
-            formats=formats,
-            precisions=precisions,
-            name=name,
-            output_names=output_names,
-            example=example,
-            dynamic_axes=axes or None,
-            int8_methods=int8_methods or None,
-            batch_axes=declared_axes or None,
-            as_is=as_is,
-            state_pairs=declared_state or None,
-            end_to_end=end_to_end,
-            progress=show,
-        )
+        report = run(show)
     if lines is not None:
         lines(f"done: {len(report.variants)} variant(s)")
-    if as_json:
-        print_json(report.model_dump(mode="json"))
-        return
+    return report
+
+
+def _print_variant_table(report: ConversionReport) -> None:
+    """One row per shipped variant: runtime, method, size, accuracy, host latency, ladder role
+    (and the end-to-end figure when the gate ran)."""
     rows = []
     for v in report.variants:
         acc = f"{v.accuracy.value:.4f}" if v.accuracy else "unvalidated"
@@ -303,6 +331,11 @@ def convert(
         + (["end to end: your labels (95% lower bound)"] if report.end_to_end else []),
         rows,
     )
+
+
+def _print_notes(report: ConversionReport) -> None:
+    """The lines under the table: decisions a user must not miss, each output's figure, the
+    end-to-end figures and the rejections."""
     for line in report.decisions:
         # What a user must not miss: how much data the gate needs, overlap warnings, untested speed.
         if line.startswith(("gate ", "WARNING", "latency ordering")):
@@ -317,4 +350,3 @@ def convert(
             click.echo(f"{v.id} end to end: {v.task_accuracy.note}")
     for r in report.rejected:
         click.echo(f"rejected {r.format.value} {r.precision.value}: {r.reason}")
-    click.echo(f"wrote {out}/report.json, report.html, golden.npz and {len(report.variants)} variant(s)")
