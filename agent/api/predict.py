@@ -4,8 +4,9 @@ Not a route of its own to the model: the bundle's signed pipeline (``edgesdk.pip
 same steps the host validates with) decodes and pre-processes the body into the model's
 inputs, hands them to the same ``ModelServer.infer_with_variant`` the tensor routes use (same
 admission control in ``ApiApp._infer``, same signature check, same variant ladder), then
-post-processes the outputs into the task result (JSON, or a PNG mask). The body is decoded in
-memory only; declared sizes are checked before decoding.
+post-processes the outputs into the task result (JSON, or a PNG mask; a detector's boxes in
+the sent image's pixels, edgesdk/pipeline/geometry.py). The body is decoded in memory only;
+declared sizes are checked before decoding.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from edgesdk.agent.api.codec import DecodeError, media_type
 from edgesdk.agent.api.http import Request
 from edgesdk.agent.serving import ModelServer
 
-from edgesdk.pipeline import Limits, PipelineInputError, postprocess, preprocess
+from edgesdk.pipeline import Limits, PipelineInputError, postprocess, prepare
 from edgesdk.pipeline.post import png_of
 
 SUFFIX = "/predict"
@@ -45,11 +46,12 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Answer:
     allowance = request.allowance
     limits = Limits(charge=allowance.take_decoded if allowance is not None else None)
     content_type = media_type(request.headers.get("content-type"))
-    feeds = preprocess(pipeline, request.body, content_type, model.signature.inputs, limits)
+    prepared = prepare(pipeline, request.body, content_type, model.signature.inputs, limits)
+    feeds = prepared.feeds
     outputs, variant = server.infer_with_variant(model_name, feeds)
     # In the public signature's order, so "the first output" means the model's first.
     ordered = {spec.name: outputs[spec.name] for spec in model.signature.outputs if spec.name in outputs}
-    result = postprocess(pipeline, ordered, feeds)
+    result = postprocess(pipeline, ordered, feeds, prepared.frame)  # boxes in the sent image's pixels
     headers = [("X-Model-Variant", variant)]
     payload: dict[str, Any] = {"model": model.name, "version": model.version, "variant": variant, **result}
     if "mask" in result:

@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from edgesdk.pipeline.compare import compare_results
 from edgesdk.pipeline.errors import PipelineInputError
-from edgesdk.pipeline.run import InputSpec, Limits, postprocess, preprocess
+from edgesdk.pipeline.run import InputSpec, Limits, Prepared, postprocess, prepare, preprocess
 
-__all__ = ["InputSpec", "Limits", "PipelineInputError", "compare_results", "postprocess", "preprocess"]
+__all__ = [
+    "InputSpec",
+    "Limits",
+    "PipelineInputError",
+    "Prepared",
+    "compare_results",
+    "postprocess",
+    "prepare",
+    "preprocess",
+]

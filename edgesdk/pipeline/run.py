@@ -15,8 +15,9 @@ import numpy as np
 from edgesdk.pipeline import audio, image, text
 from edgesdk.pipeline.boxes import detections
 from edgesdk.pipeline.errors import PipelineInputError
+from edgesdk.pipeline.geometry import ImageFrame, image_frame
 from edgesdk.pipeline.post import argmax_mask, ctc_greedy, embedding, top_classes
-from edgesdk.schemas.pipeline import Pipeline
+from edgesdk.schemas.pipeline import Pipeline, PostProcess
 
 
 class InputSpec(Protocol):
@@ -46,26 +47,42 @@ class Limits:
             self.charge(size, what)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The model's feeds for one input, and, for an image, where its pixels went (``frame``:
+    what maps a detector's boxes back to the image that was sent)."""
+
+    feeds: dict[str, np.ndarray]
+    frame: ImageFrame | None = None
+
+
 def preprocess(
     pipeline: Pipeline, data: bytes, media_type: str, inputs: Sequence[InputSpec], limits: Limits | None = None
 ) -> dict[str, np.ndarray]:
     """The model's feeds (a batch of one) for ``data`` of ``media_type``, or PipelineInputError."""
+    return prepare(pipeline, data, media_type, inputs, limits).feeds
+
+
+def prepare(
+    pipeline: Pipeline, data: bytes, media_type: str, inputs: Sequence[InputSpec], limits: Limits | None = None
+) -> Prepared:
+    """``preprocess``'s feeds with the image's frame (None for audio and text)."""
     limits = limits or Limits()
     if pipeline.input == "text":
         pre = pipeline.text
         tensors = text.tokenize(text.read_text(data, media_type, pre), pre)
-        return text.to_feeds(tensors, pre, {spec.name: np.dtype(spec.dtype) for spec in inputs})
+        return Prepared(text.to_feeds(tensors, pre, {spec.name: np.dtype(spec.dtype) for spec in inputs}))
     first, fixed = _first_input(pipeline, inputs)
     if pipeline.input == "audio":
         pcm = audio.open_audio(data, media_type, pipeline.audio)
         limits.take(audio.decoded_nbytes(pcm, pipeline.audio), "the decoded audio")
-        feeds = {first.name: audio.to_tensor(pcm, pipeline.audio, np.dtype(first.dtype), _rank(first))}
-    else:
-        picture = image.open_image(data, media_type, pipeline.image.max_pixels)
-        limits.take(image.decoded_nbytes(picture, pipeline.image), "the decoded image")
-        normalize = "normalize" not in pipeline.folded  # else the graph does it (converters/graph_fold.py)
-        feeds = {first.name: image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize)}
-    return feeds | fixed
+        return Prepared({first.name: audio.to_tensor(pcm, pipeline.audio, np.dtype(first.dtype), _rank(first))} | fixed)
+    picture = image.open_image(data, media_type, pipeline.image.max_pixels)
+    frame = image_frame(picture.width, picture.height, pipeline.image)  # a crop too large: 422 before decoding
+    limits.take(image.decoded_nbytes(picture, pipeline.image), "the decoded image")
+    normalize = "normalize" not in pipeline.folded  # else the graph does it (converters/graph_fold.py)
+    tensor = image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize)
+    return Prepared({first.name: tensor} | fixed, frame)
 
 
 def _first_input(pipeline: Pipeline, inputs: Sequence[InputSpec]) -> tuple[InputSpec, dict[str, np.ndarray]]:
@@ -103,17 +120,21 @@ def output_name(pipeline: Pipeline, outputs: Mapping[str, np.ndarray]) -> str:
 
 
 def postprocess(
-    pipeline: Pipeline, outputs: Mapping[str, np.ndarray], feeds: Mapping[str, np.ndarray] | None = None
+    pipeline: Pipeline,
+    outputs: Mapping[str, np.ndarray],
+    feeds: Mapping[str, np.ndarray] | None = None,
+    frame: ImageFrame | None = None,
 ) -> dict[str, Any]:
-    """The task result: ``{"labels": [...]}``, ``{"boxes": [...]}``, ``{"text": ...}``,
-    ``{"embedding": [...]}`` or ``{"mask": (H, W) uint8 array}`` (sent as PNG). ``feeds``
-    gives a mean-pooled embedding its attention mask."""
+    """The task result: ``{"labels": [...]}``, ``{"boxes": [...], "box_frame": {...}}``,
+    ``{"text": ...}``, ``{"embedding": [...]}`` or ``{"mask": (H, W) uint8 array}`` (sent as
+    PNG). ``feeds`` gives a mean-pooled embedding its attention mask; ``frame`` (``prepare``'s)
+    maps boxes into the sent image's pixels, else they stay in the model input's."""
     post = pipeline.post
     output = outputs[output_name(pipeline, outputs)]
     if post.kind == "mask":
         return {"mask": argmax_mask(output, post)}
     if post.kind == "boxes":
-        return {"boxes": detections(output, post)}
+        return boxes_result(output, post, frame)
     if post.kind == "ctc":
         return {"text": ctc_greedy(output, post)}
     if post.kind == "embedding":
@@ -121,3 +142,14 @@ def postprocess(
         mask = (feeds or {}).get(mask_name)
         return {"embedding": embedding(output, post, mask)}
     return {"labels": top_classes(output, post)}
+
+
+def boxes_result(output: np.ndarray, post: PostProcess, frame: ImageFrame | None) -> dict[str, Any]:
+    """The detections, and ``box_frame``: the pixels their coordinates are in."""
+    found = detections(output, post)  # suppressed in the model input's pixels, as the model drew them
+    if frame is None:
+        return {"boxes": found, "box_frame": {"coordinates": "model_input_pixels", "format": "xyxy"}}
+    if found:
+        mapped = frame.to_image(np.array([box["box"] for box in found], dtype=np.float64)).tolist()
+        found = [box | {"box": corners} for box, corners in zip(found, mapped, strict=True)]
+    return {"boxes": found, "box_frame": frame.describe()}

@@ -37,12 +37,20 @@ MAX_LABELS = 100_000
 Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 
 
+class Letterbox(Schema):
+    """Keep the aspect ratio: scale the image to fit, centre it, pad the rest with ``fill``."""
+
+    fill: int = Field(114, ge=0, le=255, description="the padding's grey level (Ultralytics: 114)")
+
+
 class Resize(Schema):
-    """Resize to ``height`` × ``width`` with a named interpolation (Pillow's filters)."""
+    """Resize to ``height`` × ``width`` with a named interpolation (Pillow's filters), stretched,
+    or fitted inside it with ``letterbox`` (edgesdk/pipeline/geometry.py)."""
 
     height: Side
     width: Side
     interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
+    letterbox: Letterbox | None = None
 
 
 class CenterCrop(Schema):
