@@ -28,13 +28,9 @@ from typing import Any
 
 from edgesdk.agent.api import open_inference, predict
 from edgesdk.agent.api.answer import Answer
-from edgesdk.agent.api.codec import (
-    decode_request,
-    encode_response,
-    media_type,
-    response_encoding,
-)
-from edgesdk.agent.api.http import KnownHead, Request, Respond, Response, json_response
+from edgesdk.agent.api.codec import media_type, response_encoding
+from edgesdk.agent.api.http import KnownHead, Request, Respond, Response, field_lines, json_response
+from edgesdk.agent.api.plan import route_plan
 from edgesdk.agent.api.prepared import prepare
 from edgesdk.agent.api.refusal import ErrorAnswer
 from edgesdk.agent.api.scheduler import Scheduler
@@ -58,27 +54,20 @@ InferAnswer = Callable[[ModelServer, Request, Any], Answer]
 
 
 def answer_v1(server: ModelServer, request: Request, model_name: str) -> Answer:
-    """``POST /v1/models/{name}/infer`` in any of the codec's encodings."""
+    """``POST /v1/models/{name}/infer`` in any of the codec's encodings: the model's plan for this
+    head shape (plan.route_plan), its work on the body."""
     model = server.get_model(model_name)
     headers = request.headers
     content_type, encoding = encodings(headers.get("content-type"), headers.get("accept"))
-    feeds = decode_request(
-        content_type, request.body, request.headers, request.query, model.signature, request.allowance
-    )
-    outputs, variant = server.infer_with_variant(model_name, feeds)
-    body, headers = encode_response(
-        encoding, outputs, model=model.name, version=model.version, variant=variant, query=request.query
-    )
-    headers.append(("X-Model-Variant", variant))
-    answer = Answer(body, encoding, headers)
-    if server.taps:
-        answer.served = (model.name, feeds, outputs, variant)
-    return answer
+    plan = route_plan(model, content_type, encoding, query=request.query, tensors_header=headers.get("x-tensors", ""))
+    return plan.work(server, request.body, request.allowance)
 
 
 def answer_v2(server: ModelServer, request: Request, route: open_inference.ModelRoute) -> Answer:
-    """``POST /v2/models/{name}[/versions/{v}]/infer`` (open_inference.py)."""
-    return open_inference.answer_infer(server, route, request.body, request.headers, request.allowance)
+    """``POST /v2/models/{name}[/versions/{v}]/infer``: the model's plan for this head shape
+    (open_inference.infer_plan), its work on the body."""
+    plan = open_inference.infer_plan(open_inference.served_model(server, route), request.headers)
+    return plan.work(server, request.body, request.allowance)
 
 
 _ENCODINGS_SEEN: dict[tuple[str | None, str | None], tuple[str, str]] = {}
@@ -251,7 +240,7 @@ class ApiApp:
 def http_response(outcome: Answer | ErrorAnswer) -> Response:
     """An answer as a 200, a refusal as its status with ``{"error": message}`` (and Retry-After)."""
     if type(outcome) is Answer:
-        return Response(200, outcome.body, outcome.content_type, outcome.headers)
+        return Response(200, outcome.body, outcome.content_type, outcome.headers, field_lines(outcome.fields))
     refusal: ErrorAnswer = outcome  # type: ignore[assignment]
     retry = [("Retry-After", str(refusal.retry_after))] if refusal.retry_after is not None else None
     return json_response(refusal.http_status, {"error": refusal.message}, retry)

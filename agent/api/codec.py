@@ -277,7 +277,7 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
     for name, value in inputs.items():
         slot = signature.by_name.get(name)
         if slot is None:
-            raise InferenceInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
+            raise DeclaredInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
         nbytes = check_declared(signature, name, json_shape(value, name))
         # numpy reads the numbers as int64/float64 first, then converts: both are held at once.
         reading = nbytes // slot.dtype.itemsize * 8
@@ -512,13 +512,13 @@ def _decode_raw(body: bytes, header: str) -> dict[str, np.ndarray]:
 
 def encode_response(
     encoding: str, outputs: Mapping[str, np.ndarray], *, model: str, version: str, variant: str, query: str
-) -> tuple[bytes, list[tuple[str, str]]]:
-    """Outputs → (body, extra headers) in ``encoding``."""
+) -> tuple[bytes, str | None]:
+    """Outputs → (body, the raw tensors' layout, for raw tensors; else None) in ``encoding``."""
     if encoding == JSON:
         # Arrays go to orjson as they are: float32 outputs are written as float32 (the shortest
         # text that reads back to the same float32), half the size of their float64 digits.
         body = dumps({"model": model, "version": version, "variant": variant, "outputs": dict(outputs)})
-        return body, []
+        return body, None
     if encoding == NPY:
         names = parse_qs(query).get("output")
         if names:
@@ -531,11 +531,11 @@ def encode_response(
             raise UnsupportedEncodingError(
                 f"the model has {len(outputs)} outputs; ask for application/x-npz or pick one with ?output=NAME", 406
             )
-        return _npy_bytes(array), []
+        return _npy_bytes(array), None
     if encoding == NPZ:
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.ascontiguousarray(v) for k, v in outputs.items()})  # type: ignore[arg-type]
-        return buffer.getvalue(), []
+        return buffer.getvalue(), None
     parts = []
     descriptions = []
     for name, array in outputs.items():
@@ -545,7 +545,7 @@ def encode_response(
             array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         parts.append(array.tobytes())
         descriptions.append(describe(name, array.dtype, array.shape))
-    return parts[0] if len(parts) == 1 else b"".join(parts), [("X-Tensors", "; ".join(descriptions))]
+    return parts[0] if len(parts) == 1 else b"".join(parts), "; ".join(descriptions)
 
 
 _NATIVE_LITTLE = sys.byteorder == "little"

@@ -1,7 +1,8 @@
 """Open Inference Protocol messages over gRPC ↔ what ``/v2`` over HTTP decodes to.
 
-Only translation: a ``ModelInferRequest`` becomes the same :class:`~open_inference.InferRequest`
-the HTTP routes build, through the same per-input checks (``input_header``: name, datatype and
+Only translation: a ``ModelInferRequest`` becomes, through the model's plan for gRPC
+(``infer_plan``, agent/api/plan.py), the same :class:`~open_inference.InferRequest` the HTTP
+routes build, through the same per-input checks (``input_header``: name, datatype and
 shape against the model's signature; ``tensor_from_bytes`` / ``tensor_from_values``: sizes,
 integer ranges, the memory budget), then goes through the same admission control and
 ``ModelServer.infer_with_variant`` (signature, NaN/Inf, variant switching, metrics). What is
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 from edgesdk.agent.api import open_inference_v2_pb2 as pb
-from edgesdk.agent.api.answer import Answer
+from edgesdk.agent.api.answer import Answer, AnswerFields
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import DecodeError
 from edgesdk.agent.api.open_inference import (
@@ -40,6 +41,7 @@ from edgesdk.agent.api.open_inference import (
     tensor_from_bytes,
     tensor_from_values,
 )
+from edgesdk.agent.api.plan import InferencePlan, cached_plan
 from edgesdk.agent.serving import ModelServer, ServedModel
 from edgesdk.agent.tensor_signature import Signature
 
@@ -142,16 +144,49 @@ def encode_grpc_response(
 
 
 def answer_grpc_infer(server: ModelServer, message: pb.ModelInferRequest, allowance: Allowance | None) -> Answer:
-    """``ModelInfer``'s work for the scheduler: the serialized ``ModelInferResponse`` as the
-    answer's body; raises the errors refusal.py answers (with their gRPC codes)."""
+    """``ModelInfer``'s work for the scheduler: the model's plan (``infer_plan``) on the message, the
+    serialized ``ModelInferResponse`` as the answer's body; raises the errors refusal.py answers
+    (with their gRPC codes)."""
     model = served_model(server, ModelRoute("infer", message.model_name, message.model_version or None))
-    infer_request = decode_grpc_request(message, model.signature, allowance)
-    outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
-    body = encode_grpc_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
-    answer = Answer(body, "application/grpc")
-    if server.taps:
-        answer.served = (model.name, infer_request.feeds, outputs, variant)
-    return answer
+    return infer_plan(model).work(server, message, allowance)
+
+
+#: The media type of a gRPC answer's body (a serialized ``ModelInferResponse``).
+GRPC_TYPE = "application/grpc"
+#: A request that names no outputs: what a plan's ``encode`` answers.
+_PLAIN = InferRequest(feeds={}, outputs=None, binary_output=True, id=None)
+
+
+def infer_plan(model: ServedModel) -> InferencePlan:
+    """``model``'s plan for ``ModelInfer`` (one head shape: the message says the rest). Its
+    ``decode`` takes a parsed message; its work decodes, runs through the server (all its checks),
+    encodes."""
+    return cached_plan(model, ("grpc",), lambda: _make_plan(model))
+
+
+def _make_plan(model: ServedModel) -> InferencePlan:
+    signature, name, version = model.signature, model.name, model.version
+
+    def decode(message: Any, allowance: Allowance | None) -> dict[str, np.ndarray]:
+        return decode_grpc_request(message, signature, allowance).feeds
+
+    def encode(outputs: Mapping[str, np.ndarray], variant: str) -> tuple[bytes, AnswerFields]:
+        return encode_grpc_response(_PLAIN, outputs, model=name, version=version, variant=variant), AnswerFields(
+            variant
+        )
+
+    def work(server: ModelServer, message: Any, allowance: Allowance | None) -> Answer:
+        infer_request = decode_grpc_request(message, signature, allowance)
+        outputs, variant = server.infer_with_variant(name, infer_request.feeds)
+        body = encode_grpc_response(infer_request, outputs, model=name, version=version, variant=variant)
+        answer = Answer(body, GRPC_TYPE)
+        if server.taps:
+            answer.served = (name, infer_request.feeds, outputs, variant)
+        return answer
+
+    # The server holds the message (twice: its bytes and its parsed form); the decoder charges
+    # what it allocates to each request's Allowance.
+    return InferencePlan(model, decode, encode, GRPC_TYPE, 0, True, None, work)
 
 
 def model_metadata_message(model: ServedModel) -> pb.ModelMetadataResponse:

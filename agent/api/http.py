@@ -56,7 +56,7 @@ from urllib.parse import unquote
 
 import httptools
 import orjson
-from edgesdk.agent.api.answer import dumps
+from edgesdk.agent.api.answer import AnswerFields, dumps
 from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
 
 from edgesdk.errors import AgentError
@@ -179,10 +179,10 @@ class InlineRoute(Protocol):
     #: The answer's head up to the Content-Length value (``head_start(200, content type)``).
     head: str
 
-    def answer(self, body: bytes) -> tuple[bytes, str] | None:
-        """The 200 answer's body and its further header lines (``Name: value\r\n`` each), or
-        None: then the request goes to the server's handler as any other, which answers it
-        (errors included) the way it always does."""
+    def answer(self, body: bytes) -> tuple[bytes, AnswerFields] | None:
+        """The 200 answer's body and its further fields (written as header lines by
+        ``field_lines``), or None: then the request goes to the server's handler as any other,
+        which answers it (errors included) the way it always does."""
         ...
 
     def answered(self) -> None:
@@ -194,7 +194,7 @@ class InlineRoute(Protocol):
     #: Whether the route may take requests to answer later (``later``): set once, when prepared.
     batching: bool
 
-    def later(self, body: bytes, reply: Callable[[tuple[bytes, str] | None], None]) -> bool:
+    def later(self, body: bytes, reply: Callable[[tuple[bytes, AnswerFields] | None], None]) -> bool:
         """Take the request to answer after the loop's other reads of this wake-up (in one batch
         with them): ``reply`` is called once with what ``answer`` would have given (None: the
         route declined after all, the server's handler answers it); or False: ask ``answer`` now."""
@@ -203,6 +203,30 @@ class InlineRoute(Protocol):
 
 Respond = Callable[[Response], None]
 Handler = Callable[[Request, Respond], None]
+
+
+def field_lines(fields: AnswerFields | None) -> str:
+    """An answer's fields as HTTP header lines (``Name: value\r\n`` each): the only place they
+    get HTTP names. Remembered for lasting fields (a plan's: the same few objects on every answer
+    of a model), so a tiny model's answer formats nothing."""
+    if fields is None:
+        return ""
+    lines = _FIELD_LINES.get(fields)
+    if lines is not None:
+        return lines
+    lines = f"X-Model-Variant: {fields.variant}\r\n"
+    if fields.tensors is not None:
+        lines = f"X-Tensors: {fields.tensors}\r\n{lines}"
+    if fields.json_length is not None:
+        lines += f"Inference-Header-Content-Length: {fields.json_length}\r\n"
+    if fields.lasting and len(_FIELD_LINES) < _FIELD_LINES_MAX:
+        _FIELD_LINES[fields] = lines
+    return lines
+
+
+#: Lasting fields → their header lines (``field_lines``): variants × output layouts of the plans.
+_FIELD_LINES: dict[AnswerFields, str] = {}
+_FIELD_LINES_MAX = 1024
 
 
 def _encode_head(response: Response, keep_alive: bool) -> bytes:
@@ -605,7 +629,8 @@ class HttpProtocol(asyncio.Protocol):
                     # out for the one case.
                     transport = self.transport
                     if transport is not None and not transport.is_closing():
-                        answer_body, lines = answer
+                        answer_body, fields = answer
+                        lines = _FIELD_LINES.get(fields) or field_lines(fields)  # field_lines' first step, written out
                         keep = known.keep_alive and not self.server.draining
                         head = f"{route.head}{len(answer_body)}\r\n{lines}{'' if keep else _CLOSE}\r\n"
                         if len(answer_body) < _COALESCE_BYTES:
@@ -644,7 +669,7 @@ class HttpProtocol(asyncio.Protocol):
             )
         )
 
-    def answer_later(self, known: KnownHead, head: str, body: bytes, answer: tuple[bytes, str] | None) -> None:
+    def answer_later(self, known: KnownHead, head: str, body: bytes, answer: tuple[bytes, AnswerFields] | None) -> None:
         """The answer to the request of ``known`` with ``body`` that its route took to answer later
         (``InlineRoute.later``; ``answer`` and ``head`` as ``answer`` and ``head`` there): what
         ``respond`` does for a 200 (the connection was busy meanwhile: a half-close, pipelined
@@ -659,8 +684,8 @@ class HttpProtocol(asyncio.Protocol):
         keep = known.keep_alive and not self.server.draining and not (self._eof and not self._queue)
         if transport is None or self._closing or transport.is_closing():
             return
-        answer_body, lines = answer
-        head = f"{head}{len(answer_body)}\r\n{lines}{'' if keep else _CLOSE}\r\n"
+        answer_body, fields = answer
+        head = f"{head}{len(answer_body)}\r\n{field_lines(fields)}{'' if keep else _CLOSE}\r\n"
         if len(answer_body) < _COALESCE_BYTES:
             transport.write(head.encode("latin-1") + answer_body)
         else:

@@ -19,9 +19,10 @@ binary input carries ``parameters.binary_data_size``, and outputs come back bina
 request asks (``outputs[].parameters.binary_data``, or ``parameters.binary_data_output`` for
 all of them) — so ``tritonclient.http`` works unchanged, binary or not.
 
-This module only translates: a request becomes the same feeds ``/v1`` decodes to and goes
-through the same admission control (``ApiApp``), signature and NaN/Inf checks, variant
-switching and metrics (``ModelServer.infer_with_variant``). Errors are ``{"error": "..."}``
+This module only translates: a request becomes the same feeds ``/v1`` decodes to and goes,
+as the model's plan for its head shape (``infer_plan``, agent/api/plan.py), through the same
+scheduler (admission control, inline or pool, the deadline), signature and NaN/Inf checks,
+variant switching and metrics (``ModelServer.infer_with_variant``). Errors are ``{"error": "..."}``
 with ``/v1``'s status codes: 400 a malformed request, 404 an unknown model or version, 422
 tensors that do not fit the model (datatype, shape, NaN/Inf, unknown names), 503 no model.
 
@@ -38,9 +39,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.api.answer import Answer, dumps
+from edgesdk.agent.api.answer import Answer, AnswerFields, dumps
 from edgesdk.agent.api.budget import Allowance, unlimited_allowance
-from edgesdk.agent.api.codec import DecodeError, check_declared, json_parse_cost, json_shape, parse_json
+from edgesdk.agent.api.codec import (
+    JSON,
+    DeclaredInputError,
+    DecodeError,
+    check_declared,
+    json_parse_cost,
+    json_shape,
+    parse_json,
+)
+from edgesdk.agent.api.plan import InferencePlan, cached_plan
 from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
@@ -271,10 +281,10 @@ def input_header(
         raise DecodeError(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
     slot = signature.by_name.get(name)
     if slot is None:
-        raise InferenceInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
+        raise DeclaredInputError(f"unknown input {name!r}; the model takes {list(signature.by_name)}")
     expected = datatype_name(slot.dtype)
     if datatype != expected:
-        raise InferenceInputError(f"input {name!r}: datatype {datatype}, the model takes {expected}")
+        raise DeclaredInputError(f"input {name!r}: datatype {datatype}, the model takes {expected}")
     declared = tuple(shape)
     check_declared(signature, name, declared)
     return name, slot.dtype, declared
@@ -396,25 +406,47 @@ def encode_infer_response(
     document["parameters"] = {"variant": variant}
     document["outputs"] = described
     header = dumps(document)
-    extra = [("X-Model-Variant", variant)]
     if not chunks:
-        return Answer(header, headers=extra)
-    extra.append(("Inference-Header-Content-Length", str(len(header))))
-    return Answer(b"".join([header, *chunks]), BINARY_TYPE, extra)
+        return Answer(header, fields=AnswerFields(variant))
+    return Answer(b"".join([header, *chunks]), BINARY_TYPE, fields=AnswerFields(variant, json_length=len(header)))
 
 
-def answer_infer(
-    server: ModelServer, route: ModelRoute, body: bytes, headers: Mapping[str, str], allowance: Allowance | None
-) -> Answer:
-    """``POST .../infer``: decode, run through the server (all its checks), encode. Raises the
+def infer_plan(model: ServedModel, headers: Mapping[str, str]) -> InferencePlan:
+    """``model``'s plan for ``POST .../infer`` requests with these headers (what of them the
+    decoding reads: Inference-Header-Content-Length, Content-Encoding: its head shape). Its work:
+    decode (``decode_infer_request``), run through the server (all its checks), encode; raises the
     errors refusal.py answers, as ``/v1`` does."""
-    model = served_model(server, route)
-    infer_request = decode_infer_request(body, headers, model.signature, allowance)
-    outputs, variant = server.infer_with_variant(model.name, infer_request.feeds)
-    answer = encode_infer_response(infer_request, outputs, model=model.name, version=model.version, variant=variant)
-    if server.taps:
-        answer.served = (model.name, infer_request.feeds, outputs, variant)
-    return answer
+    known = {name: headers[name] for name in _READ_HEADERS if name in headers}
+    key = ("v2", *sorted(known.items()))
+    return cached_plan(model, key, lambda: _make_plan(model, known))
+
+
+#: The request headers the decoding reads (lower-case, as the HTTP server stores them).
+_READ_HEADERS = (HEADER_LENGTH, "content-encoding")
+#: A request that names no outputs and asks for no binary ones: what a plan's ``encode`` answers.
+_PLAIN = InferRequest(feeds={}, outputs=None, binary_output=False, id=None)
+
+
+def _make_plan(model: ServedModel, headers: Mapping[str, str]) -> InferencePlan:
+    signature, name, version = model.signature, model.name, model.version
+
+    def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+        return decode_infer_request(body, headers, signature, allowance).feeds
+
+    def encode(outputs: Mapping[str, np.ndarray], variant: str) -> tuple[bytes, AnswerFields]:
+        answer = encode_infer_response(_PLAIN, outputs, model=name, version=version, variant=variant)
+        return answer.body, answer.fields  # type: ignore[return-value]  # always set here
+
+    def work(server: ModelServer, body: Any, allowance: Allowance | None) -> Answer:
+        infer_request = decode_infer_request(body, headers, signature, allowance)
+        outputs, variant = server.infer_with_variant(name, infer_request.feeds)
+        answer = encode_infer_response(infer_request, outputs, model=name, version=version, variant=variant)
+        if server.taps:
+            answer.served = (name, infer_request.feeds, outputs, variant)
+        return answer
+
+    # The transport holds the body; the decoder charges what it allocates to each request's Allowance.
+    return InferencePlan(model, decode, encode, JSON, 0, True, None, work)
 
 
 def model_ready(server: ModelServer, route: ModelRoute) -> dict[str, Any]:

@@ -1,16 +1,25 @@
-"""An inference plan: what one (model, encoding, body layout) needs worked out once, for any transport.
+"""An inference plan: what one (model, encoding, head shape) needs worked out once, for any transport.
 
-The decoder of bodies of that layout into the model's feeds (with every check the generic
+The decoder of bodies of that shape into the model's feeds (with every check the generic
 decoding does: names, dtypes, shapes, NaN/Inf, the memory charged), the encoder of outputs into
-the answer's body and fields, the bytes a request must hold of the memory budget, the input a
-batch may stack on, and the served model it was made for (held weakly: a swapped-out model is
-never kept alive by a plan; a plan of a model no longer serving is never used). Worked out by
-:func:`plan_for` and cached on that :class:`~edgesdk.agent.serving.ServedModel` (``plans``), so
-a swap drops them all.
+the answer's body and :class:`~edgesdk.agent.api.answer.AnswerFields` (no transport's spelling:
+the HTTP adapter alone writes header lines), ``work`` (the whole inference a route hands the
+scheduler: decode, ``ModelServer.infer_with_variant``, encode), the bytes a request must hold of
+the memory budget, the input a batch may stack on, and the served model it was made for (held
+weakly: a swapped-out model is never kept alive by a plan; a plan of a model no longer serving is
+never used). Cached on that :class:`~edgesdk.agent.serving.ServedModel` (``plans``), so a swap
+drops them all.
 
-The HTTP server's prepared route (``prepared.py``) answers a known header block with its plan;
-its decoders and encoders are the codec's (``codec.py``) written out for one layout, so the
-answers are the generic path's byte for byte (tests/unit/test_agent_api_prepared.py).
+Every inference route answers through a plan:
+
+* ``/v1/models/{name}/infer``: :func:`route_plan`, per (Content-Type, Accept, and what the
+  encodings read of the head: the query for ``.npy``, X-Tensors for raw tensors), any length;
+* ``/v2/.../infer`` over HTTP: ``open_inference.infer_plan``; gRPC ``ModelInfer``:
+  ``grpc_codec.infer_plan`` (made with :func:`cached_plan`);
+* a known header block of ``/v1`` (the HTTP server's prepared route, ``prepared.py``):
+  :func:`plan_for`, per body layout and length, its decoders the codec's (``codec.py``)
+  written out for one layout, so the answers are the generic route's byte for byte
+  (tests/unit/test_agent_api_prepared.py).
 """
 
 from __future__ import annotations
@@ -24,17 +33,21 @@ from typing import Any
 
 import numpy as np
 import orjson
-from edgesdk.agent.api.answer import dumps
+from edgesdk.agent.api.answer import Answer, AnswerFields, dumps
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.codec import (
+    ENCODINGS,
     JSON,
     JSON_BODY,
     JSON_VALUE_BYTES,
     NPY,
+    NPZ,
     RAW,
     DecodeError,
+    UnsupportedEncodingError,
     decode_json,
     decode_npy,
+    decode_request,
     encode_response,
     float_feed,
     json_parse_cost,
@@ -43,7 +56,7 @@ from edgesdk.agent.api.codec import (
 )
 from edgesdk.agent.batching import has_batch_axis
 from edgesdk.agent.nonfinite import all_finite
-from edgesdk.agent.serving import ServedModel
+from edgesdk.agent.serving import ModelServer, ServedModel
 
 from edgesdk.errors import InferenceInputError
 
@@ -52,9 +65,13 @@ log = logging.getLogger("edgesdk.agent.api")
 #: Body → feeds, raising on anything the generic path should answer instead (the plan's
 #: decoders raise InferenceInputError naming the input for what they find themselves).
 Decode = Callable[[bytes, Allowance | None], dict[str, np.ndarray]]
-#: (outputs, variant id) → (body, the answer's further fields as HTTP header lines, formatted
-#: once per variant and layout: ``Name: value\r\n`` each).
-Encode = Callable[[Mapping[str, np.ndarray], str], tuple[bytes, str]]
+#: (outputs, variant id) → (body, the answer's further fields: lasting, made once per variant
+#: and output layout).
+Encode = Callable[[Mapping[str, np.ndarray], str], tuple[bytes, AnswerFields]]
+#: (server, the request as its transport carries it: a body, a gRPC message; its Allowance) →
+#: the Answer: decode, run through ``ModelServer.infer_with_variant`` (the signature's check,
+#: NaN/Inf, variant switching, the batcher, metrics), encode. Raises what refusal.py answers.
+Work = Callable[[ModelServer, Any, Allowance | None], Answer]
 #: Plans remembered per served model (layouts a client sends: a handful).
 _PLANS_MAX = 64
 
@@ -62,7 +79,7 @@ _PLANS_MAX = 64
 class InferencePlan:
     """One (model, encoding, body layout)'s decoder, encoder and limits (see module)."""
 
-    __slots__ = ("model", "decode", "encode", "content_type", "hold", "allowances", "batch_input")
+    __slots__ = ("model", "decode", "encode", "content_type", "hold", "allowances", "batch_input", "work")
 
     def __init__(
         self,
@@ -73,10 +90,16 @@ class InferencePlan:
         hold: int,
         allowances: bool,
         batch_input: str | None,
+        work: Work | None = None,
     ) -> None:
         self.model = weakref.ref(model)
+        #: Body → feeds. (A protocol whose request also says how to answer, Open Inference:
+        #: the feeds; ``work`` keeps the rest.)
         self.decode = decode
+        #: Outputs → the answer (Open Inference: as for a request that names no outputs).
         self.encode = encode
+        #: What a route hands the scheduler: by default decode, the server's run, encode.
+        self.work = work or _work(model.name, decode, encode, content_type)
         #: The answer's media type.
         self.content_type = content_type
         #: Bytes a request holds of the memory budget while it is answered: its body, and for
@@ -87,6 +110,68 @@ class InferencePlan:
         self.allowances = allowances
         #: The input requests of this plan may be stacked on into one run (None: never batched).
         self.batch_input = batch_input
+
+
+def _work(name: str, decode: Decode, encode: Encode, content_type: str) -> Work:
+    """A plan's ``work`` from its decoder and encoder (the model by name: the server's check that
+    it still serves, as for any request)."""
+
+    def work(server: ModelServer, body: Any, allowance: Allowance | None) -> Answer:
+        feeds = decode(body, allowance)
+        outputs, variant = server.infer_with_variant(name, feeds)
+        encoded, fields = encode(outputs, variant)
+        answer = Answer(encoded, content_type, fields=fields)
+        if server.taps:
+            answer.served = (name, feeds, outputs, variant)
+        return answer
+
+    return work
+
+
+def cached_plan(model: ServedModel, key: tuple[Any, ...], make: Callable[[], InferencePlan]) -> InferencePlan:
+    """``model``'s plan under ``key``, made by ``make`` the first time (at most ``_PLANS_MAX`` kept:
+    the head shapes are the clients' to choose; beyond them a plan is made per request)."""
+    plans = model.plans
+    plan = plans.get(key)
+    if plan is None:
+        plan = make()
+        if len(plans) < _PLANS_MAX:
+            plans[key] = plan
+    return plan
+
+
+def route_plan(
+    model: ServedModel, content_type: str, encoding: str, *, query: str, tensors_header: str
+) -> InferencePlan:
+    """The plan of ``/v1/models/{name}/infer`` for bodies in ``content_type`` answered in
+    ``encoding`` (both as ``app.encodings`` reads them), of any length: the codec's decoding
+    (``decode_request``: what each encoding declares checked against the signature and charged to
+    the request's Allowance before anything is allocated; the server checks the rest) and this
+    module's encoder, the prepared route's. The query and X-Tensors are part of its head shape only
+    where an encoding reads them (``.npy``'s ``?input=`` and ``?output=``; raw tensors)."""
+    if NPY not in (content_type, encoding):
+        query = ""
+    if content_type not in (RAW, "application/octet-stream"):
+        tensors_header = ""
+    key = (_ROUTE, content_type, encoding, query, tensors_header)
+    return cached_plan(model, key, lambda: _make_route_plan(model, content_type, encoding, query, tensors_header))
+
+
+#: The first item of a route plan's key (``plan_for``'s keys start with a media type).
+_ROUTE = "route"
+
+
+def _make_route_plan(
+    model: ServedModel, content_type: str, encoding: str, query: str, tensors_header: str
+) -> InferencePlan:
+    signature = model.signature
+    headers = {"x-tensors": tensors_header}
+
+    def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+        return decode_request(content_type, body, headers, query, signature, allowance)
+
+    # The transport holds the body; the decoder charges what it allocates to each request's Allowance.
+    return InferencePlan(model, decode, _encoder(model, encoding, query), encoding, 0, True, None)
 
 
 def plan_for(
@@ -170,61 +255,65 @@ def _batch_input(model: ServedModel, batch_max: int) -> str | None:
 
 
 def _encoder(model: ServedModel, encoding: str, query: str) -> Encode:
-    """``encode_response`` for this model, encoding and query, with the answer's header lines
-    (X-Tensors, X-Model-Variant) formatted once per variant and, for raw tensors, output layout."""
+    """``encode_response`` for this model, encoding and query, with the answer's fields made once
+    per variant and, for raw tensors, output layout (lasting: see ``AnswerFields``)."""
     name, version = model.name, model.version
-    formatted: dict[tuple[Any, ...], str] = {}  # (variant id, raw output layout) → header lines
-    by_variant: dict[str, str] = {}  # variant id → its header line (JSON, .npy)
+    layouts: dict[tuple[Any, ...], AnswerFields] = {}  # (variant id, raw output layout) → fields
+    by_variant: dict[str, AnswerFields] = {}  # variant id → its fields (JSON, .npy, .npz)
     # variant id → the JSON answer up to its outputs: what dumps writes for the document with
     # ``"outputs": null`` less ``null}``, so prefix + dumps(outputs) + "}" is dumps(document) byte
     # for byte, the three strings encoded once per variant instead of once per answer.
-    json_starts: dict[str, tuple[bytes, str]] = {}
+    json_starts: dict[str, tuple[bytes, AnswerFields]] = {}
 
-    def variant_lines(variant_id: str) -> str:
-        lines = f"X-Model-Variant: {variant_id}\r\n"
-        if len(by_variant) < _FORMATTED_MAX:
-            by_variant[variant_id] = lines
-        return lines
+    def variant_fields(variant_id: str) -> AnswerFields:
+        fields = AnswerFields(variant_id, lasting=len(by_variant) < _FORMATTED_MAX)
+        if fields.lasting:
+            by_variant[variant_id] = fields
+        return fields
 
-    def json_start(variant_id: str) -> tuple[bytes, str]:
+    def json_start(variant_id: str) -> tuple[bytes, AnswerFields]:
         document = dumps({"model": name, "version": version, "variant": variant_id, "outputs": None})
-        start = (document[: -len(b"null}")], variant_lines(variant_id))
+        start = (document[: -len(b"null}")], by_variant.get(variant_id) or variant_fields(variant_id))
         if len(json_starts) < _FORMATTED_MAX:
             json_starts[variant_id] = start
         return start
 
-    def encode_json(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
+    def encode_json(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, AnswerFields]:
         # encode_response(JSON, ...) written out: the same document (see json_starts).
-        start, lines = json_starts.get(variant_id) or json_start(variant_id)
-        return start + dumps(outputs) + b"}", lines
+        start, fields = json_starts.get(variant_id) or json_start(variant_id)
+        return start + dumps(outputs) + b"}", fields
 
-    def encode_npy(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
-        body, _ = encode_response(NPY, outputs, model=name, version=version, variant=variant_id, query=query)
-        return body, by_variant.get(variant_id) or variant_lines(variant_id)
+    def encode_file(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, AnswerFields]:
+        body, _ = encode_response(encoding, outputs, model=name, version=version, variant=variant_id, query=query)
+        return body, by_variant.get(variant_id) or variant_fields(variant_id)
 
-    def encode_raw(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, str]:
-        key: tuple[Any, ...] | None = None  # several outputs: their layout is formatted each time
+    def encode_raw(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, AnswerFields]:
+        key: tuple[Any, ...] | None = None  # several outputs: their layout is described each time
         if len(outputs) == 1:
             # One output as it came from the runtime (native little-endian, C order: the usual
-            # case; else the generic encoding below): its bytes, and the lines of its layout.
+            # case; else the generic encoding below): its bytes, and the fields of its layout.
             ((output, array),) = outputs.items()
             key = (variant_id, output, array.dtype, array.shape)
-            lines = formatted.get(key)
-            if lines is not None and array.flags.c_contiguous:
-                return array.tobytes(), lines
+            fields = layouts.get(key)
+            if fields is not None and array.flags.c_contiguous:
+                return array.tobytes(), fields
             if not _plain_raw(array):
                 key = None
-        body, headers = encode_response(RAW, outputs, model=name, version=version, variant=variant_id, query=query)
-        headers.append(("X-Model-Variant", variant_id))
-        lines = "".join(f"{header}: {value}\r\n" for header, value in headers)
-        if key is not None and len(formatted) < _FORMATTED_MAX:
-            formatted[key] = lines
-        return body, lines
+        body, tensors = encode_response(RAW, outputs, model=name, version=version, variant=variant_id, query=query)
+        lasting = key is not None and len(layouts) < _FORMATTED_MAX
+        fields = AnswerFields(variant_id, tensors=tensors, lasting=lasting)
+        if lasting:
+            layouts[key] = fields  # type: ignore[index]  # lasting: key is not None
+        return body, fields
 
-    return {JSON: encode_json, NPY: encode_npy, RAW: encode_raw}[encoding]
+    def encode_none(outputs: Mapping[str, np.ndarray], variant_id: str) -> tuple[bytes, AnswerFields]:
+        # A body the API does not speak is answered in its own type, never decoded: its 415 comes first.
+        raise UnsupportedEncodingError(f"cannot answer in {encoding!r}; available: {', '.join(ENCODINGS)}", 406)
+
+    return {JSON: encode_json, NPY: encode_file, NPZ: encode_file, RAW: encode_raw}.get(encoding, encode_none)
 
 
-#: Header lines remembered per plan: variants × output layouts, a handful.
+#: Answer fields remembered per plan: variants × output layouts, a handful.
 _FORMATTED_MAX = 64
 #: Input shapes remembered per plan as having passed the signature's check (batch sizes).
 _SHAPES_MAX = 64

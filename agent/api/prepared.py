@@ -35,6 +35,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
+from edgesdk.agent.api.answer import AnswerFields
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.http import KnownHead, Request, head_start
 from edgesdk.agent.api.plan import InferencePlan, plan_for
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgesdk.agent.api")
 
 #: Where a request taken for a batch gets its answer (``later``): the HTTP connection's.
-Reply = Callable[[tuple[bytes, str] | None], None]
+Reply = Callable[[tuple[bytes, AnswerFields] | None], None]
 
 
 class PreparedInfer:
@@ -116,7 +117,7 @@ class PreparedInfer:
         #: server has taps (``ModelServer.taps``), for ``answered`` to hand them.
         self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
 
-    def answer(self, body: bytes) -> tuple[bytes, str] | None:
+    def answer(self, body: bytes) -> tuple[bytes, AnswerFields] | None:
         scheduler = self.scheduler
         model = self.model()
         # Swapped or unloaded: the generic path answers, and prepares again for what serves now.
@@ -225,7 +226,7 @@ class PreparedInfer:
         pending, self._pending = self._pending, []
         count = len(pending)
         self._company = count
-        answers: list[tuple[bytes, str] | None] = [None] * count
+        answers: list[tuple[bytes, AnswerFields] | None] = [None] * count
         members: list[Mapping[str, np.ndarray]] = []  # each request's rows of the outputs
         variant_id, ran = "", 0.0
         model = self.model()

@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 from edgesdk.agent.api.codec import JSON, RAW
+from edgesdk.agent.api.http import field_lines
 from edgesdk.agent.api.plan import InferencePlan, plan_for
 from edgesdk.agent.serving import ModelServer, ServedModel
 
@@ -43,7 +44,10 @@ def test_a_plan_decodes_and_encodes_without_http_as_the_generic_path_answers() -
     np.testing.assert_array_equal(feeds["x"], values(3))
     encoded, fields = plan.encode({"y": feeds["x"] * 2}, "fp32")
     assert orjson.loads(encoded) == {"model": "m", "version": "1.0.0", "variant": "fp32", "outputs": {"y": [[8.0] * 4]}}
-    assert fields == "X-Model-Variant: fp32\r\n"
+    # Transport-neutral fields, the same object on every answer (the HTTP adapter alone spells them).
+    assert fields.variant == "fp32" and fields.tensors is None and fields.lasting
+    assert plan.encode({"y": feeds["x"]}, "fp32")[1] is fields
+    assert field_lines(fields) == "X-Model-Variant: fp32\r\n"
 
 
 def test_plans_are_made_once_per_layout_and_dropped_with_the_model() -> None:
@@ -76,7 +80,9 @@ def test_header_blocks_that_differ_elsewhere_share_one_plan(
     assert routes[0] is not routes[1]  # each block its own route (its connection-side state)
     assert routes[0].decode is routes[1].decode  # type: ignore[union-attr]  # around one plan
     model = agent.server.model
-    assert model is not None and len(model.plans) == 1
+    # One plan for the layout (the prepared routes'), one for the generic route that answered
+    # each block's first request (any length).
+    assert model is not None and len(model.plans) == 2
 
 
 def test_the_transport_neutral_modules_import_nothing_of_http() -> None:

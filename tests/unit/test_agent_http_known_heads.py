@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from edgesdk.agent.api import http as http_module
+from edgesdk.agent.api.answer import AnswerFields
 from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer, Request, Respond, Response
 
 
@@ -224,13 +225,13 @@ class Route:
         self.asked = 0
         self.answered_after: list[bytes] = []  # what had been written when answered() came
 
-    def answer(self, body: bytes) -> tuple[bytes, str] | None:
+    def answer(self, body: bytes) -> tuple[bytes, AnswerFields] | None:
         self.asked += 1
         if body.startswith(b"boom"):
             raise RuntimeError("broken route")
         if body.startswith(b"no"):
             return None
-        return body[::-1], "X-Route: inline\r\n"
+        return body[::-1], AnswerFields("inline", lasting=True)
 
     def answered(self) -> None:
         self.answered_after.append(bytes(self.conn.transport.sent[-5:]))
@@ -242,7 +243,10 @@ def test_an_inline_route_answers_its_block_without_a_request_and_declines_to_the
     (known,) = conn.server.known_heads.values()
     known.route = route = Route(conn)
     answer = conn.feed(request(b"hello"))
-    assert answer == b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Route: inline\r\n\r\nolleh"
+    assert (
+        answer
+        == b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Model-Variant: inline\r\n\r\nolleh"
+    )
     assert len(conn.seen) == 1 and route.asked == 1  # the handler never saw it
     # Declined, or the route broke: the handler answers the same request, and the connection lives.
     for body in (b"nope!", b"boom!"):
