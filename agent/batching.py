@@ -1,22 +1,29 @@
-"""Dynamic batching: concurrent requests of the same shape run as one batch (Triton's semantics).
+"""The agent's one batching mechanism: :class:`BatchFormer`, one per served model with a batch axis.
 
-A request that arrives while a batch of its shape (same inputs, dtypes and non-batch dims) is
-filling joins it; otherwise it opens a new one and leads it. The leader waits until the batch
-holds ``max_batch_size`` rows or it has waited ``max_queue_delay_us``, then for a free run
-slot (at most ``max_concurrent_batches`` batches run at once) — the batch keeps filling while
-it waits, so with a delay of 0 requests still coalesce whenever the model is busy. The leader
-then concatenates the inputs along axis 0, runs once and hands every member its rows of each
-output (views into the batch's outputs), or the error, which each member raises.
+Requests whose feeds have the same shape (same inputs, dtypes and non-batch dims) join one
+*forming* batch; it closes, runs once on the inputs concatenated along axis 0 and hands every
+member its rows of each output (views into the batch's outputs), or the error, which each member
+gets as its own. Two ways in, one former, one run and split-back (``_execute``):
 
-No extra thread: the leader is one of the request threads (a hop to a scheduler thread and back
-would cost more than most edge models' inference). A request on the event loop's thread (the
-API's inline path for tiny models, taken only when nothing else is in flight) never waits for
-company: it would block the very loop that would bring it.
+* ``join`` — on the event loop (the scheduler's inline route for a tiny model): the requests one
+  wake-up of the loop brings, from several connections, join; the batch closes on the loop's next
+  turn (one ``call_soon``), so nobody waits for company that is not already there, and runs
+  inline. The caller says how many rows it may hold (``api.inline_batch_max``).
+* ``run`` — from a pool thread (``[api.batching]`` on, Triton's semantics): a request joins the
+  forming batch of its shape or opens one and leads it; the leader waits until the batch holds
+  ``max_batch_size`` rows or it has waited ``max_queue_delay_us``, then for a free run slot (at
+  most ``max_concurrent_batches`` batches run at once) — the batch keeps filling while it waits,
+  so with a delay of 0 requests still coalesce whenever the model is busy. No extra thread: the
+  leader is one of the request threads (a hop to a scheduler thread and back would cost more than
+  most edge models' inference). A request on the event loop's thread never waits for company.
 
-What the caller does around it (agent/serving.py): the complete signature check, NaN/Inf scan
-included, BEFORE a request joins (a bad request is refused alone and never poisons a batch);
-the choice of variant inside ``run_batch`` (taken once per batch, so the governor's switches
-fall between batches and every member reports the variant that ran); metrics per request.
+The same guarantees either way: each member's answer is what it would be unbatched (the variant
+taken once per batch, so the governor's switches fall between batches); a model whose outputs are
+not one row per input row (its first axis is not a batch axis after all) answers each member from
+its own run and is never batched again (``splittable``); a batch whose stacked copy of the inputs
+does not fit the memory budget given runs each member alone; an error of the run is each member's.
+What the caller does around it: every check of a request, NaN/Inf scan included, BEFORE it joins
+(a bad request is refused alone and never poisons a batch); admission, deadlines and metrics.
 """
 
 from __future__ import annotations
@@ -26,12 +33,16 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk.errors import AgentError
 from edgesdk.schemas.agent_config import BatchingSettings
+
+if TYPE_CHECKING:
+    from edgesdk.agent.api.budget import InflightBytesBudget
 
 log = logging.getLogger("edgesdk.agent.batching")
 
@@ -41,6 +52,10 @@ Outputs = dict[str, np.ndarray]
 RunBatch = Callable[[Feeds], tuple[Outputs, str]]
 #: What must be equal for two requests to share a batch: per input, its name, dtype, non-batch dims.
 ShapeKey = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
+
+#: After a batch on the loop ran alone, one request in about this many waits a turn of the loop
+#: for company (``join``): clients come and go.
+PROBE_EVERY = 16
 
 
 def has_batch_axis(input_shapes: list[tuple[Any, ...]], output_shapes: list[tuple[Any, ...]]) -> bool:
@@ -53,48 +68,117 @@ class BatchAbandonedError(AgentError):
     """A request's batch ended without running (its leading thread was interrupted)."""
 
 
-class _Member:
-    """One request in a batch: its feeds and rows; then its outputs or error, and ``done``."""
+class Member:
+    """One request in a batch: its feeds and rows; then its outputs or error, the tag, and the
+    batch's run time and size (``company``); ``done`` is set (thread) or called (loop) once."""
 
-    __slots__ = ("feeds", "rows", "done", "outputs", "tag", "error")
+    __slots__ = ("feeds", "rows", "done", "outputs", "tag", "error", "ran", "company")
 
-    def __init__(self, feeds: Feeds, rows: int) -> None:
+    def __init__(self, feeds: Feeds, rows: int, done: Any) -> None:
         self.feeds = feeds
         self.rows = rows
-        self.done = threading.Event()
+        #: threading.Event (``run``), or the callback that takes this member (``join``).
+        self.done = done
         self.outputs: Outputs | None = None
         self.tag = ""
         self.error: BaseException | None = None
+        self.ran = 0.0
+        self.company = 1
 
 
 class _Batch:
-    __slots__ = ("members", "rows", "full")
+    __slots__ = ("members", "rows", "full", "budget")
 
-    def __init__(self, first: _Member) -> None:
+    def __init__(self, first: Member, budget: InflightBytesBudget | None = None) -> None:
         self.members = [first]
         self.rows = first.rows
         self.full = threading.Event()
+        self.budget = budget
 
 
-class DynamicBatcher:
-    """Coalesces concurrent ``run`` calls into batches of ``run_batch`` (thread-safe)."""
+class BatchFormer:
+    """One model's batches: ``join`` on the event loop, ``run`` in pool threads (see module)."""
 
     def __init__(self, run_batch: RunBatch, settings: BatchingSettings) -> None:
         self.run_batch = run_batch
+        #: Whether pool requests wait for company (``[api.batching]`` on for this model).
+        self.pooled = settings.enabled and settings.max_batch_size > 1
         self.max_rows = settings.max_batch_size
         self.max_delay_s = settings.max_queue_delay_us / 1e6
         self._slots = threading.BoundedSemaphore(settings.max_concurrent_batches)
         self._lock = threading.Lock()  # guards _filling and every filling batch's members/rows
         self._filling: dict[ShapeKey, _Batch] = {}
-        self._waiting = 0  # requests in batches not started yet; changed under _lock
-        # False once a model answered a batch with outputs that are not one row per input row
-        # (its first output axis is not a batch axis after all): then every request runs alone.
+        self._waiting = 0  # requests in pool batches not started yet; changed under _lock
+        self._on_loop: dict[ShapeKey, _Batch] = {}  # the loop's forming batches (its thread only)
+        # False once a model answered a batch with outputs that are not one row per input row:
+        # then every request runs alone.
         self.splittable = True
         self.batches_run = 0  # batches of more than one request (tests, logs)
+        self.company = 0  # members of the last batch run on the loop
+        self._probe_left = PROBE_EVERY
+        self._probes = 0
 
     def waiting(self) -> int:
-        """Requests in batches that have not started yet (filling, or full and waiting to run)."""
+        """Requests in pool batches that have not started yet (filling, or full and waiting)."""
         return self._waiting
+
+    # -- on the event loop --------------------------------------------------------------------
+
+    def may_join(self) -> bool:
+        """Whether a request on the loop should be offered to ``join``: while a batch forms this
+        wake-up, or when the last batch had company; after a lone one, about every
+        ``PROBE_EVERY``-th request (a lone request waiting for nobody would only lose the loop's
+        turn). Asked before the request is decoded, so a declined one costs a counter."""
+        if self._on_loop or self.company > 1:
+            return True
+        self._probe_left -= 1
+        if self._probe_left > 0:
+            return False
+        # The period varies (16-22): a fixed one could keep landing on the last read of each
+        # wake-up (a client pattern of that period), which finds no company.
+        self._probes += 1
+        self._probe_left = PROBE_EVERY + self._probes % 7
+        return True
+
+    def join(
+        self,
+        feeds: Feeds,
+        done: Callable[[Member], None],
+        max_rows: int,
+        loop: asyncio.AbstractEventLoop,
+        budget: InflightBytesBudget | None = None,
+    ) -> bool:
+        """Take checked ``feeds`` into the batch this wake-up of ``loop`` forms for their shape
+        (at most ``max_rows`` rows), run on the loop's next turn; ``done(member)`` is called then,
+        once. False: not taken (the batch is full, the model cannot be split), run it now.
+        ``budget`` is charged the stacked copy of the inputs while the batch runs."""
+        rows = _rows(feeds)
+        if not self.splittable or not 0 < rows <= max_rows:
+            return False
+        key = _shape_key(feeds)
+        batch = self._on_loop.get(key)
+        if batch is None:
+            self._on_loop[key] = _Batch(Member(feeds, rows, done), budget)
+            loop.call_soon(self._close_on_loop, key)
+            return True
+        if batch.rows + rows > max_rows:
+            return False
+        batch.members.append(Member(feeds, rows, done))
+        batch.rows += rows
+        return True
+
+    def _close_on_loop(self, key: ShapeKey) -> None:
+        batch = self._on_loop.pop(key)
+        members = batch.members
+        self.company = len(members)
+        self._execute(members, batch.budget)
+        for member in members:
+            try:
+                member.done(member)
+            except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
+                log.exception("answering a batched request failed")
+
+    # -- in pool threads ----------------------------------------------------------------------
 
     def run(self, feeds: Feeds) -> tuple[Outputs, str]:
         """Run ``feeds`` (already checked) in a batch; returns its outputs and the batch's tag."""
@@ -102,7 +186,7 @@ class DynamicBatcher:
         if not 0 < rows <= self.max_rows or not self.splittable:
             return self.run_batch(feeds)  # too large to share, or sharing is off: alone, as unbatched
         key = _shape_key(feeds)
-        member = _Member(feeds, rows)
+        member = Member(feeds, rows, threading.Event())
         with self._lock:
             self._waiting += 1
             batch = self._filling.get(key)
@@ -139,18 +223,37 @@ class DynamicBatcher:
                     follower.error = BatchAbandonedError("the batch this request was in did not run")
                 follower.done.set()
 
-    def _execute(self, members: list[_Member]) -> None:
+    # -- one run, split back ------------------------------------------------------------------
+
+    def _execute(self, members: list[Member], budget: InflightBytesBudget | None = None) -> None:
         if len(members) == 1:
             _run_alone(self.run_batch, members[0])
             return
+        # The stacked copy of the inputs is memory of its own: charged while the batch runs, or
+        # each member runs alone.
+        stack = sum(array.nbytes for m in members for array in m.feeds.values()) if budget is not None else 0
+        if budget is not None and not budget.try_take(stack):
+            for m in members:
+                _run_alone(self.run_batch, m)
+            return
+        try:
+            self._run_stacked(members)
+        finally:
+            if budget is not None:
+                budget.give_back(stack)
+
+    def _run_stacked(self, members: list[Member]) -> None:
         names = list(members[0].feeds)
         total = sum(m.rows for m in members)
         try:
             feeds = {name: np.concatenate([m.feeds[name] for m in members]) for name in names}
+            started = perf_counter()
             outputs, tag = self.run_batch(feeds)
-        except BaseException as exc:  # noqa: BLE001 - every member raises it in its own thread
+            ran = perf_counter() - started
+        except BaseException as exc:  # noqa: BLE001 - every member gets it (its thread raises it)
             for index, m in enumerate(members):
                 m.error = exc if index == 0 else _copy_error(exc)
+                m.company = len(members)
             return
         self.batches_run += 1
         log.debug("ran %d requests (%d rows) as one batch on %s", len(members), total, tag)
@@ -159,18 +262,18 @@ class DynamicBatcher:
             # request from its own run, and stop batching this model.
             self.splittable = False
             log.warning(
-                "batched outputs %s do not have %d rows: dynamic batching turned off for this model",
+                "batched outputs %s do not have %d rows: batching turned off for this model",
                 {n: list(o.shape) for n, o in outputs.items()},
                 total,
             )
             for m in members:
                 _run_alone(self.run_batch, m)
             return
-        start = 0
+        start, company = 0, len(members)
         for m in members:
             end = start + m.rows
             m.outputs = {name: out[start:end] for name, out in outputs.items()}
-            m.tag = tag
+            m.tag, m.ran, m.company = tag, ran, company
             start = end
 
 
@@ -185,9 +288,11 @@ def _shape_key(feeds: Feeds) -> ShapeKey:
     return tuple((name, array.dtype, array.shape[1:]) for name, array in feeds.items())
 
 
-def _run_alone(run_batch: RunBatch, member: _Member) -> None:
+def _run_alone(run_batch: RunBatch, member: Member) -> None:
     try:
+        started = perf_counter()
         member.outputs, member.tag = run_batch(member.feeds)
+        member.ran = perf_counter() - started
     except BaseException as exc:  # noqa: BLE001 - raised by the member's own thread
         member.error = exc
 
@@ -205,7 +310,7 @@ def _copy_error(exc: BaseException) -> BaseException:
     return twin
 
 
-def _result(member: _Member) -> tuple[Outputs, str]:
+def _result(member: Member) -> tuple[Outputs, str]:
     if member.error is not None:
         raise member.error
     if member.outputs is None:

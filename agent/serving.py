@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
+from edgesdk.agent.batching import BatchFormer, has_batch_axis
 from edgesdk.agent.events import EventBus
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
 from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
@@ -161,8 +161,9 @@ class ServedModel:
     signature: Signature
     active: ServedVariant
     loaded_at: float = field(default_factory=time.time)
-    #: Set when dynamic batching is on for this model and it has a batch axis (ModelServer.serve).
-    batcher: DynamicBatcher | None = None
+    #: Its batches (agent/batching.py) when it has a batch axis (ModelServer.serve): pool requests
+    #: wait in them when ``[api.batching]`` is on for it, the event loop's inline ones join them.
+    former: BatchFormer | None = None
     #: Every variant of the bundle: loaded, or why not (agent/variant_choice.py).
     choices: tuple[VariantChoice, ...] = ()
     #: The bundle's signed pre/post-processing (POST /v1/models/{name}/predict), if it has one.
@@ -172,7 +173,7 @@ class ServedModel:
     plans: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def run_active(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-        """Run checked feeds on the active variant, taken once; the batcher's ``run_batch``."""
+        """Run checked feeds on the active variant, taken once; the former's ``run_batch``."""
         variant = self.active
         return variant.run_checked(feeds), variant.id
 
@@ -495,7 +496,7 @@ class ModelServer:
                 for v in ladder
             )
             model.pipeline = pipeline
-            model.batcher = self._batcher_for(model)
+            model.former = self._former_for(model)
             running = model.running()  # built first: a bad hash fails here with the old model serving
             self.model = model  # the switch: one reference assignment
             self._running = running
@@ -519,17 +520,17 @@ class ModelServer:
         )
         return model
 
-    def _batcher_for(self, model: ServedModel) -> DynamicBatcher | None:
-        """A batcher when batching is on for ``model`` and every input and output of its public
-        signature (so of every variant) has a dynamic first axis; None otherwise."""
+    def _former_for(self, model: ServedModel) -> BatchFormer | None:
+        """The model's batch former when every input and output of its public signature (so of
+        every variant) has a dynamic first axis; None otherwise. Pool requests wait in it only
+        when ``[api.batching]`` is on for the model."""
         settings = self.batching.for_model(model.name)
-        if not settings.enabled or settings.max_batch_size < 2:
-            return None
         signature = model.signature
         if not has_batch_axis([s.shape for s in signature.inputs], [s.shape for s in signature.outputs]):
-            log.info("dynamic batching is on but %s has no dynamic batch axis: one request per run", model.name)
+            if settings.enabled:
+                log.info("dynamic batching is on but %s has no dynamic batch axis: one request per run", model.name)
             return None
-        return DynamicBatcher(model.run_active, settings)
+        return BatchFormer(model.run_active, settings)
 
     def unload(self) -> None:
         """Stop serving (requests in flight finish on what they hold)."""
@@ -600,8 +601,9 @@ class ModelServer:
                 return other.infer_with_variant(model_name, feeds)  # another model of this device
             self.count_error("not_found" if model is not None or self.others else "no_model")
             model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
-        if model.batcher is not None:
-            return self._infer_batched(model, model.batcher, feeds)
+        former = model.former
+        if former is not None and former.pooled:
+            return self._infer_batched(model, former, feeds)
         variant = model.active  # taken once: this request finishes on this variant
         try:
             # Everything but the NaN/Inf scan of large float inputs when the variant's run leaves
@@ -649,9 +651,9 @@ class ModelServer:
         return outputs, variant.id
 
     def _infer_batched(
-        self, model: ServedModel, batcher: DynamicBatcher, feeds: Mapping[str, np.ndarray]
+        self, model: ServedModel, former: BatchFormer, feeds: Mapping[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], str]:
-        """``infer_with_variant`` through the batcher. Every check, the NaN/Inf scan of every input
+        """``infer_with_variant`` through the model's batch former. Every check, the NaN/Inf scan of every input
         included, is done before the request joins a batch: a bad request is refused alone and
         never reaches (or fails) the others. Latency observed = queue wait + batch run."""
         start = time.perf_counter()
@@ -661,7 +663,7 @@ class ModelServer:
             self.count_error("bad_input")
             raise
         try:
-            outputs, variant_id = batcher.run(feeds)
+            outputs, variant_id = former.run(feeds)
         except InferenceInputError:
             self.count_error("bad_input")
             raise

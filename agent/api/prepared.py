@@ -29,26 +29,26 @@ and the price of keeping one error path.)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
-from edgesdk.agent.api.answer import AnswerFields
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.http import KnownHead, Request, head_start
 from edgesdk.agent.api.plan import InferencePlan, plan_for
-
-from edgesdk.errors import InferenceInputError
+from edgesdk.agent.batching import Member
 
 if TYPE_CHECKING:
     from edgesdk.agent.api.app import ApiApp
+    from edgesdk.agent.serving import ServedModel
 
 log = logging.getLogger("edgesdk.agent.api")
 
 #: Where a request taken for a batch gets its answer (``later``): the HTTP connection's.
-Reply = Callable[[tuple[bytes, AnswerFields] | None], None]
+Reply = Callable[[tuple[bytes, str] | None], None]
 
 
 class PreparedInfer:
@@ -71,12 +71,6 @@ class PreparedInfer:
         "_ran",
         "_allowance",
         "batching",
-        "batch_max",
-        "_input",
-        "_pending",
-        "_company",
-        "_probe_left",
-        "_probes",
         "_served",
     )
 
@@ -97,27 +91,19 @@ class PreparedInfer:
         self.max_decoded = limits.max_decoded
         self.hold = plan.hold
         self.allowances = plan.allowances
-        batch_input = plan.batch_input
         # The request being answered, from ``answer`` to ``answered`` (one at a time: both run
         # on the event loop, back to back, around the HTTP server's write).
         self._variant = ""
         self._ran = 0.0
         self._allowance: Allowance | None = None
-        # Batches of the requests one wake-up of the loop brings (``later``): the model's one
-        # input, when it has a batch axis and the API allows batches (inline_batch_max > 1).
-        self.batching = batch_input is not None
-        self.batch_max = app.scheduler.inline_batch_max
-        self._input = batch_input or ""
-        #: (its reply, its input array, its Allowance) of the requests taken for the next batch.
-        self._pending: list[tuple[Reply, np.ndarray, Allowance | None]] = []
-        self._company = 0  # requests in the last batch
-        self._probe_left = _PROBE_EVERY
-        self._probes = 0
+        # Batches of the requests one wake-up of the loop brings (``later``, the model's batch
+        # former): when it has a batch axis and the API allows batches (inline_batch_max > 1).
+        self.batching = plan.batch_input is not None
         #: (model name, feeds, outputs) of the request being answered, kept only while the
         #: server has taps (``ModelServer.taps``), for ``answered`` to hand them.
         self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
 
-    def answer(self, body: bytes) -> tuple[bytes, AnswerFields] | None:
+    def answer(self, body: bytes) -> tuple[bytes, str] | None:
         scheduler = self.scheduler
         model = self.model()
         # Swapped or unloaded: the generic path answers, and prepares again for what serves now.
@@ -168,33 +154,23 @@ class PreparedInfer:
             self.server.tap(*served, self._variant)
 
     def later(self, body: bytes, reply: Reply) -> bool:
-        """Take this request for a batch with the others this wake-up of the loop brings (from
-        other connections: each sends one request at a time), run once their reads are done
-        (``_run_batch``, next on the loop), or False: ``answer`` answers it now.
-
-        A batch runs only when it may have company: the first request of a wake-up is taken
-        when the last batch had two or more, and, after a batch ran alone, every
-        ``_PROBE_EVERY``-th request or so (clients come and go); else it is answered at once, as
-        without batching (a lone request waiting for nobody would only lose the loop's turn).
+        """Take this request into the batch the model's former (``agent/batching.py``) forms from
+        the requests this wake-up of the loop brings (from other connections: each sends one
+        request at a time), run once their reads are done, each answered by ``_batched``; or
+        False: ``answer`` answers it now (the former expects no company, the batch is full).
         A request taken holds what ``answer`` would (its count, its memory share) and has been
         decoded and checked; a body that does not decode is left to ``answer``, which declines
         it as always."""
-        pending = self._pending
-        if not pending:
-            if self._company < 2:
-                self._probe_left -= 1
-                if self._probe_left > 0:
-                    return False
-                # The period varies (16-22): a fixed one could keep landing on the last read of
-                # each wake-up (a client pattern of that period), which finds no company.
-                self._probes += 1
-                self._probe_left = _PROBE_EVERY + self._probes % 7
-        elif len(pending) >= self.batch_max:
-            return False
         scheduler = self.scheduler
         model = self.model()
         if model is None or self.server.model is not model:
             return False  # answer() unsettles the block
+        former = model.former
+        if former is None or not former.splittable:
+            self.batching = False  # outputs without a row per input row: never again
+            return False
+        if not former.may_join():
+            return False
         requests = scheduler.requests
         if requests.count >= scheduler.capacity or not scheduler.inline_left:
             return False
@@ -206,91 +182,43 @@ class PreparedInfer:
         allowance = Allowance(budget, self.max_decoded) if self.allowances else None
         requests.count += 1
         try:
-            feed = self.decode(body, allowance)[self._input]
+            feeds = self.decode(body, allowance)
         except Exception as exc:  # noqa: BLE001 - answer() meets it again and hands it to the generic path
             log.debug("prepared route: %s not taken for a batch (%r)", self.known.path, exc)
             self._finish(allowance)
             return False
-        pending.append((reply, feed, allowance))
-        if len(pending) == 1:
-            self.scheduler.loop.call_soon(self._run_batch)  # type: ignore[union-attr]  # set before serving
-        return True
+        if scheduler.batch(former, feeds, functools.partial(self._batched, reply, allowance, model), budget):
+            return True
+        self._finish(allowance)
+        return False
 
-    def _run_batch(self) -> None:
-        """The requests ``later`` took: one run of their inputs stacked on the batch axis (the
-        active variant taken once), each answered its rows of every output, encoded as
-        ``answer`` encodes. Anything unexpected (the model swapped, a runtime error, outputs
-        that are not one row per input row) declines them all to the generic path, each
-        answered alone there as without batching (so is a batch whose stacked inputs do not fit
-        the memory budget); an error of a batch's run also turns this plan's batches off."""
-        pending, self._pending = self._pending, []
-        count = len(pending)
-        self._company = count
-        answers: list[tuple[bytes, AnswerFields] | None] = [None] * count
-        members: list[Mapping[str, np.ndarray]] = []  # each request's rows of the outputs
-        variant_id, ran = "", 0.0
-        model = self.model()
-        arrays = [member[1] for member in pending]
-        budget = self.budget
-        # The stacked copy of the inputs is memory of its own (a raw body's input is a view of
-        # the body, held already): charged while the batch runs, or the batch is declined.
-        stack = sum(array.nbytes for array in arrays) if count > 1 else 0
-        with budget.lock:
-            fits = budget.used + stack <= budget.capacity
-            if fits:
-                budget.used += stack
-        if fits and model is not None and self.server.model is model:
+    def _batched(self, reply: Reply, allowance: Allowance | None, model: ServedModel, member: Member) -> None:
+        """A request ``later`` took, once its batch ran: answered its rows of every output,
+        encoded as ``answer`` encodes. Anything unexpected (the model swapped meanwhile, an error
+        of the batch's run) declines it to the generic path, answered alone there as without
+        batching; an error of a batch of several also turns this route's batches off (a runtime
+        that cannot take this batch size)."""
+        answer = None
+        outputs = member.outputs
+        if member.error is None and outputs is not None and self.server.model is model:
             try:
-                variant = model.active
-                run = variant.loaded.run if variant.takes_public_feeds else variant.run
-                stacked = arrays[0] if count == 1 else np.concatenate(arrays)
-                started = perf_counter()
-                outputs = run({self._input: stacked})
-                ran = perf_counter() - started
-                if count == 1:
-                    answers[0] = self.encode(outputs, variant.id)
-                    members.append(outputs)
-                else:
-                    rows = len(stacked)
-                    if any(output.ndim == 0 or output.shape[0] != rows for output in outputs.values()):
-                        raise InferenceInputError("outputs not one row per input row")
-                    at = 0
-                    for index, array in enumerate(arrays):
-                        end = at + len(array)
-                        rows_of = {k: v[at:end] for k, v in outputs.items()}
-                        answers[index] = self.encode(rows_of, variant.id)
-                        members.append(rows_of)
-                        at = end
-                variant_id = variant.id
-            except Exception as exc:  # noqa: BLE001 - every error is the generic path's to answer (see module)
-                # The inputs were checked one by one: what fails here is the batch itself (outputs
-                # without a batch axis after all, a runtime that cannot take this batch size), so
-                # this plan runs every request alone from now on (a model swapped in prepares anew).
-                if count > 1:
-                    self.batching = False
-                    log.info("prepared route for %s: batches off (%r)", self.known.path, exc)
-                answers = [None] * count
-                variant_id = ""
-        if fits:
-            with budget.lock:
-                budget.used -= stack
-        for (reply, _, allowance), answer in zip(pending, answers, strict=True):
-            self._finish(allowance)
-            try:
-                reply(answer)
-            except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
-                log.exception("answering a batched request failed")
-        if variant_id:
-            observe = self.server.observe
-            for _ in range(count):
-                observe(variant_id, ran)
-            if count > 1:
-                self.scheduler.metrics.inline_batched += count
-            self.scheduler.took(ran / count)  # the loop was blocked for all of them: its share each
-            if self.server.taps and model is not None:
-                tap, name, feed_name = self.server.tap, model.name, self._input
-                for (_, array, _), outputs_of in zip(pending, members, strict=True):
-                    tap(name, {feed_name: array}, outputs_of, variant_id)
+                answer = self.encode(outputs, member.tag)
+            except Exception as exc:  # noqa: BLE001 - the generic path answers it (see module)
+                log.debug("prepared route: %s batched answer declined (%r)", self.known.path, exc)
+        elif member.error is not None and member.company > 1:
+            self.batching = False
+            log.info("prepared route for %s: batches off (%r)", self.known.path, member.error)
+        self._finish(allowance)
+        reply(answer)
+        if answer is None or outputs is None:
+            return
+        scheduler, server, company = self.scheduler, self.server, member.company
+        server.observe(member.tag, member.ran)
+        if company > 1:
+            scheduler.metrics.inline_batched += 1
+        scheduler.took(member.ran / company)  # the loop was blocked for all of them: its share each
+        if server.taps:
+            server.tap(model.name, member.feeds, outputs, member.tag)
 
     def _finish(self, allowance: Allowance | None) -> None:
         """A request (holding ``allowance``) no longer counts, nor holds its memory."""
@@ -313,7 +241,7 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
     if (
         model is None
         or model.name != model_name
-        or model.batcher is not None
+        or (model.former is not None and model.former.pooled)
         or not scheduler.inline_beside_others
         or request.allowance is None
         or request.known is None
@@ -331,7 +259,3 @@ def prepare(app: ApiApp, request: Request, model_name: str, content_type: str, e
         batch_max=scheduler.inline_batch_max,
     )
     return None if plan is None else PreparedInfer(app, plan, request.known, request.allowance)
-
-
-#: After a batch ran alone, one request in this many is taken for a batch (``PreparedInfer.later``).
-_PROBE_EVERY = 16

@@ -1,8 +1,7 @@
 """Where an inference runs, and whether it may: one scheduler for every transport.
 
 REST v1, Open Inference v2 over HTTP and over gRPC, and ``/predict`` hand it the same two
-things: their *work* (a callable that decodes the body, runs it through ``ModelServer`` — whose
-dynamic batcher, when the model has one, makes batches of the work running in the pool — and
+things: their *work* (a callable that decodes the body, runs it through ``ModelServer`` and
 encodes an :class:`~edgesdk.agent.api.answer.Answer`), and a *reply* (called once, on the event
 loop, with that Answer or the ``ErrorAnswer`` of the error the work raised). It decides:
 
@@ -16,6 +15,11 @@ loop, with that Answer or the ``ErrorAnswer`` of the error the work raised). It 
   would cost more than the inference (with dynamic batching on, only when nothing else is in
   flight). ``took`` folds each answer's time into that decision; the prepared route
   (``prepared.py``) reads the same decision and feeds it its own answers' times;
+* batches, one mechanism for both kinds of model (``agent/batching.py``'s ``BatchFormer``, one
+  per model with a batch axis): a tiny model's requests that one wake-up of the loop brings run
+  inline as one batch of at most ``inline_batch_max`` rows (``batch``; the prepared route offers
+  them); a large model's pool requests, with ``[api.batching]`` on, wait in the same former up to
+  ``max_queue_delay_us`` for ``max_batch_size`` rows (inside ``ModelServer.infer``);
 * the deadline: a request in the pool not answered within ``request_timeout_s`` is a 504.
 
 After the reply, the server's post-answer taps (``ModelServer.taps``) get the answer's
@@ -33,6 +37,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 
 from edgesdk.agent.api.answer import Answer
+from edgesdk.agent.api.budget import InflightBytesBudget
 from edgesdk.agent.api.refusal import (
     AgentStoppingError,
     AnswerTimeoutError,
@@ -41,6 +46,7 @@ from edgesdk.agent.api.refusal import (
     QueueExpiredError,
     refusal_of,
 )
+from edgesdk.agent.batching import BatchFormer, Feeds, Member
 from edgesdk.agent.metrics import Metrics
 from edgesdk.agent.serving import ModelServer
 
@@ -155,6 +161,14 @@ class Scheduler:
 
         future.add_done_callback(done)
         return None
+
+    def batch(
+        self, former: BatchFormer, feeds: Feeds, done: Callable[[Member], None], budget: InflightBytesBudget
+    ) -> bool:
+        """Take a tiny model's checked inline request into the batch its former forms from this
+        wake-up of the loop (at most ``inline_batch_max`` rows; run on the loop's next turn, then
+        ``done``); False: answer it now, alone."""
+        return former.join(feeds, done, self.inline_batch_max, self.loop or asyncio.get_running_loop(), budget)
 
     def submit_from_thread(self, work: Work, *, size: int, where: str = "") -> Answer | ErrorAnswer:
         """``submit`` from a thread other than the event loop's (the gRPC server's): hops onto

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from edgesdk.agent.api.http import HttpProtocol
-from edgesdk.agent.api.prepared import _PROBE_EVERY, PreparedInfer
+from edgesdk.agent.api.prepared import PreparedInfer
+from edgesdk.agent.batching import PROBE_EVERY
 
 from edgesdk.schemas.manifest import TensorSpec
 from tests.unit.test_agent_api_prepared import Agent, raw_request, values
@@ -74,12 +75,17 @@ def batch_sizes(model: FakeModel) -> list[int]:
     return [len(x) for x in model.seen]
 
 
+def company(agent: Agent) -> int:
+    """Members of the last batch the served model's former ran on the loop."""
+    return agent.server.model.former.company  # type: ignore[union-attr]
+
+
 def until_batching(agent: Agent, plan: PreparedInfer, clients: list[Client]) -> None:
     """Wake-ups of one request per client until a batch has run (the plan probes for company
-    every _PROBE_EVERY requests while its last batch ran alone)."""
-    for round_index in range(4 * _PROBE_EVERY):
+    every PROBE_EVERY requests while its last batch ran alone)."""
+    for round_index in range(4 * PROBE_EVERY):
         wake_up(agent, [(c, raw_request(values(round_index + i))) for i, c in enumerate(clients)])
-        if plan._company > 1:
+        if company(agent) > 1:
             return
     raise AssertionError("no batch ran")
 
@@ -106,18 +112,18 @@ def test_requests_of_one_wake_up_run_as_one_batch_each_answered_its_rows(
 
 def test_a_lone_client_is_answered_at_once(loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = Agent(loop, monkeypatch, inline_batch_max=8)
-    plan = agent.prepared()
+    assert agent.prepared().batching
     # One connection: the request is answered within its read, never left for a batch.
-    for i in range(3 * _PROBE_EVERY):
+    for i in range(3 * PROBE_EVERY):
         before = len(agent.transport.sent)
         agent.protocol.data_received(raw_request(values(i)))
         assert len(agent.transport.sent) > before, "answered later"
-    assert plan._company == 0
+    assert company(agent) == 0
     # Two connections, one of them idle: a request now and then waits one turn of the loop to
-    # look for company (the 16th, then the 33rd: about 1 in _PROBE_EVERY), the others go at once.
+    # look for company (the 16th, then the 33rd: about 1 in PROBE_EVERY), the others go at once.
     idle = Client(agent)
     waited = 0
-    for i in range(3 * _PROBE_EVERY):
+    for i in range(3 * PROBE_EVERY):
         before = len(agent.transport.sent)
         agent.protocol.data_received(raw_request(values(i)))
         if len(agent.transport.sent) == before:
@@ -189,7 +195,7 @@ def test_a_batch_that_cannot_run_turns_batching_off_and_loses_nothing(
     agent.serve(2.0, model(2.0))
     plan = agent.prepared()
     clients = [Client(agent) for _ in range(3)]
-    for round_index in range(2 * _PROBE_EVERY):
+    for round_index in range(2 * PROBE_EVERY):
         inputs = [values(round_index + i) for i in range(3)]
         wake_up(agent, [(c, raw_request(x)) for c, x in zip(clients, inputs, strict=True)])
         loop.run_until_complete(asyncio.sleep(0.01))
@@ -248,9 +254,9 @@ def test_a_batch_whose_stacked_inputs_do_not_fit_the_memory_budget_is_answered_o
         inputs = [values(i + 2) for i in range(3)]
         wake_up(agent, [(c, raw_request(x)) for c, x in zip(clients, inputs, strict=True)])
         loop.run_until_complete(asyncio.sleep(0.01))
-        # Fits: one run of three. One byte short: the generic path, one run each.
+        # Fits: one run of three. One byte short: the former runs each alone, still on the loop.
         assert batch_sizes(model)[runs:] == ([3] if batched else [1, 1, 1])
-        assert agent.generic == generic + (0 if batched else 3)
+        assert agent.generic == generic
         for client, x in zip(clients, inputs, strict=True):
             np.testing.assert_array_equal(client.answers()[-1], x * 2.0)
         assert budget.used == 0 and agent.metrics.requests.count == 0

@@ -5,7 +5,7 @@ request, and the server's choice of when to batch at all.
 
 The tests make batches deterministic without timing: the first request's run is held on a gate
 (one run slot), the others queue behind it and coalesce, and the test releases the gate once
-``DynamicBatcher.waiting`` shows they all joined."""
+``BatchFormer.waiting`` shows they all joined."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from edgesdk.agent.batching import DynamicBatcher, has_batch_axis
+from edgesdk.agent.batching import BatchFormer, has_batch_axis
 from edgesdk.agent.serving import ModelServer
 
 from edgesdk.errors import InferenceInputError, RuntimeBackendError
@@ -64,7 +64,7 @@ def rows(n: int, value: float, width: int = 4) -> np.ndarray:
 
 
 def submit_behind_gate(
-    batcher: DynamicBatcher,
+    batcher: BatchFormer,
     run: GatedRun,
     requests: list[dict[str, np.ndarray]],
     call: Callable[..., Any] | None = None,
@@ -86,7 +86,7 @@ def submit_behind_gate(
 
 def test_requests_queued_behind_a_run_coalesce_and_each_gets_its_own_rows() -> None:
     run = GatedRun()
-    batcher = DynamicBatcher(run, settings())
+    batcher = BatchFormer(run, settings())
     requests = [{"x": rows(n, float(i))} for i, n in enumerate([1, 2, 1, 3], start=1)]
     first, futures = submit_behind_gate(batcher, run, requests)
     run.gate.set()
@@ -101,7 +101,7 @@ def test_requests_queued_behind_a_run_coalesce_and_each_gets_its_own_rows() -> N
 
 def test_max_batch_size_is_respected_and_a_full_batch_starts() -> None:
     run = GatedRun()
-    batcher = DynamicBatcher(run, settings(max_batch_size=4))
+    batcher = BatchFormer(run, settings(max_batch_size=4))
     requests = [{"x": rows(1, float(i))} for i in range(6)] + [{"x": rows(5, 9.0)}]  # 5 rows: alone
     first, futures = submit_behind_gate(batcher, run, requests[:6])
     run.gate.set()
@@ -116,7 +116,7 @@ def test_max_batch_size_is_respected_and_a_full_batch_starts() -> None:
 
 def test_shape_incompatible_requests_are_not_merged() -> None:
     run = GatedRun()
-    batcher = DynamicBatcher(run, settings())
+    batcher = BatchFormer(run, settings())
     requests = [
         {"x": rows(1, 1.0)},
         {"x": rows(1, 2.0, width=8)},
@@ -138,7 +138,7 @@ def test_the_oldest_request_waits_up_to_the_queue_delay_for_company() -> None:
     run = GatedRun()
     run.gate.set()
     # A long delay: the first request waits for the second, and the batch, full, starts at once.
-    batcher = DynamicBatcher(run, settings(max_batch_size=2, max_queue_delay_us=1_000_000))
+    batcher = BatchFormer(run, settings(max_batch_size=2, max_queue_delay_us=1_000_000))
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(batcher.run, {"x": rows(1, 1.0)})
         while batcher.waiting() < 1:
@@ -148,14 +148,14 @@ def test_the_oldest_request_waits_up_to_the_queue_delay_for_company() -> None:
         assert np.array_equal(b.result(10)[0]["y"], rows(1, 4.0))
     assert [call["x"].shape for call in run.calls] == [(2, 4)]
     # A short delay and nobody else: it runs alone once the delay is over.
-    alone = DynamicBatcher(run, settings(max_queue_delay_us=20_000))
+    alone = BatchFormer(run, settings(max_queue_delay_us=20_000))
     assert np.array_equal(alone.run({"x": rows(1, 3.0)})[0]["y"], rows(1, 6.0))
 
 
 def test_a_request_on_the_event_loop_never_waits_for_company() -> None:
     run = GatedRun()
     run.gate.set()
-    batcher = DynamicBatcher(run, settings(max_queue_delay_us=1_000_000))  # the 1 s wait would show
+    batcher = BatchFormer(run, settings(max_queue_delay_us=1_000_000))  # the 1 s wait would show
 
     async def on_the_loop() -> float:
         start = time.monotonic()
@@ -167,7 +167,7 @@ def test_a_request_on_the_event_loop_never_waits_for_company() -> None:
 
 def test_a_runtime_error_fails_every_request_of_the_batch() -> None:
     run = GatedRun()
-    batcher = DynamicBatcher(run, settings())
+    batcher = BatchFormer(run, settings())
     run.fail = RuntimeBackendError("onnxruntime failed: out of memory")
     first, futures = submit_behind_gate(batcher, run, [{"x": rows(1, float(i))} for i in range(3)])
     run.gate.set()
@@ -180,7 +180,7 @@ def test_a_runtime_error_fails_every_request_of_the_batch() -> None:
 
 def test_outputs_without_a_row_per_input_row_turn_batching_off_and_answer_each_alone() -> None:
     run = GatedRun(split_rows=False)
-    batcher = DynamicBatcher(run, settings())
+    batcher = BatchFormer(run, settings())
     requests = [{"x": rows(1, 1.0)}, {"x": rows(2, 2.0)}]
     first, futures = submit_behind_gate(batcher, run, requests)
     run.gate.set()
@@ -301,7 +301,7 @@ def hold_first_run(server: ModelServer, fp32: FakeModel) -> Future[Any]:
 
 
 def wait_joined(server: ModelServer, count: int) -> None:
-    batcher = server.model.batcher  # type: ignore[union-attr]
+    batcher = server.model.former  # type: ignore[union-attr]
     deadline = time.monotonic() + 10
     while batcher.waiting() < count:  # type: ignore[union-attr]
         assert time.monotonic() < deadline
@@ -310,12 +310,12 @@ def wait_joined(server: ModelServer, count: int) -> None:
 
 def test_a_model_without_a_batch_axis_or_with_batching_off_is_served_one_request_at_a_time() -> None:
     fixed, *_ = batching_server([1, 4])
-    assert fixed.model.batcher is None  # type: ignore[union-attr]
-    off = ModelServer()  # the default configuration
+    assert fixed.model.former is None  # type: ignore[union-attr]
+    off = ModelServer()  # the default configuration: a former (for the loop's batches), no pool batches
     off.serve(name="m", version="1", release=1, variants=[(variant("fp32", "fp32", ["b", 4]), FakeModel(1.0))])
-    assert off.model.batcher is None  # type: ignore[union-attr]
+    assert not off.model.former.pooled  # type: ignore[union-attr]
     on, *_ = batching_server()
-    assert on.model.batcher is not None  # type: ignore[union-attr]
+    assert on.model.former.pooled  # type: ignore[union-attr]
 
 
 def test_a_bad_request_is_refused_alone_and_does_not_poison_the_batch() -> None:

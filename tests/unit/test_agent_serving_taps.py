@@ -140,7 +140,7 @@ def test_the_dynamic_batcher_route_calls_the_taps_per_member(
     agent, recorder = tapped(loop, monkeypatch, batching={"enabled": True, "max_batch_size": 8})
     agent.server.batching = BatchingConfig(enabled=True, max_batch_size=8)
     agent.serve(2.0)
-    assert agent.server.model is not None and agent.server.model.batcher is not None
+    assert agent.server.model is not None and agent.server.model.former.pooled  # type: ignore[union-attr]
     inputs = [values(i) for i in range(4)]
     for x in inputs:
         assert agent.send(raw_request(x))[0] == 200
