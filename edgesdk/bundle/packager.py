@@ -225,18 +225,7 @@ def package_bundle(
     ``allow_unvalidated``; it then ships marked off the governor's ladder. ``pipeline`` (the
     pre/post-processing of ``/predict``) is signed into the manifest."""
     root = Path(convert_dir)
-    report_path = root / "report.json"
-    if not report_path.is_file():
-        raise UsageError(f"{root} is not a convert output dir (no report.json)")
-    report = ConversionReport.parse_json_clear(report_path.read_bytes(), source=str(report_path))
-    if not report.variants:
-        raise UsageError(f"{report_path}: no shipped variants to package")
-    unvalidated = [v.id for v in report.variants if v.validation != "numeric"]
-    if unvalidated and not allow_unvalidated:
-        raise UsageError(
-            f"{report_path}: variant(s) {', '.join(unvalidated)} were never run (no numerical validation on the "
-            "converting host); package them only with --allow-unvalidated (they ship off the governor's ladder)"
-        )
+    report = _read_report(root, allow_unvalidated)
     signer = _as_publisher_key(publisher_key)
     device_keys = _as_recipients(recipients)
     group_keys = _as_recipients(group_recipients)
@@ -251,13 +240,7 @@ def package_bundle(
     )
     if expiry is not None and expiry <= created:
         raise UsageError(f"expiry {expiry.isoformat()} is not in the future")
-
-    payloads = [_PlainPayload(f"{v.id}.enc", _collect_files(root, v)) for v in report.variants]
-    if report.golden:
-        golden_path = _inside(root, report.golden, what="golden set")
-        if not golden_path.is_file():
-            raise UsageError(f"golden set {golden_path} is not a regular file")
-        payloads.append(_PlainPayload("golden.npz.enc", [_SourceFile("golden.npz", golden_path)]))
+    payloads = _plain_payloads(root, report)
 
     content_key = new_content_key()
     slots: list[KeySlot] = [wrap_content_key(content_key, k, kind="device") for k in device_keys]
@@ -268,27 +251,10 @@ def package_bundle(
     spool_path = out_path.with_name(f".{out_path.name}.payloads.tmp")
     partial_path = out_path.with_name(f".{out_path.name}.partial")
     try:
-        sealed: list[_SealedPayload] = []
-        offset = 0
-        with open(spool_path, "wb") as spool:
-            for payload in payloads:
-                sealed.append(_encrypt_payload(payload, content_key, segment_size, spool, offset))
-                offset += sealed[-1].location.length
+        sealed = _seal_into_spool(payloads, content_key, segment_size, spool_path)
         shipped_sealed = zip(report.variants, sealed[: len(report.variants)], strict=True)  # golden comes last
         variants = [_variant_entry(shipped, done) for shipped, done in shipped_sealed]
-        golden = None
-        if report.golden:
-            done = sealed[-1]
-            golden = Golden(
-                payload=done.location.name,
-                sha256=done.sha256,
-                size=done.size,
-                encrypted_size=done.location.length,
-                encrypted_sha256=done.encrypted_sha256,
-                metric=report.metric,
-                gate=report.gate,
-            )
-        locations = [done.location for done in sealed]
+        golden = _golden_entry(report, sealed[-1]) if report.golden else None
         try:
             manifest = BundleManifest(
                 model=model_info,
@@ -301,31 +267,98 @@ def package_bundle(
                 downgrade=downgrade,
                 pipeline=pipeline,
                 reference=_reference_profile(root),
-                encryption=BundleEncryption(segment_size=segment_size, key_slots=slots, payloads=locations),
+                encryption=BundleEncryption(
+                    segment_size=segment_size, key_slots=slots, payloads=[done.location for done in sealed]
+                ),
             )
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise SchemaError(f"cannot build the bundle manifest: {_first_line(exc)}") from exc
-        manifest_bytes = manifest.model_dump_json(exclude_none=True).encode()
-        if len(manifest_bytes) > MAX_MANIFEST_BYTES:
-            raise UsageError(
-                f"manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES} (too many recipients?)"
-            )
-        header = pack_header(
-            manifest_length=len(manifest_bytes),
-            publisher_key_id=key_id_bytes(signer.public_key()),
-            payload_area_length=offset,
-        )
-        signature = signer.sign(signed_message(header, manifest_bytes))
-        with open(partial_path, "wb") as target, open(spool_path, "rb") as spool:
-            target.write(header + manifest_bytes + signature)
-            shutil.copyfileobj(spool, target, _READ_CHUNK)
-            target.flush()
-            os.fsync(target.fileno())
+        payload_area_length = sum(done.location.length for done in sealed)
+        _write_signed_bundle(manifest, signer, payload_area_length, spool_path, partial_path)
         os.replace(partial_path, out_path)
     finally:
         for leftover in (spool_path, partial_path):
             leftover.unlink(missing_ok=True)
     return out_path
+
+
+def _read_report(root: Path, allow_unvalidated: bool) -> ConversionReport:
+    """The convert dir's report, refused when it ships nothing or (without
+    ``allow_unvalidated``) a variant that was never run."""
+    report_path = root / "report.json"
+    if not report_path.is_file():
+        raise UsageError(f"{root} is not a convert output dir (no report.json)")
+    report = ConversionReport.parse_json_clear(report_path.read_bytes(), source=str(report_path))
+    if not report.variants:
+        raise UsageError(f"{report_path}: no shipped variants to package")
+    unvalidated = [v.id for v in report.variants if v.validation != "numeric"]
+    if unvalidated and not allow_unvalidated:
+        raise UsageError(
+            f"{report_path}: variant(s) {', '.join(unvalidated)} were never run (no numerical validation on the "
+            "converting host); package them only with --allow-unvalidated (they ship off the governor's ladder)"
+        )
+    return report
+
+
+def _plain_payloads(root: Path, report: ConversionReport) -> list[_PlainPayload]:
+    """One payload per variant, then the golden set's (when the report has one)."""
+    payloads = [_PlainPayload(f"{v.id}.enc", _collect_files(root, v)) for v in report.variants]
+    if report.golden:
+        golden_path = _inside(root, report.golden, what="golden set")
+        if not golden_path.is_file():
+            raise UsageError(f"golden set {golden_path} is not a regular file")
+        payloads.append(_PlainPayload("golden.npz.enc", [_SourceFile("golden.npz", golden_path)]))
+    return payloads
+
+
+def _seal_into_spool(
+    payloads: list[_PlainPayload], content_key: bytes, segment_size: int, spool_path: Path
+) -> list[_SealedPayload]:
+    """Every payload encrypted into the spool, one after the other (ciphertext only on disk)."""
+    sealed: list[_SealedPayload] = []
+    offset = 0
+    with open(spool_path, "wb") as spool:
+        for payload in payloads:
+            sealed.append(_encrypt_payload(payload, content_key, segment_size, spool, offset))
+            offset += sealed[-1].location.length
+    return sealed
+
+
+def _golden_entry(report: ConversionReport, done: _SealedPayload) -> Golden:
+    return Golden(
+        payload=done.location.name,
+        sha256=done.sha256,
+        size=done.size,
+        encrypted_size=done.location.length,
+        encrypted_sha256=done.encrypted_sha256,
+        metric=report.metric,
+        gate=report.gate,
+    )
+
+
+def _write_signed_bundle(
+    manifest: BundleManifest,
+    signer: Ed25519PrivateKey,
+    payload_area_length: int,
+    spool_path: Path,
+    partial_path: Path,
+) -> None:
+    """Header, manifest and its signature, then the spooled payloads, written to
+    ``partial_path`` and synced to disk (the caller renames it into place)."""
+    manifest_bytes = manifest.model_dump_json(exclude_none=True).encode()
+    if len(manifest_bytes) > MAX_MANIFEST_BYTES:
+        raise UsageError(f"manifest is {len(manifest_bytes)} bytes, over {MAX_MANIFEST_BYTES} (too many recipients?)")
+    header = pack_header(
+        manifest_length=len(manifest_bytes),
+        publisher_key_id=key_id_bytes(signer.public_key()),
+        payload_area_length=payload_area_length,
+    )
+    signature = signer.sign(signed_message(header, manifest_bytes))
+    with open(partial_path, "wb") as target, open(spool_path, "rb") as spool:
+        target.write(header + manifest_bytes + signature)
+        shutil.copyfileobj(spool, target, _READ_CHUNK)
+        target.flush()
+        os.fsync(target.fileno())
 
 
 def _reference_profile(root: Path) -> ReferenceProfile | None:
