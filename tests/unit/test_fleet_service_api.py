@@ -225,3 +225,30 @@ def test_dashboard_pages_sign_in_and_refuse_viewer_and_forged_writes(api, tmp_pa
         ("viewer-person", "dashboard.login", "ok"),
     ]
     assert "no-model" not in client.get("/").text and "cdn" not in client.get("/").text.lower()
+
+
+def test_every_route_in_the_tables_enforces_the_role_and_names_the_action_it_declares(api) -> None:
+    """The route tables are the API's one declaration: every operator route the app serves is
+    in a table; each refuses a request without a token (401) and, where it needs more than a
+    viewer, a token of the role below (403, naming the table's action and role)."""
+    from edgesdk.fleet.service.rest.app import ROUTE_TABLES
+
+    client, keys, _engine, _store, _commands = api
+    declared = {(route.method, route.path): route for table in ROUTE_TABLES for route in table.routes}
+    served = {
+        (method, route.path)
+        for route in client.app.routes
+        if route.path.startswith(("/api/", "/metrics", "/healthz", "/artifacts/"))
+        for method in route.methods
+    }
+    assert served == set(declared)
+    below = {"operator": "viewer", "admin": "operator"}
+    for (method, path), route in declared.items():
+        if route.role is None:
+            continue
+        url = path.replace("{", "").replace("}", "")  # each path parameter filled with its own name
+        assert client.request(method, url).status_code == 401, (method, path)
+        if route.role in below:
+            refused = client.request(method, url, headers=_auth(keys[below[route.role]]))
+            assert refused.status_code == 403, (method, path, refused.text)
+            assert refused.json()["detail"].startswith(f"{route.action} needs the {route.role} role"), (method, path)

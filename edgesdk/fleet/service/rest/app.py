@@ -20,59 +20,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, is_dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from edgesdk.fleet.service import audit, tokens
+from edgesdk.fleet.service import audit
 from edgesdk.fleet.service.metrics import FleetMetrics
-from edgesdk.fleet.service.rest import problems
-from edgesdk.fleet.service.rest.admin import add_bundle_routes, add_enrollment_routes, add_operator_routes
-from edgesdk.fleet.service.rest.deployments import add_deployment_routes
-from edgesdk.fleet.service.rest.devices import add_device_routes
-from edgesdk.fleet.service.rest.routing import documented
+from edgesdk.fleet.service.rest import admin, deployments, devices, problems, targeting, webhooks
+from edgesdk.fleet.service.rest.context import ApiContext, RolloutCommands, api_context
+from edgesdk.fleet.service.rest.routing import Route, RouteTable, add_routes
 from edgesdk.fleet.service.rest.schemas import Health
-from edgesdk.fleet.service.rest.targeting import add_targeting_routes
-from edgesdk.fleet.service.store import SqlRolloutStore
+
+__all__ = ["ApiContext", "RolloutCommands", "create_app", "create_metrics_app"]
 
 log = logging.getLogger(__name__)
-
-
-class RolloutCommands(Protocol):
-    """What the API asks of the rollout controller (it signs and publishes)."""
-
-    def abort(self, deployment_id: str, reason: str = ..., *, ttl_s: float | None = None) -> None: ...
-    def rollback(self, deployment_id: str, reason: str = ..., *, ttl_s: float | None = None) -> int: ...
-
-
-@dataclass(frozen=True)
-class ApiContext:
-    engine: Any
-    store: SqlRolloutStore
-    commands: RolloutCommands
-    data_dir: Path
-    registry_path: Path | None = None
-    max_bundle_bytes: int = 2 << 30
-    #: The file of a bundle a running rollout serves, by sha256 (``/artifacts/<sha256>.edgepkg``).
-    artifacts: Callable[[str], Path | None] | None = None
-    #: Where operators reach the dashboard (``--public-url``); https makes its cookies ``Secure``.
-    public_url: str | None = None
-    #: The broker's device password file (``broker_credentials``): a decommissioned device's
-    #: line is removed from it. None: the service issues no broker passwords.
-    device_passwords: Path | None = None
-    #: The service's broker connection (``FleetService.broker_status``): ``/healthz``, the
-    #: dashboard's banner and its "unknown since" presence read it; None: not known (no banner).
-    broker_status: Callable[[], Any] | None = None
-
-
-_bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
-
-MISSING_TOKEN = "no operator token: send Authorization: Bearer <token> (edgesdk fleet serve token create)"
 
 
 def create_app(context: ApiContext) -> FastAPI:
@@ -85,64 +49,63 @@ def create_app(context: ApiContext) -> FastAPI:
         description="Devices, their history, staged rollouts, enrollment and bundles of one edgesdk fleet. "
         "Errors are RFC 9457 application/problem+json; lists are pages (limit, offset) with a total.",
     )
-    from edgesdk.fleet.service.dashboard import SCRIPTS
+    from edgesdk.fleet.service.dashboard import SCRIPTS, add_dashboard
     from edgesdk.fleet.service.web_security import SecurityHeaders, content_security_policy
 
     app.add_middleware(SecurityHeaders, policy=content_security_policy(SCRIPTS))
     engine = context.engine
     problems.install(app, lambda request, status, detail: _audit_refusal(engine, request, status, detail))
-
-    def who(needed: tokens.Role, action: str) -> Any:
-        """A dependency: the operator behind the token; 401 (missing or bad token, each its own
-        message) or 403 otherwise. Refused writes reach the audit log through the error handler."""
-
-        def dependency(
-            request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
-        ) -> tokens.Operator:
-            request.state.action = action
-            if credentials is None:
-                raise HTTPException(401, MISSING_TOKEN, headers={"WWW-Authenticate": "Bearer"})
-            operator, why = tokens.identify(engine, credentials.credentials)
-            if operator is None:
-                raise HTTPException(401, why, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
-            request.state.operator = operator
-            if not tokens.allows(operator.role, needed):
-                raise HTTPException(
-                    403, f"{action} needs the {needed} role; token {operator.token_id} is {operator.role}"
-                )
-            return operator
-
-        return dependency
-
-    add_device_routes(app, context, who)
-    add_deployment_routes(app, context, who)
-    add_bundle_routes(app, context, who)
-    add_enrollment_routes(app, context, who)
-    add_operator_routes(app, context, who)
-    add_targeting_routes(app, context, who)
-
-    metrics = FleetMetrics(engine, broker_status=context.broker_status)
-
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["monitoring"], responses=documented(401, 403))
-    def prometheus_metrics(_op: tokens.Operator = Depends(who("viewer", "metrics.read"))) -> PlainTextResponse:
-        """The fleet for Prometheus, with a viewer token (every device id is on the page); or with
-        none on a listener of its own (``fleet serve --metrics-listen``)."""
-        return PlainTextResponse(metrics.render(), media_type=METRICS_MEDIA_TYPE)
-
-    @app.get("/healthz", response_model=Health, tags=["monitoring"], responses={503: {"model": Health}})
-    def healthz() -> JSONResponse:
-        """No token: for load balancers and probes. 200 ``ok`` while the service holds its broker
-        connection, 503 ``degraded`` while it has lost it."""
-        broker = _broker_state(context)
-        healthy = broker.get("connected") is not False
-        return JSONResponse(
-            {"status": "ok" if healthy else "degraded", "broker": broker}, status_code=200 if healthy else 503
-        )
-
-    from edgesdk.fleet.service.dashboard import add_dashboard
-
+    app.state.api_context = context
+    app.state.fleet_metrics = FleetMetrics(engine, broker_status=context.broker_status)
+    webhooks.start_notifier(app, context)
+    for table in ROUTE_TABLES:
+        add_routes(app, table)
     add_dashboard(app, context)
     return app
+
+
+def prometheus_metrics(request: Request) -> PlainTextResponse:
+    """The fleet for Prometheus, with a viewer token (every device id is on the page); or with
+    none on a listener of its own (``fleet serve --metrics-listen``)."""
+    return PlainTextResponse(request.app.state.fleet_metrics.render(), media_type=METRICS_MEDIA_TYPE)
+
+
+def healthz(context: ApiContext = Depends(api_context)) -> JSONResponse:
+    """No token: for load balancers and probes. 200 ``ok`` while the service holds its broker
+    connection, 503 ``degraded`` while it has lost it."""
+    broker = _broker_state(context)
+    healthy = broker.get("connected") is not False
+    return JSONResponse(
+        {"status": "ok" if healthy else "degraded", "broker": broker}, status_code=200 if healthy else 503
+    )
+
+
+MONITORING_ROUTES = RouteTable(
+    "monitoring",
+    Route(
+        "GET",
+        "/metrics",
+        prometheus_metrics,
+        "viewer",
+        "metrics.read",
+        errors=(401, 403),
+        options={"response_class": PlainTextResponse},
+    ),
+    Route("GET", "/healthz", healthz, None, "", Health, responses={503: {"model": Health}}),
+)
+
+#: Every route of the API, part by part, in the order they are registered.
+ROUTE_TABLES = (
+    devices.ROUTES,
+    deployments.ROUTES,
+    deployments.ARTIFACT_ROUTES,
+    admin.BUNDLE_ROUTES,
+    admin.ENROLLMENT_ROUTES,
+    admin.OPERATOR_ROUTES,
+    targeting.ROUTES,
+    webhooks.ROUTES,
+    MONITORING_ROUTES,
+)
 
 
 def _audit_refusal(engine: Any, request: Request, status: int, detail: str) -> None:

@@ -5,10 +5,10 @@ the security events; and ``/artifacts``, the bundles of running rollouts for dev
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, HTTPException, Query
 from fastapi.responses import FileResponse
 
 from edgesdk.errors import UsageError
@@ -16,13 +16,15 @@ from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.rollout import RolloutPlan
 from edgesdk.fleet.service import bundles, refusals, schema, tokens
 from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.context import ApiContext, api_context, signed_in
 from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
     Paging,
+    Route,
+    RouteTable,
     audited_call,
-    documented,
     paging,
 )
 from edgesdk.fleet.service.rest.schemas import (
@@ -40,177 +42,192 @@ from edgesdk.fleet.service.store import SqlRolloutStore
 from edgesdk.fleet.service.submit import submit_deployment
 from edgesdk.schemas.messages import HealthCriteria
 
-if TYPE_CHECKING:
-    from edgesdk.fleet.service.rest.app import ApiContext
+
+def list_deployments(
+    state: RolloutState | None = None,
+    page: Paging = Depends(paging),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """Newest first."""
+    rows, total = context.store.newest_page(limit=page.limit, offset=page.offset, state=state)
+    return page.page([_summary(context.store, row.id) for row in rows], total, sliced=True)
 
 
-def add_deployment_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+def get_deployment(deployment_id: str, context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    _known_deployment(context.store, deployment_id)
+    return _detail(context.engine, context.store, deployment_id)
+
+
+def security_events(
+    device_id: str | None = Query(None, max_length=64),
+    deployment_id: str | None = Query(None, max_length=64),
+    page: Paging = Depends(paging),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """Device refusals of commands this service did not issue to them, newest first."""
+    engine = context.engine
+    newest = refusals.recent(engine, deployment_id=deployment_id, device_id=device_id, limit=page.offset + page.limit)
+    table = schema.security_events
+    count = sa.select(sa.func.count()).select_from(table)
+    if deployment_id is not None:
+        count = count.where(table.c.deployment_id == deployment_id)
+    if device_id is not None:
+        count = count.where(table.c.device_id == device_id)
+    with Transaction(engine) as db:
+        total = int(db.execute(count).scalar_one())
+    return page.page(newest[page.offset :], total, sliced=True)
+
+
+def create_deployment(
+    body: DeploymentCreate,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """409 for a deployment id already taken; 422 naming every target device the service has
+    never seen (a rollout to them could never finish); 404 for an unknown bundle."""
     engine, store = context.engine, context.store
+    bundle = bundles.find_bundle(engine, body.bundle_id)
+    if bundle is None:
+        raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
+    if body.deployment_id is not None and store.find(body.deployment_id) is not None:
+        raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
+    devices = _target_devices(engine, body)
 
-    @app.get(
-        "/api/v1/deployments",
-        response_model=Page[DeploymentSummary],
-        tags=["deployments"],
-        responses=documented(*READ_ERRORS),
-    )
-    def list_deployments(
-        state: RolloutState | None = None,
-        page: Paging = Depends(paging),
-        _op: tokens.Operator = Depends(who("viewer", "deployments.read")),
-    ) -> dict[str, Any]:
-        """Newest first."""
-        rows, total = store.newest_page(limit=page.limit, offset=page.offset, state=state)
-        return page.page([_summary(store, row.id) for row in rows], total, sliced=True)
-
-    @app.get(
-        "/api/v1/deployments/{deployment_id}",
-        response_model=DeploymentDetail,
-        tags=["deployments"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def get_deployment(
-        deployment_id: str, _op: tokens.Operator = Depends(who("viewer", "deployments.read"))
-    ) -> dict[str, Any]:
-        _known_deployment(store, deployment_id)
-        return _detail(engine, store, deployment_id)
-
-    @app.get(
-        "/api/v1/security-events",
-        response_model=Page[SecurityEvent],
-        tags=["deployments"],
-        responses=documented(*READ_ERRORS),
-    )
-    def security_events(
-        device_id: str | None = Query(None, max_length=64),
-        deployment_id: str | None = Query(None, max_length=64),
-        page: Paging = Depends(paging),
-        _op: tokens.Operator = Depends(who("viewer", "security_events.read")),
-    ) -> dict[str, Any]:
-        """Device refusals of commands this service did not issue to them, newest first."""
-        newest = refusals.recent(
-            engine, deployment_id=deployment_id, device_id=device_id, limit=page.offset + page.limit
+    def work() -> Any:
+        return submit_deployment(
+            store,
+            Path(bundle["path"]),
+            _plan(body),
+            devices=devices,
+            group=body.group,
+            deployment_id=body.deployment_id,
+            health=_health(body),
+            chunk_size=body.chunk_size,
+            artifact_urls=body.artifact_urls,
+            mqtt_fallback=body.mqtt_fallback,
         )
-        table = schema.security_events
-        count = sa.select(sa.func.count()).select_from(table)
-        if deployment_id is not None:
-            count = count.where(table.c.deployment_id == deployment_id)
-        if device_id is not None:
-            count = count.where(table.c.device_id == device_id)
-        with Transaction(engine) as db:
-            total = int(db.execute(count).scalar_one())
-        return page.page(newest[page.offset :], total, sliced=True)
 
-    @app.post(
-        "/api/v1/deployments",
-        status_code=201,
-        response_model=DeploymentSummary,
-        tags=["deployments"],
-        responses=documented(*WRITE_ERRORS),
+    target = body.deployment_id or ""
+    message = audited_call(engine, operator, "deployment.create", target, work, **body.model_dump())
+    return _summary(store, message.deployment_id)
+
+
+def abort_deployment(
+    deployment_id: str,
+    body: CommandOptions | None = None,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """409 when the deployment already ended."""
+    return _command(context, deployment_id, body, operator, "deployment.abort")
+
+
+def rollback_deployment(
+    deployment_id: str,
+    body: CommandOptions | None = None,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    return _command(context, deployment_id, body, operator, "deployment.rollback")
+
+
+def artifact(name: str, context: ApiContext = Depends(api_context)) -> FileResponse:
+    """A bundle of a running rollout, with Range (devices resume with it). No token: devices
+    have none, the bundle is encrypted to its devices, and they trust the signed hash, not
+    this server; only bundles of rollouts in progress are served, by their sha256."""
+    sha, _, suffix = name.partition(".")
+    path = context.artifacts(sha) if context.artifacts is not None and suffix == "edgepkg" else None
+    if path is None or not path.is_file():
+        raise HTTPException(404, f"no bundle {name!r} is being rolled out here")
+    return FileResponse(path, media_type="application/octet-stream", filename=f"{sha}.edgepkg")
+
+
+_ALL = "/api/v1/deployments"
+_ONE = "/api/v1/deployments/{deployment_id}"
+
+ROUTES = RouteTable(
+    "deployments",
+    Route("GET", _ALL, list_deployments, "viewer", "deployments.read", Page[DeploymentSummary], READ_ERRORS),
+    Route("GET", _ONE, get_deployment, "viewer", "deployments.read", DeploymentDetail, ONE_ERRORS),
+    Route(
+        "GET",
+        "/api/v1/security-events",
+        security_events,
+        "viewer",
+        "security_events.read",
+        Page[SecurityEvent],
+        READ_ERRORS,
+    ),
+    Route(
+        "POST", _ALL, create_deployment, "operator", "deployment.create", DeploymentSummary, WRITE_ERRORS, status=201
+    ),
+    Route("POST", _ONE + "/abort", abort_deployment, "operator", "deployment.abort", DeploymentSummary, WRITE_ERRORS),
+    Route(
+        "POST",
+        _ONE + "/rollback",
+        rollback_deployment,
+        "operator",
+        "deployment.rollback",
+        DeploymentSummary,
+        WRITE_ERRORS,
+    ),
+)
+
+#: No token: devices fetch the bundles of running rollouts. GET and HEAD registered apart: one
+#: route with both gives the OpenAPI document two operations with the same id (FastAPI warns;
+#: schema-driven clients need them unique).
+ARTIFACT_ROUTES = RouteTable(
+    "artifacts",
+    Route("GET", "/artifacts/{name}", artifact, None, "", errors=(404,), options={"operation_id": "artifact_get"}),
+    Route("HEAD", "/artifacts/{name}", artifact, None, "", errors=(404,), options={"operation_id": "artifact_head"}),
+)
+
+
+def _command(
+    context: ApiContext, deployment_id: str, body: CommandOptions | None, operator: tokens.Operator, action: str
+) -> dict[str, Any]:
+    """Abort or roll back: the controller signs and publishes; 409 aborting what already ended."""
+    row = _known_deployment(context.store, deployment_id)
+    options = body or CommandOptions()
+    if action == "deployment.abort" and row.state in FINISHED_ROLLOUT_STATES:
+        raise HTTPException(409, f"deployment {deployment_id!r} already ended {row.state}")
+    reason = options.reason or f"{action.split('.')[1]} by {operator.name}"
+
+    def work() -> Any:
+        if action == "deployment.abort":
+            context.commands.abort(deployment_id, reason, ttl_s=options.expires_s)
+            return None
+        return context.commands.rollback(deployment_id, reason, ttl_s=options.expires_s)
+
+    asked = audited_call(context.engine, operator, action, deployment_id, work, reason=reason)
+    summary = _summary(context.store, deployment_id)
+    if asked is not None:
+        summary["asked"] = asked
+    return summary
+
+
+def _target_devices(engine: Any, body: DeploymentCreate) -> list[str] | None:
+    """The devices the body names (its list, or what its filter selects now), each known to
+    the service; None for a group, which must be one some known device announced."""
+    devices = body.devices if body.group is None else None
+    if body.target_filter is not None or body.where is not None:
+        devices = resolve_target(engine, body.target_filter, body.where)
+    if devices is not None:
+        _refuse_unknown_devices(engine, devices)
+    else:
+        _refuse_unknown_group(engine, body.group or "")
+    return devices
+
+
+def _health(body: DeploymentCreate) -> HealthCriteria:
+    return HealthCriteria(
+        probation_s=body.probation_s,
+        p95_latency_ms=body.p95_ms,
+        max_error_rate=body.max_error_rate,
+        min_agreement=body.min_agreement,
+        shadow_rate=body.shadow_rate,
+        shadow_s=body.shadow_s,
     )
-    def create_deployment(
-        body: DeploymentCreate, operator: tokens.Operator = Depends(who("operator", "deployment.create"))
-    ) -> dict[str, Any]:
-        """409 for a deployment id already taken; 422 naming every target device the service has
-        never seen (a rollout to them could never finish); 404 for an unknown bundle."""
-        bundle = bundles.find_bundle(engine, body.bundle_id)
-        if bundle is None:
-            raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
-        if body.deployment_id is not None and store.find(body.deployment_id) is not None:
-            raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
-        devices = body.devices if body.group is None else None
-        if body.target_filter is not None or body.where is not None:
-            devices = resolve_target(engine, body.target_filter, body.where)
-        if devices is not None:
-            _refuse_unknown_devices(engine, devices)
-        else:
-            _refuse_unknown_group(engine, body.group or "")
-
-        def work() -> Any:
-            return submit_deployment(
-                store,
-                Path(bundle["path"]),
-                _plan(body),
-                devices=devices,
-                group=body.group,
-                deployment_id=body.deployment_id,
-                health=HealthCriteria(
-                    probation_s=body.probation_s,
-                    p95_latency_ms=body.p95_ms,
-                    max_error_rate=body.max_error_rate,
-                    min_agreement=body.min_agreement,
-                    shadow_rate=body.shadow_rate,
-                    shadow_s=body.shadow_s,
-                ),
-                chunk_size=body.chunk_size,
-                artifact_urls=body.artifact_urls,
-                mqtt_fallback=body.mqtt_fallback,
-            )
-
-        target = body.deployment_id or ""
-        message = audited_call(engine, operator, "deployment.create", target, work, **body.model_dump())
-        return _summary(store, message.deployment_id)
-
-    def command(
-        deployment_id: str, body: CommandOptions | None, operator: tokens.Operator, action: str
-    ) -> dict[str, Any]:
-        row = _known_deployment(store, deployment_id)
-        options = body or CommandOptions()
-        if action == "deployment.abort" and row.state in FINISHED_ROLLOUT_STATES:
-            raise HTTPException(409, f"deployment {deployment_id!r} already ended {row.state}")
-        reason = options.reason or f"{action.split('.')[1]} by {operator.name}"
-
-        def work() -> Any:
-            if action == "deployment.abort":
-                context.commands.abort(deployment_id, reason, ttl_s=options.expires_s)
-                return None
-            return context.commands.rollback(deployment_id, reason, ttl_s=options.expires_s)
-
-        asked = audited_call(engine, operator, action, deployment_id, work, reason=reason)
-        summary = _summary(store, deployment_id)
-        if asked is not None:
-            summary["asked"] = asked
-        return summary
-
-    @app.post(
-        "/api/v1/deployments/{deployment_id}/abort",
-        response_model=DeploymentSummary,
-        tags=["deployments"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def abort_deployment(
-        deployment_id: str,
-        body: CommandOptions | None = None,
-        operator: tokens.Operator = Depends(who("operator", "deployment.abort")),
-    ) -> dict[str, Any]:
-        """409 when the deployment already ended."""
-        return command(deployment_id, body, operator, "deployment.abort")
-
-    @app.post(
-        "/api/v1/deployments/{deployment_id}/rollback",
-        response_model=DeploymentSummary,
-        tags=["deployments"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def rollback_deployment(
-        deployment_id: str,
-        body: CommandOptions | None = None,
-        operator: tokens.Operator = Depends(who("operator", "deployment.rollback")),
-    ) -> dict[str, Any]:
-        return command(deployment_id, body, operator, "deployment.rollback")
-
-    # GET and HEAD registered apart: one api_route with both gives the OpenAPI document two
-    # operations with the same id (FastAPI warns; schema-driven clients need them unique).
-    @app.head("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_head", responses=documented(404))
-    @app.get("/artifacts/{name}", tags=["artifacts"], operation_id="artifact_get", responses=documented(404))
-    def artifact(name: str) -> FileResponse:
-        """A bundle of a running rollout, with Range (devices resume with it). No token: devices
-        have none, the bundle is encrypted to its devices, and they trust the signed hash, not
-        this server; only bundles of rollouts in progress are served, by their sha256."""
-        sha, _, suffix = name.partition(".")
-        path = context.artifacts(sha) if context.artifacts is not None and suffix == "edgepkg" else None
-        if path is None or not path.is_file():
-            raise HTTPException(404, f"no bundle {name!r} is being rolled out here")
-        return FileResponse(path, media_type="application/octet-stream", filename=f"{sha}.edgepkg")
 
 
 def _plan(body: DeploymentCreate) -> RolloutPlan:

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException, Query, Response
+from fastapi import Depends, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 
 from edgesdk.fleet.service import alerts, captures, quality, schema, tokens
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
+from edgesdk.fleet.service.rest.context import ApiContext, api_context, signed_in
 from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
     Paging,
+    Route,
+    RouteTable,
     audited_call,
     documented,
     paging,
@@ -34,136 +37,100 @@ from edgesdk.fleet.service.rest.schemas import (
     Page,
 )
 
-if TYPE_CHECKING:
-    from edgesdk.fleet.service.rest.app import ApiContext
+
+def list_devices(
+    group: str | None = Query(None, max_length=128),
+    model: str | None = Query(None, max_length=128),
+    version: str | None = Query(None, max_length=64),
+    state: DeviceState | None = Query(None, description="online, offline, or the OTA state last reported"),
+    page: Paging = Depends(paging),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    rows = _devices(context.engine, group=group, model=model, version=version, state=state)
+    shown = rows[page.offset : page.offset + page.limit]
+    latest = _latest_telemetry(context.engine, [r.device_id for r in shown])
+    broker = _broker(context)
+    return page.page([_device(r, latest.get(r.device_id), broker) for r in shown], len(rows), sliced=True)
 
 
-def add_device_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
-    engine = context.engine
+def get_device(device_id: str, context: ApiContext = Depends(api_context)) -> Device:
+    row = _known_device(context.engine, device_id)
+    return _device(row, _latest_telemetry(context.engine, [device_id]).get(device_id), _broker(context))
 
-    @app.get("/api/v1/devices", response_model=Page[Device], tags=["devices"], responses=documented(*READ_ERRORS))
-    def list_devices(
-        group: str | None = Query(None, max_length=128),
-        model: str | None = Query(None, max_length=128),
-        version: str | None = Query(None, max_length=64),
-        state: DeviceState | None = Query(None, description="online, offline, or the OTA state last reported"),
-        page: Paging = Depends(paging),
-        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
-    ) -> dict[str, Any]:
-        rows = _devices(engine, group=group, model=model, version=version, state=state)
-        shown = rows[page.offset : page.offset + page.limit]
-        latest = _latest_telemetry(engine, [r.device_id for r in shown])
-        broker = _broker(context)
-        return page.page([_device(r, latest.get(r.device_id), broker) for r in shown], len(rows), sliced=True)
 
-    @app.get("/api/v1/devices/{device_id}", response_model=Device, tags=["devices"], responses=documented(*ONE_ERRORS))
-    def get_device(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> Device:
-        row = _known_device(engine, device_id)
-        return _device(row, _latest_telemetry(engine, [device_id]).get(device_id), _broker(context))
-
-    @app.delete(
-        "/api/v1/devices/{device_id}",
-        response_model=Decommissioned,
-        tags=["devices"],
-        responses=documented(*WRITE_ERRORS),
+def decommission_device(
+    device_id: str,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """Decommission: the device's broker password is removed (the broker refuses it from its
+    next reload), its enrollment revoked (no key slot in bundles packaged from now on), and
+    it leaves the device list (its history stays until retention removes it)."""
+    _known_device(context.engine, device_id)
+    return audited_call(
+        context.engine, operator, "device.decommission", device_id, lambda: _decommission(context, device_id)
     )
-    def decommission_device(
-        device_id: str, operator: tokens.Operator = Depends(who("admin", "device.decommission"))
-    ) -> dict[str, Any]:
-        """Decommission: the device's broker password is removed (the broker refuses it from its
-        next reload), its enrollment revoked (no key slot in bundles packaged from now on), and
-        it leaves the device list (its history stays until retention removes it)."""
-        _known_device(engine, device_id)
-        return audited_call(
-            engine, operator, "device.decommission", device_id, lambda: _decommission(context, device_id)
-        )
 
-    @app.get(
-        "/api/v1/devices/{device_id}/history",
-        response_model=DeviceHistory,
-        tags=["devices"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def device_history(
-        device_id: str,
-        hours: float = Query(24.0, gt=0, le=24 * 366),
-        resolution: Literal["auto", "raw", "minute"] = "auto",
-        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
-    ) -> dict[str, Any]:
-        _known_device(engine, device_id)
-        return _history(engine, device_id, hours, resolution)
 
-    @app.get(
-        "/api/v1/devices/{device_id}/quality",
-        response_model=DeviceQuality,
-        tags=["devices"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def device_quality(
-        device_id: str,
-        model: str | None = Query(None, max_length=128, description="one model's reports (default: every model)"),
-        since: float | None = Query(None, ge=0, le=1e10, description="Unix time (default: the last 24 h)"),
-        _op: tokens.Operator = Depends(who("viewer", "devices.read")),
-    ) -> dict[str, Any]:
-        """The drift scores and data-quality counts in the device's telemetry, per model and
-        report, oldest first (at most the newest 5,000): PSI and Jensen-Shannon distance per input
-        and output tensor against the bundle's reference profile, requests refused for NaN/Inf,
-        out of the reference's range, constant; during probation, the shadow agreement per output."""
-        _known_device(engine, device_id)
-        start = since if since is not None else time.time() - 86400
-        rows = quality.device_quality(engine, device_id, since=start, model=model)
-        return {"device_id": device_id, "reports": [_quality_report(r) for r in rows]}
+def device_history(
+    device_id: str,
+    hours: float = Query(24.0, gt=0, le=24 * 366),
+    resolution: Literal["auto", "raw", "minute"] = "auto",
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    _known_device(context.engine, device_id)
+    return _history(context.engine, device_id, hours, resolution)
 
-    @app.get(
-        "/api/v1/devices/{device_id}/captures",
-        response_model=DeviceCaptures,
-        tags=["devices"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def device_captures(
-        device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))
-    ) -> dict[str, Any]:
-        """The capture files the device uploaded, newest first (at most 1,000), without their bytes:
-        each is sealed to the operator's capture key, which the service does not hold."""
-        _known_device(engine, device_id)
-        return {"device_id": device_id, "captures": captures.list_captures(engine, device_id)}
 
-    @app.get(
-        "/api/v1/captures/{capture_id}",
-        tags=["devices"],
-        response_class=Response,
-        responses={200: SEALED_FILE, **documented(*ONE_ERRORS)},
-    )
-    def download_capture(capture_id: int, _op: tokens.Operator = Depends(who("operator", "captures.read"))) -> Response:
-        """One capture file as the device sealed it (``edgesdk capture decrypt`` opens it)."""
-        found = captures.read_capture(engine, capture_id)
-        if found is None:
-            raise HTTPException(404, f"no capture {capture_id}")
-        name, data = found
-        disposition = f'attachment; filename="{name}"'
-        return Response(data, media_type="application/octet-stream", headers={"Content-Disposition": disposition})
+def device_quality(
+    device_id: str,
+    model: str | None = Query(None, max_length=128, description="one model's reports (default: every model)"),
+    since: float | None = Query(None, ge=0, le=1e10, description="Unix time (default: the last 24 h)"),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """The drift scores and data-quality counts in the device's telemetry, per model and
+    report, oldest first (at most the newest 5,000): PSI and Jensen-Shannon distance per input
+    and output tensor against the bundle's reference profile, requests refused for NaN/Inf,
+    out of the reference's range, constant; during probation, the shadow agreement per output."""
+    _known_device(context.engine, device_id)
+    start = since if since is not None else time.time() - 86400
+    rows = quality.device_quality(context.engine, device_id, since=start, model=model)
+    return {"device_id": device_id, "reports": [_quality_report(r) for r in rows]}
 
-    @app.get("/api/v1/groups", response_model=Page[Group], tags=["devices"], responses=documented(*READ_ERRORS))
-    def list_groups(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
-    ) -> dict[str, Any]:
-        """Every group a device announced, with how many devices are in it and online."""
-        counts: dict[str, list[int]] = {}
-        for row in _devices(engine):
-            for group in json.loads(row.groups or "[]"):
-                count = counts.setdefault(group, [0, 0])
-                count[0] += 1
-                count[1] += 1 if row.online else 0
-        groups = [{"group": g, "devices": n, "online": on} for g, (n, on) in sorted(counts.items())]
-        return page.page(groups)
 
-    @app.get("/api/v1/alerts", response_model=Page[Alert], tags=["devices"], responses=documented(*READ_ERRORS))
-    def list_alerts(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "alerts.read"))
-    ) -> dict[str, Any]:
-        """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
-        broker = context.broker_status() if context.broker_status is not None else None
-        return page.page(alerts.current_alerts(engine, context.store, broker))
+def device_captures(device_id: str, context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    """The capture files the device uploaded, newest first (at most 1,000), without their bytes:
+    each is sealed to the operator's capture key, which the service does not hold."""
+    _known_device(context.engine, device_id)
+    return {"device_id": device_id, "captures": captures.list_captures(context.engine, device_id)}
+
+
+def download_capture(capture_id: int, context: ApiContext = Depends(api_context)) -> Response:
+    """One capture file as the device sealed it (``edgesdk capture decrypt`` opens it)."""
+    found = captures.read_capture(context.engine, capture_id)
+    if found is None:
+        raise HTTPException(404, f"no capture {capture_id}")
+    name, data = found
+    disposition = f'attachment; filename="{name}"'
+    return Response(data, media_type="application/octet-stream", headers={"Content-Disposition": disposition})
+
+
+def list_groups(page: Paging = Depends(paging), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    """Every group a device announced, with how many devices are in it and online."""
+    counts: dict[str, list[int]] = {}
+    for row in _devices(context.engine):
+        for group in json.loads(row.groups or "[]"):
+            count = counts.setdefault(group, [0, 0])
+            count[0] += 1
+            count[1] += 1 if row.online else 0
+    groups = [{"group": g, "devices": n, "online": on} for g, (n, on) in sorted(counts.items())]
+    return page.page(groups)
+
+
+def list_alerts(page: Paging = Depends(paging), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    """The alerts the dashboard shows now (offline, heat, aborted rollouts, refused messages)."""
+    broker = context.broker_status() if context.broker_status is not None else None
+    return page.page(alerts.current_alerts(context.engine, context.store, broker))
 
 
 class DriftFigures(BaseModel):
@@ -223,6 +190,30 @@ class CaptureEntry(BaseModel):
 class DeviceCaptures(BaseModel):
     device_id: str
     captures: list[CaptureEntry]
+
+
+_DEVICE = "/api/v1/devices/{device_id}"
+
+ROUTES = RouteTable(
+    "devices",
+    Route("GET", "/api/v1/devices", list_devices, "viewer", "devices.read", Page[Device], READ_ERRORS),
+    Route("GET", _DEVICE, get_device, "viewer", "devices.read", Device, ONE_ERRORS),
+    Route("DELETE", _DEVICE, decommission_device, "admin", "device.decommission", Decommissioned, WRITE_ERRORS),
+    Route("GET", _DEVICE + "/history", device_history, "viewer", "devices.read", DeviceHistory, ONE_ERRORS),
+    Route("GET", _DEVICE + "/quality", device_quality, "viewer", "devices.read", DeviceQuality, ONE_ERRORS),
+    Route("GET", _DEVICE + "/captures", device_captures, "viewer", "devices.read", DeviceCaptures, ONE_ERRORS),
+    Route(
+        "GET",
+        "/api/v1/captures/{capture_id}",
+        download_capture,
+        "operator",
+        "captures.read",
+        responses={200: SEALED_FILE, **documented(*ONE_ERRORS)},
+        options={"response_class": Response},
+    ),
+    Route("GET", "/api/v1/groups", list_groups, "viewer", "devices.read", Page[Group], READ_ERRORS),
+    Route("GET", "/api/v1/alerts", list_alerts, "viewer", "alerts.read", Page[Alert], READ_ERRORS),
+)
 
 
 def _quality_report(row: quality.QualityRow) -> dict[str, Any]:

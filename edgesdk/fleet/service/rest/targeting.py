@@ -6,30 +6,28 @@ The webhooks' routes are in ``rest.webhooks``."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException, Path
+from fastapi import Depends, HTTPException, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet import schedule
 from edgesdk.fleet.service import schema, targeting, tokens
 from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.context import ApiContext, api_context, signed_in
 from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
     Paging,
+    Route,
+    RouteTable,
     audited_call,
-    documented,
     paging,
 )
 from edgesdk.fleet.service.rest.schemas import Page
-from edgesdk.fleet.service.rest.webhooks import add_webhook_routes
-
-if TYPE_CHECKING:
-    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 def _key() -> Any:
@@ -71,221 +69,183 @@ class GroupWindow(BaseModel):
     window_tz: str | None
 
 
-def add_targeting_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
-    _add_tag_routes(app, context, who)
-    _add_filter_routes(app, context, who)
-    _add_window_routes(app, context, who)
-    add_webhook_routes(app, context, who)
+def get_tags(device_id: str, context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    _known_device(context.engine, device_id)
+    return {"device_id": device_id, "tags": targeting.device_tags(context.engine, device_id)}
 
 
-def _add_tag_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+def put_tag(
+    device_id: str,
+    body: TagValue,
+    key: str = _key(),
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
     engine = context.engine
-
-    @app.get(
-        "/api/v1/devices/{device_id}/tags",
-        response_model=DeviceTags,
-        tags=["targeting"],
-        responses=documented(*ONE_ERRORS),
+    _known_device(engine, device_id)
+    audited_call(
+        engine,
+        operator,
+        "device.tag",
+        device_id,
+        lambda: targeting.set_tag(engine, device_id, key, body.value),
+        key=key,
+        value=body.value,
     )
-    def get_tags(device_id: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> dict[str, Any]:
-        _known_device(engine, device_id)
-        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
-
-    @app.put(
-        "/api/v1/devices/{device_id}/tags/{key}",
-        response_model=DeviceTags,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def put_tag(
-        device_id: str,
-        body: TagValue,
-        key: str = _key(),
-        operator: tokens.Operator = Depends(who("operator", "device.tag")),
-    ) -> dict[str, Any]:
-        _known_device(engine, device_id)
-        audited_call(
-            engine,
-            operator,
-            "device.tag",
-            device_id,
-            lambda: targeting.set_tag(engine, device_id, key, body.value),
-            key=key,
-            value=body.value,
-        )
-        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
-
-    @app.delete(
-        "/api/v1/devices/{device_id}/tags/{key}",
-        response_model=DeviceTags,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def delete_tag(
-        device_id: str, key: str = _key(), operator: tokens.Operator = Depends(who("operator", "device.untag"))
-    ) -> dict[str, Any]:
-        _known_device(engine, device_id)
-        if key not in targeting.device_tags(engine, device_id):
-            raise HTTPException(404, f"device {device_id!r} has no tag {key!r}")
-        audited_call(
-            engine, operator, "device.untag", device_id, lambda: targeting.delete_tag(engine, device_id, key), key=key
-        )
-        return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
+    return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
 
 
-def _add_filter_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
+def delete_tag(
+    device_id: str,
+    key: str = _key(),
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
     engine = context.engine
+    _known_device(engine, device_id)
+    if key not in targeting.device_tags(engine, device_id):
+        raise HTTPException(404, f"device {device_id!r} has no tag {key!r}")
+    audited_call(
+        engine, operator, "device.untag", device_id, lambda: targeting.delete_tag(engine, device_id, key), key=key
+    )
+    return {"device_id": device_id, "tags": targeting.device_tags(engine, device_id)}
+
+
+def list_filters(page: Paging = Depends(paging), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    table = schema.target_filters
+    with Transaction(context.engine) as db:
+        rows = db.execute(sa.select(table).order_by(table.c.name)).all()
+    return page.page([_filter(context.engine, r.name, r.query) for r in rows])
+
+
+def get_filter(name: str = _key(), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    return _filter(context.engine, name, _saved(context.engine, name))
+
+
+def put_filter(
+    body: TargetFilterBody,
+    name: str = _key(),
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """Save (or replace) a dynamic group; 422 naming the bad token of ``where``."""
+    try:
+        targeting.parse(body.where)
+    except targeting.TargetError as exc:
+        raise HTTPException(422, str(exc)) from None
     table = schema.target_filters
 
-    @app.get(
-        "/api/v1/target-filters",
-        response_model=Page[TargetFilter],
-        tags=["targeting"],
-        responses=documented(*READ_ERRORS),
-    )
-    def list_filters(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "target_filters.read"))
-    ) -> dict[str, Any]:
-        with Transaction(engine) as db:
-            rows = db.execute(sa.select(table).order_by(table.c.name)).all()
-        return page.page([_filter(engine, r.name, r.query) for r in rows])
+    def work() -> None:
+        with Transaction(context.engine) as db:
+            db.execute(table.delete().where(table.c.name == name))
+            db.execute(
+                table.insert().values(name=name, query=body.where, created=time.time(), created_by=operator.actor)
+            )
 
-    @app.get(
-        "/api/v1/target-filters/{name}",
-        response_model=TargetFilter,
-        tags=["targeting"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def get_filter(
-        name: str = _key(), _op: tokens.Operator = Depends(who("viewer", "target_filters.read"))
-    ) -> dict[str, Any]:
-        return _filter(engine, name, _saved(engine, name))
-
-    @app.put(
-        "/api/v1/target-filters/{name}",
-        response_model=TargetFilter,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def put_filter(
-        body: TargetFilterBody,
-        name: str = _key(),
-        operator: tokens.Operator = Depends(who("operator", "target_filter.save")),
-    ) -> dict[str, Any]:
-        """Save (or replace) a dynamic group; 422 naming the bad token of ``where``."""
-        try:
-            targeting.parse(body.where)
-        except targeting.TargetError as exc:
-            raise HTTPException(422, str(exc)) from None
-
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(table.delete().where(table.c.name == name))
-                db.execute(
-                    table.insert().values(name=name, query=body.where, created=time.time(), created_by=operator.actor)
-                )
-
-        audited_call(engine, operator, "target_filter.save", name, work, where=body.where)
-        return _filter(engine, name, body.where)
-
-    @app.delete(
-        "/api/v1/target-filters/{name}",
-        response_model=TargetFilter,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def delete_filter(
-        name: str = _key(), operator: tokens.Operator = Depends(who("operator", "target_filter.delete"))
-    ) -> dict[str, Any]:
-        """The filter as it was (rollouts made from it keep their devices)."""
-        removed = _filter(engine, name, _saved(engine, name))
-
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(table.delete().where(table.c.name == name))
-
-        audited_call(engine, operator, "target_filter.delete", name, work)
-        return removed
+    audited_call(context.engine, operator, "target_filter.save", name, work, where=body.where)
+    return _filter(context.engine, name, body.where)
 
 
-def _add_window_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
-    engine = context.engine
+def delete_filter(
+    name: str = _key(),
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """The filter as it was (rollouts made from it keep their devices)."""
+    removed = _filter(context.engine, name, _saved(context.engine, name))
+    table = schema.target_filters
+
+    def work() -> None:
+        with Transaction(context.engine) as db:
+            db.execute(table.delete().where(table.c.name == name))
+
+    audited_call(context.engine, operator, "target_filter.delete", name, work)
+    return removed
+
+
+def list_windows(page: Paging = Depends(paging), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    table = schema.maintenance_windows
+    with Transaction(context.engine) as db:
+        rows = db.execute(sa.select(table).order_by(table.c.group_name)).all()
+    return page.page([{"group": r.group_name, "window": r.window, "window_tz": r.window_tz} for r in rows])
+
+
+def get_window(group: str, context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    return _known_window(context.engine, group)
+
+
+def put_window(
+    group: str,
+    body: WindowBody,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """The window a rollout to ``group`` takes when it names none (read when the rollout is created)."""
+    try:
+        schedule.parse_window(body.window, option="window")
+        schedule.zone(body.window_tz, option="window_tz")
+    except UsageError as exc:
+        raise HTTPException(422, str(exc)) from None
     table = schema.maintenance_windows
 
-    def known(group: str) -> dict[str, Any]:
-        with Transaction(engine) as db:
-            row = db.execute(sa.select(table).where(table.c.group_name == group)).first()
-        if row is None:
-            raise HTTPException(404, f"group {group!r} has no maintenance window (PUT /api/v1/groups/{group}/window)")
-        return {"group": group, "window": row.window, "window_tz": row.window_tz}
-
-    @app.get(
-        "/api/v1/group-windows",
-        response_model=Page[GroupWindow],
-        tags=["targeting"],
-        responses=documented(*READ_ERRORS),
-    )
-    def list_windows(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("viewer", "devices.read"))
-    ) -> dict[str, Any]:
-        with Transaction(engine) as db:
-            rows = db.execute(sa.select(table).order_by(table.c.group_name)).all()
-        return page.page([{"group": r.group_name, "window": r.window, "window_tz": r.window_tz} for r in rows])
-
-    @app.get(
-        "/api/v1/groups/{group}/window",
-        response_model=GroupWindow,
-        tags=["targeting"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def get_window(group: str, _op: tokens.Operator = Depends(who("viewer", "devices.read"))) -> dict[str, Any]:
-        return known(group)
-
-    @app.put(
-        "/api/v1/groups/{group}/window",
-        response_model=GroupWindow,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def put_window(
-        group: str, body: WindowBody, operator: tokens.Operator = Depends(who("operator", "group.window"))
-    ) -> dict[str, Any]:
-        """The window a rollout to ``group`` takes when it names none (read when the rollout is created)."""
-        try:
-            schedule.parse_window(body.window, option="window")
-            schedule.zone(body.window_tz, option="window_tz")
-        except UsageError as exc:
-            raise HTTPException(422, str(exc)) from None
-
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(table.delete().where(table.c.group_name == group))
-                db.execute(
-                    table.insert().values(
-                        group_name=group, window=body.window.strip(), window_tz=body.window_tz, updated=time.time()
-                    )
+    def work() -> None:
+        with Transaction(context.engine) as db:
+            db.execute(table.delete().where(table.c.group_name == group))
+            db.execute(
+                table.insert().values(
+                    group_name=group, window=body.window.strip(), window_tz=body.window_tz, updated=time.time()
                 )
+            )
 
-        audited_call(engine, operator, "group.window", group, work, window=body.window, window_tz=body.window_tz)
-        return known(group)
+    audited_call(context.engine, operator, "group.window", group, work, window=body.window, window_tz=body.window_tz)
+    return _known_window(context.engine, group)
 
-    @app.delete(
-        "/api/v1/groups/{group}/window",
-        response_model=GroupWindow,
-        tags=["targeting"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def delete_window(
-        group: str, operator: tokens.Operator = Depends(who("operator", "group.window_clear"))
-    ) -> dict[str, Any]:
-        removed = known(group)
 
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(table.delete().where(table.c.group_name == group))
+def delete_window(
+    group: str,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    removed = _known_window(context.engine, group)
+    table = schema.maintenance_windows
 
-        audited_call(engine, operator, "group.window_clear", group, work)
-        return removed
+    def work() -> None:
+        with Transaction(context.engine) as db:
+            db.execute(table.delete().where(table.c.group_name == group))
+
+    audited_call(context.engine, operator, "group.window_clear", group, work)
+    return removed
+
+
+_TAGS = "/api/v1/devices/{device_id}/tags"
+_FILTERS = "/api/v1/target-filters"
+_WINDOW = "/api/v1/groups/{group}/window"
+
+ROUTES = RouteTable(
+    "targeting",
+    Route("GET", _TAGS, get_tags, "viewer", "devices.read", DeviceTags, ONE_ERRORS),
+    Route("PUT", _TAGS + "/{key}", put_tag, "operator", "device.tag", DeviceTags, WRITE_ERRORS),
+    Route("DELETE", _TAGS + "/{key}", delete_tag, "operator", "device.untag", DeviceTags, WRITE_ERRORS),
+    Route("GET", _FILTERS, list_filters, "viewer", "target_filters.read", Page[TargetFilter], READ_ERRORS),
+    Route("GET", _FILTERS + "/{name}", get_filter, "viewer", "target_filters.read", TargetFilter, ONE_ERRORS),
+    Route("PUT", _FILTERS + "/{name}", put_filter, "operator", "target_filter.save", TargetFilter, WRITE_ERRORS),
+    Route(
+        "DELETE", _FILTERS + "/{name}", delete_filter, "operator", "target_filter.delete", TargetFilter, WRITE_ERRORS
+    ),
+    Route("GET", "/api/v1/group-windows", list_windows, "viewer", "devices.read", Page[GroupWindow], READ_ERRORS),
+    Route("GET", _WINDOW, get_window, "viewer", "devices.read", GroupWindow, ONE_ERRORS),
+    Route("PUT", _WINDOW, put_window, "operator", "group.window", GroupWindow, WRITE_ERRORS),
+    Route("DELETE", _WINDOW, delete_window, "operator", "group.window_clear", GroupWindow, WRITE_ERRORS),
+)
+
+
+def _known_window(engine: Any, group: str) -> dict[str, Any]:
+    table = schema.maintenance_windows
+    with Transaction(engine) as db:
+        row = db.execute(sa.select(table).where(table.c.group_name == group)).first()
+    if row is None:
+        raise HTTPException(404, f"group {group!r} has no maintenance window (PUT /api/v1/groups/{group}/window)")
+    return {"group": group, "window": row.window, "window_tz": row.window_tz}
 
 
 def _known_device(engine: Any, device_id: str) -> None:

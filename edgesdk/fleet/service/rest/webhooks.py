@@ -4,28 +4,27 @@ secret never shown back), list, remove, and each one's delivery outcomes. The ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet.service import schema, tokens, webhooks
 from edgesdk.fleet.service.database import Transaction
+from edgesdk.fleet.service.rest.context import ApiContext, api_context, signed_in
 from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
     Paging,
+    Route,
+    RouteTable,
     audited_call,
-    documented,
     paging,
 )
 from edgesdk.fleet.service.rest.schemas import Page
-
-if TYPE_CHECKING:
-    from edgesdk.fleet.service.rest.app import ApiContext
 
 
 class _Body(BaseModel):
@@ -61,79 +60,82 @@ class WebhookDelivery(BaseModel):
     error: str
 
 
-def add_webhook_routes(app: FastAPI, context: ApiContext, who: Any) -> None:
-    engine = context.engine
+def start_notifier(app: FastAPI, context: ApiContext) -> None:
+    """The app's ``WebhookNotifier`` (``app.state.webhooks``), started now if a webhook exists."""
     attempts, backoff_s = webhooks.retry_settings()
     app.state.webhooks = webhooks.WebhookNotifier(
-        engine, context.store, context.broker_status, attempts=attempts, backoff_s=backoff_s
+        context.engine, context.store, context.broker_status, attempts=attempts, backoff_s=backoff_s
     ).start_if_wanted()
 
-    @app.get("/api/v1/webhooks", response_model=Page[Webhook], tags=["webhooks"], responses=documented(*READ_ERRORS))
-    def list_webhooks(
-        page: Paging = Depends(paging), _op: tokens.Operator = Depends(who("admin", "webhooks.read"))
-    ) -> dict[str, Any]:
-        return page.page([webhooks.shown(r) for r in webhooks.all_webhooks(engine)])
 
-    @app.post(
-        "/api/v1/webhooks",
-        status_code=201,
-        response_model=Webhook,
-        tags=["webhooks"],
-        responses=documented(*WRITE_ERRORS),
-    )
-    def create_webhook(
-        body: WebhookCreate, operator: tokens.Operator = Depends(who("admin", "webhook.create"))
-    ) -> dict[str, Any]:
-        """422 for a URL that is not http(s) or that resolves to a link-local or metadata address."""
-        try:
-            webhooks.check_url(body.url)
-        except UsageError as exc:
-            raise HTTPException(422, str(exc)) from None
+def list_webhooks(page: Paging = Depends(paging), context: ApiContext = Depends(api_context)) -> dict[str, Any]:
+    return page.page([webhooks.shown(r) for r in webhooks.all_webhooks(context.engine)])
 
-        def work() -> dict[str, Any]:
-            return webhooks.register(
-                engine,
-                url=body.url,
-                secret=body.secret,
-                events=body.events,
-                fmt=body.format,
-                created_by=operator.actor,
-            )
 
-        made = audited_call(engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
-        app.state.webhooks.start()  # the first webhook starts the watcher and the deliveries
-        return made
+def create_webhook(
+    body: WebhookCreate,
+    request: Request,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """422 for a URL that is not http(s) or that resolves to a link-local or metadata address."""
+    try:
+        webhooks.check_url(body.url)
+    except UsageError as exc:
+        raise HTTPException(422, str(exc)) from None
 
-    @app.get(
-        "/api/v1/webhooks/{webhook_id}/deliveries",
-        response_model=Page[WebhookDelivery],
-        tags=["webhooks"],
-        responses=documented(*ONE_ERRORS),
-    )
-    def list_deliveries(
-        webhook_id: str,
-        page: Paging = Depends(paging),
-        _op: tokens.Operator = Depends(who("admin", "webhooks.read")),
-    ) -> dict[str, Any]:
-        """The outcome of each delivery after its last try, newest first."""
-        _known_webhook(engine, webhook_id)
-        return page.page(webhooks.deliveries(engine, webhook_id, limit=page.offset + page.limit + 1000))
+    def work() -> dict[str, Any]:
+        return webhooks.register(
+            context.engine,
+            url=body.url,
+            secret=body.secret,
+            events=body.events,
+            fmt=body.format,
+            created_by=operator.actor,
+        )
 
-    @app.delete(
-        "/api/v1/webhooks/{webhook_id}", response_model=Webhook, tags=["webhooks"], responses=documented(*WRITE_ERRORS)
-    )
-    def delete_webhook(
-        webhook_id: str, operator: tokens.Operator = Depends(who("admin", "webhook.delete"))
-    ) -> dict[str, Any]:
-        """The webhook as it was (its delivery records stay until retention)."""
-        removed = _known_webhook(engine, webhook_id)
+    made = audited_call(context.engine, operator, "webhook.create", body.url, work, url=body.url, events=body.events)
+    request.app.state.webhooks.start()  # the first webhook starts the watcher and the deliveries
+    return made
 
-        def work() -> None:
-            with Transaction(engine) as db:
-                db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
 
-        audited_call(engine, operator, "webhook.delete", webhook_id, work)
-        return removed
+def list_deliveries(
+    webhook_id: str,
+    page: Paging = Depends(paging),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """The outcome of each delivery after its last try, newest first."""
+    _known_webhook(context.engine, webhook_id)
+    return page.page(webhooks.deliveries(context.engine, webhook_id, limit=page.offset + page.limit + 1000))
+
+
+def delete_webhook(
+    webhook_id: str,
+    operator: tokens.Operator = Depends(signed_in),
+    context: ApiContext = Depends(api_context),
+) -> dict[str, Any]:
+    """The webhook as it was (its delivery records stay until retention)."""
+    removed = _known_webhook(context.engine, webhook_id)
+
+    def work() -> None:
+        with Transaction(context.engine) as db:
+            db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
+
+    audited_call(context.engine, operator, "webhook.delete", webhook_id, work)
+    return removed
+
+
+_WEBHOOK = "/api/v1/webhooks/{webhook_id}"
+
+ROUTES = RouteTable(
+    "webhooks",
+    Route("GET", "/api/v1/webhooks", list_webhooks, "admin", "webhooks.read", Page[Webhook], READ_ERRORS),
+    Route("POST", "/api/v1/webhooks", create_webhook, "admin", "webhook.create", Webhook, WRITE_ERRORS, status=201),
+    Route(
+        "GET", _WEBHOOK + "/deliveries", list_deliveries, "admin", "webhooks.read", Page[WebhookDelivery], ONE_ERRORS
+    ),
+    Route("DELETE", _WEBHOOK, delete_webhook, "admin", "webhook.delete", Webhook, WRITE_ERRORS),
+)
 
 
 def _known_webhook(engine: Any, webhook_id: str) -> dict[str, Any]:
