@@ -41,13 +41,23 @@ def top_classes(output: np.ndarray, post: PostProcess) -> list[dict[str, Any]]:
     return result
 
 
+#: A one-channel mask's probability at which a pixel is the class (when no ``threshold`` is set).
+BINARY_MASK_THRESHOLD = 0.5
+
+
 def argmax_mask(output: np.ndarray, post: PostProcess) -> np.ndarray:
-    """Argmax over the class axis of a (1, C, H, W) or (1, H, W, C) output: (H, W) uint8 class indices."""
+    """Argmax over the class axis of a (1, C, H, W) or (1, H, W, C) output: (H, W) uint8 class
+    indices. A one-channel output (a sigmoid map: a person, text regions) has two classes: 1
+    where it is at or above ``threshold`` (default 0.5), else 0; an argmax over one channel
+    would answer 0 everywhere."""
     if output.ndim != 4 or output.shape[0] != 1:
         raise PipelineInputError(500, f"a mask needs a (1, C, H, W) or (1, H, W, C) output, got {output.shape}")
     axis = 1 if post.mask_layout == "NCHW" else 3
     if output.shape[axis] > 256:
         raise PipelineInputError(500, f"a mask PNG holds at most 256 classes, the output has {output.shape[axis]}")
+    if output.shape[axis] == 1:
+        cut = BINARY_MASK_THRESHOLD if post.threshold is None else post.threshold
+        return (np.take(output, 0, axis=axis)[0] >= cut).astype(np.uint8)
     return np.argmax(output, axis=axis)[0].astype(np.uint8)
 
 

@@ -127,3 +127,13 @@ def test_packaging_reads_a_vocabulary_file_keeping_a_space_token(tmp_path) -> No
         load_pipeline(tmp_path / "pipeline.yaml", vocabulary=tmp_path / "empty.txt")
     with pytest.raises(SchemaError, match="needs its vocabulary"):
         load_pipeline(tmp_path / "pipeline.yaml")
+
+
+def test_a_one_channel_mask_is_the_class_where_its_probability_reaches_the_threshold() -> None:
+    probabilities = np.array([[0.1, 0.5], [0.7, 0.29]], np.float32)
+    nchw = Pipeline.model_validate({"post": {"kind": "mask"}})
+    np.testing.assert_array_equal(postprocess(nchw, {"map": probabilities[None, None]})["mask"], [[0, 1], [1, 0]])
+    nhwc = Pipeline.model_validate({"post": {"kind": "mask", "mask_layout": "NHWC", "threshold": 0.3}})
+    np.testing.assert_array_equal(postprocess(nhwc, {"map": probabilities[None, :, :, None]})["mask"], [[0, 1], [1, 0]])
+    nhwc = Pipeline.model_validate({"post": {"kind": "mask", "mask_layout": "NHWC", "threshold": 0.05}})
+    np.testing.assert_array_equal(postprocess(nhwc, {"map": probabilities[None, :, :, None]})["mask"], [[1, 1], [1, 1]])

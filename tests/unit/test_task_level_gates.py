@@ -159,3 +159,28 @@ def _report_with(task: object):
         model_name="m", source="s", profile="p", created=datetime.now(timezone.utc), metric="cosine", gate=0.99,
         variants=[variant],
     )  # fmt: skip
+
+
+def test_convert_names_a_bad_task_gate_in_one_line_before_converting(tmp_path: Path, capsys) -> None:
+    from edgesdk.cli.main import cli
+    from edgesdk.console import run_cli
+
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.png").write_bytes(b"not read: the gate is checked first")
+    (tmp_path / "pipeline.yaml").write_text("post: {kind: boxes}\n")
+    (tmp_path / "ref.json").write_text("{}")
+    argv = [
+        "convert", str(tmp_path / "missing.onnx"), "--profile", "rpi5-8gb", "--out", str(tmp_path / "out"),
+        "--pipeline", str(tmp_path / "pipeline.yaml"), "--validation-images", str(tmp_path / "photos"),
+        "--reference", str(tmp_path / "ref.json"), "--task-gate", "recall=0.8", "--task-gate", "0.9",
+    ]  # fmt: skip
+    assert run_cli(cli, argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert (
+        error
+        == (
+            "error: --task-gate 0.9: a boxes result has several gates; "
+            "name one: recall, precision, box_iou, match_iou=VALUE"
+        )
+        and not (tmp_path / "out").exists()
+    )
