@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from edgesdk.agent.batching import BatchFormer, has_batch_axis
 from edgesdk.agent.events import EventBus
+from edgesdk.agent.folded_inputs import check_folded_input
 from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error, shared_scan_thread
 from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
 from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
@@ -384,6 +385,7 @@ class ModelServer:
                 )
                 try:
                     model = open_variant(verified_bundle, meta.id, device_key, load)
+                    check_folded_input(getattr(manifest, "pipeline", None), meta, model)  # folded steps' dtype
                 except IntegrityError as exc:
                     # Not this variant's problem but the bundle's: it changed since it was
                     # verified (rot, tampering). Serve none of it; the caller falls back.

@@ -372,7 +372,7 @@ def gate_variants(
     feeds = pipeline_feeds(check, source_inputs)
     kept = []
     for b in built:
-        unfolded = fold_steps(check.pipeline, b)
+        unfolded = fold_steps(check.pipeline, b, feeds)
         if unfolded is not None:
             reject(b, unfolded)
             continue
@@ -399,18 +399,9 @@ def gate_variants(
     return kept
 
 
-def fold_steps(pipeline: Pipeline, built: Any) -> str | None:
-    """Fold the pipeline's ``folded`` steps into this variant's graph (graph_fold.py), before it
-    is gated end to end; the reason it cannot ship when it is not an ONNX variant (the one
-    pipeline of the bundle tells every variant's agent to skip those steps)."""
-    if not pipeline.folded:
-        return None
-    if built.planned.format.value != "onnx":
-        return (
-            f"{built.planned.precision.value} dropped: the pipeline folds {pipeline.folded} into the graph,"
-            " done for ONNX variants only (convert with --formats onnx)"
-        )
-    from edgesdk.converters.graph_fold import fold_artifact
+def fold_steps(pipeline: Pipeline, built: Any, feeds: Sequence[Mapping[str, np.ndarray]] = ()) -> str | None:
+    """Fold the pipeline's ``folded`` steps into this variant's graph, checked on ``feeds``,
+    before it is gated end to end (fold_variant.py); the reason it cannot ship, if so."""
+    from edgesdk.converters.fold_variant import fold_built
 
-    fold_artifact(built.artifact.files, pipeline.image)
-    return None
+    return fold_built(pipeline, built, feeds)

@@ -14,8 +14,9 @@ declared rate) → mono downmix → resample → pad/trim → framing + window, 
 Text: ``{"text": ...}`` → a ``tokenizer.json`` → input_ids, attention_mask, token_type_ids.
 Post steps: activation (softmax/sigmoid) → top-k with labels and a threshold; an argmax mask;
 box decoding with class-aware NMS; greedy CTC with a vocabulary; a pooled, normalised embedding.
-``folded: [normalize]``: the ``x * scale`` and ``(x - mean) / std`` steps are in the ONNX graph
-(converters/graph_fold.py), so the agent skips them.
+``folded: [normalize]``: the ``x * scale`` and ``(x - mean) / std`` steps are in the model's graph
+(converters/graph_fold.py), so the agent skips them; ``folded: [normalize, cast]``: the graph
+also casts uint8 pixels to float, so the agent hands the decoder's uint8 as it is.
 """
 
 from __future__ import annotations
@@ -231,11 +232,12 @@ class Pipeline(Schema):
         description="the model's other inputs, each filled with this value (a recurrent state's 0, a sample rate)",
     )
     post: PostProcess = Field(default_factory=PostProcess)
-    folded: list[Literal["normalize"]] = Field(
+    folded: list[Literal["normalize", "cast"]] = Field(
         default_factory=list,
-        max_length=1,
-        description="steps the model graph does (folded in at conversion, ONNX variants only): the agent skips them,"
-        " and the model's input takes the decoded pixels (0..255) instead of the normalized tensor",
+        max_length=2,
+        description="steps the model graph does (folded in at conversion): the agent skips them, and the model's"
+        " input takes the decoded pixels (0..255) instead of the normalized tensor; with cast, as uint8 where the"
+        " variant's runtime takes it (its input's dtype in the manifest says)",
     )
 
     @model_validator(mode="after")
@@ -244,6 +246,8 @@ class Pipeline(Schema):
             raise ValueError("a text pipeline needs its tokenizer (packaged with --tokenizer tokenizer.json)")
         if self.folded and self.input != "image":
             raise ValueError(f"folded {self.folded} names image steps; this is an {self.input} pipeline")
+        if "cast" in self.folded and "normalize" not in self.folded:
+            raise ValueError("folded [cast] needs normalize folded too: folded: [normalize, cast]")
         return self
 
 

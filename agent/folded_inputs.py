@@ -1,0 +1,37 @@
+"""A variant of a bundle whose pipeline folds steps into the graph must take what the agent
+will hand it: pixels (0..255), as float, or as uint8 when the cast is folded too
+(``folded: [normalize, cast]``; converters/fold_variant.py). Checked on the loaded model, the
+runtime's own input, before the variant is served: a graph without the fold would read raw
+pixels as a normalized tensor, and a float graph would get uint8 it was never validated on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import AgentError
+from edgesdk.schemas.manifest import Variant
+from edgesdk.schemas.pipeline import Pipeline
+
+
+def check_folded_input(pipeline: Pipeline | None, meta: Variant, loaded: Any) -> None:
+    """AgentError (``loaded`` closed) when its first input is not the dtype ``pipeline.folded`` needs."""
+    if pipeline is None or not pipeline.folded or pipeline.input != "image":
+        return
+    first = (getattr(loaded, "inputs", None) or meta.inputs)[0]
+    dtype, declared = np.dtype(first.dtype), np.dtype(meta.inputs[0].dtype)
+    quantized = first.quantization is not None or meta.inputs[0].quantization is not None
+    cast = "cast" in pipeline.folded
+    if cast and (dtype != np.uint8 or declared != np.uint8 or quantized):
+        problem = f"takes {dtype} (manifest: {declared}), not the uint8 pixels a folded cast takes"
+    elif not cast and dtype.kind != "f":
+        problem = f"takes {dtype}, not the float pixels a folded normalization takes"
+    else:
+        return
+    loaded.close()
+    raise AgentError(
+        f"variant {meta.id} input {first.name!r} {problem} (pipeline folded: {pipeline.folded}); not served:"
+        " repackage the model from a conversion with this pipeline"
+    )
