@@ -230,60 +230,18 @@ def validate_numeric(
     ``data`` and ``reference`` are sample-major; ``layout`` says how the model takes them.
     ``metrics`` judges each output (output_metrics.resolve); without it ``metric``/``gate`` apply
     to every output. ``metric`` also labels the summary (the bundle's golden check metric)."""
-    from edgesdk.runtimes import load_variant
-    from edgesdk.runtimes.sequence_buckets import trim
-
     layout = layout or InputLayout()
-
     blobs = {name: path.read_bytes() for name, path in files.items()}
-    # Memory is judged as a device serves: load plus one inference at batch 1. The batched pass
-    # below is for accuracy only; inside this window its activations would make the figure grow
-    # with the number of validation samples (issue 38: 947 MB at batch 24, 49 MB at batch 1).
-    with _PeakRss() as rss:
-        started = time.perf_counter()
-        model = load_variant(runtime, blobs, options=host_options(runtime, options))
-        load_ms = (time.perf_counter() - started) * 1000
-        in_specs = {s.name: s for s in model.inputs}
-        one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
-        model.run(one)
-    out_specs = {s.name: s for s in model.outputs}
+    model, one, load_ms, peak_growth_mb = _load_at_batch1(runtime, blobs, options, layout, data)
     fp16_compute = _judged_as_device_computes(runtime, blobs, options)
     judged = fp16_compute or model
     names = list(reference)
-    mapping: dict[str, str] = {}
-    sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
-
-    def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Float in, float out, by the reference's names: a fed-back state is re-quantized."""
-        feeds = {}
-        for name, value in batch.items():
-            if name not in in_specs:
-                raise ConversionError(
-                    f"{runtime} variant has inputs {sorted(in_specs)}; the model's input {name!r} is missing"
-                )
-            feeds[name] = _quantize(value, in_specs[name])
-        if sequence_axes:
-            # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
-            # its used length, which the runtime pads to the shortest bucket that holds it.
-            feeds = trim(feeds, sequence_axes)
-        raw = judged.run(feeds)
-        if not mapping:
-            # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
-            produced = list(raw)
-            mapping.update({n: (n if n in raw else produced[i]) for i, n in enumerate(names)})
-        return {n: _dequantize(raw[mapping[n]], out_specs.get(mapping[n])) for n in names}
-
+    run = _ByReferenceNames(runtime, model, judged, names)
     outputs = run_all(run, layout, data, layout.batch_size(model.inputs))
     stream_drift = drift(outputs, reference) if layout.state_pairs and layout.steps(data) else []
     per_output = judge_outputs(outputs, reference, metrics or resolve(reference, requested_metrics(metric), gate))
     max_abs = {n: float(np.abs(outputs[n].astype(np.float64) - reference[n].astype(np.float64)).max()) for n in names}
-    for _ in range(3):
-        model.run(one)  # warm-up: first calls allocate and pick kernels
-    latencies = []
-    for _ in range(latency_runs):
-        started = time.perf_counter()
-        model.run(one)
-        latencies.append((time.perf_counter() - started) * 1000)
+    latencies = _batch1_latencies_ms(model, one, latency_runs)
     inputs, outputs_spec = list(model.inputs), list(model.outputs)
     model.close()
     judged.close()
@@ -295,14 +253,86 @@ def validate_numeric(
             load_ms=round(load_ms, 3),
             latency_p50_ms=round(float(np.median(latencies)), 4),
             latency_p95_ms=round(float(np.percentile(latencies, 95)), 4),
-            peak_rss_mb=round(rss.growth_mb, 2),
+            peak_rss_mb=round(peak_growth_mb, 2),
             note=f"batch 1, {HOST_TIMING_THREADS} thread, on this host ({runtime}); peak RSS is growth during load + one batch-1 inference{how}",
         ),
         inputs=inputs,
-        outputs=[out_specs[mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
+        outputs=[run.out_specs[run.mapping[n]].model_copy(update={"name": n}) for n in names] if outputs_spec else [],
         latencies_ms=latencies,
         stream_drift=stream_drift,
     )
+
+
+def _load_at_batch1(
+    runtime: str,
+    blobs: Mapping[str, bytes],
+    options: Mapping[str, str] | None,
+    layout: InputLayout,
+    data: Mapping[str, np.ndarray],
+) -> tuple[Any, dict[str, np.ndarray], float, float]:
+    """The variant loaded and run once at batch 1: the model, that batch-1 feed, the load time
+    (ms) and the peak RSS growth (MB) while it loaded and ran."""
+    from edgesdk.runtimes import load_variant
+
+    # Memory is judged as a device serves: load plus one inference at batch 1. The batched pass
+    # after this is for accuracy only; inside this window its activations would make the figure
+    # grow with the number of validation samples (issue 38: 947 MB at batch 24, 49 MB at batch 1).
+    with _PeakRss() as rss:
+        started = time.perf_counter()
+        model = load_variant(runtime, blobs, options=host_options(runtime, options))
+        load_ms = (time.perf_counter() - started) * 1000
+        in_specs = {s.name: s for s in model.inputs}
+        one = {k: _quantize(v, in_specs[k]) for k, v in layout.feed(subset(data, 1)).items()}
+        model.run(one)
+    return model, one, load_ms, rss.growth_mb
+
+
+class _ByReferenceNames:
+    """Runs a loaded variant float in, float out, by the reference's names: a fed-back state is
+    re-quantized, and outputs a runtime renamed are found by position."""
+
+    def __init__(self, runtime: str, model: Any, judged: Any, names: list[str]) -> None:
+        self._runtime = runtime
+        self._judged = judged
+        self._names = names
+        self._in_specs = {s.name: s for s in model.inputs}
+        self.out_specs = {s.name: s for s in model.outputs}
+        #: reference name -> the runtime's output name, learnt on the first batch.
+        self.mapping: dict[str, str] = {}
+        self._sequence_axes: dict[str, int] = getattr(model, "sequence_axes", None) or {}
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from edgesdk.runtimes.sequence_buckets import trim
+
+        feeds = {}
+        for name, value in batch.items():
+            if name not in self._in_specs:
+                raise ConversionError(
+                    f"{self._runtime} variant has inputs {sorted(self._in_specs)}; the model's input {name!r} is missing"
+                )
+            feeds[name] = _quantize(value, self._in_specs[name])
+        if self._sequence_axes:
+            # A bucketed model (sequence_buckets.py) is fed as a device is: each sample cut to
+            # its used length, which the runtime pads to the shortest bucket that holds it.
+            feeds = trim(feeds, self._sequence_axes)
+        raw = self._judged.run(feeds)
+        if not self.mapping:
+            # Runtimes may rename outputs (e.g. an OpenVINO port without names): fall back to position.
+            produced = list(raw)
+            self.mapping.update({n: (n if n in raw else produced[i]) for i, n in enumerate(self._names)})
+        return {n: _dequantize(raw[self.mapping[n]], self.out_specs.get(self.mapping[n])) for n in self._names}
+
+
+def _batch1_latencies_ms(model: Any, one: Mapping[str, np.ndarray], runs: int) -> list[float]:
+    """``runs`` timed batch-1 inferences, after a warm-up (first calls allocate and pick kernels)."""
+    for _ in range(3):
+        model.run(one)
+    latencies = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        model.run(one)
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
 
 
 def _judged_as_device_computes(runtime: str, blobs: Mapping[str, bytes], options: Mapping[str, str] | None) -> Any:
