@@ -156,9 +156,6 @@ def push(
 
     The bundle's model is the one updated on each device; the device's other models keep serving."""
     check_bundle_model(bundle, model_name)
-    from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES, SUCCEEDED
-    from edgesdk.fleet.rollout import STOPPED
-
     deployment_id = rollout.deployment_id
     urls = rollout.urls()  # a bad URL fails before anything is opened
     client = service_client(params)
@@ -172,16 +169,7 @@ def push(
         raise UsageError("--target-filter and --where need --server: tags and filters live in the fleet service")
     require_broker(params)
     store = _store(db_path)
-    resuming = False
-    if deployment_id is not None:
-        try:
-            existing = store.get(deployment_id)
-        except UsageError:
-            existing = None
-        if existing is not None:
-            if existing.state in FINISHED_ROLLOUT_STATES:
-                raise UsageError(f"deployment {deployment_id!r} already ended {existing.state}; pick a new id")
-            resuming = True
+    resuming = _resumes_unfinished(store, deployment_id)
     if not resuming:
         rollout.check_targets()
         if not bundle.is_file():
@@ -193,34 +181,79 @@ def push(
     ctl, client = _controller(store, params, key, on_progress=bars if not as_json else None)
     try:
         if not resuming:
-            targets = rollout.device_list()
-            if targets is None:
-                targets = ctl.devices_in_group(rollout.group or "")
-            message = ctl.create(
-                bundle,
-                targets,
-                plan,
-                deployment_id=deployment_id,
-                artifact_urls=urls,
-                mqtt_fallback=rollout.mqtt_fallback,
-                chunk_size=rollout.chunk_size,
-                health=health,
-            )
-            deployment_id = message.deployment_id
+            deployment_id = _create_deployment(ctl, bundle, rollout, plan, health, deployment_id, urls)
         if deployment_id is None:  # pragma: no cover - set above
             raise UsageError("no deployment id")
-        if not as_json:
-            console().print(f"deployment {deployment_id}{' (resumed)' if resuming else ''}")
-            with bars.progress:
-                try:
-                    state = ctl.run(deployment_id)
-                except KeyboardInterrupt:
-                    ctl.stop()
-                    state = STOPPED
-        else:
-            state = ctl.run(deployment_id)
+        state = _run_deployment(ctl, deployment_id, None if as_json else bars, resuming)
     finally:
         client.stop()
+    _end_push(store, deployment_id, state, bars, as_json)
+
+
+def _resumes_unfinished(store: Any, deployment_id: str | None) -> bool:
+    """Whether --deployment-id names a deployment in the database (then push resumes it);
+    UsageError when that one has already ended."""
+    from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
+
+    if deployment_id is None:
+        return False
+    try:
+        existing = store.get(deployment_id)
+    except UsageError:
+        return False
+    if existing is None:
+        return False
+    if existing.state in FINISHED_ROLLOUT_STATES:
+        raise UsageError(f"deployment {deployment_id!r} already ended {existing.state}; pick a new id")
+    return True
+
+
+def _create_deployment(
+    ctl: Any,
+    bundle: Path,
+    rollout: RolloutArgs,
+    plan: Any,
+    health: Any,
+    deployment_id: str | None,
+    urls: Any,
+) -> str:
+    """Records a new deployment of ``bundle`` to --devices (or the group's devices); its id."""
+    targets = rollout.device_list()
+    if targets is None:
+        targets = ctl.devices_in_group(rollout.group or "")
+    message = ctl.create(
+        bundle,
+        targets,
+        plan,
+        deployment_id=deployment_id,
+        artifact_urls=urls,
+        mqtt_fallback=rollout.mqtt_fallback,
+        chunk_size=rollout.chunk_size,
+        health=health,
+    )
+    return message.deployment_id
+
+
+def _run_deployment(ctl: Any, deployment_id: str, bars: _WaveBars | None, resuming: bool) -> str:
+    """Runs the deployment to its end state; with bars (not --json), Ctrl-C stops it, resumable."""
+    from edgesdk.fleet.rollout import STOPPED
+
+    if bars is None:
+        return ctl.run(deployment_id)
+    console().print(f"deployment {deployment_id}{' (resumed)' if resuming else ''}")
+    with bars.progress:
+        try:
+            return ctl.run(deployment_id)
+        except KeyboardInterrupt:
+            ctl.stop()
+            return STOPPED
+
+
+def _end_push(store: Any, deployment_id: str, state: str, bars: _WaveBars, as_json: bool) -> None:
+    """Prints the deployment's summary; UpdateError (non-zero exit) unless it succeeded."""
+    from edgesdk.fleet.deployments import SUCCEEDED
+    from edgesdk.fleet.rollout import STOPPED
+
     summary = store.summary(deployment_id)
     if as_json:
         print_json(summary)
