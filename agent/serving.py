@@ -117,8 +117,9 @@ class ServedVariant:
             return self.loaded.run(feeds)
         return self.run(feeds)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run with public-signature feeds; returns public-signature outputs."""
+    def run(self, feeds: Mapping[str, np.ndarray], loaded: LoadedModel | None = None) -> dict[str, np.ndarray]:
+        """Run with public-signature feeds; returns public-signature outputs. ``loaded``: a
+        private copy of this variant's model to run on instead (``run_stream``)."""
         adapted: dict[str, np.ndarray] = {}
         for name, dtype, spec in self._in_adapters:
             array = feeds[name]
@@ -127,7 +128,9 @@ class ServedVariant:
             elif array.dtype != dtype:
                 array = array.astype(dtype)
             adapted[name] = array
-        if self._lock is None:
+        if loaded is not None:
+            outputs = loaded.run(adapted)
+        elif self._lock is None:
             outputs = self.loaded.run(adapted)
         else:
             with self._lock:
@@ -136,6 +139,19 @@ class ServedVariant:
             if spec.name in outputs:
                 outputs[spec.name] = dequantize(outputs[spec.name], spec)
         return outputs
+
+    def run_stream(self, calls: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """A streaming model over one request's ``calls``, from its initial state: on a fresh
+        copy of the model where the runtime keeps the state inside it (LiteRT variables), so no
+        other request sees or changes it; else the state, if any, is in the inputs."""
+        fresh = getattr(self.loaded, "with_fresh_state", None)
+        if fresh is None:
+            return [self.run(call) for call in calls]
+        loaded = fresh()
+        try:
+            return [self.run(call, loaded) for call in calls]
+        finally:
+            loaded.close()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -650,6 +666,36 @@ class ModelServer:
             if bad is not None:
                 self._refuse_nonfinite(bad)  # the outputs computed from it are dropped
         self.observe(variant.id, elapsed)
+        return outputs, variant.id
+
+    def infer_stream(
+        self, model_name: str, calls: Sequence[Mapping[str, np.ndarray]]
+    ) -> tuple[list[dict[str, np.ndarray]], str]:
+        """A streaming model over one request's ``calls`` (ServedVariant.run_stream), each checked
+        against the public signature first; one latency observed for them all."""
+        model = self.model
+        if model is None or model.name != model_name:
+            other = self.others.get(model_name)
+            if other is not None:
+                return other.infer_stream(model_name, calls)
+            model = self.get_model(model_name)
+        variant = model.active  # taken once: every call of the request runs on this variant
+        try:
+            for call in calls:
+                model.signature.check(call)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        start = time.perf_counter()
+        try:
+            outputs = variant.run_stream(calls)
+        except InferenceInputError:
+            self.count_error("bad_input")
+            raise
+        except Exception:
+            self.count_error("runtime")
+            raise
+        self.observe(variant.id, time.perf_counter() - start)
         return outputs, variant.id
 
     def _infer_batched(

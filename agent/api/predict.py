@@ -21,6 +21,7 @@ from edgesdk.agent.serving import ModelServer
 
 from edgesdk.pipeline import Limits, PipelineInputError, postprocess, prepare
 from edgesdk.pipeline.post import png_of
+from edgesdk.pipeline.streaming import split_calls, stack_calls
 
 SUFFIX = "/predict"
 
@@ -48,7 +49,12 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Answer:
     content_type = media_type(request.headers.get("content-type"))
     prepared = prepare(pipeline, request.body, content_type, model.signature.inputs, limits)
     feeds = prepared.feeds
-    outputs, variant = server.infer_with_variant(model_name, feeds)
+    if pipeline.input == "audio" and pipeline.audio.stream is not None:  # a streaming model: one call per chunk
+        streamed = model.signature.inputs[0].name
+        calls, variant = server.infer_stream(model_name, split_calls(feeds, streamed))
+        outputs = stack_calls(calls)
+    else:
+        outputs, variant = server.infer_with_variant(model_name, feeds)
     # In the public signature's order, so "the first output" means the model's first.
     ordered = {spec.name: outputs[spec.name] for spec in model.signature.outputs if spec.name in outputs}
     result = postprocess(pipeline, ordered, feeds, prepared.frame)  # boxes in the sent image's pixels

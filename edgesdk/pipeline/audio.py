@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.pipeline.errors import PipelineInputError
+from edgesdk.pipeline.micro_frontend import frame_count as micro_frame_count
+from edgesdk.pipeline.micro_frontend import micro_features
 from edgesdk.schemas.pipeline import AudioPre, Framing, LogMel
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
@@ -118,6 +120,8 @@ def decoded_nbytes(pcm: Pcm, pre: AudioPre) -> int:
 
 
 def feature_count(samples: int, pre: AudioPre) -> int:
+    if pre.micro_frontend is not None:  # its int64 working arrays: ~40 values per spectrum bin
+        return micro_frame_count(samples, pre.micro_frontend, pre.sample_rate) * 1024 * 2
     if pre.log_mel is not None:
         return _frame_count(samples, pre.log_mel.n_fft, pre.log_mel.hop) * pre.log_mel.n_mels
     if pre.framing is not None:
@@ -126,21 +130,55 @@ def feature_count(samples: int, pre: AudioPre) -> int:
 
 
 def to_tensor(pcm: Pcm, pre: AudioPre, dtype: np.dtype[np.generic], rank: int | None) -> np.ndarray:
-    """Decode and run the pipeline's audio steps in their fixed order; a batch of one."""
+    """Decode and run the pipeline's audio steps in their fixed order; a batch of one, or with
+    ``stream`` one batch of one per call stacked on a leading axis (``stream_chunks``)."""
     samples = waveform(pcm)
     samples = resample(samples, pcm.rate, pre.sample_rate)
     if pre.length is not None:
         samples = pad_or_trim(samples, pre.length)
-    if pre.log_mel is not None:
+    if pre.micro_frontend is not None:
+        features = micro_features(samples, pre.sample_rate, pre.micro_frontend)
+    elif pre.log_mel is not None:
         features = log_mel(samples, pre.sample_rate, pre.log_mel)
     elif pre.framing is not None:
         features = frames(samples, pre.framing)
     else:
         features = samples
+    if pre.stream is not None:
+        return stream_chunks(features, pre, rank).astype(dtype, copy=False)
     tensor = features[None]
     while rank is not None and tensor.ndim < rank:  # e.g. (1, frames, mels) → (1, 1, frames, mels)
         tensor = tensor[:, None]
     return tensor.astype(dtype, copy=False)
+
+
+def stream_chunks(features: np.ndarray, pre: AudioPre, rank: int | None) -> np.ndarray:
+    """(calls, 1, frames, features): whole chunks of ``stream.frames`` feature frames, the last
+    partial one dropped (as a streaming detector waits for a whole chunk), each a batch of one."""
+    per_call = pre.stream.frames if pre.stream is not None else features.shape[0]
+    calls = features.shape[0] // per_call
+    if calls == 0:
+        raise PipelineInputError(
+            422,
+            f"the audio is too short for one call of this streaming model: send at least {_min_ms(pre, per_call)} ms",
+        )
+    limit = pre.stream.max_calls if pre.stream is not None else 1
+    if calls > limit:
+        raise PipelineInputError(
+            413, f"the audio makes {calls} calls of this streaming model; its pipeline allows {limit}"
+        )
+    chunks = features[: calls * per_call].reshape(calls, 1, per_call, *features.shape[1:])
+    while rank is not None and chunks.ndim - 1 < rank:
+        chunks = chunks[:, :, None]
+    return chunks
+
+
+def _min_ms(pre: AudioPre, frames: int) -> int:
+    """The audio that makes ``frames`` feature frames."""
+    if pre.micro_frontend is not None:
+        return pre.micro_frontend.window_ms + (frames - 1) * pre.micro_frontend.step_ms
+    spec = pre.log_mel or LogMel()
+    return math.ceil((spec.n_fft + (frames - 1) * spec.hop) * 1000 / pre.sample_rate)
 
 
 def waveform(pcm: Pcm) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from edgesdk.pipeline import audio, image, text
 from edgesdk.pipeline.boxes import detections
+from edgesdk.pipeline.detection import detection
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.pipeline.geometry import ImageFrame, image_frame
 from edgesdk.pipeline.post import argmax_mask, ctc_greedy, embedding, top_classes
@@ -135,6 +136,8 @@ def postprocess(
         return {"mask": argmax_mask(output, post)}
     if post.kind == "boxes":
         return boxes_result(output, post, frame)
+    if post.kind == "detection":
+        return detection(output, post)
     if post.kind == "ctc":
         return {"text": ctc_greedy(output, post)}
     if post.kind == "embedding":

@@ -138,6 +138,50 @@ class LogMel(Schema):
         return self
 
 
+class MicroFrontend(Schema):
+    """TFLite-Micro's audio frontend, as microWakeWord's spotters take it (defaults: theirs):
+    a Hann window of ``window_ms`` every ``step_ms``, a 16-bit fixed-point FFT, ``channels``
+    mel bands from ``lower_hz`` to ``upper_hz``, noise reduction, PCAN gain control, an integer
+    log; features are the uint16 values × ``output_scale`` (edgesdk/pipeline/micro_frontend.py).
+    Takes 16-bit samples: float WAVs are rounded to them."""
+
+    window_ms: int = Field(30, ge=1, le=1000)
+    step_ms: int = Field(10, ge=1, le=1000)
+    channels: int = Field(40, ge=1, le=256)
+    lower_hz: float = Field(125.0, ge=0)
+    upper_hz: float = Field(7500.0, gt=0)
+    smoothing_bits: int = Field(10, ge=0, le=16)
+    even_smoothing: float = Field(0.025, ge=0, le=1)
+    odd_smoothing: float = Field(0.06, ge=0, le=1)
+    min_signal_remaining: float = Field(0.05, ge=0, le=1)
+    pcan: bool = True
+    pcan_strength: float = Field(0.95, ge=0, le=4)
+    pcan_offset: float = Field(80.0, gt=0)
+    gain_bits: int = Field(21, ge=0, le=30)
+    log: bool = True
+    scale_shift: int = Field(6, ge=0, le=16)
+    output_scale: float = Field(
+        0.0390625, gt=0, description="features = the uint16 values × this (pymicro-features: 1/25.6)"
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> MicroFrontend:
+        if self.upper_hz <= self.lower_hz:
+            raise ValueError(f"upper_hz {self.upper_hz} must be above lower_hz {self.lower_hz}")
+        if self.step_ms > self.window_ms:
+            raise ValueError(f"step_ms {self.step_ms} is longer than window_ms {self.window_ms}")
+        return self
+
+
+class Streaming(Schema):
+    """Run a streaming (stateful) model over the features: ``frames`` feature frames per call,
+    its state reset at each request's start and carried between its calls; the calls' outputs
+    are stacked for the post step (``kind: detection``)."""
+
+    frames: int = Field(ge=1, le=4096, description="feature frames per call (okay_nabu: 3)")
+    max_calls: int = Field(6000, ge=1, le=100_000, description="longer audio is refused (413)")
+
+
 class AudioPre(Schema):
     """Decode WAV (PCM 16/32-bit, float32) or raw PCM and make the model's input from it:
     downmix to mono → resample → pad/trim → framing or log-mel (or the waveform as it is)."""
@@ -147,6 +191,8 @@ class AudioPre(Schema):
     length: int | None = Field(None, ge=1, le=100_000_000, description="pad with zeros or trim to this many samples")
     framing: Framing | None = None
     log_mel: LogMel | None = None
+    micro_frontend: MicroFrontend | None = None
+    stream: Streaming | None = None
     max_bytes: int = Field(
         DEFAULT_MAX_AUDIO_BYTES,
         ge=1,
@@ -156,8 +202,11 @@ class AudioPre(Schema):
 
     @model_validator(mode="after")
     def _one_feature(self) -> AudioPre:
-        if self.framing is not None and self.log_mel is not None:
-            raise ValueError("framing and log_mel are two ways to frame the waveform: name one")
+        features = [name for name in ("framing", "log_mel", "micro_frontend") if getattr(self, name) is not None]
+        if len(features) > 1:
+            raise ValueError(f"{' and '.join(features)} are ways to frame the waveform: name one")
+        if self.stream is not None and self.micro_frontend is None and self.log_mel is None:
+            raise ValueError("stream runs the model over feature frames: name log_mel or micro_frontend")
         if self.log_mel is not None and self.log_mel.fmax is not None and self.log_mel.fmax > self.sample_rate / 2:
             raise ValueError(f"log_mel.fmax {self.log_mel.fmax} is above half the sample rate {self.sample_rate}")
         return self
@@ -193,7 +242,7 @@ class PostProcess(Schema):
     """Turn the model outputs into the task result: labels and scores, a class mask, boxes,
     greedy-CTC text or an embedding."""
 
-    kind: Literal["classes", "mask", "boxes", "ctc", "embedding"] = "classes"
+    kind: Literal["classes", "mask", "boxes", "ctc", "embedding", "detection"] = "classes"
     output: str | None = Field(None, description="the model output to read (default: the first)")
     activation: Literal["none", "softmax", "sigmoid"] = "none"
     top_k: int = Field(5, ge=1, le=1000)
@@ -209,9 +258,17 @@ class PostProcess(Schema):
     blank: int = Field(0, ge=0, description="the CTC blank's index")
     pool: Literal["none", "mean", "cls"] = Field("none", description="embedding: pool a (1, T, D) output over tokens")
     normalize: bool = Field(True, description="embedding: L2-normalise")
+    average: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="detection: the mean of this many consecutive calls' probabilities (a streaming model's)",
+    )
 
     @model_validator(mode="after")
     def _ctc_vocabulary(self) -> PostProcess:
+        if self.kind == "detection" and self.threshold is None:
+            raise ValueError("a detection post step needs its threshold (detected when the probability exceeds it)")
         if self.kind == "ctc" and not self.vocabulary:
             raise ValueError("a ctc post step needs its vocabulary (packaged with --vocabulary, one token a line)")
         if self.vocabulary is not None and self.blank >= len(self.vocabulary):

@@ -34,7 +34,7 @@ def _photo(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray:
 def test_pipeline_schema_refuses_unknown_inputs_and_bad_steps_in_one_line() -> None:
     with pytest.raises(SchemaError, match=r"field 'input'.*'image', 'audio' or 'text' \(got 'video'\)"):
         Pipeline.parse_obj_clear({"input": "video"}, source="p.yaml")
-    with pytest.raises(SchemaError, match=r"field 'post.kind'.*'embedding' \(got 'nms'\)"):
+    with pytest.raises(SchemaError, match=r"field 'post.kind'.*'embedding' or 'detection' \(got 'nms'\)"):
         Pipeline.parse_obj_clear({"post": {"kind": "nms"}}, source="p.yaml")
     with pytest.raises(SchemaError, match=r"a text pipeline needs its tokenizer \(packaged with --tokenizer"):
         Pipeline.parse_obj_clear({"input": "text"}, source="p.yaml")
