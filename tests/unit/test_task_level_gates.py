@@ -122,6 +122,10 @@ def test_the_users_answers_read_in_each_kinds_shape_and_a_wrong_one_says_what_to
         answer_of("boxes", "oops", "said", "a.png", labels)
     with pytest.raises(UsageError, match=r"expected an \(H, W\) array of class indices"):
         answer_of("mask", [0.5, 0.5], "said", "a.png", None)
+    with pytest.raises(UsageError, match=r"expected \{'boxes'"):
+        answer_of("boxes", [{"label": "cat", "box": [1, 2, 3]}], "said", "a.png", labels)
+    with pytest.raises(UsageError, match=r"expected a vector"):
+        answer_of("embedding", [0.5, float("nan")], "said", "a.png", None)
 
 
 def test_a_text_pipeline_reads_txt_files_and_its_json_reference_into_the_report(tmp_path: Path) -> None:
