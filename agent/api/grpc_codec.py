@@ -161,7 +161,10 @@ def infer_plan(model: ServedModel) -> InferencePlan:
     """``model``'s plan for ``ModelInfer`` (one head shape: the message says the rest). Its
     ``decode`` takes a parsed message; its work decodes, runs through the server (all its checks),
     encodes."""
-    return cached_plan(model, ("grpc",), lambda: _make_plan(model))
+    return model.plans.get(_KEY) or cached_plan(model, _KEY, _make_plan, model)
+
+
+_KEY = ("grpc",)
 
 
 def _make_plan(model: ServedModel) -> InferencePlan:

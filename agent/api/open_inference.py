@@ -407,8 +407,25 @@ def encode_infer_response(
     document["outputs"] = described
     header = dumps(document)
     if not chunks:
-        return Answer(header, fields=AnswerFields(variant))
-    return Answer(b"".join([header, *chunks]), BINARY_TYPE, fields=AnswerFields(variant, json_length=len(header)))
+        return Answer(header, fields=_FIELDS.get((variant, None)) or _fields(variant, None))
+    length = len(header)
+    return Answer(
+        b"".join([header, *chunks]), BINARY_TYPE, fields=_FIELDS.get((variant, length)) or _fields(variant, length)
+    )
+
+
+#: (variant id, JSON length) → the answer's fields, lasting: a client's requests of one shape get
+#: answers of one JSON length, so a transport spells their fields once (http.field_lines).
+_FIELDS: dict[tuple[str, int | None], AnswerFields] = {}
+_FIELDS_MAX = 256
+
+
+def _fields(variant: str, json_length: int | None) -> AnswerFields:
+    lasting = len(_FIELDS) < _FIELDS_MAX
+    fields = AnswerFields(variant, json_length=json_length, lasting=lasting)
+    if lasting:
+        _FIELDS[(variant, json_length)] = fields
+    return fields
 
 
 def infer_plan(model: ServedModel, headers: Mapping[str, str]) -> InferencePlan:
@@ -416,13 +433,21 @@ def infer_plan(model: ServedModel, headers: Mapping[str, str]) -> InferencePlan:
     decoding reads: Inference-Header-Content-Length, Content-Encoding: its head shape). Its work:
     decode (``decode_infer_request``), run through the server (all its checks), encode; raises the
     errors refusal.py answers, as ``/v1`` does."""
-    known = {name: headers[name] for name in _READ_HEADERS if name in headers}
-    key = ("v2", *sorted(known.items()))
-    return cached_plan(model, key, lambda: _make_plan(model, known))
+    length, encoding = headers.get(HEADER_LENGTH), headers.get(_ENCODING)
+    key = ("v2", length, encoding)
+    return model.plans.get(key) or cached_plan(model, key, _make_plan, model, _read_headers(length, encoding))
 
 
-#: The request headers the decoding reads (lower-case, as the HTTP server stores them).
-_READ_HEADERS = (HEADER_LENGTH, "content-encoding")
+#: Content-Encoding, lower-case as the HTTP server stores header names.
+_ENCODING = "content-encoding"
+
+
+def _read_headers(length: str | None, encoding: str | None) -> dict[str, str]:
+    """The headers a plan's decoding reads (``_split_body``), as the request had them."""
+    read = {HEADER_LENGTH: length, _ENCODING: encoding}
+    return {name: value for name, value in read.items() if value is not None}
+
+
 #: A request that names no outputs and asks for no binary ones: what a plan's ``encode`` answers.
 _PLAIN = InferRequest(feeds={}, outputs=None, binary_output=False, id=None)
 

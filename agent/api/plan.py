@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import orjson
 from edgesdk.agent.api.answer import Answer, AnswerFields, dumps
-from edgesdk.agent.api.budget import Allowance
+from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import (
     ENCODINGS,
     JSON,
@@ -128,13 +128,16 @@ def _work(name: str, decode: Decode, encode: Encode, content_type: str) -> Work:
     return work
 
 
-def cached_plan(model: ServedModel, key: tuple[Any, ...], make: Callable[[], InferencePlan]) -> InferencePlan:
-    """``model``'s plan under ``key``, made by ``make`` the first time (at most ``_PLANS_MAX`` kept:
-    the head shapes are the clients' to choose; beyond them a plan is made per request)."""
+def cached_plan(
+    model: ServedModel, key: tuple[Any, ...], make: Callable[..., InferencePlan], *args: Any
+) -> InferencePlan:
+    """``model``'s plan under ``key``, made by ``make(*args)`` the first time (at most
+    ``_PLANS_MAX`` kept: the head shapes are the clients' to choose; beyond them a plan is made per
+    request). Callers look ``model.plans.get(key)`` up first themselves: a request's one lookup."""
     plans = model.plans
     plan = plans.get(key)
     if plan is None:
-        plan = make()
+        plan = make(*args)
         if len(plans) < _PLANS_MAX:
             plans[key] = plan
     return plan
@@ -154,7 +157,9 @@ def route_plan(
     if content_type not in (RAW, "application/octet-stream"):
         tensors_header = ""
     key = (_ROUTE, content_type, encoding, query, tensors_header)
-    return cached_plan(model, key, lambda: _make_route_plan(model, content_type, encoding, query, tensors_header))
+    return model.plans.get(key) or cached_plan(
+        model, key, _make_route_plan, model, content_type, encoding, query, tensors_header
+    )
 
 
 #: The first item of a route plan's key (``plan_for``'s keys start with a media type).
@@ -166,9 +171,17 @@ def _make_route_plan(
 ) -> InferencePlan:
     signature = model.signature
     headers = {"x-tensors": tensors_header}
+    decode: Decode
 
-    def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
-        return decode_request(content_type, body, headers, query, signature, allowance)
+    if content_type in (JSON, ""):  # decode_request's choice, made once
+
+        def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+            return decode_json(body, signature, unlimited_allowance() if allowance is None else allowance)
+
+    else:
+
+        def decode(body: bytes, allowance: Allowance | None) -> dict[str, np.ndarray]:
+            return decode_request(content_type, body, headers, query, signature, allowance)
 
     # The transport holds the body; the decoder charges what it allocates to each request's Allowance.
     return InferencePlan(model, decode, _encoder(model, encoding, query), encoding, 0, True, None)
