@@ -201,11 +201,8 @@ def serve(
         return
     if not params.get("broker"):
         raise UsageError("edgesdk fleet serve needs --broker mqtt://HOST:PORT (or EDGESDK_BROKER)")
-    from dataclasses import replace
-
-    from edgesdk.cli.fleet_cmd import client_options_from
     from edgesdk.fleet.service.retention import Retention
-    from edgesdk.fleet.service.service import FleetService, ServiceSettings, check_scaling, service_client_id
+    from edgesdk.fleet.service.service import FleetService, ServiceSettings, check_scaling
     from edgesdk.fleet.service.workers import check_name
 
     data_dir = _data_dir(data_dir, db_url)
@@ -233,29 +230,48 @@ def serve(
         max_pending_enrollments=max_pending_enrollments,
     )
     check_scaling(settings, settings.db_url)
+    _check_binds(api_bind, metrics_bind)
+    options = _persistent_client_options(params, settings.instance)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
+    service = FleetService(settings, options, _operator_key(key_path)).start()
+    _serve_until_stopped(service, params["broker"], settings.namespace, data_dir)
+
+
+def _check_binds(api_bind: str | None, metrics_bind: str | None) -> None:
+    """--api and --metrics-listen parsed, so a bad value fails before the broker is touched."""
     if api_bind is not None:
         from edgesdk.fleet.service.rest.server import parse_bind
 
-        parse_bind(api_bind)  # a bad value fails before the broker is touched
+        parse_bind(api_bind)
     if metrics_bind is not None:
         from edgesdk.fleet.service.rest.server import parse_bind
 
         parse_bind(metrics_bind, "--metrics-listen")
-    options = client_options_from(params, service_client_id(params["namespace"], settings.instance))
-    # A persistent session: statuses devices publish while the service restarts wait for it.
-    options = replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step otherwise
-    service = FleetService(settings, options, _operator_key(key_path)).start()
+
+
+def _persistent_client_options(params: dict[str, Any], instance: str | None) -> Any:
+    """The service's MQTT client options from the connection flags, on a persistent session:
+    statuses devices publish while the service restarts wait for it."""
+    from dataclasses import replace
+
+    from edgesdk.cli.fleet_cmd import client_options_from
+    from edgesdk.fleet.service.service import service_client_id
+
+    options = client_options_from(params, service_client_id(params["namespace"], instance))
+    return replace(options, clean_start=False, session_expiry_s=7 * 24 * 3600)
+
+
+def _serve_until_stopped(service: Any, broker: str, namespace: str, data_dir: Path) -> None:
+    """Says where the service listens, then serves until SIGTERM or SIGINT; FleetServiceError
+    (exit 1) when it stopped because it lost the leader lock."""
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     signal.signal(signal.SIGINT, lambda *_: service.stop())
     where = f", API on http://{service.api.host}:{service.api.port}" if service.api is not None else ""
     if service.metrics_server is not None:
         where = f", metrics on http://{service.metrics_server.host}:{service.metrics_server.port}/metrics{where}"
     # One unwrapped line (scripts and tests read the address from it, at the end of the line).
-    click.echo(
-        f"fleet service on {params['broker']} (namespace {settings.namespace}, data in {data_dir}){where}", nl=True
-    )
+    click.echo(f"fleet service on {broker} (namespace {namespace}, data in {data_dir}){where}", nl=True)
     sys.stdout.flush()
     service.serve_forever()
     if service.lost_leadership:
