@@ -52,13 +52,18 @@ def _read_data_spec(path: Path | None) -> DataSpec:
 
 
 def _task_check(
-    pipeline: Path | None, labels: Path | None, images: Path | None, reference: str | None, gates: tuple[str, ...]
+    pipeline: Path | None,
+    files: tuple[Path | None, Path | None, Path | None],
+    images: Path | None,
+    reference: str | None,
+    gates: tuple[str, ...],
 ) -> object:
-    """The end-to-end gate's inputs, read before any conversion (None when not asked for)."""
+    """The end-to-end gate's inputs, read before any conversion (None when not asked for);
+    ``files``: the pipeline's labels, tokenizer.json and vocabulary, where given."""
     given = {"--pipeline": pipeline, "--validation-images": images, "--reference": reference}
     if not any(given.values()):
-        if labels is not None:
-            raise UsageError("--labels is the labels file of --pipeline; give --pipeline too")
+        if any(files):
+            raise UsageError("--labels, --tokenizer and --vocabulary belong to --pipeline; give --pipeline too")
         return None
     missing = [flag for flag, value in given.items() if not value]
     if missing:
@@ -69,7 +74,7 @@ def _task_check(
     from edgesdk.schemas.pipeline import load_pipeline
 
     assert pipeline is not None and images is not None and reference is not None
-    return prepare_task_check(load_pipeline(pipeline, labels), images, reference, gates)
+    return prepare_task_check(load_pipeline(pipeline, *files), images, reference, gates)
 
 
 def _task_cell(task: object) -> str:
@@ -160,9 +165,15 @@ def _task_cell(task: object) -> str:
 )
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=Path), help="The labels file of --pipeline.")
 @click.option(
+    "--tokenizer", type=click.Path(dir_okay=False, path_type=Path), help="A text --pipeline's tokenizer.json."
+)
+@click.option(
+    "--vocabulary", type=click.Path(dir_okay=False, path_type=Path), help="A ctc --pipeline's tokens, one a line."
+)
+@click.option(
     "--validation-images",
     type=click.Path(path_type=Path),
-    help="A folder of raw .jpg/.png files for the end-to-end gate.",
+    help="A folder of raw files for the end-to-end gate: .jpg/.png (image), .wav (audio) or .txt (text).",
 )
 @click.option(
     "--reference",
@@ -202,6 +213,8 @@ def convert(
     as_is: bool,
     pipeline: Path | None,
     labels: Path | None,
+    tokenizer: Path | None,
+    vocabulary: Path | None,
     validation_images: Path | None,
     reference: str | None,
     task_gates: tuple[str, ...],
@@ -225,7 +238,7 @@ def convert(
     declared_state = {**layout_spec.state, **parse_state_pairs(state_pairs)}
     example = dict(_parse_input(s) for s in inputs) or None
     axes = _parse_dynamic_axes(dynamic_axes)
-    end_to_end = _task_check(pipeline, labels, validation_images, reference, task_gates)
+    end_to_end = _task_check(pipeline, (labels, tokenizer, vocabulary), validation_images, reference, task_gates)
     report = _showing_progress(
         as_json,
         lambda show: run_convert(

@@ -188,3 +188,40 @@ def test_convert_names_a_bad_task_gate_in_one_line_before_converting(tmp_path: P
         )
         and not (tmp_path / "out").exists()
     )
+
+
+def test_convert_reads_a_ctc_pipelines_vocabulary_and_package_checks_it_with_the_pipeline(
+    tmp_path: Path, capsys
+) -> None:
+    from edgesdk.converters.end_to_end import pipeline_sha256
+
+    from edgesdk.cli.main import cli
+    from edgesdk.cli.package_cmd import _same_pipeline_as_validated
+    from edgesdk.console import run_cli
+    from edgesdk.schemas.pipeline import load_pipeline
+
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "a.png").write_bytes(b"not read")
+    (tmp_path / "pipeline.yaml").write_text("post: {kind: ctc}\n")
+    (tmp_path / "vocabulary.txt").write_text("blank\na\nb\n")
+    argv = [
+        "convert", "m.onnx", "--profile", "rpi5-8gb", "--out", str(tmp_path / "out"), "--pipeline",
+        str(tmp_path / "pipeline.yaml"), "--validation-images", str(tmp_path / "lines"), "--reference", "r.json",
+    ]  # fmt: skip
+    assert run_cli(cli, argv) == 1
+    assert "a ctc post step needs its vocabulary" in capsys.readouterr().err
+    assert run_cli(cli, [*argv, "--vocabulary", str(tmp_path / "vocabulary.txt"), "--task-gate", "0.5"]) == 1
+    assert "--task-gate 0.5: a ctc result has several gates" in capsys.readouterr().err  # read past the vocabulary
+    validated = load_pipeline(tmp_path / "pipeline.yaml", vocabulary=tmp_path / "vocabulary.txt")
+    report = _report_with(None).model_copy(update={"end_to_end": _end_to_end(pipeline_sha256(validated))})
+    (tmp_path / "report.json").write_text(report.model_dump_json())
+    _same_pipeline_as_validated(tmp_path, tmp_path / "pipeline.yaml", None, None, tmp_path / "vocabulary.txt")
+    (tmp_path / "other.txt").write_text("blank\nb\na\n")
+    with pytest.raises(UsageError, match="is not the pipeline"):
+        _same_pipeline_as_validated(tmp_path, tmp_path / "pipeline.yaml", None, None, tmp_path / "other.txt")
+
+
+def _end_to_end(sha256: str):
+    from edgesdk.schemas.report import EndToEndCheck
+
+    return EndToEndCheck(images="lines", files=1, reference="r.json", pipeline_sha256=sha256, gate=1.0, kind="ctc")
