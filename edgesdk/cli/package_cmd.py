@@ -147,7 +147,7 @@ def package(
             "(the device floors it may replace) and --downgrade-expires"
         )
     if pipeline is not None:
-        _same_pipeline_as_validated(convert_dir, pipeline, labels)
+        _same_pipeline_as_validated(convert_dir, pipeline, labels, tokenizer, vocabulary)
     device_recipients: list[Any] = list(recipients)
     if from_server:
         device_recipients += _approved_on_service(server, token_file)
@@ -209,7 +209,9 @@ def _pipeline_summary(pipeline: Any) -> str | None:
     return f"{pipeline.input} -> {post.kind} ({post.activation}, top {post.top_k}{labels})"
 
 
-def _same_pipeline_as_validated(convert_dir: Path, pipeline: Path, labels: Path | None) -> None:
+def _same_pipeline_as_validated(
+    convert_dir: Path, pipeline: Path, labels: Path | None, tokenizer: Path | None, vocabulary: Path | None
+) -> None:
     """A convert output gated end to end (convert --pipeline --reference) signs only the pipeline
     it validated: another mean/std or labels file would ship answers nobody checked."""
     from edgesdk.converters.end_to_end import pipeline_sha256
@@ -221,7 +223,10 @@ def _same_pipeline_as_validated(convert_dir: Path, pipeline: Path, labels: Path 
     except (OSError, ValueError):
         return  # package_bundle says what is wrong with the convert dir, in its own words
     checked = report.end_to_end
-    if checked is not None and pipeline_sha256(load_pipeline(pipeline, labels)) != checked.pipeline_sha256:
+    if checked is None:
+        return
+    signed = load_pipeline(pipeline, labels, tokenizer, vocabulary)  # the tokenizer and vocabulary are in it too
+    if pipeline_sha256(signed) != checked.pipeline_sha256:
         raise UsageError(
             f"--pipeline {pipeline} (with --labels {labels}) is not the pipeline {convert_dir} was validated with end "
             f"to end (against {checked.reference}); package that one, or convert again with this one"
