@@ -32,6 +32,7 @@ from edgesdk.converters.task_results import TaskGates, answer_of, judge_task, pa
 
 from edgesdk.errors import ConversionError, UsageError
 from edgesdk.pipeline import PipelineInputError, compare_results, postprocess, preprocess
+from edgesdk.pipeline.compare import DEFAULT_GATES
 from edgesdk.quality.tail_statistics import agreement_reading, tail_reading
 from edgesdk.schemas.manifest import TensorSpec
 from edgesdk.schemas.pipeline import Pipeline
@@ -90,6 +91,9 @@ def prepare_task_check(
     """Read the folder of raw files and the user's answer for each (their JSON or function).
     ``gate``: the top-1 share for classes, or ``NAME=VALUE[@pN]`` items (task_results.py)."""
     kind = pipeline.post.kind
+    if kind != "classes" and kind not in DEFAULT_GATES:
+        gated = ", ".join(["classes", *DEFAULT_GATES])
+        raise UsageError(f"--reference: a {kind!r} post is not gated end to end yet (gated: {gated})")
     gates = parse_task_gates(kind, gate)
     files = list_images(images, pipeline.input)
     expected = expected_results(reference, files, kind, pipeline.post.labels)

@@ -225,3 +225,13 @@ def _end_to_end(sha256: str):
     from edgesdk.schemas.report import EndToEndCheck
 
     return EndToEndCheck(images="lines", files=1, reference="r.json", pipeline_sha256=sha256, gate=1.0, kind="ctc")
+
+
+def test_a_post_kind_without_task_figures_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a.wav").write_bytes(b"not read")
+    pipeline = Pipeline.model_validate({"input": "audio", "post": {"kind": "detection", "threshold": 0.5}})
+    with pytest.raises(UsageError) as caught:
+        prepare_task_check(pipeline, tmp_path, "r.json")
+    assert str(caught.value) == (
+        "--reference: a 'detection' post is not gated end to end yet (gated: classes, boxes, mask, ctc, embedding)"
+    )
