@@ -47,9 +47,8 @@ class _Plan:
     step: int
     fft_size: int
     window: np.ndarray  # int64 Q12
-    weights: np.ndarray  # (channels + 1, bins) Q12 as float64: each band's rising slope
-    unweights: np.ndarray  # the same bins' falling slope, summed into the next channel
     gain_lut: np.ndarray  # int64, PCAN's piecewise-quadratic gain table
+    taps: tuple[np.ndarray, np.ndarray, np.ndarray]  # the filterbank as (bins, Q12 weights, each channel's first)
     snr_shift: int
     correction_bits: int
 
@@ -73,7 +72,8 @@ def micro_features(samples: np.ndarray, rate: int, spec: MicroFrontend) -> np.nd
     # where -32768 stays negative: such a sample does not count towards the largest magnitude.
     magnitudes = np.where(windowed == -32768, 0, np.abs(windowed))
     shift = 15 - _bit_length(magnitudes.max(axis=1))
-    real, imag = _fixed_point_rfft(_wrap16(windowed << shift[:, None]), plan.fft_size)
+    real, imag = _fixed_point_rfft((windowed << shift[:, None]).astype(np.int16), plan.fft_size)
+    real, imag = real.astype(np.int64), imag.astype(np.int64)
     energy = real * real + imag * imag
     signal = _filterbank_sqrt(energy, plan) >> shift[:, None]
     signal = _reduce_noise(signal, spec, plan)
@@ -93,27 +93,29 @@ def _bit_length(values: np.ndarray) -> np.ndarray:
 
 
 def _fixed_point_rfft(frames: np.ndarray, fft_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """kiss_fftr in 16-bit fixed point (the reference's FFT), bit for bit: (real, imag) int64
+    """kiss_fftr in 16-bit fixed point (the reference's FFT), bit for bit: (real, imag) int16
     arrays of (frames, fft_size // 2 + 1). The real input is read as fft_size / 2 complex
     samples, transformed by radix-4 stages that each divide by 4 and round, then split into
     the real spectrum with a last halving. A float FFT rounded once differs from it: the
-    stages' rounding zeroes the quietest bins, which the integer log then maps to 0."""
+    stages' rounding zeroes the quietest bins, which the integer log then maps to 0. Values
+    live in int16 arrays, so sums wrap where the C code's int16 fields do; products in int32."""
     half = fft_size // 2
-    padded = np.zeros((frames.shape[0], fft_size), np.int64)
+    padded = np.zeros((frames.shape[0], fft_size), np.int16)
     padded[:, : frames.shape[1]] = frames
     re, im = _complex_fft(padded[:, 0::2], padded[:, 1::2], _twiddles(half))
     k = np.arange(1, half // 2 + 1)
     fpk_re, fpk_im = _fixdiv(re[:, k], 2), _fixdiv(im[:, k], 2)
-    fpnk_re, fpnk_im = _fixdiv(re[:, half - k], 2), _fixdiv(_wrap16(-im[:, half - k]), 2)
-    f1_re, f1_im = _wrap16(fpk_re + fpnk_re), _wrap16(fpk_im + fpnk_im)
-    f2_re, f2_im = _wrap16(fpk_re - fpnk_re), _wrap16(fpk_im - fpnk_im)
-    tw_re, tw_im = _cmul(f2_re, f2_im, *_super_twiddles(half))
-    out_re = np.zeros((frames.shape[0], half + 1), np.int64)
+    fpnk_re, fpnk_im = _fixdiv(re[:, half - k], 2), _fixdiv(-im[:, half - k], 2)
+    f1_re, f1_im = fpk_re + fpnk_re, fpk_im + fpnk_im
+    tw_re, tw_im = _cmul(fpk_re - fpnk_re, fpk_im - fpnk_im, *_super_twiddles(half))
+    f1_re, f1_im, tw_re, tw_im = (x.astype(np.int32) for x in (f1_re, f1_im, tw_re, tw_im))
+    out_re = np.zeros((frames.shape[0], half + 1), np.int16)
     out_im = np.zeros_like(out_re)
-    dc_re, dc_im = _fixdiv(re[:, 0], 2), _fixdiv(im[:, 0], 2)
-    out_re[:, 0], out_re[:, half] = _wrap16(dc_re + dc_im), _wrap16(dc_re - dc_im)
-    out_re[:, k], out_im[:, k] = _wrap16((f1_re + tw_re) >> 1), _wrap16((f1_im + tw_im) >> 1)
-    out_re[:, half - k], out_im[:, half - k] = _wrap16((f1_re - tw_re) >> 1), _wrap16((tw_im - f1_im) >> 1)
+    dc_re, dc_im = _fixdiv(re[:, 0], 2).astype(np.int32), _fixdiv(im[:, 0], 2).astype(np.int32)
+    out_re[:, 0], out_re[:, half] = (dc_re + dc_im).astype(np.int16), (dc_re - dc_im).astype(np.int16)
+    out_re[:, k], out_im[:, k] = ((f1_re + tw_re) >> 1).astype(np.int16), ((f1_im + tw_im) >> 1).astype(np.int16)
+    out_re[:, half - k] = ((f1_re - tw_re) >> 1).astype(np.int16)
+    out_im[:, half - k] = ((tw_im - f1_im) >> 1).astype(np.int16)
     return out_re, out_im
 
 
@@ -135,15 +137,15 @@ def _complex_fft(re: np.ndarray, im: np.ndarray, tw: tuple[np.ndarray, np.ndarra
         a_re, b_re, c_re, d_re = (quarters_re[:, :, q] for q in range(4))
         a_im, b_im, c_im, d_im = (quarters_im[:, :, q] for q in range(4))
         k = np.arange(m) * stride
-        s0 = _cmul(b_re, b_im, tw[0][k], tw[1][k])
-        s1 = _cmul(c_re, c_im, tw[0][2 * k], tw[1][2 * k])
-        s2 = _cmul(d_re, d_im, tw[0][3 * k], tw[1][3 * k])
-        s5_re, s5_im = _wrap16(a_re - s1[0]), _wrap16(a_im - s1[1])
-        a_re, a_im = _wrap16(a_re + s1[0]), _wrap16(a_im + s1[1])
-        s3_re, s3_im = _wrap16(s0[0] + s2[0]), _wrap16(s0[1] + s2[1])
-        s4_re, s4_im = _wrap16(s0[0] - s2[0]), _wrap16(s0[1] - s2[1])
-        re = _wrap16(np.stack([a_re + s3_re, s5_re + s4_im, a_re - s3_re, s5_re - s4_im], axis=2)).reshape(frames, n)
-        im = _wrap16(np.stack([a_im + s3_im, s5_im - s4_re, a_im - s3_im, s5_im + s4_re], axis=2)).reshape(frames, n)
+        s0_re, s0_im = _cmul(b_re, b_im, tw[0][k], tw[1][k])
+        s1_re, s1_im = _cmul(c_re, c_im, tw[0][2 * k], tw[1][2 * k])
+        s2_re, s2_im = _cmul(d_re, d_im, tw[0][3 * k], tw[1][3 * k])
+        s5_re, s5_im = a_re - s1_re, a_im - s1_im
+        a_re, a_im = a_re + s1_re, a_im + s1_im
+        s3_re, s3_im = s0_re + s2_re, s0_im + s2_im
+        s4_re, s4_im = s0_re - s2_re, s0_im - s2_im
+        re = np.stack([a_re + s3_re, s5_re + s4_im, a_re - s3_re, s5_re - s4_im], axis=2).reshape(frames, n)
+        im = np.stack([a_im + s3_im, s5_im - s4_re, a_im - s3_im, s5_im + s4_re], axis=2).reshape(frames, n)
         size *= 4
     return re, im
 
@@ -159,20 +161,22 @@ def _digit_reversed(n: int) -> np.ndarray:
 
 
 def _wrap16(x: np.ndarray) -> np.ndarray:
-    """A store into an int16 field: keep the low 16 bits, sign-extended."""
+    """A store into an int16 field: keep the low 16 bits, sign-extended (int64 ``x``)."""
     return (x << 48) >> 48
 
 
 def _round15(x: np.ndarray) -> np.ndarray:
-    """kiss_fft's sround: a Q15 product back to int16, rounded."""
-    return _wrap16((x + (1 << 14)) >> 15)
+    """kiss_fft's sround: an int32 Q15 product back to int16, rounded."""
+    return ((x + (1 << 14)) >> 15).astype(np.int16)
 
 
 def _fixdiv(x: np.ndarray, divisor: int) -> np.ndarray:
-    return _round15(x * (0x7FFF // divisor))
+    return _round15(x.astype(np.int32) * (0x7FFF // divisor))
 
 
 def _cmul(a_re: np.ndarray, a_im: np.ndarray, b_re: np.ndarray, b_im: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """C_MUL: int16 ``a`` times int32 twiddles ``b``, its int32 products wrapping as C's do."""
+    a_re, a_im = a_re.astype(np.int32), a_im.astype(np.int32)
     return _round15(a_re * b_re - a_im * b_im), _round15(a_re * b_im + a_im * b_re)
 
 
@@ -188,18 +192,17 @@ def _super_twiddles(half: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _unit_circle(phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q15 (cos, sin), rounded as kiss_fft rounds its twiddles."""
-    return np.floor(0.5 + 0x7FFF * np.cos(phase)).astype(np.int64), np.floor(0.5 + 0x7FFF * np.sin(phase)).astype(
-        np.int64
+    return np.floor(0.5 + 0x7FFF * np.cos(phase)).astype(np.int32), np.floor(0.5 + 0x7FFF * np.sin(phase)).astype(
+        np.int32
     )
 
 
 def _filterbank_sqrt(energy: np.ndarray, plan: _Plan) -> np.ndarray:
-    """Each channel's weighted energy, square-rooted. In float64, exactly: an int16 spectrum's
-    energies are at most 2^31, times Q12 weights over at most 257 bins: below 2^53."""
-    spectrum = energy.astype(np.float64)
-    accumulated = spectrum @ plan.weights.T
-    accumulated[:, 1:] += spectrum @ plan.unweights[:-1].T
-    return _rounded_sqrt(accumulated[:, 1:].astype(np.uint64))
+    """Each channel's weighted energy, square-rooted: a channel sums its own bins by their rising
+    weights and the previous band's bins by their falling ones (sparse: a few bins each)."""
+    bins, coefficients, starts = plan.taps
+    sums = np.add.reduceat(energy[:, bins] * coefficients, starts, axis=1)
+    return _rounded_sqrt(sums.astype(np.uint64))
 
 
 def _rounded_sqrt(values: np.ndarray) -> np.ndarray:
@@ -284,14 +287,14 @@ def _plan(spec: MicroFrontend, rate: int) -> _Plan:
     shape = (0.5 - 0.5 * cosine.astype(np.float64)).astype(np.float32)
     window = np.floor(shape.astype(np.float64) * (1 << _WINDOW_BITS) + 0.5)
     weights, unweights = _filterbank(spec, rate, fft_size // 2 + 1)
+    taps = _taps(weights, unweights)
     correction = fft_size.bit_length() - 1 - _FILTERBANK_BITS // 2
     return _Plan(
         size=size,
         step=step,
         fft_size=fft_size,
         window=window.astype(np.int64),
-        weights=weights,
-        unweights=unweights,
+        taps=taps,
         gain_lut=_gain_table(spec, spec.smoothing_bits - correction),
         snr_shift=spec.gain_bits - correction - _PCAN_SNR_BITS,
         correction_bits=correction,
@@ -325,6 +328,21 @@ def _filterbank(spec: MicroFrontend, rate: int, bins: int) -> tuple[np.ndarray, 
             freq += 1
         start = freq
     return weights, unweights
+
+
+def _taps(weights: np.ndarray, unweights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Output channel k sums band k + 1's bins by their weights and band k's by their
+    unweights: every (bin, coefficient) of each channel in one flat list, and where each starts.
+    A channel with no bin keeps one zero tap (reduceat needs a non-empty segment)."""
+    bins: list[int] = []
+    coefficients: list[int] = []
+    starts: list[int] = []
+    for channel in range(weights.shape[0] - 1):
+        starts.append(len(bins))
+        rising, falling = np.nonzero(weights[channel + 1])[0], np.nonzero(unweights[channel])[0]
+        bins += [*falling.tolist(), *rising.tolist()] or [0]
+        coefficients += [*unweights[channel, falling].tolist(), *weights[channel + 1, rising].tolist()] or [0]
+    return np.array(bins), np.array(coefficients, np.int64), np.array(starts)
 
 
 def _gain_table(spec: MicroFrontend, input_bits: int) -> np.ndarray:
