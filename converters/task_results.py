@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import UsageError
-from edgesdk.pipeline.compare import DEFAULT_GATES, GATE_MEANINGS, MATCH_IOU, Gate, read_figure, sample_figures
+from edgesdk.pipeline.compare import DEFAULT_GATES, MATCH_IOU, Gate, read_figure, sample_figures
 from edgesdk.quality.tail_statistics import wilson_lower
 from edgesdk.schemas.report import TaskAccuracy, TaskFigure
 
@@ -210,8 +210,3 @@ def _worst_files(
         missing.sort(reverse=not gate.higher_is_better)
         named += [f"{files[i].name}: {gate.name} {v:.4f} (gate {gate.threshold:g})" for v, i in missing[:SHOWN_WORST]]
     return named
-
-
-def gate_meanings(kind: str) -> dict[str, str]:
-    """Each gate of ``kind`` and what its figure is (for the docs and errors)."""
-    return {g.name: GATE_MEANINGS[g.name] for g in DEFAULT_GATES.get(kind, ())}

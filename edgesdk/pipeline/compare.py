@@ -101,16 +101,6 @@ DEFAULT_GATES: dict[str, tuple[Gate, ...]] = {
     "ctc": (Gate("exact", 0.9, reads="share"), Gate("cer", 0.1, higher_is_better=False)),
     "embedding": (Gate("cosine", 0.99),),
 }
-#: What each gate's figure is, for reports and errors.
-GATE_MEANINGS = {
-    "recall": "share of your boxes a same-class box matches at IoU ≥ match_iou, per image",
-    "precision": "share of the variant's boxes that match one of yours, per image",
-    "box_iou": "the lowest IoU of a matched pair, per image",
-    "mask_iou": "IoU of the argmax mask with yours, averaged over the classes either shows, per image",
-    "exact": "share of texts decoded exactly as yours",
-    "cer": "character error rate (edits / your text's length), per text",
-    "cosine": "cosine similarity of the embedding with yours, per sample",
-}
 
 
 @dataclass(frozen=True)
