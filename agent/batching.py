@@ -32,7 +32,7 @@ import asyncio
 import copy
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,9 @@ RunBatch = Callable[[Feeds], tuple[Outputs, str]]
 #: What must be equal for two requests to share a batch: per input, its name, dtype, non-batch dims.
 ShapeKey = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
 
+#: The ``full`` of every batch on the loop: no one waits there (an Event costs ~10 µs to make).
+_NO_WAIT = threading.Event()
+
 #: After a batch on the loop ran alone, one request in about this many waits a turn of the loop
 #: for company (``join``): clients come and go.
 PROBE_EVERY = 16
@@ -70,15 +73,18 @@ class BatchAbandonedError(AgentError):
 
 class Member:
     """One request in a batch: its feeds and rows; then its outputs or error, the tag, and the
-    batch's run time and size (``company``); ``done`` is set (thread) or called (loop) once."""
+    batch's run time and size (``company``); ``done`` is set (thread) or called with the batch's
+    members (loop) once."""
 
-    __slots__ = ("feeds", "rows", "done", "outputs", "tag", "error", "ran", "company")
+    __slots__ = ("feeds", "rows", "done", "context", "outputs", "tag", "error", "ran", "company")
 
-    def __init__(self, feeds: Feeds, rows: int, done: Any) -> None:
+    def __init__(self, feeds: Feeds, rows: int, done: Any, context: Any = None) -> None:
         self.feeds = feeds
         self.rows = rows
-        #: threading.Event (``run``), or the callback that takes this member (``join``).
+        #: threading.Event (``run``), or the callback that takes the batch's members (``join``).
         self.done = done
+        #: What the caller of ``join`` needs to answer it (its reply, what it holds).
+        self.context = context
         self.outputs: Outputs | None = None
         self.tag = ""
         self.error: BaseException | None = None
@@ -87,13 +93,14 @@ class Member:
 
 
 class _Batch:
-    __slots__ = ("members", "rows", "full", "budget")
+    __slots__ = ("members", "rows", "full", "budget", "nbytes")
 
-    def __init__(self, first: Member, budget: InflightBytesBudget | None = None) -> None:
+    def __init__(self, first: Member, full: threading.Event, budget: InflightBytesBudget | None = None) -> None:
         self.members = [first]
         self.rows = first.rows
-        self.full = threading.Event()
+        self.full = full  # set when a pool batch may start (on the loop: _NO_WAIT, no one waits)
         self.budget = budget
+        self.nbytes = 0  # the inputs' bytes (loop batches: what stacking them copies)
 
 
 class BatchFormer:
@@ -109,7 +116,8 @@ class BatchFormer:
         self._lock = threading.Lock()  # guards _filling and every filling batch's members/rows
         self._filling: dict[ShapeKey, _Batch] = {}
         self._waiting = 0  # requests in pool batches not started yet; changed under _lock
-        self._on_loop: dict[ShapeKey, _Batch] = {}  # the loop's forming batches (its thread only)
+        #: The batches forming on the loop this wake-up, by shape (its thread only).
+        self.forming: dict[Hashable, _Batch] = {}
         # False once a model answered a batch with outputs that are not one row per input row:
         # then every request runs alone.
         self.splittable = True
@@ -124,13 +132,12 @@ class BatchFormer:
 
     # -- on the event loop --------------------------------------------------------------------
 
-    def may_join(self) -> bool:
-        """Whether a request on the loop should be offered to ``join``: while a batch forms this
-        wake-up, or when the last batch had company; after a lone one, about every
-        ``PROBE_EVERY``-th request (a lone request waiting for nobody would only lose the loop's
-        turn). Asked before the request is decoded, so a declined one costs a counter."""
-        if self._on_loop or self.company > 1:
-            return True
+    def probe(self) -> bool:
+        """Whether a request on the loop should be offered to ``join`` although no batch forms
+        this wake-up and the last one ran alone: about every ``PROBE_EVERY``-th (a lone request
+        waiting for nobody would only lose the loop's turn). Callers offer every request while
+        ``forming`` or the last batch had ``company``; asked before the request is decoded, so a
+        declined one costs a counter."""
         self._probe_left -= 1
         if self._probe_left > 0:
             return False
@@ -142,41 +149,56 @@ class BatchFormer:
 
     def join(
         self,
+        key: Hashable,
         feeds: Feeds,
-        done: Callable[[Member], None],
+        rows: int,
+        nbytes: int,
+        done: Callable[[list[Member]], None],
+        context: Any,
         max_rows: int,
         loop: asyncio.AbstractEventLoop,
         budget: InflightBytesBudget | None = None,
     ) -> bool:
-        """Take checked ``feeds`` into the batch this wake-up of ``loop`` forms for their shape
-        (at most ``max_rows`` rows), run on the loop's next turn; ``done(member)`` is called then,
-        once. False: not taken (the batch is full, the model cannot be split), run it now.
-        ``budget`` is charged the stacked copy of the inputs while the batch runs."""
-        rows = _rows(feeds)
+        """Take checked ``feeds`` (``rows`` rows, ``nbytes`` bytes; ``stackable`` works out all
+        three) into the batch this wake-up of ``loop`` forms for ``key`` (at most ``max_rows``
+        rows), run on the loop's next turn; then ``done`` is called once with the batch's members
+        it brought (each carrying its ``context``; pass the same object for every request of one
+        caller, so that it is called once per batch). ``key``: equal only for requests that stack
+        (same inputs, dtypes, non-batch dims); a caller that knows as much passes its own (the
+        prepared route: the model's one input, whose other axes its signature fixes). False: not
+        taken (the batch is full, the model cannot be split), run it now. ``budget`` is charged
+        the stacked copy of the inputs while the batch runs."""
         if not self.splittable or not 0 < rows <= max_rows:
             return False
-        key = _shape_key(feeds)
-        batch = self._on_loop.get(key)
+        forming = self.forming
+        batch = forming.get(key)
         if batch is None:
-            self._on_loop[key] = _Batch(Member(feeds, rows, done), budget)
+            batch = forming[key] = _Batch(Member(feeds, rows, done, context), _NO_WAIT, budget)
+            batch.nbytes = nbytes
             loop.call_soon(self._close_on_loop, key)
             return True
         if batch.rows + rows > max_rows:
             return False
-        batch.members.append(Member(feeds, rows, done))
+        batch.members.append(Member(feeds, rows, done, context))
         batch.rows += rows
+        batch.nbytes += nbytes
         return True
 
-    def _close_on_loop(self, key: ShapeKey) -> None:
-        batch = self._on_loop.pop(key)
+    def _close_on_loop(self, key: Hashable) -> None:
+        batch = self.forming.pop(key)
         members = batch.members
         self.company = len(members)
-        self._execute(members, batch.budget)
-        for member in members:
+        self._execute(members, batch.budget, batch.nbytes)
+        done = members[0].done
+        if all(member.done is done for member in members):  # one caller's (one route's) batch
+            callers = [(done, members)]
+        else:  # each caller once, with its own members
+            callers = [(d, [m for m in members if m.done == d]) for d in dict.fromkeys(m.done for m in members)]
+        for done, its_members in callers:
             try:
-                member.done(member)
-            except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
-                log.exception("answering a batched request failed")
+                done(its_members)
+            except Exception:  # noqa: BLE001 - one caller's failure must not keep the others waiting
+                log.exception("answering batched requests failed")
 
     # -- in pool threads ----------------------------------------------------------------------
 
@@ -200,7 +222,7 @@ class BatchFormer:
             else:
                 if batch is not None:  # this one does not fit: the filling batch starts as it is
                     batch.full.set()
-                leading = self._filling[key] = _Batch(member)
+                leading = self._filling[key] = _Batch(member, threading.Event())
         if leading is None:
             member.done.wait()
             return _result(member)
@@ -225,13 +247,12 @@ class BatchFormer:
 
     # -- one run, split back ------------------------------------------------------------------
 
-    def _execute(self, members: list[Member], budget: InflightBytesBudget | None = None) -> None:
+    def _execute(self, members: list[Member], budget: InflightBytesBudget | None = None, stack: int = 0) -> None:
+        """Run ``members`` as one batch; ``stack``: their inputs' bytes, charged to ``budget``
+        while the batch runs (the stacked copy is memory of its own), or each member runs alone."""
         if len(members) == 1:
             _run_alone(self.run_batch, members[0])
             return
-        # The stacked copy of the inputs is memory of its own: charged while the batch runs, or
-        # each member runs alone.
-        stack = sum(array.nbytes for m in members for array in m.feeds.values()) if budget is not None else 0
         if budget is not None and not budget.try_take(stack):
             for m in members:
                 _run_alone(self.run_batch, m)
@@ -275,6 +296,11 @@ class BatchFormer:
             m.outputs = {name: out[start:end] for name, out in outputs.items()}
             m.tag, m.ran, m.company = tag, ran, company
             start = end
+
+
+def stackable(feeds: Feeds) -> tuple[ShapeKey, Feeds, int, int]:
+    """``join``'s first four arguments for ``feeds``: their shape key, themselves, rows, bytes."""
+    return _shape_key(feeds), feeds, _rows(feeds), sum(array.nbytes for array in feeds.values())
 
 
 def _rows(feeds: Feeds) -> int:

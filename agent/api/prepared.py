@@ -29,7 +29,6 @@ and the price of keeping one error path.)
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from time import perf_counter
@@ -43,7 +42,6 @@ from edgesdk.agent.batching import Member
 
 if TYPE_CHECKING:
     from edgesdk.agent.api.app import ApiApp
-    from edgesdk.agent.serving import ServedModel
 
 log = logging.getLogger("edgesdk.agent.api")
 
@@ -71,6 +69,8 @@ class PreparedInfer:
         "_ran",
         "_allowance",
         "batching",
+        "_input",
+        "_on_batch",
         "_served",
     )
 
@@ -99,6 +99,8 @@ class PreparedInfer:
         # Batches of the requests one wake-up of the loop brings (``later``, the model's batch
         # former): when it has a batch axis and the API allows batches (inline_batch_max > 1).
         self.batching = plan.batch_input is not None
+        self._input = plan.batch_input or ""
+        self._on_batch = self._batched  # one object for every request: the former calls it once per batch
         #: (model name, feeds, outputs) of the request being answered, kept only while the
         #: server has taps (``ModelServer.taps``), for ``answered`` to hand them.
         self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
@@ -169,7 +171,7 @@ class PreparedInfer:
         if former is None or not former.splittable:
             self.batching = False  # outputs without a row per input row: never again
             return False
-        if not former.may_join():
+        if not (former.forming or former.company > 1 or former.probe()):
             return False
         requests = scheduler.requests
         if requests.count >= scheduler.capacity or not scheduler.inline_left:
@@ -187,38 +189,50 @@ class PreparedInfer:
             log.debug("prepared route: %s not taken for a batch (%r)", self.known.path, exc)
             self._finish(allowance)
             return False
-        if scheduler.batch(former, feeds, functools.partial(self._batched, reply, allowance, model), budget):
+        array = feeds[self._input]  # the plan's one input: its name is the batch's key (see join)
+        context = (reply, allowance, model)
+        if scheduler.batch(former, self._input, feeds, len(array), array.nbytes, self._on_batch, context, budget):
             return True
         self._finish(allowance)
         return False
 
-    def _batched(self, reply: Reply, allowance: Allowance | None, model: ServedModel, member: Member) -> None:
-        """A request ``later`` took, once its batch ran: answered its rows of every output,
-        encoded as ``answer`` encodes. Anything unexpected (the model swapped meanwhile, an error
-        of the batch's run) declines it to the generic path, answered alone there as without
-        batching; an error of a batch of several also turns this route's batches off (a runtime
-        that cannot take this batch size)."""
-        answer = None
-        outputs = member.outputs
-        if member.error is None and outputs is not None and self.server.model is model:
+    def _batched(self, members: list[Member]) -> None:
+        """The requests ``later`` took, once their batch ran: each answered its rows of every
+        output, encoded as ``answer`` encodes. Anything unexpected (the model swapped meanwhile,
+        an error of the batch's run) declines a request to the generic path, answered alone there
+        as without batching; an error of a batch of several also turns this route's batches off
+        (a runtime that cannot take this batch size)."""
+        server, scheduler = self.server, self.scheduler
+        encode, observe, taps = self.encode, server.observe, server.taps
+        ran, company = members[0].ran, members[0].company
+        answered = 0
+        for member in members:
+            reply, allowance, model = member.context
+            answer = None
+            outputs = member.outputs
+            if member.error is None and outputs is not None and server.model is model:
+                try:
+                    answer = encode(outputs, member.tag)
+                except Exception as exc:  # noqa: BLE001 - the generic path answers it (see module)
+                    log.debug("prepared route: %s batched answer declined (%r)", self.known.path, exc)
+            elif member.error is not None and company > 1 and self.batching:
+                self.batching = False
+                log.info("prepared route for %s: batches off (%r)", self.known.path, member.error)
+            self._finish(allowance)
             try:
-                answer = self.encode(outputs, member.tag)
-            except Exception as exc:  # noqa: BLE001 - the generic path answers it (see module)
-                log.debug("prepared route: %s batched answer declined (%r)", self.known.path, exc)
-        elif member.error is not None and member.company > 1:
-            self.batching = False
-            log.info("prepared route for %s: batches off (%r)", self.known.path, member.error)
-        self._finish(allowance)
-        reply(answer)
-        if answer is None or outputs is None:
-            return
-        scheduler, server, company = self.scheduler, self.server, member.company
-        server.observe(member.tag, member.ran)
-        if company > 1:
-            scheduler.metrics.inline_batched += 1
-        scheduler.took(member.ran / company)  # the loop was blocked for all of them: its share each
-        if server.taps:
-            server.tap(model.name, member.feeds, outputs, member.tag)
+                reply(answer)
+            except Exception:  # noqa: BLE001 - one broken connection must not keep the others waiting
+                log.exception("answering a batched request failed")
+            if answer is None or outputs is None:
+                continue
+            answered += 1
+            observe(member.tag, member.ran)
+            if taps:
+                server.tap(model.name, member.feeds, outputs, member.tag)
+        if answered:
+            if company > 1:
+                scheduler.metrics.inline_batched += answered
+            scheduler.took(ran / company)  # the loop was blocked for all of them: its share each
 
     def _finish(self, allowance: Allowance | None) -> None:
         """A request (holding ``allowance``) no longer counts, nor holds its memory."""

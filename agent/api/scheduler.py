@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
@@ -163,12 +163,22 @@ class Scheduler:
         return None
 
     def batch(
-        self, former: BatchFormer, feeds: Feeds, done: Callable[[Member], None], budget: InflightBytesBudget
+        self,
+        former: BatchFormer,
+        key: Hashable,
+        feeds: Feeds,
+        rows: int,
+        nbytes: int,
+        done: Callable[[list[Member]], None],
+        context: object,
+        budget: InflightBytesBudget,
     ) -> bool:
         """Take a tiny model's checked inline request into the batch its former forms from this
-        wake-up of the loop (at most ``inline_batch_max`` rows; run on the loop's next turn, then
-        ``done``); False: answer it now, alone."""
-        return former.join(feeds, done, self.inline_batch_max, self.loop or asyncio.get_running_loop(), budget)
+        wake-up of the loop (``BatchFormer.join``: at most ``inline_batch_max`` rows, run on the
+        loop's next turn, then ``done`` with the members, each carrying its ``context``); False:
+        answer it now, alone."""
+        loop = self.loop or asyncio.get_running_loop()
+        return former.join(key, feeds, rows, nbytes, done, context, self.inline_batch_max, loop, budget)
 
     def submit_from_thread(self, work: Work, *, size: int, where: str = "") -> Answer | ErrorAnswer:
         """``submit`` from a thread other than the event loop's (the gRPC server's): hops onto

@@ -4,7 +4,7 @@ model's pool requests (``run``) go through the same former and the same run-and-
 gets what it would unbatched, and the loop's batches keep the guarantees the pool's have: shapes
 kept apart, the row limit, an error each member's own, outputs that cannot be split answered one
 by one (and never batched again), the memory budget charged for the stacked copy, a broken
-member's answer never keeping the others waiting."""
+caller's answer never keeping the others waiting."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from edgesdk.agent.api.budget import InflightBytesBudget
-from edgesdk.agent.batching import PROBE_EVERY, BatchFormer, Member
+from edgesdk.agent.batching import PROBE_EVERY, BatchFormer, Member, stackable
 
 from edgesdk.schemas.agent_config import BatchingSettings
 
@@ -67,7 +67,7 @@ def one_wake_up(
 
     def reads() -> None:
         for f in feeds:
-            taken.append(batches.join(f, answered.append, max_rows, loop))
+            taken.append(batches.join(*stackable(f), answered.extend, None, max_rows, loop))
 
     loop.call_soon(reads)
     loop.run_until_complete(asyncio.sleep(0.01))
@@ -143,7 +143,7 @@ def test_a_loop_batch_holds_its_stacked_inputs_in_the_memory_budget(loop: asynci
 
         def reads(budget: InflightBytesBudget = budget, answered: list[Member] = answered) -> None:
             for i in range(3):
-                assert batches.join({"x": x(float(i))}, answered.append, 8, loop, budget)
+                assert batches.join(*stackable({"x": x(float(i))}), answered.extend, None, 8, loop, budget)
 
         loop.call_soon(reads)
         loop.run_until_complete(asyncio.sleep(0.01))
@@ -152,16 +152,18 @@ def test_a_loop_batch_holds_its_stacked_inputs_in_the_memory_budget(loop: asynci
         assert budget.used == 0 and all(m.error is None for m in answered)
 
 
-def test_a_member_whose_answer_fails_does_not_keep_the_others_waiting(loop: asyncio.AbstractEventLoop) -> None:
+def test_a_loop_batch_caller_whose_answer_fails_does_not_keep_the_other_callers_waiting(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     batches = former(Run())
     answered: list[Member] = []
 
-    def broken(member: Member) -> None:
+    def broken(members: list[Member]) -> None:
         raise ConnectionResetError("the client went away")
 
     def reads() -> None:
-        assert batches.join({"x": x(1.0)}, broken, 8, loop)
-        assert batches.join({"x": x(2.0)}, answered.append, 8, loop)
+        assert batches.join(*stackable({"x": x(1.0)}), broken, None, 8, loop)
+        assert batches.join(*stackable({"x": x(2.0)}), answered.extend, None, 8, loop)
 
     loop.call_soon(reads)
     loop.run_until_complete(asyncio.sleep(0.01))
@@ -171,7 +173,5 @@ def test_a_member_whose_answer_fails_does_not_keep_the_others_waiting(loop: asyn
 
 def test_after_lone_batches_about_one_request_in_probe_every_looks_for_company() -> None:
     batches = former(Run())
-    offered = sum(batches.may_join() for _ in range(10 * PROBE_EVERY))
+    offered = sum(batches.probe() for _ in range(10 * PROBE_EVERY))
     assert 6 <= offered <= 10  # every 16-22 requests
-    batches.company = 2  # the last batch had company: every request is offered
-    assert all(batches.may_join() for _ in range(5))
