@@ -28,7 +28,7 @@ from edgesdk.errors import EdgeSDKError, UsageError
 from edgesdk.profiles import get_profile
 
 if TYPE_CHECKING:
-    from edgesdk.demo.story import DemoError
+    from edgesdk.demo.story import DemoError, DemoOptions, DemoResult
 
 
 def _interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -89,22 +89,10 @@ def demo(
 ) -> None:
     """Run the local end-to-end demo (a few minutes)."""
     profile = get_profile(profile_name, profiles_dirs(ctx))
-    try:
-        import fastapi  # noqa: F401  (the fleet service the demo starts: the fleet-service extra)
-        import matplotlib  # noqa: F401
-        import sqlalchemy  # noqa: F401
-        import torch  # noqa: F401
+    _require_every_extra()
+    from edgesdk.demo.story import DemoError, DemoOptions, result_json
 
-        from edgesdk.demo.story import Demo, DemoError, DemoOptions, result_json
-    except ImportError as exc:
-        raise EdgeSDKError(f"the demo needs every extra: pip install 'edgesdk[all]' ({exc.name} missing)") from exc
-    if workdir is not None:
-        if workdir.exists() and any(workdir.iterdir()):
-            raise UsageError(f"--workdir {workdir} is not empty; give a new or empty directory")
-        workdir.mkdir(parents=True, exist_ok=True)
-        root = workdir.resolve()
-    else:
-        root = Path(tempfile.mkdtemp(prefix="edgesdk-demo-"))
+    root = _work_dir(workdir)
     # With --json, stdout carries only the JSON; progress goes to stderr.
     out = Console(stderr=True, highlight=False) if as_json else console()
     options = DemoOptions(
@@ -121,18 +109,7 @@ def demo(
     began = time.monotonic()
     failed = False
     try:
-        out.print(
-            f"[bold]edgesdk demo[/bold] — {profile.display_name} ({profile.name}), {agent_count} agents, in {root}"
-        )
-        with out.status("starting…") as status:
-
-            def say(message: str) -> None:
-                if message.startswith("[green]"):
-                    out.print(message)
-                else:
-                    status.update(message)
-
-            result = Demo(options, say).run()
+        result = _run_story(out, options)
     except KeyboardInterrupt:
         # Raised by Ctrl-C (SIGINT) or SIGTERM; Demo.run() has stopped its processes by now.
         click.echo(
@@ -156,6 +133,48 @@ def demo(
         print_json(summary)
         return
     _print_summary(summary, work_dir_kept=workdir is not None or keep)
+
+
+def _require_every_extra() -> None:
+    """One clear line (not a traceback deep in the story) when an extra the demo needs is missing."""
+    try:
+        import fastapi  # noqa: F401  (the fleet service the demo starts: the fleet-service extra)
+        import matplotlib  # noqa: F401
+        import sqlalchemy  # noqa: F401
+        import torch  # noqa: F401
+
+        import edgesdk.demo.story  # noqa: F401
+    except ImportError as exc:
+        raise EdgeSDKError(f"the demo needs every extra: pip install 'edgesdk[all]' ({exc.name} missing)") from exc
+
+
+def _work_dir(workdir: Path | None) -> Path:
+    """--workdir (new or empty, created), or a fresh temp dir."""
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="edgesdk-demo-"))
+    if workdir.exists() and any(workdir.iterdir()):
+        raise UsageError(f"--workdir {workdir} is not empty; give a new or empty directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir.resolve()
+
+
+def _run_story(out: Console, options: DemoOptions) -> DemoResult:
+    """The demo's story, its steps on a status line (the finished ones printed in green)."""
+    from edgesdk.demo.story import Demo
+
+    profile = options.profile
+    out.print(
+        f"[bold]edgesdk demo[/bold] — {profile.display_name} ({profile.name}), {options.agents} agents, in {options.workdir}"
+    )
+    with out.status("starting…") as status:
+
+        def say(message: str) -> None:
+            if message.startswith("[green]"):
+                out.print(message)
+            else:
+                status.update(message)
+
+        return Demo(options, say).run()
 
 
 #: How much of the failed process's log goes under the error line.
