@@ -35,6 +35,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING
 
 import numpy as np
+from edgesdk.agent.api.answer import AnswerFields
 from edgesdk.agent.api.budget import Allowance
 from edgesdk.agent.api.http import KnownHead, Request, head_start
 from edgesdk.agent.api.plan import InferencePlan, plan_for
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgesdk.agent.api")
 
 #: Where a request taken for a batch gets its answer (``later``): the HTTP connection's.
-Reply = Callable[[tuple[bytes, str] | None], None]
+Reply = Callable[[tuple[bytes, AnswerFields] | None], None]
 
 
 class PreparedInfer:
@@ -105,7 +106,7 @@ class PreparedInfer:
         #: server has taps (``ModelServer.taps``), for ``answered`` to hand them.
         self._served: tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
 
-    def answer(self, body: bytes) -> tuple[bytes, str] | None:
+    def answer(self, body: bytes) -> tuple[bytes, AnswerFields] | None:
         scheduler = self.scheduler
         model = self.model()
         # Swapped or unloaded: the generic path answers, and prepares again for what serves now.
