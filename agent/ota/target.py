@@ -362,6 +362,8 @@ class AgentUpdateTarget:
                 bundle_sha256=previous.bundle_sha256,
                 variants=[(v.meta, v.loaded) for v in previous.ladder],
                 start_variant=previous.active.id,
+                choices=previous.choices,
+                pipeline=previous.pipeline,  # /predict's steps come back with the model
             )
         else:
             with self._opener() as opener:

@@ -42,6 +42,8 @@ def from_memory(previous: Any, profile: Any) -> ModelServer:
         bundle_sha256=previous.bundle_sha256,
         variants=[(v.meta, v.loaded) for v in previous.ladder],
         start_variant=previous.active.id,
+        choices=previous.choices,
+        pipeline=previous.pipeline,  # /predict's steps come back with the model
     )
     return server
 

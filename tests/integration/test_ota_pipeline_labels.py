@@ -1,7 +1,9 @@
 """A pipeline rides over the air with its model (issue 42): release 2 of the digits bundle, the
 same model with new labels in its signed pipeline, is pushed by the real rollout controller
 through a real mosquitto to a real ``edge-agent run``; once the device commits, ``/predict``
-answers a JPEG with release 2's labels — and before that, with release 1's."""
+answers a JPEG with release 2's labels — and before that, with release 1's. A release that
+fails its probation is rolled back to the model in memory, pipeline included: /predict answers
+through the whole rollback, with release 1's labels after it."""
 
 from __future__ import annotations
 
@@ -65,8 +67,8 @@ def labelled_bundles(digits, tmp_path_factory) -> OtaBundles:
         )
 
     v1, v2 = pack("1.0.0", 1, LABELS_V1), pack("1.1.0", 2, LABELS_V2)
-    # Only v1/v2 are pushed here; the other fields of the shared dataclass are not used.
-    return OtaBundles(keys, operator_key, operator_pub, v1, v2, v1, v1, v1)
+    # Only these are pushed here; the other fields of the shared dataclass are not used.
+    return OtaBundles(keys, operator_key, operator_pub, v1, v2, v1, v1, v1, extra={"v3": pack("1.2.0", 3, LABELS_V2)})
 
 
 def _digit_jpeg(digits) -> bytes:
@@ -102,3 +104,39 @@ def test_an_ota_update_serves_the_new_bundles_labels_after_commit(
             assert after["labels"][0]["label"] == LABELS_V2[LABELS_V1.index(label)], after
     finally:
         operator.close()
+
+
+def test_a_rolled_back_release_leaves_predict_answering_with_the_old_pipeline(
+    tmp_path: Path, labelled_bundles: OtaBundles, digits, mqtt_broker
+) -> None:
+    """Rollback re-serves the previous model from memory: its pipeline must come back with it
+    (it did not: /predict answered 404 "no pipeline in its bundle" after a rollback)."""
+    import threading
+
+    from edgesdk.client import AgentClient
+
+    device = make_mqtt_device(tmp_path / "device", labelled_bundles, mqtt_broker.url)
+    installed = run_agent_cli("install", "--config", str(device.config), str(labelled_bundles.v1))
+    assert installed.returncode == 0, installed.stderr
+    jpeg = _digit_jpeg(digits)
+    operator = Operator(tmp_path, labelled_bundles, mqtt_broker.url)
+    failures: list[str] = []
+    try:
+        with AgentProcess(device) as agent, AgentClient(agent.url) as client:
+            label = client.predict("digits", jpeg)["labels"][0]["label"]
+            # An SLO nothing meets: release 3 fails its probation on the traffic below.
+            health = HealthCriteria(probation_s=3, p95_latency_ms=0.001)
+            deployment_id = operator.push(labelled_bundles.extra["v3"], health)
+            done = threading.Event()
+            threading.Thread(target=lambda: (operator.thread.join(180), done.set()), daemon=True).start()
+            while not done.wait(0.05):
+                try:
+                    client.predict("digits", jpeg)
+                except Exception as exc:  # noqa: BLE001 - every failed request counts
+                    failures.append(repr(exc))
+            assert operator.device_row(deployment_id).state == "ROLLED_BACK", agent.log()
+            after = client.predict("digits", jpeg)
+            assert after["version"] == "1.0.0" and after["labels"][0]["label"] == label, after
+    finally:
+        operator.close()
+    assert failures == []
