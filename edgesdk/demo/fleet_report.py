@@ -54,9 +54,22 @@ def render_plots(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots: list[tuple[str, str]] = []
     devices = sorted(samples)
+    return [
+        ("Latency, temperature and precision", _device_series_plot(plt, samples, devices, timeline, client_latency)),
+        ("Rollout timeline", _rollout_timeline_plot(plt, samples, devices, timeline)),
+    ]
 
+
+def _device_series_plot(
+    plt: Any,
+    samples: dict[str, list[Sample]],
+    devices: list[str],
+    timeline: list[dict[str, Any]],
+    client_latency: dict[str, tuple[list[float], list[float]]] | None,
+) -> str:
+    """Three stacked plots over time, a line per device: p95 latency, hottest sensor and the
+    precision serving; the deployments marked on each. Base64 PNG."""
     fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
     latency_ax, temp_ax, precision_ax = axes
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -93,9 +106,15 @@ def render_plots(
         ax.grid(alpha=0.3)
         _mark_deployments(ax, timeline)
     latency_ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), fontsize="x-small", ncol=len(devices))
-    plots.append(("Latency, temperature and precision", _png(fig)))
+    png = _png(fig)
     plt.close(fig)
+    return png
 
+
+def _rollout_timeline_plot(
+    plt: Any, samples: dict[str, list[Sample]], devices: list[str], timeline: list[dict[str, Any]]
+) -> str:
+    """A bar per device coloured by the release it served, the pushes and aborts on top. Base64 PNG."""
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(devices) + 1.8))
     for row, device in enumerate(devices):
         series = samples[device]
@@ -127,9 +146,9 @@ def render_plots(
     ax.set_xlabel("seconds since the demo started")
     ax.set_title("Rollout timeline: release served per device")
     ax.grid(axis="x", alpha=0.3)
-    plots.append(("Rollout timeline", _png(fig)))
+    png = _png(fig)
     plt.close(fig)
-    return plots
+    return png
 
 
 def _mark_deployments(ax: Any, timeline: list[dict[str, Any]], *, label: bool = False) -> None:
@@ -173,7 +192,39 @@ def write_fleet_report(
 ) -> Path:
     """Write the fleet report for ``result`` to ``path``."""
     plots = render_plots(samples, result.timeline, client_latency)
-    devices = _table(
+    devices = _devices_table(result)
+    rollouts, per_device = _rollout_tables(result)
+    steps = _table(["step", "seconds", "detail"], [[s["step"], s["seconds"], s["detail"]] for s in result.steps])
+    images = "".join(
+        f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+        for title, data in plots
+    )
+    heat_line = _heat_line(result.heat)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>edgesdk demo: fleet report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }}
+th {{ background: #f3f3f3; }}
+img {{ max-width: 100%; }}
+</style></head><body>
+<h1>edgesdk demo: fleet report</h1>
+<p>Profile <b>{html.escape(result.profile)}</b>, {len(result.devices)} agents, {result.wall_s:.0f} s in all.
+{html.escape(heat_line)}</p>
+<h2>Devices at the end</h2>{devices}
+<h2>Rollouts</h2>{rollouts}{per_device}
+{images}
+<h2>Steps</h2>{steps}
+</body></html>
+"""
+    path.write_text(page)
+    return path
+
+
+def _devices_table(result: DemoResult) -> str:
+    """Each device at the end: what it serves, the precisions it used, its requests and latency."""
+    return _table(
         [
             "device",
             "serving",
@@ -200,6 +251,10 @@ def write_fleet_report(
             for d in result.devices
         ],
     )
+
+
+def _rollout_tables(result: DemoResult) -> tuple[str, str]:
+    """The rollouts (waves, result, time), then every device's part in each."""
     rollouts = _table(
         ["rollout", "version", "waves", "result", "reason", "seconds"],
         [
@@ -222,35 +277,14 @@ def write_fleet_report(
             for d in r["devices"]
         ],
     )
-    steps = _table(["step", "seconds", "detail"], [[s["step"], s["seconds"], s["detail"]] for s in result.steps])
-    images = "".join(
-        f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
-        for title, data in plots
-    )
-    heat = result.heat
-    heat_line = (
+    return rollouts, per_device
+
+
+def _heat_line(heat: dict[str, Any]) -> str:
+    """One sentence: when the heated device stepped down its precision and came back."""
+    if heat.get("back_up_at_s") is None:
+        return "The heat wave was not observed."
+    return (
         f"{heat['device']} stepped down at {heat['stepped_down_at_s']:.0f} s (as low as {heat['lowest_precision']}) "
         f"and was back on {heat['top']} at {heat['back_up_at_s']:.0f} s."
-        if heat.get("back_up_at_s") is not None
-        else "The heat wave was not observed."
     )
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>edgesdk demo: fleet report</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }}
-th {{ background: #f3f3f3; }}
-img {{ max-width: 100%; }}
-</style></head><body>
-<h1>edgesdk demo: fleet report</h1>
-<p>Profile <b>{html.escape(result.profile)}</b>, {len(result.devices)} agents, {result.wall_s:.0f} s in all.
-{html.escape(heat_line)}</p>
-<h2>Devices at the end</h2>{devices}
-<h2>Rollouts</h2>{rollouts}{per_device}
-{images}
-<h2>Steps</h2>{steps}
-</body></html>
-"""
-    path.write_text(page)
-    return path
