@@ -117,6 +117,18 @@ def test_embedded_developer_ships_a_prebuilt_tflite_as_is_and_serves_it(tmp_path
     assert [v["id"] for v in report["variants"]] == ["tflite-int8"]
 
 
+def test_embedded_developer_ships_a_keyword_spotter_that_answers_a_wav(tmp_path: Path) -> None:
+    pytest.importorskip("ai_edge_litert", reason="the spotter is validated and served in LiteRT (edgesdk[litert])")
+    from tests.prebuilt_models import WAKEWORD, extract
+
+    model = extract(WAKEWORD, "okay_nabu.tflite", tmp_path / "model")  # skips without the wheel
+    script = EXAMPLES / "embedded_developer" / "keyword_spotter.sh"
+    proc = run_example(script, str(tmp_path / "out"), env=example_env(MODEL=str(model)), timeout=600)
+    assert "keyword_spotter_okay_nabu.wav: agent: detected=True" in proc.stdout, proc.stdout
+    assert "keyword_spotter_weather.wav: agent: detected=False" in proc.stdout, proc.stdout
+    assert "SPOTTED okay nabu" in proc.stdout
+
+
 @pytest.mark.needs_agent_extra
 def test_embedded_developer_validates_a_pipeline_against_their_function_and_sends_a_jpeg(
     tmp_path: Path, digits
