@@ -138,8 +138,8 @@ class ApiConfig(Schema):
         ge=1,
         le=64,
         description="tiny models answered on the event loop (inline_max_ms) with a batch axis: requests of one "
-        "header block that arrive in one wake-up of the loop, from several connections, run as one batch of up to "
-        "this many (no waiting for company); 1 runs each alone",
+        "shape that arrive in one wake-up of the loop, from several connections, run as one batch of up to this "
+        "many rows in the model's batch former, the one [api.batching] uses (no waiting for company); 1 runs each alone",
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)  # type: ignore[arg-type]
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)  # type: ignore[arg-type]
