@@ -97,6 +97,17 @@ def test_a_streaming_pipeline_cuts_the_features_into_whole_chunks_of_calls() -> 
     assert short.value.status == 422
 
 
+def test_a_streaming_pipeline_refuses_more_calls_than_it_allows() -> None:
+    limited = {"input": "audio", "audio": {"micro_frontend": {}, "stream": {"frames": 3, "max_calls": 10}}}
+    pipeline = Pipeline.model_validate(limited)
+    body = (EXAMPLES / "keyword_spotter_okay_nabu.wav").read_bytes()  # 47 calls
+    with pytest.raises(
+        PipelineInputError, match="makes 47 calls of this streaming model; its pipeline allows 10"
+    ) as many:
+        preprocess(pipeline, body, "audio/wav", [_Input()])
+    assert many.value.status == 413
+
+
 def _wav_bytes(samples: np.ndarray) -> bytes:
     import io
 
