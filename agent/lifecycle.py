@@ -138,7 +138,7 @@ class AgentLifecycle:
                 f"api.grpc.enabled is set but the grpc extra is missing ({exc}); pip install 'edgesdk[grpc]'"
             ) from exc
         server = GrpcServer(
-            api,
+            api.scheduler,
             http.budget,
             max_message_bytes=api_config.max_body_bytes,
             max_decoded_bytes=http.limits.decoded_bytes,

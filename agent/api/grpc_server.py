@@ -37,7 +37,7 @@ import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from edgesdk.agent.api import grpc_codec
@@ -52,9 +52,6 @@ from edgesdk.agent.serving import ModelNotFoundError, NoModelError
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from edgesdk.errors import AgentError
-
-if TYPE_CHECKING:
-    from edgesdk.agent.api.app import ApiApp
 
 log = logging.getLogger("edgesdk.agent.api")
 
@@ -166,11 +163,12 @@ class GrpcServer:
     """The listening gRPC server around :class:`GrpcInferenceService`."""
 
     def __init__(
-        self, app: ApiApp, budget: InflightBytesBudget, *, max_message_bytes: int, max_decoded_bytes: int
+        self, scheduler: Scheduler, budget: InflightBytesBudget, *, max_message_bytes: int, max_decoded_bytes: int
     ) -> None:
-        # The HTTP app only lends its scheduler: the same admission control for both transports.
-        self.service = GrpcInferenceService(app.scheduler, budget, max_decoded_bytes)
-        capacity = app.scheduler.capacity + _EXTRA_RPCS
+        # The HTTP API's scheduler and memory budget: the same admission control for both
+        # transports, and nothing of HTTP's types here.
+        self.service = GrpcInferenceService(scheduler, budget, max_decoded_bytes)
+        capacity = scheduler.capacity + _EXTRA_RPCS
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="grpc"),
             handlers=[self.service.handlers()],
