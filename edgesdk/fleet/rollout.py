@@ -62,6 +62,7 @@ from edgesdk.fleet.deployments import (
     IN_PROGRESS,
     ROLLED_BACK,
     SUCCEEDED,
+    DeviceRow,
     FollowUp,
     RefusalVerdict,
     RolloutStore,
@@ -398,6 +399,20 @@ class RolloutController:
             "wave_sent",
             {"deployment_id": deployment_id, "wave": wave, "devices": len(pending), "deadline_s": plan.timeout()},
         )
+        return self._watch_wave(deployment_id, message, plan, wave, devices, command)
+
+    def _watch_wave(
+        self,
+        deployment_id: str,
+        message: Deployment,
+        plan: RolloutPlan,
+        wave: int,
+        devices: list[str],
+        command: Deployment,
+    ) -> str:
+        """Poll the wave until every device has a final word ("passed"), the failures pass the
+        threshold (ABORTED), the deployment ends elsewhere or the controller stops; silent
+        devices are sent the command again meanwhile and time out at the wave's deadline."""
         deadline = time.monotonic() + plan.timeout() - self._wave_age(deployment_id, wave)
         last_sent = time.monotonic()
         last_progress: dict[str, Any] | None = None
@@ -409,60 +424,64 @@ class RolloutController:
                 return row.state
             if self._stopping.is_set():
                 return STOPPED
-            rows = self.store.devices(deployment_id)
-            sent = [d for d in rows if d.wave <= wave]
-            failures = [d for d in sent if d.state in DEVICE_FAILURE]
-            in_wave = [d for d in rows if d.wave == wave]
-            done = [d for d in in_wave if d.state in DEVICE_SUCCESS or d.state in DEVICE_FAILURE]
-            progress = {
-                "deployment_id": deployment_id,
-                "wave": wave,
-                "done": len(done),
-                "devices": len(in_wave),
-                "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
-                "states": _count(d.state for d in in_wave),
-            }
+            tally = _WaveTally.of(self.store.devices(deployment_id), wave)
+            progress = tally.progress(deployment_id, wave)
             if progress != last_progress:  # a poll that changed nothing is no news (fleet status has it)
                 self.on_progress("wave_progress", progress)
                 last_progress = progress
             else:
                 log.debug("rollout wave_progress %s (unchanged)", progress)
-            if len(failures) > plan.max_failures * len(sent):
-                reason = (
-                    f"{len(failures)} of {len(sent)} devices failed in waves 0..{wave} "
-                    f"(max_failures {plan.max_failures:.0%}); first: {failures[0].device_id}: {failures[0].reason}"
-                )
-                self._abort_wave(deployment_id, message, plan, wave, reason)
-                return ABORTED
-            if len(done) == len(in_wave):
-                self.on_progress(
-                    "wave_done",
-                    {
-                        "deployment_id": deployment_id,
-                        "wave": wave,
-                        "failed": len([d for d in in_wave if d.state in DEVICE_FAILURE]),
-                    },
-                )
-                return "passed"
+            verdict = self._judge_wave(deployment_id, message, plan, wave, tally)
+            if verdict is not None:
+                return verdict
             now = time.monotonic()
             if now > deadline:
-                for device in in_wave:
-                    if device not in done:
-                        self.store.set_device_state(
-                            deployment_id,
-                            device.device_id,
-                            "TIMED_OUT",
-                            f"no answer within {format_duration(plan.timeout())} (last {device.state})",
-                        )
+                self._time_out_silent(deployment_id, plan, tally)
                 continue  # judged again with the timeouts counted as failures
             if now - last_sent > plan.resend_s and self._may_send(plan):
                 # A device that never answered may have been offline: send again (devices ignore repeats).
-                silent = [d.device_id for d in in_wave if d.state == "SENT"]
+                silent = [d.device_id for d in tally.in_wave if d.state == "SENT"]
                 if command.expires_at is None or command.expires_at - _utcnow() < _seconds(2 * plan.resend_s):
                     command = self.issue(message, devices, wave=wave, ttl_s=plan.command_ttl_s)
                 self._send(command, silent)  # the same command again is a repeat to a device that has it
                 last_sent = now
             time.sleep(self.poll_s)
+
+    def _judge_wave(
+        self, deployment_id: str, message: Deployment, plan: RolloutPlan, wave: int, tally: _WaveTally
+    ) -> str | None:
+        """ABORTED (the wave aborted) when the failures so far pass max_failures; "passed" when
+        every device of the wave has a final word; None while it runs."""
+        if len(tally.failures) > plan.max_failures * len(tally.sent):
+            failures, sent = tally.failures, tally.sent
+            reason = (
+                f"{len(failures)} of {len(sent)} devices failed in waves 0..{wave} "
+                f"(max_failures {plan.max_failures:.0%}); first: {failures[0].device_id}: {failures[0].reason}"
+            )
+            self._abort_wave(deployment_id, message, plan, wave, reason)
+            return ABORTED
+        if len(tally.done) == len(tally.in_wave):
+            self.on_progress(
+                "wave_done",
+                {
+                    "deployment_id": deployment_id,
+                    "wave": wave,
+                    "failed": len([d for d in tally.in_wave if d.state in DEVICE_FAILURE]),
+                },
+            )
+            return "passed"
+        return None
+
+    def _time_out_silent(self, deployment_id: str, plan: RolloutPlan, tally: _WaveTally) -> None:
+        """Past the wave's deadline: every device of the wave without a final word TIMED_OUT."""
+        for device in tally.in_wave:
+            if device not in tally.done:
+                self.store.set_device_state(
+                    deployment_id,
+                    device.device_id,
+                    "TIMED_OUT",
+                    f"no answer within {format_duration(plan.timeout())} (last {device.state})",
+                )
 
     def _wait_until_open(self, deployment_id: str, plan: RolloutPlan, state: str, wave: int) -> str | None:
         """Wait for the plan's start and window, the reason shown in the deployment's status;
@@ -653,6 +672,40 @@ def _utcnow() -> datetime:
 
 def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
+
+
+@dataclass(frozen=True)
+class _WaveTally:
+    """One poll of a deployment's devices, as a wave sees it."""
+
+    #: Devices of this wave and the ones before it (the failure threshold counts them all).
+    sent: list[DeviceRow]
+    failures: list[DeviceRow]
+    in_wave: list[DeviceRow]
+    #: Devices of this wave with a final word (success or failure).
+    done: list[DeviceRow]
+
+    @classmethod
+    def of(cls, rows: list[DeviceRow], wave: int) -> _WaveTally:
+        sent = [d for d in rows if d.wave <= wave]
+        in_wave = [d for d in rows if d.wave == wave]
+        return cls(
+            sent=sent,
+            failures=[d for d in sent if d.state in DEVICE_FAILURE],
+            in_wave=in_wave,
+            done=[d for d in in_wave if d.state in DEVICE_SUCCESS or d.state in DEVICE_FAILURE],
+        )
+
+    def progress(self, deployment_id: str, wave: int) -> dict[str, Any]:
+        """The wave_progress event's payload."""
+        return {
+            "deployment_id": deployment_id,
+            "wave": wave,
+            "done": len(self.done),
+            "devices": len(self.in_wave),
+            "failed": len([d for d in self.in_wave if d.state in DEVICE_FAILURE]),
+            "states": _count(d.state for d in self.in_wave),
+        }
 
 
 def _count(states: Any) -> dict[str, int]:
