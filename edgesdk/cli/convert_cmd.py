@@ -83,6 +83,8 @@ def _task_cell(task: object) -> str:
 
     if not isinstance(task, TaskAccuracy):
         return "not run here"
+    if task.metric != "top1_label":  # boxes, mask, text, embedding: each gate's figure (its tail)
+        return ", ".join(f"{f.name} {f.value:.4f}" for f in task.figures) + f" ({task.verdict})"
     return f"{task.agreement:.4f} (≥{task.lower_bound:.4f}: {task.verdict})"
 
 

@@ -316,6 +316,7 @@ def test_a_detector_is_gated_on_box_recall_precision_and_iou_and_a_lower_score_c
         "recall": (1.0, True), "precision": (1.0, True), "box_iou": (pytest.approx(1.0, abs=1e-5), True),
     }  # fmt: skip
     assert figures["box_iou"]["gate"] == 0.95 and "onnx-fp32 end to end: task recall worst sample" in passed.stdout
+    assert "recall 1.0000, precision 1.0000, box_iou 1.0000 (pass)" in passed.stdout  # the table's cell
     # A pipeline cutting scores at 0.3 where the user's code cuts at 0.5 answers extra boxes: precision drops.
     lower = convert("lower_cut.yaml", "lower")
     assert lower.returncode != 0 and "Traceback" not in lower.stderr, lower.stderr[-3000:]
