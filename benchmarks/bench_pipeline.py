@@ -18,6 +18,14 @@ weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved 
    raw uvloop + httptools server of benchmarks/_fair_peers.py (the API benchmarks' fastest
    peer), in its own process, over the same kind of keep-alive connection as the agent's.
 
+6. The keyword spotter from WAV (``--cells wav`` alone, or beside the JPEG cells): pymicro-wakeword's
+   okay_nabu streaming int8 ``.tflite`` shipped ``--as-is`` with the pipeline of
+   examples/embedded_developer/keyword_spotter.yaml (WAV → micro_frontend → the model over its
+   3-frame chunks from its initial state → detection); against the usual host code, a fresh
+   pymicro-wakeword detector per WAV (its C frontend and its own TFLite C library), in-process
+   and behind the same raw HTTP server; and the features alone: ``edgesdk.pipeline.preprocess``
+   vs pymicro-features. Needs ai-edge-litert and pymicro-wakeword (the dev extra).
+
 Cells take turns request by request, in a rotating order, so the load of a shared machine hits each alike.
 
 The bundle is made by ``edgesdk convert --pipeline --validation-images --reference`` with the
@@ -97,6 +105,47 @@ def predict(data: bytes):
 '''
 
 
+#: The keyword spotter the usual way: a WAV read with the stdlib, pymicro-wakeword's own detector.
+USUAL_WAV_LOOP = '''\
+"""okay_nabu the usual way: wave + pymicro-wakeword (its C frontend and TFLite C library), in-process."""
+import io
+import wave
+
+from pymicro_wakeword import MicroWakeWord, MicroWakeWordFeatures, Model
+
+
+def predict(data: bytes):
+    with wave.open(io.BytesIO(data)) as source:
+        pcm = source.readframes(source.getnframes())
+    detector = MicroWakeWord.from_builtin(Model.OKAY_NABU)  # from its initial state, as each WAV is
+    features = MicroWakeWordFeatures()
+    scores = [detector.process_streaming_prob(f) for f in features.process_streaming(pcm)]
+    best = max(p for p in scores if p is not None)
+    return {"detected": best > detector.probability_cutoff, "probability": best}
+'''
+WAVS = [
+    REPO_ROOT / "examples" / "embedded_developer" / "keyword_spotter_okay_nabu.wav",
+    REPO_ROOT / "examples" / "embedded_developer" / "keyword_spotter_weather.wav",
+]
+JPEG_CELLS = [
+    "agent /predict (JPEG)",
+    "agent /predict, mean/std folded into the graph (JPEG)",
+    "python loop behind raw HTTP, agent's ORT settings (JPEG)",
+    "agent /infer (tensor)",
+    "python loop (JPEG)",
+    "python loop, agent's ORT settings",
+    "decode + pre only: edgesdk.pipeline, in-process",
+    "decode + pre only: the usual code, in-process",
+]
+WAV_CELLS = [
+    "agent /predict (WAV, keyword spotter)",
+    "python loop behind raw HTTP (WAV, pymicro-wakeword)",
+    "python loop (WAV, pymicro-wakeword)",
+    "WAV decode + features only: edgesdk.pipeline, in-process",
+    "WAV decode + features only: pymicro-features, in-process",
+]
+
+
 def percentiles(times_ms: list[float]) -> dict[str, float]:
     values = np.asarray(times_ms)
     return {f"p{q}_ms": round(float(np.percentile(values, q)), 2) for q in (50, 95, 99)}
@@ -171,18 +220,26 @@ def convert_and_install(
 def serve_usual_loop(port: int) -> None:
     """The fair peer: the usual loop behind _fair_peers.py's raw uvloop + httptools server
     (``--serve-loop PORT``; BENCH_* in the environment), with the agent's session settings."""
+    import importlib
+
     import onnxruntime as ort
     import orjson
-    import usual_loop  # type: ignore[import-not-found]
     import uvloop
+
+    usual_loop: Any = importlib.import_module("usual_loop") if "BENCH_ONNX" in os.environ else None  # JPEG loop
 
     from benchmarks._fair_peers import RawProtocol, serve_raw
 
     quiet = ort.SessionOptions()
     quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the agent's sessions
-    usual_loop.SESSION = ort.InferenceSession(os.environ["BENCH_ONNX"], quiet, providers=["CPUExecutionProvider"])
+    if "BENCH_ONNX" in os.environ:
+        usual_loop.SESSION = ort.InferenceSession(os.environ["BENCH_ONNX"], quiet, providers=["CPUExecutionProvider"])
 
     def work(content_type: str, body: bytes, x_tensors: str) -> tuple[bytes, str, list[tuple[str, str]]]:
+        if content_type == "audio/wav":
+            import usual_wav_loop  # type: ignore[import-not-found]
+
+            return orjson.dumps(usual_wav_loop.predict(body)), "application/json", []
         return orjson.dumps({"labels": usual_loop.predict(body)}), "application/json", []
 
     RawProtocol.work = staticmethod(work)  # type: ignore[assignment]
@@ -215,112 +272,88 @@ def vm_hwm_mb(pid: int) -> float:
     return float("nan")
 
 
-def run(requests: int, rounds: int, folded_first: bool = False) -> dict[str, Any]:
+def run(
+    requests: int, rounds: int, folded_first: bool = False, kinds: tuple[str, ...] = ("jpeg", "wav")
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     try:
-        return measure(work, requests, rounds, folded_first)
+        return measure(work, requests, rounds, folded_first, kinds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(work: Path, requests: int, rounds: int, folded_first: bool = False) -> dict[str, Any]:
+def install_spotter(work: Path, device: Any) -> dict[str, Any]:
+    """okay_nabu from the pymicro-wakeword wheel, converted ``--as-is`` and packaged with the
+    keyword spotter's pipeline, installed on ``device``."""
+    from edgesdk.toolchain import convert, package
+    from edgesdk.workloads.wakeword import wakeword_tflite
+    from tests.agent_helpers import PROFILE, run_agent_cli
+
+    model = wakeword_tflite(work / "wakeword")
+    frames = np.random.default_rng(0).integers(-128, -90, (8, 3, 40)).astype(np.int8)
+    started = time.perf_counter()
+    report = convert(model, PROFILE, out=work / "okay_nabu", validation={"input_audio": frames}, as_is=True)
+    pipeline = REPO_ROOT / "examples" / "embedded_developer" / "keyword_spotter.yaml"
+    bundle = package(
+        report, out=work / "okay_nabu.edgepkg", name="okay_nabu", version="1.0.0", release=1,
+        publisher_key=device.publisher_key, recipients=device.device_pub, targets=[PROFILE], pipeline=pipeline,
+    )  # fmt: skip
+    installed = run_agent_cli("install", "--config", str(device.config), str(bundle))
+    if installed.returncode != 0:
+        raise SystemExit(f"install failed:\n{installed.stderr[-3000:]}")
+    (work / "usual_wav_loop.py").write_text(USUAL_WAV_LOOP)
+    return {"okay_nabu convert --as-is + package s": round(time.perf_counter() - started, 1)}
+
+
+def measure(
+    work: Path, requests: int, rounds: int, folded_first: bool = False, kinds: tuple[str, ...] = ("jpeg", "wav")
+) -> dict[str, Any]:
     import httpx
 
-    from edgesdk.pipeline import preprocess
+    from edgesdk.pipeline.audio import decoded_nbytes as audio_nbytes
+    from edgesdk.pipeline.audio import open_audio
     from edgesdk.pipeline.image import decoded_nbytes, open_image
-    from edgesdk.schemas.manifest import TensorSpec
-    from edgesdk.schemas.pipeline import load_pipeline
-    from tests.agent_helpers import AgentProcess, agent_env
+    from tests.agent_helpers import AgentProcess, agent_env, make_device
 
     load_before = os.getloadavg()[0]
-    setup = prepare(work)
     threads = os.cpu_count() or 1
-    env = {**agent_env(), "BENCH_ONNX": str(setup["onnx"]), "BENCH_LABELS": str(work / "labels.txt")}
-    env["BENCH_THREADS"] = "0"  # onnxruntime's default, as the agent's (runtime_threads unset)
-    from tests.agent_helpers import make_device
-
+    env = agent_env()
     device = make_device(work / "device")
-    (work / "folded.yaml").write_text(PIPELINE + "folded: [normalize]\n")
-    bundles = [("pipeline.yaml", "mobilenet"), ("folded.yaml", "mobilenet-folded")]
-    converted: dict[str, Any] = {"installed first": "folded" if folded_first else "plain"}
-    for pipeline_file, name in reversed(bundles) if folded_first else bundles:  # the order shows (BENCHMARKS.md)
-        converted |= convert_and_install(work, setup, env, device, pipeline_file, name)
-    os.environ.update({k: env[k] for k in ("BENCH_ONNX", "BENCH_LABELS", "BENCH_THREADS")})
+    converted: dict[str, Any] = {}
+    cells: list[str] = []
     sys.path.insert(0, str(work))
-    from usual_loop import predict
-
-    pipeline = load_pipeline(work / "pipeline.yaml", work / "labels.txt")
-    spec = [TensorSpec(name="image", dtype="float32", shape=[1, 3, 224, 224])]
-    tensors = [preprocess(pipeline, jpeg, "image/jpeg", spec)["image"] for jpeg in setup["jpegs"]]
-    jpegs = setup["jpegs"]
-    import onnxruntime as ort
-    import usual_loop  # type: ignore[import-not-found]
-
-    default_session = usual_loop.SESSION
-    quiet = ort.SessionOptions()
-    quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the agent's sessions
-    quiet_session = ort.InferenceSession(str(setup["onnx"]), quiet, providers=["CPUExecutionProvider"])
-
-    def loop_with(session: Any, i: int) -> None:
-        usual_loop.SESSION = session
-        predict(jpegs[i])
-
-    cells = [
-        "agent /predict (JPEG)",
-        "agent /predict, mean/std folded into the graph (JPEG)",
-        "python loop behind raw HTTP, agent's ORT settings (JPEG)",
-        "agent /infer (tensor)",
-        "python loop (JPEG)",
-        "python loop, agent's ORT settings",
-        "decode + pre only: edgesdk.pipeline, in-process",
-        "decode + pre only: the usual code, in-process",
-    ]
+    if "jpeg" in kinds:
+        setup = prepare(work)
+        env |= {"BENCH_ONNX": str(setup["onnx"]), "BENCH_LABELS": str(work / "labels.txt")}
+        env["BENCH_THREADS"] = "0"  # onnxruntime's default, as the agent's (runtime_threads unset)
+        (work / "folded.yaml").write_text(PIPELINE + "folded: [normalize]\n")
+        bundles = [("pipeline.yaml", "mobilenet"), ("folded.yaml", "mobilenet-folded")]
+        converted["installed first"] = "folded" if folded_first else "plain"
+        for pipeline_file, name in reversed(bundles) if folded_first else bundles:  # the order shows (BENCHMARKS.md)
+            converted |= convert_and_install(work, setup, env, device, pipeline_file, name)
+        os.environ.update({k: env[k] for k in ("BENCH_ONNX", "BENCH_LABELS", "BENCH_THREADS")})
+        cells += JPEG_CELLS
+    if "wav" in kinds:
+        converted |= install_spotter(work, device)
+        cells += WAV_CELLS
     times: dict[str, list[float]] = {name: [] for name in cells}
-    same_label = same_folded = same_peer = 0
+    jpeg = _JpegCells(work, setup) if "jpeg" in kinds else None
+    wav = _WavCells() if "wav" in kinds else None
     loop_server, loop_url = start_loop_server(work, env)
     with (
         AgentProcess(device) as agent,
         httpx.Client(base_url=agent.url, timeout=60) as client,
         httpx.Client(base_url=loop_url, timeout=60) as peer,
     ):
-        raw = {"Content-Type": "application/x-edgesdk-tensors", "X-Tensors": "image=float32[1,3,224,224]"}
-
-        def call_predict(i: int, model: str = "mobilenet") -> Any:
-            return client.post(f"/v1/models/{model}/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
-
-        def call_peer(i: int) -> Any:
-            return peer.post("/predict", content=jpegs[i], headers={"Content-Type": "image/jpeg"})
-
-        for i in range(len(jpegs)):  # warm-up, and the labels side by side
-            reply = call_predict(i)
-            if reply.status_code != 200:
-                raise SystemExit(f"/predict answered {reply.status_code}: {reply.text[:300]}")
-            answer, usual = reply.json(), predict(jpegs[i])[0]["label"]
-            same_label += answer["labels"][0]["label"] == usual
-            same_folded += call_predict(i, "mobilenet-folded").json()["labels"][0]["label"] == usual
-            same_peer += call_peer(i).json()["labels"][0]["label"] == usual
-            client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
+        agreement = {**(jpeg.warm_up(client, peer) if jpeg else {}), **(wav.warm_up(client, peer) if wav else {})}
         before = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
         for n in range(requests * rounds):
-            i = n % len(jpegs)
             turn = n % len(cells)  # each cell goes first as often: no cell pays for the one before it
             for name in cells[turn:] + cells[:turn]:
                 started = time.perf_counter()
-                reply = None
-                if name.startswith("agent /predict, mean/std folded"):
-                    reply = call_predict(i, "mobilenet-folded")
-                elif name.startswith("agent /predict"):
-                    reply = call_predict(i)
-                elif name.startswith("python loop behind raw HTTP"):
-                    reply = call_peer(i)
-                elif name.startswith("agent /infer"):
-                    reply = client.post("/v1/models/mobilenet/infer", content=tensors[i].tobytes(), headers=raw)
-                elif name.startswith("decode + pre only: edgesdk"):
-                    preprocess(pipeline, jpegs[i], "image/jpeg", spec)
-                elif name.startswith("decode + pre only"):
-                    usual_loop.pre(jpegs[i])
-                else:
-                    loop_with(default_session if name == "python loop (JPEG)" else quiet_session, i)
+                cell = wav if name in WAV_CELLS else jpeg
+                assert cell is not None
+                reply = cell.run(name, n, client, peer)
                 times[name].append((time.perf_counter() - started) * 1000)
                 if reply is not None and reply.status_code != 200:
                     raise SystemExit(f"{name}: {reply.status_code} {reply.text[:300]}")
@@ -328,43 +361,202 @@ def measure(work: Path, requests: int, rounds: int, folded_first: bool = False) 
         agent_peak = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
     loop_server.terminate()
     loop_server.wait(timeout=10)
-    usual_loop.SESSION = default_session
-    tracemalloc.start()
-    predict(jpegs[0])
-    loop_peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    charges = [decoded_nbytes(open_image(j, "image/jpeg", pipeline.image.max_pixels), pipeline.image) for j in jpegs]
+    memory = {
+        "agent peak RSS growth over the timed rounds, MB": round(agent_peak_growth, 1),
+        "agent peak RSS (whole process, models loaded), MB": round(agent_peak, 1),
+    }
+    if jpeg:
+        memory |= jpeg.memory(decoded_nbytes, open_image)
+    if wav:
+        memory |= wav.memory(audio_nbytes, open_audio)
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.uname().machine}, {threads} cores (shared with other jobs)",
         "load_average_1min_before_and_after": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
-        "photos": len(jpegs),
         "requests_per_cell": requests * rounds,
         **converted,
-        "same_top1_label_agent_vs_loop": f"{same_label}/{len(jpegs)}",
-        "same_top1_label_agent_folded_vs_loop": f"{same_folded}/{len(jpegs)}",
-        "same_top1_label_http_peer_vs_loop": f"{same_peer}/{len(jpegs)}",
+        **agreement,
         "latency": {name: percentiles(values) for name, values in times.items()},
         "p50 ratios (below 1: the agent is faster)": ratios(times),
-        "memory": {
-            "agent decoded-image charge per request, MB (median)": round(float(np.median(charges)) / 2**20, 2),
-            "agent peak RSS growth over the timed rounds, MB": round(agent_peak_growth, 1),
-            "agent peak RSS (whole process, model loaded), MB": round(agent_peak, 1),
-            "python loop tracemalloc peak of one request, MB": round(loop_peak, 2),
-        },
+        "memory": memory,
     }
+
+
+class _JpegCells:
+    """MobileNetV2 from JPEG: the agent's two bundles, the usual loop in-process and behind HTTP."""
+
+    def __init__(self, work: Path, setup: dict[str, Any]) -> None:
+        import onnxruntime as ort
+        import usual_loop  # type: ignore[import-not-found]
+
+        from edgesdk.pipeline import preprocess
+        from edgesdk.schemas.manifest import TensorSpec
+        from edgesdk.schemas.pipeline import load_pipeline
+
+        self.loop = usual_loop
+        self.jpegs: list[bytes] = setup["jpegs"]
+        self.pipeline = load_pipeline(work / "pipeline.yaml", work / "labels.txt")
+        self.spec = [TensorSpec(name="image", dtype="float32", shape=[1, 3, 224, 224])]
+        self.tensors = [preprocess(self.pipeline, j, "image/jpeg", self.spec)["image"] for j in self.jpegs]
+        self.default_session = usual_loop.SESSION
+        quiet = ort.SessionOptions()
+        quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the agent's sessions
+        self.quiet_session = ort.InferenceSession(str(setup["onnx"]), quiet, providers=["CPUExecutionProvider"])
+        self.raw = {"Content-Type": "application/x-edgesdk-tensors", "X-Tensors": "image=float32[1,3,224,224]"}
+
+    def _predict(self, client: Any, i: int, model: str = "mobilenet") -> Any:
+        return client.post(f"/v1/models/{model}/predict", content=self.jpegs[i], headers={"Content-Type": "image/jpeg"})
+
+    def warm_up(self, client: Any, peer: Any) -> dict[str, str]:
+        """One request of each photo through each path, and the top-1 labels side by side."""
+        same_label = same_folded = same_peer = 0
+        for i, jpeg in enumerate(self.jpegs):
+            reply = self._predict(client, i)
+            if reply.status_code != 200:
+                raise SystemExit(f"/predict answered {reply.status_code}: {reply.text[:300]}")
+            usual = self.loop.predict(jpeg)[0]["label"]
+            same_label += reply.json()["labels"][0]["label"] == usual
+            same_folded += self._predict(client, i, "mobilenet-folded").json()["labels"][0]["label"] == usual
+            answer = peer.post("/predict", content=jpeg, headers={"Content-Type": "image/jpeg"})
+            same_peer += answer.json()["labels"][0]["label"] == usual
+            client.post("/v1/models/mobilenet/infer", content=self.tensors[i].tobytes(), headers=self.raw)
+        total = len(self.jpegs)
+        return {
+            "photos": str(total),
+            "same_top1_label_agent_vs_loop": f"{same_label}/{total}",
+            "same_top1_label_agent_folded_vs_loop": f"{same_folded}/{total}",
+            "same_top1_label_http_peer_vs_loop": f"{same_peer}/{total}",
+        }
+
+    def run(self, name: str, n: int, client: Any, peer: Any) -> Any:
+        from edgesdk.pipeline import preprocess
+
+        i = n % len(self.jpegs)
+        if name.startswith("agent /predict, mean/std folded"):
+            return self._predict(client, i, "mobilenet-folded")
+        if name.startswith("agent /predict"):
+            return self._predict(client, i)
+        if name.startswith("python loop behind raw HTTP"):
+            return peer.post("/predict", content=self.jpegs[i], headers={"Content-Type": "image/jpeg"})
+        if name.startswith("agent /infer"):
+            return client.post("/v1/models/mobilenet/infer", content=self.tensors[i].tobytes(), headers=self.raw)
+        if name.startswith("decode + pre only: edgesdk"):
+            preprocess(self.pipeline, self.jpegs[i], "image/jpeg", self.spec)
+        elif name.startswith("decode + pre only"):
+            self.loop.pre(self.jpegs[i])
+        else:
+            self.loop.SESSION = self.default_session if name == "python loop (JPEG)" else self.quiet_session
+            self.loop.predict(self.jpegs[i])
+        return None
+
+    def memory(self, decoded_nbytes: Any, open_image: Any) -> dict[str, float]:
+        self.loop.SESSION = self.default_session
+        charges = [
+            decoded_nbytes(open_image(j, "image/jpeg", self.pipeline.image.max_pixels), self.pipeline.image)
+            for j in self.jpegs
+        ]
+        return {
+            "agent decoded-image charge per request, MB (median)": round(float(np.median(charges)) / 2**20, 2),
+            "python loop tracemalloc peak of one request, MB": _traced_peak(self.loop.predict, self.jpegs[0]),
+        }
+
+
+class _WavCells:
+    """The keyword spotter from WAV: the agent's /predict, pymicro-wakeword in-process and behind HTTP."""
+
+    def __init__(self) -> None:
+        import usual_wav_loop  # type: ignore[import-not-found]
+
+        from edgesdk.schemas.pipeline import load_pipeline
+
+        self.loop = usual_wav_loop
+        self.wavs = [path.read_bytes() for path in WAVS]
+        self.pipeline = load_pipeline(REPO_ROOT / "examples" / "embedded_developer" / "keyword_spotter.yaml")
+
+    def _predict(self, client: Any, i: int) -> Any:
+        return client.post("/v1/models/okay_nabu/predict", content=self.wavs[i], headers={"Content-Type": "audio/wav"})
+
+    def warm_up(self, client: Any, peer: Any) -> dict[str, str]:
+        """Each WAV through each path: the agent's answers beside pymicro-wakeword's."""
+        same, worst = 0, 0.0
+        for i, wav in enumerate(self.wavs):
+            answer, usual = self._predict(client, i).json(), self.loop.predict(wav)
+            peer.post("/predict", content=wav, headers={"Content-Type": "audio/wav"})
+            same += answer["detected"] == usual["detected"]
+            worst = max(worst, abs(answer["probability"] - usual["probability"]))
+        return {
+            "wavs": f"{len(self.wavs)} ({', '.join(p.name for p in WAVS)})",
+            "same_detection_agent_vs_pymicro_wakeword": f"{same}/{len(self.wavs)}",
+            "largest probability difference agent vs pymicro_wakeword": f"{worst:.2g}",
+        }
+
+    def run(self, name: str, n: int, client: Any, peer: Any) -> Any:
+        from edgesdk.pipeline import preprocess
+
+        i = n % len(self.wavs)
+        if name.startswith("agent /predict"):
+            return self._predict(client, i)
+        if name.startswith("python loop behind raw HTTP"):
+            return peer.post("/predict", content=self.wavs[i], headers={"Content-Type": "audio/wav"})
+        if name.startswith("python loop"):
+            self.loop.predict(self.wavs[i])
+        elif name.startswith("WAV decode + features only: edgesdk"):
+            preprocess(self.pipeline, self.wavs[i], "audio/wav", [_Input()])
+        else:
+            _usual_features(self.wavs[i])
+        return None
+
+    def memory(self, decoded_nbytes: Any, open_audio: Any) -> dict[str, float]:
+        charges = [
+            decoded_nbytes(open_audio(w, "audio/wav", self.pipeline.audio), self.pipeline.audio) for w in self.wavs
+        ]
+        return {
+            "agent decoded-audio charge per WAV request, MB (median)": round(float(np.median(charges)) / 2**20, 2),
+            "pymicro-wakeword loop tracemalloc peak of one WAV request, MB": _traced_peak(
+                self.loop.predict, self.wavs[0]
+            ),
+        }
+
+
+class _Input:
+    """okay_nabu's input as the agent's public signature has it (float; quantized by the agent)."""
+
+    name, dtype, shape = "input_audio", "float32", [1, 3, 40]
+
+
+def _usual_features(wav: bytes) -> list[Any]:
+    import wave
+
+    from pymicro_wakeword import MicroWakeWordFeatures
+
+    with wave.open(io.BytesIO(wav)) as source:
+        return list(MicroWakeWordFeatures().process_streaming(source.readframes(source.getnframes())))
+
+
+def _traced_peak(function: Any, argument: Any) -> float:
+    tracemalloc.start()
+    function(argument)
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return round(peak, 2)
 
 
 def ratios(times: dict[str, list[float]]) -> dict[str, float]:
     """The agent's /predict (plain and folded) over the fair HTTP peer, and folded over plain."""
     p50 = {name: float(np.percentile(values, 50)) for name, values in times.items()}
-    plain, folded = p50["agent /predict (JPEG)"], p50["agent /predict, mean/std folded into the graph (JPEG)"]
-    peer = p50["python loop behind raw HTTP, agent's ORT settings (JPEG)"]
-    return {
-        "agent /predict / loop behind raw HTTP": round(plain / peer, 3),
-        "agent /predict folded / loop behind raw HTTP": round(folded / peer, 3),
-        "agent /predict folded / agent /predict": round(folded / plain, 3),
-    }
+    out: dict[str, float] = {}
+    if JPEG_CELLS[0] in p50:
+        plain, folded = p50["agent /predict (JPEG)"], p50["agent /predict, mean/std folded into the graph (JPEG)"]
+        peer = p50["python loop behind raw HTTP, agent's ORT settings (JPEG)"]
+        out |= {
+            "agent /predict / loop behind raw HTTP": round(plain / peer, 3),
+            "agent /predict folded / loop behind raw HTTP": round(folded / peer, 3),
+            "agent /predict folded / agent /predict": round(folded / plain, 3),
+        }
+    if WAV_CELLS[0] in p50:
+        out["agent /predict (WAV) / pymicro-wakeword behind raw HTTP"] = round(p50[WAV_CELLS[0]] / p50[WAV_CELLS[1]], 3)
+        out["WAV features: edgesdk.pipeline / pymicro-features"] = round(p50[WAV_CELLS[3]] / p50[WAV_CELLS[4]], 3)
+    return out
 
 
 def main() -> None:
@@ -376,8 +568,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--folded-first", action="store_true", help="install the folded bundle before the plain one")
+    parser.add_argument(
+        "--cells",
+        choices=["all", "jpeg", "wav"],
+        default="all",
+        help="MobileNetV2 from JPEG, the keyword spotter from WAV, or both interleaved",
+    )
     args = parser.parse_args()
-    result = run(args.requests, args.rounds, args.folded_first)
+    kinds = ("jpeg", "wav") if args.cells == "all" else (args.cells,)
+    result = run(args.requests, args.rounds, args.folded_first, kinds)
     if args.json:
         print(json.dumps(result, indent=2))
         return
