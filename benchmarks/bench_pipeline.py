@@ -26,7 +26,10 @@ weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved 
    and behind the same raw HTTP server; and the features alone: ``edgesdk.pipeline.preprocess``
    vs pymicro-features. Needs ai-edge-litert and pymicro-wakeword (the dev extra).
 
-Cells take turns request by request, in a rotating order, so the load of a shared machine hits each alike.
+Cells take turns request by request, in a new random order each round (seeded), so the load of a
+shared machine hits each alike and no cell always runs right after the same one (a rotation kept
+their cyclic order: plain /predict always followed onnxruntime's default session, whose intra-op
+threads spin after each run, and paid for it: BENCHMARKS.md).
 
 The bundle is made by ``edgesdk convert --pipeline --validation-images --reference`` with the
 python loop's own function as the reference, so the run also shows the end-to-end gate on a
@@ -347,9 +350,9 @@ def measure(
     ):
         agreement = {**(jpeg.warm_up(client, peer) if jpeg else {}), **(wav.warm_up(client, peer) if wav else {})}
         before = vm_hwm_mb(agent.proc.pid)  # type: ignore[union-attr]
+        order = np.random.default_rng(0)
         for n in range(requests * rounds):
-            turn = n % len(cells)  # each cell goes first as often: no cell pays for the one before it
-            for name in cells[turn:] + cells[:turn]:
+            for name in order.permutation(cells).tolist():  # no cell always pays for the same one before it
                 started = time.perf_counter()
                 cell = wav if name in WAV_CELLS else jpeg
                 assert cell is not None

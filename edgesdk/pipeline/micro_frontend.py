@@ -227,8 +227,9 @@ def _reduce_noise(signal: np.ndarray, spec: MicroFrontend, plan: _Plan) -> np.nd
     scaled = (signal << spec.smoothing_bits) & 0xFFFFFFFF
     estimates = np.empty_like(signal)
     estimate = np.zeros(spec.channels, np.int64)
-    for row, values in enumerate(scaled):  # the estimate carries from frame to frame
-        estimate = (values * smoothing + estimate * (one - smoothing)) >> _NOISE_REDUCTION_BITS
+    incoming, keep_old = scaled * smoothing, one - smoothing
+    for row in range(len(scaled)):  # the estimate carries from frame to frame: 3 numpy calls a frame
+        estimate = (incoming[row] + estimate * keep_old) >> _NOISE_REDUCTION_BITS
         estimates[row] = estimate
     floor = (signal * keep) >> _NOISE_REDUCTION_BITS
     out = np.maximum((scaled - np.minimum(estimates, scaled)) >> spec.smoothing_bits, floor)
