@@ -5,8 +5,9 @@ The check runs the variant before and after on the same decoded files: unfolded 
 pipeline's numpy normalization, folded on the pixels the agent will hand it. Its outputs may
 move by float rounding only, or by no more than the variant itself moved from the source model
 at its tensor gate (an int8 variant's requantized first op may round a value one step the other
-way). A variant that cannot be folded (a Core ML package here, a full-integer input) does not
-ship: the one pipeline of the bundle tells every variant's agent to skip the folded steps.
+way). A Core ML package cannot run here: its fold is checked on its spec (fold_coreml.py) and
+it is not gated end to end, as before. A variant that cannot be folded (a full-integer input)
+does not ship: the one pipeline of the bundle tells every variant's agent to skip the folded steps.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from edgesdk.converters.graph_fold import FOLDERS, channel_shape, fold_artifact, fold_constants
+from edgesdk.converters.graph_fold import CASTS, FOLDERS, channel_shape, fold_artifact, fold_constants
 
 from edgesdk.errors import ConversionError
 from edgesdk.schemas.pipeline import Pipeline
@@ -37,7 +38,7 @@ def fold_built(pipeline: Pipeline, built: Any, feeds: Sequence[Mapping[str, np.n
             f"{precision} dropped: the pipeline folds {pipeline.folded} into the graph, done for"
             f" {', '.join(FOLDERS)} variants ({fmt} is not folded here: convert with --formats {','.join(FOLDERS)})"
         )
-    cast = "cast" in pipeline.folded
+    cast = "cast" in pipeline.folded and fmt in CASTS
     sample = list(feeds[:CHECKED_FILES]) if getattr(built, "validated", False) else []
     before = _outputs(built, [_normalized(pipeline, f) for f in sample])
     try:

@@ -102,12 +102,16 @@ def fold_onnx_file(path: Path, pre: ImagePre, cast: bool = False) -> None:
     onnx.save(fold_normalize(model, pre, cast), str(path))
 
 
-#: Per format: the graph file's suffix, and the module + function that fold that file in place.
+#: Per format: the graph file's suffix, and the module + function that fold that file in place
+#: (returning the variant's new file listing when the fold changed which files it has).
 FOLDERS = {
     "onnx": (".onnx", "edgesdk.converters.graph_fold", "fold_onnx_file"),
     "tflite": (".tflite", "edgesdk.converters.fold_tflite", "fold_tflite_file"),
     "openvino": (".xml", "edgesdk.converters.fold_openvino", "fold_openvino_file"),
+    "coreml": ("/model.mlmodel", "edgesdk.converters.fold_coreml", "fold_coreml_file"),
 }
+#: The formats whose fold also casts uint8 (a Core ML multiarray takes no uint8: fold_coreml.py).
+CASTS = ("onnx", "tflite", "openvino")
 
 
 def fold_artifact(files: dict[str, Path], pre: ImagePre, fmt: str = "onnx", cast: bool = False) -> None:
@@ -120,7 +124,10 @@ def fold_artifact(files: dict[str, Path], pre: ImagePre, fmt: str = "onnx", cast
     graphs = [p for name, p in files.items() if name.endswith(suffix)]
     if len(graphs) != 1:
         raise ConversionError(f"cannot fold normalization: expected one {suffix} file, the variant has {sorted(files)}")
-    getattr(importlib.import_module(module), function)(graphs[0], pre, cast)
+    listing = getattr(importlib.import_module(module), function)(graphs[0], pre, cast)
+    if listing is not None:
+        files.clear()
+        files.update(listing)
 
 
 def raw_pixels(tensor: np.ndarray, pre: ImagePre) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Normalization folded into an ONNX graph (converters/graph_fold.py): the folded graph fed raw
 pixels answers what the pipeline's numpy normalization + the original graph answer; the agent's
-pipeline skips the folded step; a Core ML variant is not shipped with a folding pipeline."""
+pipeline skips the folded step; each format is folded in its own graph file."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_a_folding_pipeline_feeds_the_decoded_pixels_not_the_normalized_tensor()
     assert float(preprocess(plain, body.getvalue(), "image/png", spec)["x"].max()) < 3.0
 
 
-def test_folding_is_done_per_format_and_refused_for_core_ml(tmp_path: Path) -> None:
+def test_folding_is_done_per_format_in_its_own_graph_file(tmp_path: Path) -> None:
     pipeline = Pipeline(image=ImagePre(scale=SCALE, mean=MEAN, std=STD), folded=["normalize"])
     path = tmp_path / "model.onnx"
     onnx.save(_conv_model("NCHW"), str(path))
@@ -89,10 +89,9 @@ def test_folding_is_done_per_format_and_refused_for_core_ml(tmp_path: Path) -> N
 
     assert fold_steps(pipeline, variant(ModelFormat.ONNX)) is None
     assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["Mul", "Add", "Conv"]
-    reason = fold_steps(pipeline, variant(ModelFormat.COREML))
-    assert reason is not None and "coreml is not folded here" in reason, reason
-    reason = fold_steps(pipeline, variant(ModelFormat.TFLITE))  # folded in its own graph file
-    assert reason is not None and "expected one .tflite file" in reason, reason
+    for fmt, graph in ((ModelFormat.TFLITE, ".tflite"), (ModelFormat.COREML, "/model.mlmodel")):
+        reason = fold_steps(pipeline, variant(fmt))  # each format is folded in its own graph file
+        assert reason is not None and f"expected one {graph} file" in reason, reason
     with pytest.raises(Exception, match="expected one .onnx file"):
         fold_artifact({}, pipeline.image)
     with pytest.raises(ValueError, match="names image steps"):

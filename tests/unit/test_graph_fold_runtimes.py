@@ -203,15 +203,21 @@ def test_the_agent_refuses_a_variant_whose_input_is_not_what_the_folded_steps_ne
 
     cast = Pipeline(image=PRE, folded=["normalize", "cast"])
     normalize = Pipeline(image=PRE, folded=["normalize"])
-    for pipeline, dtype in ((cast, "uint8"), (normalize, "float32"), (None, "float32"), (Pipeline(), "uint8")):
+    accepted = [(cast, "uint8"), (cast, "float32"), (normalize, "float32"), (None, "float32"), (Pipeline(), "uint8")]
+    for pipeline, dtype in accepted:  # (cast, float32): a Core ML variant of a cast bundle declares float32
         meta, loaded = variant(dtype)
         check_folded_input(pipeline, meta, loaded)  # type: ignore[arg-type]
         assert not loaded.closed
-    for pipeline, dtype, says in ((cast, "float32", "not the uint8 pixels"), (normalize, "uint8", "not the float")):
+    meta, loaded = variant("uint8")
+    loaded.inputs = [loaded.inputs[0].model_copy(update={"dtype": "float32"})]  # a graph without the cast
+    with pytest.raises(AgentError, match=r"takes float32 \(manifest: uint8\)"):
+        check_folded_input(cast, meta, loaded)  # type: ignore[arg-type]
+    assert loaded.closed  # its runtime's memory is given back
+    for pipeline, dtype, says in ((cast, "int32", "not the uint8 or float"), (normalize, "uint8", "not the float")):
         meta, loaded = variant(dtype)
         with pytest.raises(AgentError, match=says):
             check_folded_input(pipeline, meta, loaded)  # type: ignore[arg-type]
-        assert loaded.closed  # its runtime's memory is given back
+        assert loaded.closed
 
 
 def test_golden_pixels_are_whole_so_a_uint8_input_does_not_truncate_them() -> None:
@@ -219,3 +225,64 @@ def test_golden_pixels_are_whole_so_a_uint8_input_does_not_truncate_them() -> No
     back = raw_pixels(normalized, PRE)
     np.testing.assert_array_equal(back.astype(np.uint8), pixels)  # 254.99998 would be 254
     assert np.array_equal(back, np.rint(back))
+
+
+def _mul_mlpackage(path: Path) -> None:
+    """A one-op ML Program, ``y = x * w`` per channel on a 1x3x8x8 input, built in MIL (no torch)."""
+    ct = pytest.importorskip("coremltools", reason="the Core ML fold rewrites an ML Program with coremltools")
+    from coremltools.converters.mil import Builder as mb
+
+    weights = np.asarray([0.5, -2.0, 3.0], np.float32).reshape(1, 3, 1, 1)
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 3, 8, 8))], opset_version=ct.target.iOS16)
+    def program(x: Any) -> Any:
+        return mb.mul(x=x, y=weights, name="y")
+
+    ct.convert(program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16, skip_model_load=True).save(
+        str(path)
+    )
+
+
+def test_core_ml_fold_prepends_mul_and_add_with_the_pipelines_constants(tmp_path: Path) -> None:
+    ct = pytest.importorskip("coremltools", reason="the Core ML fold rewrites an ML Program with coremltools")
+    from coremltools.converters.mil.frontend.milproto.load import load as milproto_to_program
+    from edgesdk.converters.graph_fold import affine, fold_artifact
+
+    package = tmp_path / "model.mlpackage"
+    _mul_mlpackage(package)
+    before = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
+    weights = str(package / "Data/com.apple.CoreML/weights")
+    unfolded = [
+        op.op_type
+        for op in milproto_to_program(before, before.specificationVersion, weights).functions["main"].operations
+    ]
+    files = {f"model.mlpackage/{p.relative_to(package).as_posix()}": p for p in package.rglob("*") if p.is_file()}
+    fold_artifact(files, PRE, "coreml", cast=True)  # the cast is not folded: Core ML takes float32
+    assert all(path.is_file() for path in files.values()) and any(n.endswith("/model.mlmodel") for n in files)
+    spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
+    assert spec.description.input == before.description.input  # name, shape, FLOAT32 kept
+    assert spec.description.output == before.description.output
+    main = milproto_to_program(spec, spec.specificationVersion, weights)
+    ops = [op for op in main.functions["main"].operations if op.op_type != "const"]
+    # The fold's fp32 mul + add first, then the program as it was (fp16 compute: its casts kept).
+    assert [op.op_type for op in ops] == ["mul", "add", *[t for t in unfolded if t != "const"]]
+    a, b = affine(PRE)
+    np.testing.assert_allclose(ops[0].y.val.ravel(), a.ravel(), rtol=1e-6)
+    np.testing.assert_allclose(ops[1].y.val.ravel(), b.ravel(), rtol=1e-6)
+
+
+def test_core_ml_folded_program_predicts_as_the_unfolded_one(tmp_path: Path) -> None:
+    ct = pytest.importorskip("coremltools", reason="the Core ML fold rewrites an ML Program with coremltools")
+    try:
+        from coremltools import libcoremlpython  # noqa: F401
+    except ImportError:
+        pytest.skip("Core ML predicts only on macOS (coremltools has no libcoremlpython here): spec checked only")
+    from edgesdk.converters.fold_coreml import fold_coreml_package
+
+    package = tmp_path / "model.mlpackage"
+    _mul_mlpackage(package)
+    pixels, normalized = _pixels_and_normalized()
+    want = next(iter(ct.models.MLModel(str(package)).predict({"x": normalized}).values()))
+    fold_coreml_package(package, PRE)
+    got = next(iter(ct.models.MLModel(str(package)).predict({"x": pixels.astype(np.float32)}).values()))
+    np.testing.assert_allclose(got, want, atol=1e-4)
