@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.demo.collector import Collector, Sample
+from edgesdk.demo.digit_files import digit_pngs, digits_png_pipeline
 from edgesdk.demo.processes import ProcessSet
 from edgesdk.demo.traces import WAVE_S, write_heat_trace, write_idle_trace
 from edgesdk.demo.traffic import TrafficGenerator
@@ -91,6 +92,8 @@ class DemoResult:
     service: dict[str, str] = field(default_factory=dict)  # dashboard URL, token file, database
     #: The model served beside digits: its name, variant, rollout; or ``skipped`` with the reason.
     second_model: dict[str, Any] = field(default_factory=dict)
+    #: What the digits traffic sends: "PNG files to /predict" or "tensors to /infer".
+    digits_traffic: str = ""
     wall_s: float = 0.0
 
 
@@ -386,6 +389,7 @@ class Demo:
         out = self.work / "bundles"
         out.mkdir(parents=True, exist_ok=True)
         plan = {"v1": (convert_v1, "1.0.0", 1), "v2": (convert_v1, "1.1.0", 2), "v3": (convert_v3, "1.2.0", 3)}
+        pipeline = digits_png_pipeline()
         bundles = {
             name: package_bundle(
                 source,
@@ -395,11 +399,13 @@ class Demo:
                 publisher_key=keys["publisher_key"],
                 recipients=recipients,
                 out=out / f"digits-{version}.edgepkg",
+                pipeline=pipeline,
             )
             for name, (source, version, release) in plan.items()
         }
         sizes = ", ".join(f"{n} {p.stat().st_size / 1024:.0f} KiB" for n, p in bundles.items())
-        self._step("package", began, f"signed, encrypted to {len(recipients)} approved keys: {sizes}")
+        predict = "; /predict answers PNG files with labels" if pipeline is not None else ""
+        self._step("package", began, f"signed, encrypted to {len(recipients)} approved keys: {sizes}{predict}")
         return bundles
 
     def _client_options(self, role: str) -> Any:
@@ -537,7 +543,11 @@ class Demo:
         self._wait_release(1, "every device to serve v1")
         validation = np.load(digits.validation)
         images, labels = validation[INPUT_NAME], validation["labels"]
-        self.traffic = TrafficGenerator(self.agent_urls, images, labels).start()
+        # Real files where the bundle can take them (Pillow decodes them on the device): the
+        # test digits as PNGs to /predict, answered with labels; else the tensors as JSON.
+        files = digit_pngs(images) if digits_png_pipeline() is not None else None
+        self.result.digits_traffic = "PNG files to /predict" if files else "tensors to /infer"
+        self.traffic = TrafficGenerator(self.agent_urls, images, labels, files=files).start()
         time.sleep(3.0)
         lines = []
         for device, stats in self.traffic.stats.items():
@@ -691,6 +701,7 @@ class Demo:
                     "precisions_used": precisions,
                     "requests": stats.requests if stats else 0,
                     "failed_requests": stats.failures if stats else 0,
+                    "last_request_error": (stats.last_error or None) if stats else None,
                     "accuracy": stats.accuracy if stats else None,
                     "client_p50_ms": float(np.percentile(latencies, 50)) if latencies.size else None,
                     "client_p95_ms": float(np.percentile(latencies, 95)) if latencies.size else None,
@@ -808,4 +819,5 @@ def result_json(result: DemoResult) -> dict[str, Any]:
         "reports": result.reports,
         "service": result.service,
         "second_model": result.second_model,
+        "digits_traffic": result.digits_traffic,
     }

@@ -1,7 +1,9 @@
 """Client traffic against each agent's local inference API, as an application would send it.
 
 One thread per device posts small batches of samples (the digits test split; the wake-word
-spotter's feature chunks) as JSON, over one kept-alive connection, at a steady rate; it records
+spotter's feature chunks) as JSON — or, where the bundle has a pipeline, one real file per
+request (the test digits as PNGs) to ``/predict`` — over one kept-alive connection, at a steady
+rate; it records
 the round-trip latency and, where there are labels, how many answers were right. The agents'
 probation monitors judge new models on this traffic too.
 """
@@ -38,7 +40,8 @@ class TrafficGenerator:
     """Sends ``rate_hz`` requests per second of ``batch`` samples to every agent until stopped.
 
     ``labels`` (one per sample) score the answers' argmax; ``None`` only checks that every
-    answer carries ``output_name``."""
+    answer carries ``output_name``. With ``files`` (one encoded image per sample) each request
+    posts one of them to ``/predict`` instead, and its answer's top label is scored."""
 
     def __init__(
         self,
@@ -51,9 +54,11 @@ class TrafficGenerator:
         output_name: str = "logits",
         batch: int = 4,
         rate_hz: float = 15.0,
+        files: list[bytes] | None = None,
     ) -> None:
         self.agents = dict(agents)
         self.images = images
+        self.files = files
         self.labels = labels
         self.model = model
         self.input_name = input_name
@@ -82,26 +87,37 @@ class TrafficGenerator:
         parsed = urlparse(url)
         conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port, timeout=10)
         offset = hash(device) % len(self.images)
-        path = f"/v1/models/{self.model}/infer"
+        files = self.files
+        path = f"/v1/models/{self.model}/{'predict' if files else 'infer'}"
+        batch = 1 if files else self.batch
         while not self._stop.is_set():
             began = time.monotonic()
-            index = (offset + np.arange(self.batch)) % len(self.images)
-            offset += self.batch
-            body = json.dumps({"inputs": {self.input_name: self.images[index].tolist()}}).encode()
+            index = (offset + np.arange(batch)) % len(self.images)
+            offset += batch
+            if files:
+                body, content_type = files[int(index[0])], "image/png"
+            else:
+                body = json.dumps({"inputs": {self.input_name: self.images[index].tolist()}}).encode()
+                content_type = "application/json"
             try:
-                conn.request("POST", path, body=body, headers={"content-type": "application/json"})
+                conn.request("POST", path, body=body, headers={"content-type": content_type})
                 response = conn.getresponse()
                 payload = response.read()
                 elapsed_ms = (time.monotonic() - began) * 1000.0
                 if response.status != 200:
                     raise OSError(f"HTTP {response.status}: {payload[:200]!r}")
-                answer = np.asarray(json.loads(payload)["outputs"][self.output_name])
+                answered = json.loads(payload)
+                # The class each sample was given: the top label's index, or the logits' argmax.
+                if files:
+                    classes = np.array([int(answered["labels"][0]["label"])])
+                else:
+                    classes = np.asarray(answered["outputs"][self.output_name]).argmax(axis=-1)
                 stats.requests += 1
                 stats.latencies_ms.append(elapsed_ms)
                 stats.finished_at.append(time.monotonic())
                 if self.labels is not None:
                     stats.images += len(index)
-                    stats.correct += int((answer.argmax(axis=1) == self.labels[index]).sum())
+                    stats.correct += int((classes == self.labels[index]).sum())
             except (OSError, ValueError, KeyError, http.client.HTTPException) as exc:
                 stats.failures += 1
                 stats.last_error = str(exc)

@@ -185,6 +185,9 @@ def test_readme_first_command_without_mosquitto_runs_the_whole_story(clean_tree:
     service_log = Path(service["log"]).read_text()
     assert f"deployment {rollouts['v3']['deployment_id']}: ABORTED" in service_log
 
+    # The digits traffic is real files: PNGs answered with labels by the bundle's pipeline,
+    # through v1, v2 and v3's rollback (which once lost the pipeline: 404s after it).
+    assert summary["digits_traffic"] == "PNG files to /predict"
     for device in summary["devices"]:
         assert device["release"] == 2 and device["version"] == "1.1.0", device
         assert device["requests"] > 50 and device["failed_requests"] == 0, device
