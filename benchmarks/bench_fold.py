@@ -8,11 +8,12 @@ shared machine's load hits each alike): ``edgesdk.pipeline.preprocess`` of a JPE
 resize 256, centre crop 224, then mean/std in numpy and a float32 tensor, or for the folded
 graph the decoder's uint8 as is), which is the same for every runtime; then each model's run
 on those tensors through the agent's own loader (``edgesdk.runtimes.load_variant``, one
-thread: the converters' host timing settings). Timed together, a runtime's leftover work after
-its run (OpenVINO's) skewed the next cell's decode. Printed: p50 (and mean) per phase, and
-pre + run per runtime, folded / unfolded.
+thread: the converters' host timing settings). Timed together, the decode's time depended
+on which runtime ran just before it (~3.5 ms right after OpenVINO's run, ~27 ms after the
+others' on a loaded machine; the cause was not found), so the two phases are timed apart.
+Printed: p50 (and mean) per phase, and pre + run per runtime, folded / unfolded.
 
-Run: ``.venv/bin/python benchmarks/bench_fold.py [--requests 60] [--json]``. Needs torch, the
+Run: ``.venv/bin/python benchmarks/bench_fold.py [--requests 100] [--json]``. Needs torch, the
 MobileNetV2 weights, scikit-image/scikit-learn photos, Pillow, onnxruntime, OpenVINO, LiteRT
 and litert-torch (a runtime that is missing is left out and named).
 """
