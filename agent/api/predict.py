@@ -49,9 +49,9 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Answer:
     content_type = media_type(request.headers.get("content-type"))
     prepared = prepare(pipeline, request.body, content_type, model.signature.inputs, limits)
     feeds = prepared.feeds
-    if pipeline.input == "audio" and pipeline.audio.stream is not None:  # a streaming model: one call per chunk
-        streamed = model.signature.inputs[0].name
-        calls, variant = server.infer_stream(model_name, split_calls(feeds, streamed))
+    streaming = pipeline.input == "audio" and pipeline.audio.stream is not None
+    if streaming:  # a streaming model: one call per chunk of features, from its initial state
+        calls, variant = server.infer_stream(model_name, split_calls(feeds, model.signature.inputs[0].name))
         outputs = stack_calls(calls)
     else:
         outputs, variant = server.infer_with_variant(model_name, feeds)
@@ -64,6 +64,8 @@ def _predict(server: ModelServer, request: Request, model_name: str) -> Answer:
         response = Answer(png_of(result["mask"]), "image/png", headers)
     else:
         response = json_answer(payload, headers)
-    if server.taps:  # the model's own feeds and outputs (ModelServer.taps)
+    # The model's own feeds and outputs (ModelServer.taps); a stream's stacked calls are not one
+    # request of the model's signature, so drift capture and shadows do not see them.
+    if server.taps and not streaming:
         response.served = (model.name, feeds, outputs, variant)
     return response
