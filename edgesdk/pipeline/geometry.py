@@ -23,7 +23,7 @@ from edgesdk.schemas.pipeline import CenterCrop, ImagePre, Resize
 
 
 @dataclass(frozen=True)
-class Placement:
+class ResizedPlacement:
     """The resize step: the image scaled to ``width`` × ``height``, its top-left corner at
     (``left``, ``top``) of a ``canvas_width`` × ``canvas_height`` canvas (the rest: padding)."""
 
@@ -35,19 +35,19 @@ class Placement:
     canvas_height: int
 
 
-def placement(width: int, height: int, resize: Resize | None) -> Placement:
+def placement(width: int, height: int, resize: Resize | None) -> ResizedPlacement:
     """Where the resize step puts a ``width`` × ``height`` image. Letterbox: the largest scale
     that fits, sides rounded as Ultralytics' ``LetterBox`` rounds them, centred (an odd margin's
     extra pixel goes right or below)."""
     if resize is None:
-        return Placement(width, height, 0, 0, width, height)
+        return ResizedPlacement(width, height, 0, 0, width, height)
     if resize.letterbox is None:
-        return Placement(resize.width, resize.height, 0, 0, resize.width, resize.height)
+        return ResizedPlacement(resize.width, resize.height, 0, 0, resize.width, resize.height)
     ratio = min(resize.width / width, resize.height / height)
     fitted_w = min(resize.width, max(1, round(width * ratio)))
     fitted_h = min(resize.height, max(1, round(height * ratio)))
     left, top = (resize.width - fitted_w) // 2, (resize.height - fitted_h) // 2
-    return Placement(fitted_w, fitted_h, left, top, resize.width, resize.height)
+    return ResizedPlacement(fitted_w, fitted_h, left, top, resize.width, resize.height)
 
 
 def crop_origin(width: int, height: int, crop: CenterCrop | None) -> tuple[int, int]:
