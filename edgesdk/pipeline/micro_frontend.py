@@ -8,6 +8,11 @@ over frames; only the noise estimate runs frame by frame (each frame updates it)
 numpy's float FFT rounded to the reference's int16 outputs (kiss_fft in 16-bit fixed point
 rounds at each of its stages): the one place the two can differ, by a unit of the spectrum —
 tests/unit/test_pipeline_micro_frontend.py measures how far that moves the features.
+
+Where pymicro-features is installed (the ``pipeline`` extra, on the platforms it has wheels for)
+and the step asks for its fixed configuration (the defaults, 16 kHz), its C code computes the
+same features bit for bit in a fifth of the time (1.2 vs 7.2 ms for a 1.4 s WAV): it is used
+then, this numpy code otherwise. ``backend`` says which one a step runs on.
 """
 
 from __future__ import annotations
@@ -58,10 +63,54 @@ def frame_count(samples: int, spec: MicroFrontend, rate: int) -> int:
     return 0 if samples < size else 1 + (samples - size) // step
 
 
+#: pymicro-features builds its frontend with no arguments: these settings, at this rate.
+_NATIVE_SPEC, _NATIVE_RATE = MicroFrontend(), 16000
+_NATIVE_CHUNK = 320  # bytes: its process_samples takes at least 10 ms of 16-bit samples per call
+NATIVE, NUMPY = "pymicro-features", "numpy"
+
+
+def backend(spec: MicroFrontend, rate: int) -> str:
+    """Which implementation ``micro_features`` runs for this step: the C one where it can."""
+    return NATIVE if rate == _NATIVE_RATE and spec == _NATIVE_SPEC and _native() is not None else NUMPY
+
+
 def micro_features(samples: np.ndarray, rate: int, spec: MicroFrontend) -> np.ndarray:
     """(frames, channels) float32: the uint16 features × ``spec.output_scale``. ``samples`` are
     int16 (or float in [-1, 1), rounded to int16 as the reference takes them)."""
     pcm = samples if samples.dtype == np.int16 else _to_int16(samples)
+    if backend(spec, rate) == NATIVE:
+        return native_micro_features(pcm)
+    return numpy_micro_features(pcm, rate, spec)
+
+
+def native_micro_features(pcm: np.ndarray) -> np.ndarray:
+    """pymicro-features' C frontend over int16 ``pcm`` at 16 kHz with the default settings, fed
+    as pymicro-wakeword feeds it; its features are already the uint16 values / 25.6."""
+    functions = _native()
+    if functions is None:
+        raise RuntimeError("pymicro-features is not installed: pip install 'edgesdk[pipeline]'")
+    create, process = functions
+    frontend, rows, at = create(), [], 0
+    data = pcm.astype("<i2", copy=False).tobytes()
+    while len(data) - at >= _NATIVE_CHUNK:
+        features, read = process(frontend, data[at : at + 2 * _NATIVE_CHUNK])
+        at += read * 2
+        if features:
+            rows.append(features)
+    return np.array(rows, np.float32).reshape(-1, _NATIVE_SPEC.channels)
+
+
+@lru_cache(maxsize=1)
+def _native() -> tuple[Any, Any] | None:
+    try:  # the module pymicro-features wraps: its MicroFrontend class adds a dataclass per call
+        from micro_features_cpp import create_frontend, process_samples
+    except ImportError:
+        return None
+    return create_frontend, process_samples
+
+
+def numpy_micro_features(pcm: np.ndarray, rate: int, spec: MicroFrontend) -> np.ndarray:
+    """The reference's arithmetic in numpy, for any settings: int16 ``pcm`` → (frames, channels)."""
     plan = _plan(spec, rate)
     count = frame_count(pcm.size, spec, rate)
     if count == 0:

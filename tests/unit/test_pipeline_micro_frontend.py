@@ -15,7 +15,7 @@ import pytest
 
 from edgesdk.pipeline import PipelineInputError, preprocess
 from edgesdk.pipeline.detection import detection
-from edgesdk.pipeline.micro_frontend import micro_features
+from edgesdk.pipeline.micro_frontend import NATIVE, NUMPY, backend, micro_features, numpy_micro_features
 from edgesdk.schemas.pipeline import MicroFrontend, Pipeline, PostProcess
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "embedded_developer"
@@ -61,10 +61,27 @@ def test_micro_frontend_matches_pymicro_features_on_every_frame() -> None:
     spec = MicroFrontend()
     for name, samples in _signals().items():
         expected = _reference(samples)
-        got = micro_features(samples, 16000, spec)
+        got = numpy_micro_features(samples, 16000, spec)
         assert got.shape == expected.shape, name
         units = np.abs(got.astype(np.float64) - expected) * 25.6  # in the frontend's uint16 units
         assert units.max() == 0, f"{name}: worst frame {units.max(axis=1).argmax()}, {units.max()} units off"
+
+
+def test_micro_frontend_runs_pymicro_features_where_installed_with_the_numpy_frames() -> None:
+    pytest.importorskip(
+        "pymicro_features", reason="the C frontend is pymicro-features (pip install 'edgesdk[pipeline]')"
+    )
+    spec = MicroFrontend()
+    assert backend(spec, 16000) == NATIVE
+    for name, samples in _signals().items():
+        assert np.array_equal(micro_features(samples, 16000, spec), numpy_micro_features(samples, 16000, spec)), name
+
+
+def test_micro_frontend_settings_pymicro_features_lacks_run_on_numpy() -> None:
+    assert backend(MicroFrontend(channels=32), 16000) == NUMPY
+    assert backend(MicroFrontend(), 8000) == NUMPY
+    samples = _speech(SPEECH["okay nabu"])
+    assert micro_features(samples, 16000, MicroFrontend(channels=32)).shape == (141, 32)
 
 
 def test_micro_frontend_takes_float_samples_as_their_16_bit_values() -> None:
