@@ -67,8 +67,9 @@ def fold_tflite(model: bytes, pre: ImagePre, cast: bool = False) -> bytes:
     source = subgraph.tensors[index]
     name = source.name.decode() if isinstance(source.name, bytes) else str(source.name)
     if source.type != fb.TensorType.FLOAT32:
+        kind = {v: k for k, v in vars(fb.TensorType).items() if k.isupper()}.get(source.type, str(source.type))
         raise ConversionError(
-            f"cannot fold normalization into input {name!r}: it takes tensor type {source.type}, not float32"
+            f"cannot fold normalization into input {name!r}: it takes {kind.lower()}, not float32"
             " (a full-integer model's input is quantized)"
         )
     shape = [int(d) for d in source.shape]
