@@ -159,8 +159,7 @@ class BatchFormer:
         loop: asyncio.AbstractEventLoop,
         budget: InflightBytesBudget | None = None,
     ) -> bool:
-        """Take checked ``feeds`` (``rows`` rows, ``nbytes`` bytes; ``stackable`` works out all
-        three) into the batch this wake-up of ``loop`` forms for ``key`` (at most ``max_rows``
+        """Take checked ``feeds`` (``rows`` rows, ``nbytes`` bytes) into the batch this wake-up of ``loop`` forms for ``key`` (at most ``max_rows``
         rows), run on the loop's next turn; then ``done`` is called once with the batch's members
         it brought (each carrying its ``context``; pass the same object for every request of one
         caller, so that it is called once per batch). ``key``: equal only for requests that stack
@@ -296,11 +295,6 @@ class BatchFormer:
             m.outputs = {name: out[start:end] for name, out in outputs.items()}
             m.tag, m.ran, m.company = tag, ran, company
             start = end
-
-
-def stackable(feeds: Feeds) -> tuple[ShapeKey, Feeds, int, int]:
-    """``join``'s first four arguments for ``feeds``: their shape key, themselves, rows, bytes."""
-    return _shape_key(feeds), feeds, _rows(feeds), sum(array.nbytes for array in feeds.values())
 
 
 def _rows(feeds: Feeds) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from edgesdk.agent.api.budget import InflightBytesBudget
-from edgesdk.agent.batching import PROBE_EVERY, BatchFormer, Member, stackable
+from edgesdk.agent.batching import PROBE_EVERY, BatchFormer, Member
 
 from edgesdk.schemas.agent_config import BatchingSettings
 
@@ -55,6 +55,14 @@ def former(run: Run, **overrides: Any) -> BatchFormer:
 
 def x(value: float, rows: int = 1, width: int = 4) -> np.ndarray:
     return np.full((rows, width), value, np.float32)
+
+
+def stackable(feeds: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray], int, int]:
+    """``join``'s first four arguments: a key equal for feeds that stack (names, dtypes, non-batch
+    dims), the feeds, their rows, their bytes."""
+    key = tuple((name, array.dtype, array.shape[1:]) for name, array in feeds.items())
+    (rows,) = {len(array) for array in feeds.values()}
+    return key, feeds, rows, sum(array.nbytes for array in feeds.values())
 
 
 def one_wake_up(
