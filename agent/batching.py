@@ -159,14 +159,15 @@ class BatchFormer:
         loop: asyncio.AbstractEventLoop,
         budget: InflightBytesBudget | None = None,
     ) -> bool:
-        """Take checked ``feeds`` (``rows`` rows, ``nbytes`` bytes) into the batch this wake-up of ``loop`` forms for ``key`` (at most ``max_rows``
-        rows), run on the loop's next turn; then ``done`` is called once with the batch's members
-        it brought (each carrying its ``context``; pass the same object for every request of one
-        caller, so that it is called once per batch). ``key``: equal only for requests that stack
-        (same inputs, dtypes, non-batch dims); a caller that knows as much passes its own (the
-        prepared route: the model's one input, whose other axes its signature fixes). False: not
-        taken (the batch is full, the model cannot be split), run it now. ``budget`` is charged
-        the stacked copy of the inputs while the batch runs."""
+        """Take checked ``feeds`` (``rows`` rows, ``nbytes`` bytes) into the batch this wake-up
+        of ``loop`` forms for ``key`` (at most ``max_rows`` rows), run on the loop's next turn;
+        then ``done`` is called once with the batch's members it brought (each carrying its
+        ``context``; pass the same object for every request of one caller, so that it is called
+        once per batch). ``key``: equal only for requests that stack (same inputs, dtypes,
+        non-batch dims); the caller knows as much (the prepared route: the model's one input,
+        whose other axes its signature fixes). False: not taken (the batch is full, the model
+        cannot be split), run it now. ``budget`` is charged the stacked copy of the inputs while
+        the batch runs."""
         if not self.splittable or not 0 < rows <= max_rows:
             return False
         forming = self.forming
