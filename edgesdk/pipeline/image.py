@@ -20,6 +20,11 @@ from edgesdk.schemas.pipeline import ImagePre, Resize
 #: Media type → the one Pillow decoder allowed for it (no other format's parser ever runs).
 IMAGE_FORMATS = {"image/jpeg": "JPEG", "image/png": "PNG"}
 
+#: Scans a JPEG may hold: libjpeg's progressive scripts use at most 10, and each scan re-reads
+#: every block, so repeating one 31-byte scan 1000 times made a 94 kB JPEG cost 9.5 s of CPU in
+#: the decoder (16 MiB of them: hours), in C, where no request timeout stops it.
+MAX_JPEG_SCANS = 100
+
 
 def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
     """A lazily decoded Pillow image of ``data`` (only its header read), its size checked."""
@@ -34,6 +39,12 @@ def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
     if fmt is None:
         raise PipelineInputError(
             415, f"Content-Type {media_type!r} is not an image this model takes; use image/jpeg or image/png"
+        )
+    scans = data.count(b"\xff\xda") if fmt == "JPEG" else 0  # SOS markers (an 0xFF in entropy data is FF 00)
+    if scans > MAX_JPEG_SCANS:
+        raise PipelineInputError(
+            413,
+            f"JPEG has {scans} scans, over the {MAX_JPEG_SCANS} decoded; re-encode it (baseline or standard progressive)",
         )
     try:
         image = Image.open(io.BytesIO(data), formats=[fmt])
