@@ -30,9 +30,17 @@ def read_text(data: bytes, media_type: str, pre: TextPre) -> str:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PipelineInputError(400, f"not valid JSON: {exc}") from None
+    except RecursionError:  # json's C scanner recurses per nesting level: [[[[... overflows the stack
+        raise PipelineInputError(400, 'not valid JSON here: nested too deeply; send {"text": "..."}') from None
     if not isinstance(body, dict) or not isinstance(body.get("text"), str) or set(body) != {"text"}:
         raise PipelineInputError(400, 'the body must be {"text": "..."} (one string, no other fields)')
     text: str = body["text"]
+    try:  # a "\\ud800" escape decodes to a lone surrogate, which the tokenizer cannot take (TypeError)
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PipelineInputError(
+            400, f"the text holds {text[exc.start]!r}, a lone UTF-16 surrogate and not a character; send valid Unicode"
+        ) from None
     if len(text) > pre.max_chars:
         raise PipelineInputError(413, f"text of {len(text)} characters; this model takes at most {pre.max_chars}")
     return text
