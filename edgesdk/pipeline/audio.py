@@ -132,8 +132,10 @@ def feature_count(samples: int, pre: AudioPre) -> int:
 def to_tensor(pcm: Pcm, pre: AudioPre, dtype: np.dtype[np.generic], rank: int | None) -> np.ndarray:
     """Decode and run the pipeline's audio steps in their fixed order; a batch of one, or with
     ``stream`` one batch of one per call stacked on a leading axis (``stream_chunks``)."""
-    samples = waveform(pcm)
-    samples = resample(samples, pcm.rate, pre.sample_rate)
+    if pre.micro_frontend is not None and pcm.dtype == "<i2" and pcm.channels == 1 and pcm.rate == pre.sample_rate:
+        samples = np.frombuffer(pcm.data, "<i2")  # the frontend takes these 16-bit samples: no float round trip
+    else:
+        samples = resample(waveform(pcm), pcm.rate, pre.sample_rate)
     if pre.length is not None:
         samples = pad_or_trim(samples, pre.length)
     if pre.micro_frontend is not None:
@@ -221,7 +223,7 @@ def _resample_poly() -> Callable[..., np.ndarray]:
 def pad_or_trim(samples: np.ndarray, length: int) -> np.ndarray:
     if samples.size >= length:
         return samples[:length]
-    return np.concatenate([samples, np.zeros(length - samples.size, np.float32)])
+    return np.concatenate([samples, np.zeros(length - samples.size, samples.dtype)])
 
 
 def _frame_count(samples: int, length: int, hop: int) -> int:

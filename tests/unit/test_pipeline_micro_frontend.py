@@ -114,6 +114,20 @@ def test_a_streaming_pipeline_cuts_the_features_into_whole_chunks_of_calls() -> 
     assert short.value.status == 422
 
 
+class _SecondInput:
+    name, dtype, shape = "input_audio", "float32", [1, 98, 40]
+
+
+def test_a_16_bit_wav_padded_to_length_gives_the_features_of_its_zero_padded_samples() -> None:
+    # 16-bit mono WAVs at the model's rate reach the frontend as they are (no float round trip):
+    # the padding must stay 16-bit samples, not floats the frontend would read as [-1, 1).
+    pipeline = Pipeline.model_validate({"input": "audio", "audio": {"length": 16000, "micro_frontend": {}}})
+    samples = _speech(SPEECH["okay nabu"])[4000:12000]
+    feeds = preprocess(pipeline, _wav_bytes(samples), "audio/wav", [_SecondInput()])
+    padded = np.concatenate([samples, np.zeros(8000, np.int16)])
+    assert np.array_equal(feeds["input_audio"][0], numpy_micro_features(padded, 16000, MicroFrontend()))
+
+
 def test_a_streaming_pipeline_refuses_more_calls_than_it_allows() -> None:
     limited = {"input": "audio", "audio": {"micro_frontend": {}, "stream": {"frames": 3, "max_calls": 10}}}
     pipeline = Pipeline.model_validate(limited)
