@@ -289,9 +289,12 @@ class LiteRTModel:
 
     def with_fresh_state(self) -> LiteRTModel:
         """Another interpreter on the same bytes, kernels and delegates, at the model's initial
-        state: a streaming model keeps its state in TFLite variables, which
-        ``reset_all_variables`` does not put back as they start (measured on okay_nabu: its
-        answers after a reset differ from a fresh interpreter's). About 1 ms for a small model."""
+        state: a streaming model keeps its state in TFLite resource variables (VAR_HANDLE, set
+        once by CALL_ONCE), which ``reset_all_variables`` does not touch (it zeroes only
+        ``is_variable`` tensors; on okay_nabu its answers after a reset differ from a fresh
+        interpreter's) and which the Python API cannot write (tensor details list only the
+        copies READ_VARIABLE makes), so no snapshot of them can be put back either. 0.9 ms for okay_nabu, mostly allocate_tensors (XNNPACK);
+        pymicro-wakeword's own fresh detector per WAV takes 1.1 ms (2026-12-06)."""
         module = _interpreter_module()
         with _without_chatter():
             try:
