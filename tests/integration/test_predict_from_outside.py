@@ -1,0 +1,75 @@
+"""``/predict`` attacked from outside (issue 42's walk as a hostile local client): images whose
+cost lies beyond their size on the wire. A real ``edge-agent run`` serves the digits CNN with
+its signed pipeline (the bundle of test_agent_predict.py), with a small ``api.max_decoded_bytes``
+so that what each image is charged can be seen in its answer."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+from tests.agent_helpers import AgentProcess, make_device
+from tests.integration.test_agent_predict import (  # noqa: F401 - digits_convert_dir is a fixture
+    LABELS,
+    _installed,
+    _jpegs,
+    _package_with_pipeline,
+    digits_convert_dir,
+)
+
+Image = pytest.importorskip("PIL.Image", reason="the pipeline's decoder needs Pillow (pip install 'edgesdk[pipeline]')")
+httpx = pytest.importorskip("httpx")
+
+#: A 1000 x 1000 image (the pipeline's max_pixels) may take 4 MB: grey fits, CMYK does not.
+MAX_DECODED = 4_000_000
+
+
+@pytest.fixture(scope="module")
+def small_budget_agent(digits_convert_dir, tmp_path_factory):  # noqa: F811 - the imported fixture
+    device = make_device(tmp_path_factory.mktemp("predict-outside"))
+    device.write_config(api={"host": "127.0.0.1", "port": 0, "max_decoded_bytes": MAX_DECODED})
+    _installed(device, _package_with_pipeline(device, digits_convert_dir, version="1.0.0", release=1, labels=LABELS))
+    with AgentProcess(device) as running:
+        yield running
+        assert running.proc.poll() is None, running.log()
+
+
+def _post(agent: AgentProcess, body: bytes, content_type: str) -> httpx.Response:
+    return httpx.post(
+        f"{agent.url}/v1/models/digits/predict", content=body, headers={"Content-Type": content_type}, timeout=60
+    )
+
+
+def _jpeg(mode: str, *, progressive: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, (1000, 1000)).save(buffer, format="JPEG", progressive=progressive, quality=50)
+    return buffer.getvalue()
+
+
+def _repeating_its_last_scan(jpeg: bytes, times: int) -> bytes:
+    """``jpeg`` with its last scan (SOS marker to EOI) repeated: a few kB that the decoder walks
+    over every block of the image once per scan."""
+    last_scan = jpeg[jpeg.rindex(b"\xff\xda") : -2]
+    return jpeg[:-2] + last_scan * times + b"\xff\xd9"
+
+
+def test_a_jpeg_repeating_its_scans_is_refused_before_the_decoder_runs(small_budget_agent, digits) -> None:
+    bomb = _repeating_its_last_scan(_jpeg("L", progressive=True), 1000)
+    started = time.monotonic()
+    refused = _post(small_budget_agent, bomb, "image/jpeg")
+    assert refused.status_code == 413 and "JPEG has 1006 scans" in refused.json()["error"], refused.text
+    assert time.monotonic() - started < 5
+    answered = _post(small_budget_agent, _jpegs(digits, 1)[0], "image/jpeg")
+    assert answered.status_code == 200 and answered.json()["labels"][0]["label"] in LABELS
+
+
+def test_an_image_is_charged_the_memory_of_the_mode_it_decodes_to(small_budget_agent) -> None:
+    """A CMYK JPEG decodes to 4 bytes a pixel (then a grey copy): charged as grey, 8 of them at
+    4000 x 4000 grew an agent by 456 MB within a 128 MB budget."""
+    grey = _post(small_budget_agent, _jpeg("L"), "image/jpeg")
+    assert grey.status_code == 200, grey.text
+    cmyk = _post(small_budget_agent, _jpeg("CMYK"), "image/jpeg")
+    assert cmyk.status_code == 413 and "api.max_decoded_bytes" in cmyk.json()["error"], cmyk.text
+    assert int(cmyk.json()["error"].split("needs ")[1].split()[0]) >= 5_000_000
