@@ -24,7 +24,8 @@ weights, fp32 ONNX, batch 1) served three ways, on the same photos, interleaved 
    3-frame chunks from its initial state → detection); against the usual host code, a fresh
    pymicro-wakeword detector per WAV (its C frontend and its own TFLite C library), in-process
    and behind the same raw HTTP server; and the features alone: ``edgesdk.pipeline.preprocess``
-   vs pymicro-features. Needs ai-edge-litert and pymicro-wakeword (the dev extra).
+   (pymicro-features' C frontend where installed, as here, else its numpy twin) vs
+   pymicro-features as pymicro-wakeword calls it. Needs ai-edge-litert and pymicro-wakeword (the dev extra).
 
 Cells take turns request by request, in a new random order each round (seeded), so the load of a
 shared machine hits each alike and no cell always runs right after the same one (a rotation kept
