@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from edgesdk.schemas.base import Schema
 
@@ -38,13 +38,20 @@ MAX_LABELS = 100_000
 Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
 
 
-class Letterbox(Schema):
+class _Finite(Schema):
+    """A pipeline's numbers are finite: YAML's ``.nan`` or ``.inf`` passes ``gt``/``ge`` bounds (or
+    none) and would be refused only when the manifest is written, naming the bundle, not the field."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class Letterbox(_Finite):
     """Keep the aspect ratio: scale the image to fit, centre it, pad the rest with ``fill``."""
 
     fill: int = Field(114, ge=0, le=255, description="the padding's grey level (Ultralytics: 114)")
 
 
-class Resize(Schema):
+class Resize(_Finite):
     """Resize to ``height`` × ``width`` with a named interpolation (Pillow's filters), stretched,
     or fitted inside it with ``letterbox`` (edgesdk/pipeline/geometry.py)."""
 
@@ -54,14 +61,14 @@ class Resize(Schema):
     letterbox: Letterbox | None = None
 
 
-class CenterCrop(Schema):
+class CenterCrop(_Finite):
     """Cut the central ``height`` × ``width`` (after the resize); larger than the image is refused per request."""
 
     height: Side
     width: Side
 
 
-class ImagePre(Schema):
+class ImagePre(_Finite):
     """Decode an image and make the model's input tensor from it."""
 
     color: Literal["RGB", "BGR", "L"] = "RGB"
@@ -92,6 +99,11 @@ class ImagePre(Schema):
             values = getattr(self, name)
             if len(values) not in (1, channels):
                 raise ValueError(f"{name} has {len(values)} values; color {self.color} needs 1 or {channels}")
+        crop, size = self.center_crop, self.resize
+        if crop is not None and size is not None and (crop.height > size.height or crop.width > size.width):
+            raise ValueError(  # every image would be a 422 at /predict
+                f"center_crop {crop.height}x{crop.width} is larger than the resize's {size.height}x{size.width}"
+            )
         return self
 
 
@@ -103,14 +115,14 @@ DEFAULT_MAX_AUDIO_BYTES = 16 * 1024 * 1024
 MAX_TOKENIZER_CHARS = 900_000
 
 
-class RawPcm(Schema):
+class RawPcm(_Finite):
     """What ``audio/pcm`` bodies are: little-endian 16-bit samples at this declared rate."""
 
     rate: int = Field(ge=1000, le=384_000)
     channels: int = Field(1, ge=1, le=16)
 
 
-class Framing(Schema):
+class Framing(_Finite):
     """Cut the waveform into ``length``-sample frames every ``hop`` samples, each windowed."""
 
     length: int = Field(ge=1, le=1_048_576)
@@ -118,7 +130,7 @@ class Framing(Schema):
     window: Literal["none", "hann", "hamming"] = "none"
 
 
-class LogMel(Schema):
+class LogMel(_Finite):
     """Log-mel spectrogram: a periodic-Hann STFT of ``n_fft`` samples every ``hop``, power 2,
     triangular filters on the HTK mel scale (not area-normalised), ``ln(mel + log_offset)``.
     Frames are not padded (no ``center``): ``1 + (samples - n_fft) // hop`` of them."""
@@ -138,7 +150,7 @@ class LogMel(Schema):
         return self
 
 
-class MicroFrontend(Schema):
+class MicroFrontend(_Finite):
     """TFLite-Micro's audio frontend, as microWakeWord's spotters take it (defaults: theirs):
     a Hann window of ``window_ms`` every ``step_ms``, a 16-bit fixed-point FFT, ``channels``
     mel bands from ``lower_hz`` to ``upper_hz``, noise reduction, PCAN gain control, an integer
@@ -173,7 +185,7 @@ class MicroFrontend(Schema):
         return self
 
 
-class Streaming(Schema):
+class Streaming(_Finite):
     """Run a streaming (stateful) model over the features: ``frames`` feature frames per call,
     its state reset at each request's start and carried between its calls; the calls' outputs
     are stacked for the post step (``kind: detection``)."""
@@ -182,7 +194,7 @@ class Streaming(Schema):
     max_calls: int = Field(6000, ge=1, le=100_000, description="longer audio is refused (413)")
 
 
-class AudioPre(Schema):
+class AudioPre(_Finite):
     """Decode WAV (PCM 16/32-bit, float32) or raw PCM and make the model's input from it:
     downmix to mono → resample → pad/trim → framing or log-mel (or the waveform as it is)."""
 
@@ -212,7 +224,7 @@ class AudioPre(Schema):
         return self
 
 
-class TextPre(Schema):
+class TextPre(_Finite):
     """``{"text": ...}`` through a Hugging Face ``tokenizer.json`` into ids, mask and token types."""
 
     tokenizer: str | None = Field(
@@ -226,7 +238,7 @@ class TextPre(Schema):
     )
 
 
-class BoxDecode(Schema):
+class BoxDecode(_Finite):
     """A detector's (1, N, 4 [+ 1 objectness] + C) output (or (1, 4 + C, N) with ``transposed``)
     → boxes: score threshold, then class-aware non-maximum suppression."""
 
@@ -238,7 +250,7 @@ class BoxDecode(Schema):
     max_detections: int = Field(100, ge=1, le=10_000)
 
 
-class PostProcess(Schema):
+class PostProcess(_Finite):
     """Turn the model outputs into the task result: labels and scores, a class mask, boxes,
     greedy-CTC text or an embedding."""
 
@@ -276,7 +288,7 @@ class PostProcess(Schema):
         return self
 
 
-class Pipeline(Schema):
+class Pipeline(_Finite):
     """The whole pipeline: one input decoder, its steps, one post-processing."""
 
     input: Literal["image", "audio", "text"] = "image"
