@@ -6,11 +6,13 @@ so that what each image is charged can be seen in its answer."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.agent_helpers import AgentProcess, make_device
+from tests.agent_helpers import AgentProcess, agent_env, make_device
 from tests.integration.test_agent_predict import (  # noqa: F401 - digits_convert_dir is a fixture
     LABELS,
     _installed,
@@ -73,3 +75,37 @@ def test_an_image_is_charged_the_memory_of_the_mode_it_decodes_to(small_budget_a
     cmyk = _post(small_budget_agent, _jpeg("CMYK"), "image/jpeg")
     assert cmyk.status_code == 413 and "api.max_decoded_bytes" in cmyk.json()["error"], cmyk.text
     assert int(cmyk.json()["error"].split("needs ")[1].split()[0]) >= 5_000_000
+
+
+@pytest.mark.parametrize(
+    ("image_steps", "named"),
+    [
+        ("std: [.nan]", "field 'image.std.0': Input should be a finite number"),
+        ("scale: .inf", "field 'image.scale': Input should be a finite number"),
+        ("center_crop: {height: 100, width: 100}", "center_crop 100x100 is larger than the resize's 8x8"),
+    ],
+)
+def test_a_pipeline_of_absurd_values_is_refused_at_package_time_naming_its_field(
+    small_budget_agent,
+    digits_convert_dir,  # noqa: F811 - the imported fixture
+    image_steps,
+    named,
+) -> None:
+    """Signed, such a pipeline would make every /predict fail (NaN inputs, or a crop no image
+    can fill); before, NaN was refused naming the bundle being written and the crop shipped."""
+    device = small_budget_agent.device
+    pipeline = device.root / "absurd.yaml"
+    pipeline.write_text(f"input: image\nimage:\n  color: L\n  resize: {{height: 8, width: 8}}\n  {image_steps}\n")
+    bundle = device.root / "absurd.edgepkg"
+    packaged = subprocess.run(
+        [sys.executable, "-m", "edgesdk.cli.main", "package", str(digits_convert_dir), "--name", "digits"]
+        + ["--version", "9.0.0", "--publisher-key", str(device.publisher_key), "--recipient", str(device.device_pub)]
+        + ["--pipeline", str(pipeline), "--out", str(bundle)],
+        capture_output=True,
+        text=True,
+        env=agent_env(),
+        timeout=120,
+    )
+    assert packaged.returncode == 1 and packaged.stderr.count("\n") == 1, packaged.stderr
+    assert f"{pipeline}: " in packaged.stderr and named in packaged.stderr, packaged.stderr
+    assert "Traceback" not in packaged.stderr and not bundle.exists()
