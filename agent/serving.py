@@ -32,6 +32,7 @@ from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, d
 from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
 from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
+from edgesdk.pipeline.audio import step_backends
 from edgesdk.runtimes.base import LoadedModel
 from edgesdk.runtimes.execution import ExecutionRequest
 from edgesdk.schemas.agent_config import BatchingConfig
@@ -763,6 +764,7 @@ class ModelServer:
                 "variants": [v.describe() for v in model.ladder],
                 "bundle_variants": self.describe_variant_choices(),
                 **model.signature.describe(),
+                **({"pipeline_backends": steps} if (steps := step_backends(model.pipeline)) else {}),
             },
             *others,
         ]

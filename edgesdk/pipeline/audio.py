@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.pipeline.errors import PipelineInputError
+from edgesdk.pipeline.micro_frontend import backend as micro_backend
 from edgesdk.pipeline.micro_frontend import frame_count as micro_frame_count
 from edgesdk.pipeline.micro_frontend import micro_features
-from edgesdk.schemas.pipeline import AudioPre, Framing, LogMel
+from edgesdk.schemas.pipeline import AudioPre, Framing, LogMel, Pipeline
 
 WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
 PCM_TYPE = "audio/pcm"
@@ -110,6 +111,14 @@ def _data_chunk(body: memoryview, start: int, size: int, fmt: tuple[int, int, in
         )
     frame = channels * bits // 8
     return Pcm(body[start : start + size - size % frame], rate, channels, _WIDTHS[(tag, bits)])
+
+
+def step_backends(pipeline: Pipeline | None) -> dict[str, str]:
+    """{step: its implementation} where the pipeline's step has more than one (the model's info
+    shows it): ``micro_frontend`` runs pymicro-features' C code or its numpy twin."""
+    if pipeline is None or pipeline.input != "audio" or pipeline.audio.micro_frontend is None:
+        return {}
+    return {"micro_frontend": micro_backend(pipeline.audio.micro_frontend, pipeline.audio.sample_rate)}
 
 
 def decoded_nbytes(pcm: Pcm, pre: AudioPre) -> int:

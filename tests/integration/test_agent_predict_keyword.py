@@ -138,3 +138,13 @@ def test_a_wav_too_short_for_one_call_is_a_422_with_the_length_needed(spotter_ag
     answer = _post(spotter_agent, _wav(np.zeros((400, 1)), 16000))
     assert answer.status_code == 422, answer.text
     assert "send at least 50 ms" in answer.text
+
+
+def test_the_models_info_says_which_code_runs_the_audio_frontend(spotter_agent) -> None:
+    import importlib.util
+
+    models = httpx.get(f"{spotter_agent.url}/v1/models", timeout=10).json()["models"]
+    (spotter,) = [model for model in models if model["name"] == "okay_nabu"]
+    # The agent runs in this venv: pymicro-features' C code where it is installed, else numpy.
+    expected = "pymicro-features" if importlib.util.find_spec("pymicro_features") else "numpy"
+    assert spotter["pipeline_backends"] == {"micro_frontend": expected}

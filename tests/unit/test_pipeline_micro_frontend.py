@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edgesdk.pipeline import PipelineInputError, preprocess
+from edgesdk.pipeline.audio import step_backends
 from edgesdk.pipeline.detection import detection
 from edgesdk.pipeline.micro_frontend import NATIVE, NUMPY, backend, micro_features, numpy_micro_features
 from edgesdk.schemas.pipeline import MicroFrontend, Pipeline, PostProcess
@@ -82,6 +83,13 @@ def test_micro_frontend_settings_pymicro_features_lacks_run_on_numpy() -> None:
     assert backend(MicroFrontend(), 8000) == NUMPY
     samples = _speech(SPEECH["okay nabu"])
     assert micro_features(samples, 16000, MicroFrontend(channels=32)).shape == (141, 32)
+
+
+def test_only_a_pipeline_with_a_micro_frontend_names_its_step_backends() -> None:
+    audio = Pipeline.model_validate({"input": "audio", "audio": {"micro_frontend": {"channels": 32}}})
+    assert step_backends(audio) == {"micro_frontend": NUMPY}
+    assert step_backends(Pipeline.model_validate({"input": "audio", "audio": {"log_mel": {}}})) == {}
+    assert step_backends(None) == {}
 
 
 def test_micro_frontend_takes_float_samples_as_their_16_bit_values() -> None:
