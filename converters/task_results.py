@@ -10,6 +10,7 @@ mean would pass. ``--task-gate NAME=VALUE[@pN]`` overrides one gate.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,10 @@ def _split(item: str, kind: str) -> tuple[str, float, float | None]:
         tail = None if not percentile else float(percentile.removeprefix("p"))
     except ValueError:
         raise UsageError(f"--task-gate {item}: give NAME=VALUE or NAME=VALUE@pN, e.g. {names[0]}=0.9@p5") from None
-    if value != value:  # NaN: every comparison with it is False, so an error-rate gate would never be judged
-        raise UsageError(f"--task-gate {item}: the value is not a number; give e.g. {names[0]}=0.1")
+    # NaN: every comparison with it is False, so an error-rate gate would never be judged;
+    # infinity: an error rate under it always passes, a gate in name only.
+    if not math.isfinite(value):
+        raise UsageError(f"--task-gate {item}: the value must be a finite number; give e.g. {names[0]}=0.1")
     if tail is not None and (not 0 < tail < 100 or name in ("top1", "match_iou", "exact")):
         raise UsageError(f"--task-gate {item}: @pN names a percentile in (0, 100) of a per-file figure")
     return name, value, tail

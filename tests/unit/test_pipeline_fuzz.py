@@ -499,7 +499,7 @@ def test_mutated_pipeline_files_load_or_name_one_problem(pipeline_dir: Path, doc
 
 # --- (e) --task-gate through the CLI -----------------------------------------------------------
 
-BAD_GATES = ["cer=abc", "cer=0.1@p100", "nope=0.5", "cer=nan", "0.5"]
+BAD_GATES = ["cer=abc", "cer=0.1@p100", "nope=0.5", "cer=nan", "cer=inf", "0.5"]
 
 
 def test_bad_task_gates_are_one_line_and_a_nonzero_exit_through_the_cli(tmp_path: Path) -> None:
