@@ -109,61 +109,11 @@ def _task_rows(report: ConversionReport) -> str:
 
 def render_html(report: ConversionReport) -> str:
     """A self-contained HTML page: plots, shipped variants, rejections and the planner's reasoning."""
-    shipped = []
-    for v in report.variants:
-        acc = v.accuracy
-        shipped.append(
-            _row(
-                [
-                    v.id,
-                    v.runtime.value,
-                    v.quantization_method or "",
-                    f"{v.size / 1024:.1f} KiB",
-                    f"{acc.value:.4f}" if acc else "unvalidated",
-                    _bound(acc),
-                    v.ladder_role,
-                    ", ".join(f"{k}: {d:.3g}" for k, d in acc.max_abs_diff.items()) if acc else "",
-                    v.measurements.load_ms,
-                    v.measurements.latency_p50_ms,
-                    v.measurements.latency_p95_ms,
-                    v.measurements.peak_rss_mb,
-                    v.measurements.convert_s,
-                    v.measurements.note,
-                ]
-            )
-        )
-    per_output = [
-        _row([v.id, o.output, o.metric, f"{o.value:.6g}", o.statistic, "" if o.bound is None else f"{o.bound:.6g}",
-              f"{o.mean:.6g}", f"{'≤' if o.metric in ('abs', 'max_abs') else '≥'} {o.threshold:.4g}", o.verdict, o.why])
-        for v in report.variants
-        for o in v.output_accuracy
-    ]  # fmt: skip
+    shipped = _shipped_rows(report)
+    per_output = _output_rows(report)
     rejected = [_row([r.format.value, r.precision.value, r.reason]) for r in report.rejected]
-    recipes = [
-        _row(
-            [
-                f"{t.format.value}-{t.precision.value}",
-                t.method or "",
-                t.kept_float or "",
-                "" if t.accuracy is None else f"{t.accuracy:.4f}",
-                "" if t.lower_bound is None else f"{t.lower_bound:.4f} ({t.verdict})",
-                "" if t.size is None else f"{t.size / 1024:.1f} KiB",
-                t.latency_p50_ms,
-                t.outcome,
-                t.reason,
-            ]
-        )  # fmt: skip
-        for t in report.recipes
-    ]
-    arch = ""
-    if report.host_arch and report.device_arch:
-        same = report.host_arch == report.device_arch
-        arch = (
-            f"<p>Latencies are <b>host timings</b> ({html.escape(report.host_arch)})"
-            + ("." if same else f"; the device is {html.escape(report.device_arch)}: the latency ordering is "
-               "<b>unverified until measured on the device</b>.")
-            + "</p>"
-        )  # fmt: skip
+    recipes = _recipe_rows(report)
+    arch = _timing_note(report)
     decisions = "".join(f"<li>{html.escape(d)}</li>" for d in report.decisions)
     plots = "".join(
         f'<img alt="accuracy, size and latency per variant" src="data:image/png;base64,{p}">' for p in _plots(report)
@@ -195,3 +145,74 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}th{{background:#f3
 <h2>Planner decisions</h2><ol>{decisions}</ol>
 </body></html>
 """
+
+
+def _shipped_rows(report: ConversionReport) -> list[str]:
+    """A row per shipped variant: accuracy, its bound, ladder role, differences and measurements."""
+    shipped = []
+    for v in report.variants:
+        acc = v.accuracy
+        shipped.append(
+            _row(
+                [
+                    v.id,
+                    v.runtime.value,
+                    v.quantization_method or "",
+                    f"{v.size / 1024:.1f} KiB",
+                    f"{acc.value:.4f}" if acc else "unvalidated",
+                    _bound(acc),
+                    v.ladder_role,
+                    ", ".join(f"{k}: {d:.3g}" for k, d in acc.max_abs_diff.items()) if acc else "",
+                    v.measurements.load_ms,
+                    v.measurements.latency_p50_ms,
+                    v.measurements.latency_p95_ms,
+                    v.measurements.peak_rss_mb,
+                    v.measurements.convert_s,
+                    v.measurements.note,
+                ]
+            )
+        )
+    return shipped
+
+
+def _output_rows(report: ConversionReport) -> list[str]:
+    """A row per variant and output: its own metric, the figure the gate reads, the mean, the verdict."""
+    return [
+        _row([v.id, o.output, o.metric, f"{o.value:.6g}", o.statistic, "" if o.bound is None else f"{o.bound:.6g}",
+              f"{o.mean:.6g}", f"{'≤' if o.metric in ('abs', 'max_abs') else '≥'} {o.threshold:.4g}", o.verdict, o.why])
+        for v in report.variants
+        for o in v.output_accuracy
+    ]  # fmt: skip
+
+
+def _recipe_rows(report: ConversionReport) -> list[str]:
+    """A row per recipe tried, kept or dropped, and why."""
+    return [
+        _row(
+            [
+                f"{t.format.value}-{t.precision.value}",
+                t.method or "",
+                t.kept_float or "",
+                "" if t.accuracy is None else f"{t.accuracy:.4f}",
+                "" if t.lower_bound is None else f"{t.lower_bound:.4f} ({t.verdict})",
+                "" if t.size is None else f"{t.size / 1024:.1f} KiB",
+                t.latency_p50_ms,
+                t.outcome,
+                t.reason,
+            ]
+        )  # fmt: skip
+        for t in report.recipes
+    ]
+
+
+def _timing_note(report: ConversionReport) -> str:
+    """Where the latencies were measured, and a warning when the device's architecture differs."""
+    if not (report.host_arch and report.device_arch):
+        return ""
+    same = report.host_arch == report.device_arch
+    return (
+        f"<p>Latencies are <b>host timings</b> ({html.escape(report.host_arch)})"
+        + ("." if same else f"; the device is {html.escape(report.device_arch)}: the latency ordering is "
+           "<b>unverified until measured on the device</b>.")
+        + "</p>"
+    )  # fmt: skip
