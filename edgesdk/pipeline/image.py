@@ -50,8 +50,11 @@ def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
         image = Image.open(io.BytesIO(data), formats=[fmt])
     except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours: still a bomb
         raise PipelineInputError(413, f"image refused before decoding: {exc}") from None
-    except UnidentifiedImageError as exc:
-        raise PipelineInputError(400, f"not a valid {fmt} image: {exc}") from None
+    except UnidentifiedImageError:  # Pillow's text names a BytesIO object; say what the body looks like
+        magic = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG"}
+        like = next((kind for kind, start in magic.items() if data.startswith(start)), None)
+        hint = f"; the body starts like {like}: send Content-Type: {like}" if like and like != media_type else ""
+        raise PipelineInputError(400, f"not a valid {fmt} image (Pillow cannot identify it){hint}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise PipelineInputError(400, f"not a valid {fmt} image: {exc}") from None
     width, height = image.size
