@@ -109,3 +109,10 @@ def test_a_pipeline_of_absurd_values_is_refused_at_package_time_naming_its_field
     assert packaged.returncode == 1 and packaged.stderr.count("\n") == 1, packaged.stderr
     assert f"{pipeline}: " in packaged.stderr and named in packaged.stderr, packaged.stderr
     assert "Traceback" not in packaged.stderr and not bundle.exists()
+
+
+def test_a_jpeg_sent_as_png_is_a_400_naming_the_content_type_to_send(small_budget_agent, digits) -> None:
+    """Before: 'not a valid PNG image: cannot identify image file <_io.BytesIO object at 0x7f...>'."""
+    mistyped = _post(small_budget_agent, _jpegs(digits, 1)[0], "image/png")
+    assert mistyped.status_code == 400, mistyped.text
+    assert "send Content-Type: image/jpeg" in mistyped.json()["error"] and "BytesIO" not in mistyped.text
