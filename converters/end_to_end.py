@@ -317,7 +317,7 @@ def judge(check: TaskCheck, results: Sequence[Mapping[str, Any]]) -> TaskAccurac
     if scores is not None:
         note += f"; |score - yours| {scores.statistic} {scores.value:.4f} (mean {scores.mean:.4f}) vs tolerance {check.score_tolerance:g}"
     if reading.verdict == "inconclusive":
-        note += f"; {reading.samples_needed} files would tell"
+        note += f"; inconclusive, ships: {reading.samples_needed} files would tell"  # the bound alone reads as a miss
     figures = [
         TaskFigure(
             name="top1", value=round(reading.value, 6), statistic=f"share of files (95% bound {reading.lower_bound:.4f})",
