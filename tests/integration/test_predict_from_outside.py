@@ -116,3 +116,16 @@ def test_a_jpeg_sent_as_png_is_a_400_naming_the_content_type_to_send(small_budge
     mistyped = _post(small_budget_agent, _jpegs(digits, 1)[0], "image/png")
     assert mistyped.status_code == 400, mistyped.text
     assert "send Content-Type: image/jpeg" in mistyped.json()["error"] and "BytesIO" not in mistyped.text
+
+
+def test_an_inconclusive_end_to_end_line_says_the_variant_ships(tmp_path) -> None:
+    """convert printed '100.00% (95% bound 93.66%) vs gate 99%, 40 files; 268 files would tell' for
+    a variant that shipped: read as a bound under its gate, a miss."""
+    from edgesdk.converters.end_to_end import Expected, judge
+
+    from tests.unit.test_end_to_end_reference import _answer, _check
+
+    files = [tmp_path / "a.png", tmp_path / "b.png"]
+    reading = judge(_check(files, [Expected("cat"), Expected("dog")]), [_answer("cat", 0, 0.9), _answer("dog", 1, 0.8)])
+    assert reading.passed and reading.verdict == "inconclusive"
+    assert "inconclusive, ships: " in reading.note and "files would tell" in reading.note, reading.note
