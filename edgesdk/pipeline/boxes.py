@@ -13,6 +13,11 @@ import numpy as np
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.schemas.pipeline import BoxDecode, PostProcess
 
+#: Candidates over the score threshold that suppression looks at, best first (Ultralytics'
+#: ``max_nms``): each kept box costs a pass over the candidates left, so without a cap a
+#: hostile image with 10^5 candidates and a high max_detections held a core for over a minute.
+MAX_CANDIDATES = 10_000
+
 
 def decode(output: np.ndarray, spec: BoxDecode) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(boxes xyxy (K, 4), scores (K,), classes (K,)) of the candidates at or above the threshold."""
@@ -59,7 +64,7 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou_threshol
         return []
     span = float(np.abs(boxes).max()) * 2 + 1
     shifted = boxes + (classes.astype(np.float64) * span)[:, None]
-    order = np.argsort(-scores, kind="stable")
+    order = np.argsort(-scores, kind="stable")[:MAX_CANDIDATES]
     kept: list[int] = []
     while order.size and len(kept) < limit:
         best, rest = order[0], order[1:]

@@ -247,7 +247,9 @@ class BoxDecode(_Finite):
     objectness: bool = Field(False, description="a score column before the classes (YOLOv5): score = obj × class")
     score_threshold: float = Field(0.25, ge=0, le=1)
     iou_threshold: float = Field(0.45, gt=0, le=1)
-    max_detections: int = Field(100, ge=1, le=10_000)
+    # At most 1,000 (Ultralytics answers 300): each kept box costs suppression a pass over the
+    # candidates left (edgesdk/pipeline/boxes.py MAX_CANDIDATES), so the cap bounds a request's CPU.
+    max_detections: int = Field(100, ge=1, le=1_000)
 
 
 class PostProcess(_Finite):

@@ -137,3 +137,21 @@ def test_a_one_channel_mask_is_the_class_where_its_probability_reaches_the_thres
     np.testing.assert_array_equal(postprocess(nhwc, {"map": probabilities[None, :, :, None]})["mask"], [[0, 1], [1, 0]])
     nhwc = Pipeline.model_validate({"post": {"kind": "mask", "mask_layout": "NHWC", "threshold": 0.05}})
     np.testing.assert_array_equal(postprocess(nhwc, {"map": probabilities[None, :, :, None]})["mask"], [[1, 1], [1, 1]])
+
+
+def test_suppression_is_bounded_by_its_candidate_cap_and_the_detection_cap() -> None:
+    """A detector output with 10^5 non-overlapping candidates: suppression looks at the best
+    MAX_CANDIDATES only (it held a core for over a minute at max_detections 10,000), and a
+    pipeline asking for more than 1,000 detections is refused when it is read."""
+    import pydantic
+    from edgesdk.pipeline.boxes import MAX_CANDIDATES, nms
+    from edgesdk.schemas.pipeline import BoxDecode
+
+    count = MAX_CANDIDATES * 10
+    corners = np.stack([np.arange(count) * 10.0, np.zeros(count)], axis=1)
+    boxes = np.concatenate([corners, corners + 5.0], axis=1)  # none overlaps another
+    scores = np.linspace(0.3, 1.0, count)
+    kept = nms(boxes, scores, np.zeros(count, np.int64), 0.45, count)
+    assert len(kept) == MAX_CANDIDATES and kept[0] == count - 1  # the best first, the cap honoured
+    with pytest.raises(pydantic.ValidationError, match="less than or equal to 1000"):
+        BoxDecode(max_detections=1_001)
