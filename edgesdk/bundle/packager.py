@@ -226,6 +226,8 @@ def package_bundle(
     pre/post-processing of ``/predict``) is signed into the manifest."""
     root = Path(convert_dir)
     report = _read_report(root, allow_unvalidated)
+    if pipeline is not None:
+        _labels_fit_the_classes(report, pipeline)
     signer = _as_publisher_key(publisher_key)
     device_keys = _as_recipients(recipients)
     group_keys = _as_recipients(group_recipients)
@@ -280,6 +282,22 @@ def package_bundle(
         for leftover in (spool_path, partial_path):
             leftover.unlink(missing_ok=True)
     return out_path
+
+
+def _labels_fit_the_classes(report: ConversionReport, pipeline: Pipeline) -> None:
+    """A classifier's labels name its classes one by one: a list of another length would answer
+    wrong names by index (or numbers past its end), so it is refused before any work."""
+    post = pipeline.post
+    if post.kind != "classes" or not post.labels:
+        return
+    outputs = report.variants[0].outputs  # at least one (the report's schema)
+    output = next((o for o in outputs if o.name == post.output), outputs[0])
+    classes = output.shape[-1] if output.shape else None
+    if isinstance(classes, int) and classes != len(post.labels):
+        raise UsageError(
+            f"--labels: {len(post.labels)} labels for output {output.name!r} of {classes} classes; "
+            f"give one label a line, {classes} lines"
+        )
 
 
 def _read_report(root: Path, allow_unvalidated: bool) -> ConversionReport:

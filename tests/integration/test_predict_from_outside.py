@@ -129,3 +129,28 @@ def test_an_inconclusive_end_to_end_line_says_the_variant_ships(tmp_path) -> Non
     reading = judge(_check(files, [Expected("cat"), Expected("dog")]), [_answer("cat", 0, 0.9), _answer("dog", 1, 0.8)])
     assert reading.passed and reading.verdict == "inconclusive"
     assert "inconclusive, ships: " in reading.note and "files would tell" in reading.note, reading.note
+
+
+def test_labels_of_another_length_than_the_classes_are_refused_at_package_time(
+    small_budget_agent,
+    digits_convert_dir,  # noqa: F811 - the imported fixture
+) -> None:
+    """Two labels for the ten-class digits CNN packaged, and /predict answered wrong names by
+    index; now `package` refuses them in one line naming both counts."""
+    device = small_budget_agent.device
+    (device.root / "classes.yaml").write_text("input: image\nimage:\n  color: L\n  resize: {height: 8, width: 8}\n")
+    (device.root / "two.txt").write_text("cat\ndog\n")
+    bundle = device.root / "two-labels.edgepkg"
+    packaged = subprocess.run(
+        [sys.executable, "-m", "edgesdk.cli.main", "package", str(digits_convert_dir), "--name", "digits"]
+        + ["--version", "9.0.1", "--publisher-key", str(device.publisher_key), "--recipient", str(device.device_pub)]
+        + ["--pipeline", str(device.root / "classes.yaml"), "--labels", str(device.root / "two.txt")]
+        + ["--out", str(bundle)],
+        capture_output=True,
+        text=True,
+        env=agent_env(),
+        timeout=120,
+    )
+    assert packaged.returncode == 1 and packaged.stderr.count("\n") == 1, packaged.stderr
+    assert "2 labels for output 'logits' of 10 classes" in packaged.stderr, packaged.stderr
+    assert "Traceback" not in packaged.stderr and not bundle.exists()
