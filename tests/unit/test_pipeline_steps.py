@@ -60,7 +60,8 @@ def test_packaged_pipeline_and_labels_are_covered_by_the_bundle_signature(tmp_pa
     keys = make_keys(tmp_path / "keys")
     convert = write_convert_dir(tmp_path / "convert", {"onnx-fp32": {"model.onnx": b"not a model"}})
     (tmp_path / "pipeline.yaml").write_text("image: {color: L}\npost: {activation: softmax, top_k: 2}\n")
-    (tmp_path / "labels.txt").write_text("cat\ndog\n\n")
+    # One label a class (the convert dir's output has 10); a blank last line is no label.
+    (tmp_path / "labels.txt").write_text("cat\ndog\n" + "".join(f"class-{i}\n" for i in range(2, 10)) + "\n")
     bundle = package(
         convert,
         out=tmp_path / "b.edgepkg",
@@ -74,7 +75,9 @@ def test_packaged_pipeline_and_labels_are_covered_by_the_bundle_signature(tmp_pa
     trusted = [load_publisher_public_key(keys.publisher_pub)]
     manifest = verify_bundle(bundle, trusted_publishers=trusted).manifest
     assert isinstance(manifest, BundleManifest) and manifest.pipeline is not None
-    assert manifest.pipeline.post.labels == ["cat", "dog"] and manifest.pipeline.image.color == "L"
+    labels = manifest.pipeline.post.labels
+    assert labels is not None and labels[:3] == ["cat", "dog", "class-2"] and len(labels) == 10
+    assert manifest.pipeline.image.color == "L"
 
     data = bundle.read_bytes()
     swapped = tmp_path / "swapped.edgepkg"
