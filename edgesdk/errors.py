@@ -31,7 +31,8 @@
     ├── AgentError                 the device agent cannot do what was asked
     │   ├── ConfigError            the agent configuration is invalid
     │   ├── InferenceInputError    a request does not match the model's input signature
-    │   │   └── DeclaredInputError     (agent/api/codec.py) what an encoding declares does not fit, found before allocating
+    │   │   ├── DeclaredInputError     (agent/api/codec.py) what an encoding declares does not fit, found before allocating
+    │   │   └── DecodedValueError      (agent/api/codec.py) a value its input's dtype cannot hold, found while decoding
     │   ├── ModelNotFoundError     (agent/serving.py) the request names a model not served here
     │   ├── NoModelError           (agent/serving.py) no model is loaded yet
     │   ├── ModelRamBudgetError    (agent/memory_budget.py) an install would not fit in the model memory budget

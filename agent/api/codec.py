@@ -61,6 +61,13 @@ class DeclaredInputError(InferenceInputError):
     error_kind = "bad_input"  # refused before the server (which counts its own) saw it
 
 
+class DecodedValueError(InferenceInputError):
+    """A value the body carries that the input's dtype cannot hold (a fraction for an integer
+    input, one out of its range, a string), found while decoding it (HTTP 422)."""
+
+    error_kind = "bad_input"  # refused before the server (which counts its own) saw it
+
+
 class UnsupportedEncodingError(AgentError):
     """Content-Type or Accept names an encoding the API does not speak (HTTP 415/406)."""
 
@@ -291,11 +298,11 @@ def decode_json(body: bytes, signature: Signature, allowance: Allowance) -> dict
         raw = _numbers(value, name)
         if slot.dtype.kind in "iu" and raw.dtype.kind == "f":
             if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
-                raise InferenceInputError(f"input {name!r}: expected integers ({slot.dtype.name}), got fractions")
+                raise DecodedValueError(f"input {name!r}: expected integers ({slot.dtype.name}), got fractions")
         if slot.dtype.kind in "iu" and raw.size and raw.dtype.kind in "iuf":
             info = np.iinfo(slot.dtype)
             if raw.min() < info.min or raw.max() > info.max:
-                raise InferenceInputError(f"input {name!r}: values out of range for {slot.dtype.name}")
+                raise DecodedValueError(f"input {name!r}: values out of range for {slot.dtype.name}")
         feeds[name] = feed = raw.astype(slot.dtype, copy=False)
         if feed is not raw:
             temporary += raw.nbytes
@@ -324,7 +331,7 @@ def _numbers(value: Any, name: str) -> np.ndarray:
     except (ValueError, TypeError) as exc:
         raise DecodeError(f"input {name!r}: not a rectangular array of numbers ({exc})") from exc
     if raw.dtype.kind not in "biuf":
-        raise InferenceInputError(f"input {name!r}: values must be numbers (got {raw.dtype.kind!r} data)")
+        raise DecodedValueError(f"input {name!r}: values must be numbers (got {raw.dtype.kind!r} data)")
     return raw
 
 

@@ -44,6 +44,7 @@ from edgesdk.agent.api.budget import Allowance, unlimited_allowance
 from edgesdk.agent.api.codec import (
     JSON,
     DeclaredInputError,
+    DecodedValueError,
     DecodeError,
     check_declared,
     json_parse_cost,
@@ -328,19 +329,19 @@ def _json_tensor(name: str, data: Any, dtype: np.dtype[Any], shape: Sequence[int
     if raw.dtype.kind not in "biuf":
         # numpy holds integers beyond 64 bits as objects: say so rather than "not numbers".
         what = "numbers (an integer is too large, or a value is not a number)" if raw.dtype.kind == "O" else "numbers"
-        raise InferenceInputError(f"input {name!r}: data must be {what}; got {raw.dtype.kind!r} data")
+        raise DecodedValueError(f"input {name!r}: data must be {what}; got {raw.dtype.kind!r} data")
     count = math.prod(shape)
     if raw.size != count:
         raise DecodeError(f"input {name!r}: {raw.size} values for shape {list(shape)}, which holds {count}")
     if dtype.kind in "iu" and raw.dtype.kind == "f":
         if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
-            raise InferenceInputError(f"input {name!r}: expected integers ({datatype_name(dtype)}), got fractions")
+            raise DecodedValueError(f"input {name!r}: expected integers ({datatype_name(dtype)}), got fractions")
     if dtype.kind in "iu" and raw.size and raw.dtype.kind in "iuf":
         info = np.iinfo(dtype)
         if raw.min() < info.min or raw.max() > info.max:
-            raise InferenceInputError(f"input {name!r}: values out of range for {datatype_name(dtype)}")
+            raise DecodedValueError(f"input {name!r}: values out of range for {datatype_name(dtype)}")
     if dtype.kind == "b" and raw.dtype.kind != "b":
-        raise InferenceInputError(f"input {name!r}: BOOL data must be true/false")
+        raise DecodedValueError(f"input {name!r}: BOOL data must be true/false")
     return raw.reshape(shape).astype(dtype, copy=False)
 
 

@@ -18,6 +18,7 @@ BudgetRefused (budget.py)              413     RESOURCE_EXHAUSTED   bad_request
 BudgetRefused, the budget full now     503     UNAVAILABLE          overload     its own
 InferenceInputError (errors.py)        422     INVALID_ARGUMENT     (the server)
 DeclaredInputError (codec.py)          422     INVALID_ARGUMENT     bad_input
+DecodedValueError (codec.py)           422     INVALID_ARGUMENT     bad_input
 RuntimeBackendError (errors.py)        500     INTERNAL             (the server)
 AgentError, any other exception        500     INTERNAL             internal
 AtCapacityError (here)                 503     UNAVAILABLE          overload     1

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from edgesdk.agent import batching, serving
 from edgesdk.agent.api.budget import BudgetRefused
-from edgesdk.agent.api.codec import DeclaredInputError, DecodeError, UnsupportedEncodingError
+from edgesdk.agent.api.codec import DeclaredInputError, DecodedValueError, DecodeError, UnsupportedEncodingError
 from edgesdk.agent.api.http import Request
 from edgesdk.agent.api.refusal import AgentStoppingError, AnswerTimeoutError, AtCapacityError, QueueExpiredError
 from edgesdk.agent.batching import BatchAbandonedError
@@ -35,6 +35,7 @@ CASES: list[tuple[BaseException, int, str, str | None, str | None]] = [
     (BudgetRefused(503, "budget full", retry_after=1), 503, "UNAVAILABLE", "overload", "1"),
     (InferenceInputError("x: NaN"), 422, "INVALID_ARGUMENT", None, None),
     (DeclaredInputError("x: float64"), 422, "INVALID_ARGUMENT", "bad_input", None),
+    (DecodedValueError("x: a fraction for int8"), 422, "INVALID_ARGUMENT", "bad_input", None),
     (RuntimeBackendError("onnxruntime failed"), 500, "INTERNAL", None, None),
     (BatchAbandonedError("batch ended"), 500, "INTERNAL", "internal", None),
     (AgentError("unexpected"), 500, "INTERNAL", "internal", None),

@@ -188,3 +188,52 @@ def test_grpc_works_out_one_plan_per_model(running_loop: asyncio.AbstractEventLo
     model = app.server.model
     assert model is not None and list(model.plans) == [("grpc",)]
     app.close()
+
+
+#: Values an int8 input cannot hold, refused while the request is decoded (before the server's
+#: check): name → the values sent for x: int8[batch, 4].
+VALUE_CASES: dict[str, list[Any]] = {
+    "a fraction for an int input": [1.5, 2, 3, 4],
+    "a value out of the dtype's range": [300, 2, 3, 4],
+    "strings for numbers": ["a", "b", "c", "d"],
+}
+
+
+def _value_requests(values: list[Any]) -> dict[str, Request]:
+    v1 = json.dumps({"inputs": {"x": [values]}}).encode()
+    v2 = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT8", "data": values}]}).encode()
+    json_type = {"content-type": "application/json"}
+    return {
+        "v1_json": Request("POST", "/v1/models/m/infer", "", json_type, v1),
+        "v2_json": Request("POST", "/v2/models/m/infer", "", json_type, v2),
+    }
+
+
+@pytest.mark.parametrize("case", list(VALUE_CASES))
+def test_values_refused_while_decoding_are_counted_as_bad_input_on_every_json_route(case: str) -> None:
+    answered = {}
+    for route, request in _value_requests(VALUE_CASES[case]).items():
+        app, metrics = make_app(FakeModel(2.0, dtype="int8"))
+        (response,) = run_requests(app, [request])
+        answered[route] = (response.status, metrics.errors())
+        app.close()
+    assert answered == {route: (422, {"bad_input": 1}) for route in answered}, case
+
+
+def test_a_value_out_of_range_in_grpc_typed_contents_is_counted_as_bad_input(
+    running_loop: asyncio.AbstractEventLoop,
+) -> None:
+    grpc = pytest.importorskip("grpc", reason="grpcio (the grpc extra) not installed")
+    from edgesdk.agent.api import open_inference_v2_pb2 as pb
+    from edgesdk.agent.api.grpc_server import GrpcInferenceService
+
+    app, metrics = make_app(FakeModel(2.0, dtype="int8"))
+    app.loop = running_loop
+    service = GrpcInferenceService(app.scheduler, InflightBytesBudget(1 << 24), 1 << 20)
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="INT8", shape=[1, 4]).contents.int_contents.extend([300, 2, 3, 4])
+    context = AbortContext()
+    with pytest.raises(RuntimeError, match="out of range"):
+        service.model_infer(message.SerializeToString(), context)  # type: ignore[arg-type]
+    assert (context.code, metrics.errors()) == (grpc.StatusCode.INVALID_ARGUMENT, {"bad_input": 1})
+    app.close()
