@@ -118,6 +118,9 @@ class Demo:
         self.mqtt_protocol = "auto"
         self.service: Any = None  # edgesdk.demo.fleet_service.DemoService once it answers
         self.collector: Collector | None = None
+        # The digits bundles' signed pipeline, built once: None where Pillow is missing (then the
+        # traffic is tensors to /infer instead of PNG files to /predict).
+        self.png_pipeline = digits_png_pipeline()
         self.traffic: TrafficGenerator | None = None
         self.second_traffic: TrafficGenerator | None = None  # to the second model
         self.agent_urls: dict[str, str] = {}
@@ -389,7 +392,7 @@ class Demo:
         out = self.work / "bundles"
         out.mkdir(parents=True, exist_ok=True)
         plan = {"v1": (convert_v1, "1.0.0", 1), "v2": (convert_v1, "1.1.0", 2), "v3": (convert_v3, "1.2.0", 3)}
-        pipeline = digits_png_pipeline()
+        pipeline = self.png_pipeline
         bundles = {
             name: package_bundle(
                 source,
@@ -524,17 +527,25 @@ class Demo:
             self._wait_release(2, "every device to serve v2 again after the rollback")
         self._step(f"rollout {name}", began, f"{state}: {detail['by_state']} — {detail['reason']}")
 
-    def _wait_release(self, release: int, what: str, timeout: float = 60.0) -> None:
+    def _wait_release(self, release: int, what: str, timeout: float = 180.0) -> None:
+        """Until every device's newest status says ``release``. The timeout is generous: on a
+        busy 2-core machine (CI runs the tests in several processes) a rollback took well over
+        a minute to show; the error names each device that lags, what it said last, and its log."""
         collector = self.collector
         if collector is None:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            latest = [collector.latest(d) for d in self.agent_urls]
-            if all(s is not None and s.release == release for s in latest):
+            lagging = [d for d in self.agent_urls if not _serves(collector.latest(d), release)]
+            if not lagging:
                 return
             time.sleep(0.2)
-        raise DemoError(f"timed out waiting for {what}")
+        now = time.monotonic() - self.started
+        said = "; ".join(_last_said(device, collector.latest(device), now) for device in lagging)
+        raise DemoError(
+            f"timed out after {timeout:.0f} s waiting for {what}: {said}",
+            log_file=self.processes.log_file(lagging[0]),
+        )
 
     def serve(self, digits: Any) -> None:
         from edgesdk.workloads.digits import INPUT_NAME
@@ -545,7 +556,7 @@ class Demo:
         images, labels = validation[INPUT_NAME], validation["labels"]
         # Real files where the bundle can take them (Pillow decodes them on the device): the
         # test digits as PNGs to /predict, answered with labels; else the tensors as JSON.
-        files = digit_pngs(images) if digits_png_pipeline() is not None else None
+        files = digit_pngs(images) if self.png_pipeline is not None else None
         self.result.digits_traffic = "PNG files to /predict" if files else "tensors to /infer"
         self.traffic = TrafficGenerator(self.agent_urls, images, labels, files=files).start()
         time.sleep(3.0)
@@ -821,3 +832,17 @@ def result_json(result: DemoResult) -> dict[str, Any]:
         "second_model": result.second_model,
         "digits_traffic": result.digits_traffic,
     }
+
+
+def _serves(sample: Sample | None, release: int) -> bool:
+    return sample is not None and sample.release == release
+
+
+def _last_said(device: str, sample: Sample | None, now: float) -> str:
+    """What a device's newest status said, for a timeout's message."""
+    if sample is None:
+        return f"{device} never answered /v1/status"
+    return (
+        f"{device} serves release {sample.release} ({sample.variant}), update {sample.ota_state}, "
+        f"status read {now - sample.t:.0f} s ago"
+    )
