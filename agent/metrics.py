@@ -65,6 +65,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
 )
 
 _BUCKET_BOUNDS = np.asarray(LATENCY_BUCKETS_S)
+#: Tensors per model and direction with drift series on /metrics: tensor names come from a
+#: signed bundle (at most 64 each way), but every name is a series; past this many the first
+#: ones by name are listed (telemetry carries them all).
+MAX_DRIFT_TENSORS = 16
 #: Samples ``observe`` queues before it folds them itself (readers fold what is there first).
 _SETTLE_EVERY = 256
 
@@ -249,6 +253,7 @@ class Metrics:
         self.outbox: OutboxGauge | None = None
         self.models: ModelsReadout | None = None  # every model of the device (attach_models)
         self._quality: Callable[[], dict[str, ModelQuality]] | None = None  # attach_quality
+        self._drift: Callable[[], dict[str, Any]] | None = None  # its DriftReadout per model, for /metrics
         self.started = time.monotonic()
         self._process: Any = None
         try:
@@ -265,9 +270,13 @@ class Metrics:
             raise AgentError("metrics already report an MQTT outbox; one agent has one link")
         self.outbox = outbox
 
-    def attach_quality(self, reports: Callable[[], dict[str, ModelQuality]]) -> None:
-        """Take each telemetry report's drift and data-quality figures from ``reports`` (agent/drift/)."""
+    def attach_quality(
+        self, reports: Callable[[], dict[str, ModelQuality]], readouts: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        """Take each telemetry report's drift and data-quality figures from ``reports``, and the
+        ``edgesdk_agent_drift_*`` families from ``readouts`` (agent/drift/monitor.py)."""
         self._quality = reports
+        self._drift = readouts
 
     def quality_reports(self) -> dict[str, ModelQuality]:
         """Each model's ``ModelQuality`` since the last call, by name: the MQTT link calls it once
@@ -463,6 +472,7 @@ class Metrics:
                 ],
             )
         self._per_model_series(metric, out)
+        self._drift_series(metric)
         metric(
             "uptime_seconds",
             "gauge",
@@ -506,6 +516,40 @@ class Metrics:
             "gauge",
             "the device profile's model memory budget, shared by every model",
             [({}, int(memory["model_budget_mb"] * 2**20))],
+        )
+
+    def _drift_series(self, metric: Callable[..., None]) -> None:
+        """The ``edgesdk_agent_drift_*`` families: each model's drift score per tensor and metric
+        (the window under way once scored, else the last one), its requests by kind since start."""
+        if self._drift is None:
+            return
+        readouts = self._drift()
+        scores: list[tuple[dict[str, str], float | None]] = []
+        for name, readout in sorted(readouts.items()):
+            for direction, tensors in (("input", readout.scores.inputs), ("output", readout.scores.outputs)):
+                for tensor, score in sorted(tensors.items())[:MAX_DRIFT_TENSORS]:
+                    labels = {"model": name, "direction": direction, "tensor": tensor}
+                    scores += [({**labels, "metric": m}, getattr(score, m)) for m in ("psi", "js", "ks")]
+        metric(
+            "drift_score",
+            "gauge",
+            "drift of a tensor's live values from the bundle's reference profile, worst channel: metric=psi "
+            "(population stability index), js (Jensen-Shannon distance, base 2), ks (Kolmogorov-Smirnov on "
+            "the binned CDFs)",
+            scores,
+        )
+        metric(
+            "drift_window_seconds",
+            "gauge",
+            "seconds of traffic the drift scores cover",
+            [({"model": name}, r.scores.window_s) for name, r in sorted(readouts.items())],
+        )
+        metric(
+            "drift_requests_total",
+            "counter",
+            "requests per model since start, by kind: sampled (counted into the drift bins), nonfinite "
+            "(refused for NaN/Inf), out_of_range (outside the reference's range), constant (every value the same)",
+            [({"model": name, "kind": k}, n) for name, r in sorted(readouts.items()) for k, n in r.requests.items()],
         )
 
     def _latency_histogram(

@@ -1,6 +1,12 @@
 """The drift tap: every answered request of every model is counted into that model's window
 (:mod:`edgesdk.agent.drift.window`), and each telemetry report takes the windows' figures.
 
+``/metrics`` reads the same windows without taking them (:meth:`DriftMonitor.readouts`): the
+scores of the window under way once it can be scored, else those of the last one reported, and
+the counts since the agent started. An agent with no fleet never reports: there the monitor
+closes a window itself at a scrape once it is :data:`ROLL_S` old, so its scores follow the
+traffic of the last minute or two rather than of every request since start.
+
 The reference profile is the one signed into the manifest of the bundle a model is serving
 from: read from the installed slot's bundle file (the manifest is not encrypted, and the file's
 front is the one verified when the slot was staged: its hash is checked again here). A model
@@ -20,7 +26,9 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +47,28 @@ log = logging.getLogger("edgesdk.agent.drift")
 MAX_SAMPLED_RPS = 100.0
 #: Answers between two measurements of a model's request rate (one clock read each).
 RETUNE_EVERY = 256
+#: Seconds a window runs in an agent with no telemetry before a ``/metrics`` read closes it.
+ROLL_S = 60.0
+#: The kinds of request ``/metrics`` counts per model (the fleet's ``edgesdk_fleet_model_requests_total``).
+REQUEST_KINDS = ("sampled", "nonfinite", "out_of_range", "constant")
+
+
+@dataclass(frozen=True)
+class DriftReadout:
+    """One model's drift on ``/metrics``: ``scores`` is the window whose ``inputs`` and
+    ``outputs`` the gauges show; ``requests`` counts each of :data:`REQUEST_KINDS` since start."""
+
+    scores: ModelQuality
+    requests: dict[str, int]
+
+
+def _counts(quality: ModelQuality) -> Counter[str]:
+    return Counter(
+        sampled=quality.samples,
+        nonfinite=quality.nonfinite,
+        out_of_range=quality.out_of_range,
+        constant=quality.constant,
+    )
 
 
 def installed_reference(store: Any, bundle_sha256: str | None) -> ReferenceProfile | None:
@@ -86,6 +116,10 @@ class _Sampled:
         delta, self.refused = now - self.refused, now
         return delta
 
+    def refused_pending(self) -> int:
+        """The refusals :meth:`refused_since` would hand the next report (reading them only)."""
+        return sum(REFUSED[name] for name in self.inputs) - self.refused
+
 
 class DriftMonitor:
     """One per agent: the tap of each model's server, and the telemetry's quality figures."""
@@ -94,6 +128,11 @@ class DriftMonitor:
         self.models = models  # agent/device_models.py's DeviceModels
         self._models: dict[str, _Sampled] = {}
         self._lock = threading.Lock()  # making a model's window; counting takes the window's own
+        # /metrics: each model's counts of the windows closed so far, and its last closed window.
+        self._totals: dict[str, Counter[str]] = {}
+        self._last: dict[str, ModelQuality] = {}
+        self._closing = threading.Lock()  # a window's close and its totals, seen together
+        self._telemetry = False  # whether a telemetry link takes the windows (reports())
 
     def attach(self, server: Any) -> None:
         """Count every answer of ``server`` (its model's and nothing else); once per server."""
@@ -112,7 +151,9 @@ class DriftMonitor:
         except EdgeSDKError:
             return
         with self._lock:
-            self._models.pop(detail["model"], None)
+            retired = self._models.pop(detail["model"], None)
+        if retired is not None:
+            self._close(detail["model"], retired, keep=False)
 
     def tap(
         self, model_name: str, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], variant_id: str
@@ -123,19 +164,50 @@ class DriftMonitor:
 
     def reports(self) -> dict[str, ModelQuality]:
         """Each serving model's figures since the last call (telemetry calls it once a report)."""
+        self._telemetry = True
         found: dict[str, ModelQuality] = {}
         for entry in self.models.entries():
-            served = entry.server.model
-            if served is None:
-                continue
-            sampled = self._models.get(entry.name)
-            if sampled is None or sampled.window.key != served.bundle_sha256:
-                sampled = self._start(entry.name)  # a new bundle: a new reference, counts from now
+            sampled = self._serving(entry)
+            if sampled is not None:
+                found[entry.name] = self._with_agreement(entry, self._close(entry.name, sampled))
+        return found
+
+    def readouts(self) -> dict[str, DriftReadout]:
+        """Each serving model's drift for ``/metrics``, leaving the telemetry's windows alone."""
+        found: dict[str, DriftReadout] = {}
+        for entry in self.models.entries():
+            sampled = self._serving(entry)
             if sampled is None:
                 continue
-            quality = sampled.window.report(refused_nonfinite=sampled.refused_since())
-            found[entry.name] = self._with_agreement(entry, quality)
+            if not self._telemetry and time.monotonic() - sampled.window.started >= ROLL_S:
+                self._close(entry.name, sampled)
+            with self._closing:
+                current = sampled.window.peek(refused_nonfinite=sampled.refused_pending())
+                requests = self._totals.get(entry.name, Counter()) + _counts(current)
+            scored = current.inputs or current.outputs
+            shown = current if scored else self._last.get(entry.name, current)
+            found[entry.name] = DriftReadout(shown, {kind: requests[kind] for kind in REQUEST_KINDS})
         return found
+
+    def _serving(self, entry: Any) -> _Sampled | None:
+        """The window of the bundle ``entry`` serves now (a new bundle: a new reference, counts from now)."""
+        served = entry.server.model
+        if served is None:
+            return None
+        sampled = self._models.get(entry.name)
+        if sampled is None or sampled.window.key != served.bundle_sha256:
+            sampled = self._start(entry.name)
+        return sampled
+
+    def _close(self, name: str, sampled: _Sampled, keep: bool = True) -> ModelQuality:
+        """Close ``sampled``'s window: its counts join the model's totals, and unless the model
+        was replaced (``keep``), its scores are the ones /metrics shows until the next is scored."""
+        with self._closing:
+            quality = sampled.window.report(refused_nonfinite=sampled.refused_since())
+            self._totals.setdefault(name, Counter()).update(_counts(quality))
+        if keep:
+            self._last[name] = quality
+        return quality
 
     def _with_agreement(self, entry: Any, quality: ModelQuality) -> ModelQuality:
         """The report with the model's shadow agreement while a probation's shadow runs."""
@@ -156,6 +228,9 @@ class DriftMonitor:
             current = self._models.get(name)
             if current is not None and current.window.key == served.bundle_sha256:
                 return current
+            if current is not None:  # its counts stay in the totals; its scores were another bundle's
+                self._close(name, current, keep=False)
+                self._last.pop(name, None)
             try:
                 profile = installed_reference(entry.store, served.bundle_sha256)
             except (EdgeSDKError, OSError) as exc:
@@ -174,5 +249,5 @@ def watch_drift(models: Any, events: Any, metrics: Any) -> DriftMonitor:
     monitor = DriftMonitor(models)
     monitor.attach(models.default_server)
     events.subscribe(monitor.on_event)  # every model loads after this (and makes no entry here)
-    metrics.attach_quality(monitor.reports)
+    metrics.attach_quality(monitor.reports, readouts=monitor.readouts)
     return monitor

@@ -1,8 +1,8 @@
 """One model's live counts since its last telemetry report, over its reference profile's bins.
 
 Counting is the whole live summary: each histogram of the reference keeps an integer count per
-bin (no sketch: the bins are fixed by the reference, so PSI and Jensen-Shannon over them are
-exact; BENCHMARKS.md compares this with KLL and t-digest). A large tensor is read with a fixed
+bin (no sketch: the bins are fixed by the reference, so PSI, Jensen-Shannon and the binned
+Kolmogorov-Smirnov over them are exact; BENCHMARKS.md compares this with KLL and t-digest). A large tensor is read with a fixed
 stride, about :data:`VALUES_PER_TENSOR` values per request; its min and max (the out-of-range
 and constant checks) are taken over every value.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from edgesdk.drift.profile import confidences
 from edgesdk.drift.schema import ReferenceProfile, TensorProfile
-from edgesdk.drift.scores import bin_counts, closed_edges, js_distance, psi
+from edgesdk.drift.scores import bin_counts, closed_edges, js_distance, ks_distance, psi
 from edgesdk.schemas.messages import DriftScore, ModelQuality
 
 #: Values of one tensor counted per request, all channels together (a fixed stride beyond it):
@@ -97,21 +97,24 @@ class _TensorCounts:
             self.confidence += counted[2]
 
     def score(self) -> DriftScore | None:
-        """The worst channel's PSI and JS (and the class and confidence distributions'), or None
-        before anything was counted."""
+        """The worst channel's PSI, JS and KS (and the class and confidence distributions'; KS
+        only over ordered bins, not class shares), or None before anything was counted."""
         profile = self.profile
         rows = [row[:width] for row, width in zip(self.counts, self.widths, strict=True)]
-        candidates = list(zip([h.shares for h in profile.histograms], rows, strict=True))
+        # (reference shares, live counts, whether the bins are ordered: KS needs a CDF)
+        candidates = [(h.shares, row, True) for h, row in zip(profile.histograms, rows, strict=True)]
         if self.classes is not None and profile.classes:
-            candidates.append((profile.classes, self.classes))
+            candidates.append((profile.classes, self.classes, False))
         if self.confidence is not None and profile.confidence:
-            candidates.append((profile.confidence.shares, self.confidence))
-        pairs = [(ref, live) for ref, live in candidates if live.sum() >= PER_BIN * len(live)]
+            candidates.append((profile.confidence.shares, self.confidence, True))
+        pairs = [(ref, live, ordered) for ref, live, ordered in candidates if live.sum() >= PER_BIN * len(live)]
         if not pairs:
             return None
+        ks = [ks_distance(ref, live) for ref, live, ordered in pairs if ordered]
         return DriftScore(
-            psi=round(max(psi(ref, live) for ref, live in pairs), 4),
-            js=round(max(js_distance(ref, live) for ref, live in pairs), 4),
+            psi=round(max(psi(ref, live) for ref, live, _ in pairs), 4),
+            js=round(max(js_distance(ref, live) for ref, live, _ in pairs), 4),
+            ks=round(max(ks), 4) if ks else None,
         )
 
 
@@ -167,17 +170,26 @@ class ModelWindow:
     def report(self, refused_nonfinite: int = 0) -> ModelQuality:
         """This window's figures; the window starts again empty."""
         with self._lock:
-            inputs = {n: s for n, c in self.inputs.items() if (s := c.score()) is not None}
-            outputs = {n: s for n, c in self.outputs.items() if (s := c.score()) is not None}
-            quality = ModelQuality(
-                samples=self.samples,
-                window_s=round(time.monotonic() - self.started, 3),
-                reference=self.profile is not None,
-                inputs=inputs,
-                outputs=outputs,
-                nonfinite=self.nonfinite + refused_nonfinite,
-                out_of_range=self.out_of_range,
-                constant=self.constant,
-            )
+            quality = self._figures(refused_nonfinite)
             self._reset()
         return quality
+
+    def peek(self, refused_nonfinite: int = 0) -> ModelQuality:
+        """This window's figures so far; the window goes on (``/metrics`` reads it this way, so
+        a scrape never takes counts from the telemetry report)."""
+        with self._lock:
+            return self._figures(refused_nonfinite)
+
+    def _figures(self, refused_nonfinite: int) -> ModelQuality:
+        inputs = {n: s for n, c in self.inputs.items() if (s := c.score()) is not None}
+        outputs = {n: s for n, c in self.outputs.items() if (s := c.score()) is not None}
+        return ModelQuality(
+            samples=self.samples,
+            window_s=round(time.monotonic() - self.started, 3),
+            reference=self.profile is not None,
+            inputs=inputs,
+            outputs=outputs,
+            nonfinite=self.nonfinite + refused_nonfinite,
+            out_of_range=self.out_of_range,
+            constant=self.constant,
+        )

@@ -1,4 +1,5 @@
-"""Drift scores over a reference's fixed bins: population stability index and Jensen-Shannon.
+"""Drift scores over a reference's fixed bins: population stability index, Jensen-Shannon and
+Kolmogorov-Smirnov (on the binned CDFs).
 
 Both compare the reference's bin shares with live counts over the same bins, so the live side
 keeps only integer counts (no sketch): O(values) to update, exact at report time. An empty
@@ -43,6 +44,15 @@ def js_distance(reference: Sequence[float] | np.ndarray, live: Sequence[float] |
 
     divergence = max(0.0, (kl(p) + kl(q)) / 2)
     return float(min(1.0, np.sqrt(divergence)))
+
+
+def ks_distance(reference: Sequence[float] | np.ndarray, live: Sequence[float] | np.ndarray) -> float:
+    """Kolmogorov-Smirnov distance on binned CDFs: the largest gap between the two cumulative
+    shares at the bins' edges (underflow first, overflow last). Only for ordered bins (a value
+    histogram, confidence), not for class shares. The edges are the only places compared, so it
+    is at most the KS statistic of the raw values (equal when the largest gap falls on an edge)."""
+    gaps = np.abs(np.cumsum(_shares(reference)) - np.cumsum(_shares(live)))
+    return float(min(1.0, gaps.max()))
 
 
 def closed_edges(edges: Sequence[float]) -> np.ndarray:

@@ -56,12 +56,18 @@ class LatencyStats(Schema):
 
 class DriftScore(Schema):
     """How far one tensor's live values moved from the reference profile signed into its bundle
-    (computed at conversion from the validation data), over the reference's own bins."""
+    (computed at conversion from the validation data), over the reference's own bins.
 
-    model_config = ConfigDict(allow_inf_nan=False)
+    Unlike every other schema it ignores keys it does not know: a score a later agent adds (as
+    ``ks`` was added) is dropped by this service, not its whole telemetry report."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
     psi: float = Field(ge=0, description="population stability index (0.1 watch, 0.25 act, by convention)")
     js: float = Field(ge=0, le=1, description="Jensen-Shannon distance, base 2")
+    ks: float | None = Field(
+        None, ge=0, le=1, description="Kolmogorov-Smirnov distance on the binned CDFs; null: no ordered bins"
+    )
 
 
 class ShadowAgreement(Schema):

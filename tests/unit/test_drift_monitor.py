@@ -42,7 +42,7 @@ def _answer(monitor: DriftMonitor, name: str, count: int) -> None:
 def test_watching_taps_each_server_once_and_feeds_telemetry() -> None:
     models, events, metrics = _Models("digits", "kws"), SimpleNamespace(), SimpleNamespace()
     events.subscribe = lambda fn: setattr(events, "handler", fn)
-    metrics.attach_quality = lambda reports: setattr(metrics, "reports", reports)
+    metrics.attach_quality = lambda reports, readouts=None: setattr(metrics, "reports", reports)
     monitor = watch_drift(models, events, metrics)
     for name in ("digits", "kws", "kws"):  # each model's server tapped when it loads, once
         events.handler("model_loaded", {"model": name})
