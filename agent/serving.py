@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from edgesdk.agent.batching import BatchFormer, has_batch_axis
@@ -44,6 +44,10 @@ from edgesdk.schemas.pipeline import Pipeline
 from edgesdk.schemas.profile import DeviceProfile
 
 log = logging.getLogger("edgesdk.agent.serving")
+
+#: What ``ModelServer._run_counted`` hands a variant (feeds, or a stream's calls) and gets back.
+_Request = TypeVar("_Request")
+_Outputs = TypeVar("_Outputs")
 
 
 class ModelNotFoundError(AgentError):
@@ -632,17 +636,7 @@ class ModelServer:
             self.count_error("bad_input")
             raise
         if deferred is None:  # nothing left to scan (scanned already, or NaN/Inf allowed)
-            start = time.perf_counter()
-            try:
-                outputs = variant.run_checked(feeds)
-            except InferenceInputError:
-                self.count_error("bad_input")
-                raise
-            except Exception:
-                self.count_error("runtime")
-                raise
-            self.observe(variant.id, time.perf_counter() - start)
-            return outputs, variant.id
+            return self._run_counted(variant.run_checked, feeds, variant.id), variant.id
         # The large inputs' NaN/Inf scan (45-60 µs for a 224x224 image, cold in the caches after
         # the previous run) runs on the scan thread while this one runs the model (the runtime
         # releases the GIL), and the outputs are returned only once it found nothing. A request
@@ -687,17 +681,22 @@ class ModelServer:
         except InferenceInputError:
             self.count_error("bad_input")
             raise
+        return self._run_counted(variant.run_stream, calls, variant.id), variant.id
+
+    def _run_counted(self, run: Callable[[_Request], _Outputs], request: _Request, variant_id: str) -> _Outputs:
+        """``run(request)`` timed and observed for ``variant_id``; a failure counted as the
+        client's (bad_input) or the runtime's, then raised."""
         start = time.perf_counter()
         try:
-            outputs = variant.run_stream(calls)
+            outputs = run(request)
         except InferenceInputError:
             self.count_error("bad_input")
             raise
         except Exception:
             self.count_error("runtime")
             raise
-        self.observe(variant.id, time.perf_counter() - start)
-        return outputs, variant.id
+        self.observe(variant_id, time.perf_counter() - start)
+        return outputs
 
     def _infer_batched(
         self, model: ServedModel, former: BatchFormer, feeds: Mapping[str, np.ndarray]
