@@ -1,20 +1,26 @@
 """Uploading finished capture files to the fleet service (``[capture] upload = true``).
 
 One thread hands the oldest file not yet sent to the MQTT link's store-and-forward outbox
-(QoS 1, ``devices/{id}/capture``), one file at a time and only when the link is connected and the
-outbox is empty: the previous upload (and every telemetry report before it) has been acknowledged
-by the broker, so capture never fills the outbox's quota and pushes out telemetry, and while the
-device is offline the files wait on disk. The broker keeps an upload in the service's persistent
-session until the service has stored it (the service acknowledges only after its commit).
+(QoS 1, ``devices/{id}/capture``), one message at a time and only when the link is connected and
+the outbox is empty: the previous message (and every telemetry report before it) has been
+acknowledged by the broker, so capture never fills the outbox's quota and pushes out telemetry,
+and while the device is offline the files wait on disk. A file over ``CHUNK_BYTES`` goes in
+chunks (``edgesdk.capture.upload``), one chunk a message, in order.
 
-A sent file stays on the device, within the capture disk budget and retention like every other
-(the budget deletes it, oldest first); its name goes to ``.uploaded`` in the capture directory
-so that it is not sent again after a restart. A file larger than one message carries
-(``MAX_UPLOAD_BYTES``) is not sent and is counted.
+Each chunk handed to the outbox is written to ``.uploaded`` in the capture directory (``name
+sha256 index``): the outbox is durable, so after a restart or a broker outage the upload goes on
+from the next chunk and no chunk is queued twice.
+
+A sent file stays on the device until the service says it holds it: a ``CaptureAck`` on
+``devices/{id}/capture/ack`` (a topic the broker lets only the service write and only this device
+read) naming this device and the SHA-256 of a file this device sent in full. Then the file is
+deleted and leaves the ledger. An ack for any other SHA-256 or device deletes nothing (counted).
+Until its ack a file is within the capture disk budget and retention like every other.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -23,23 +29,37 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.agent.capture.budget import capture_files
+from pydantic import ValidationError
 
 from edgesdk.capture.sealed import SUFFIX
-from edgesdk.capture.upload import MAX_UPLOAD_BYTES, upload_message
+from edgesdk.capture.upload import CaptureAck, chunks_of, upload_message
 from edgesdk.protocol import topics
 
 log = logging.getLogger("edgesdk.agent.capture")
 
-#: The names of the files already handed to the outbox (in the capture directory).
+#: What was handed to the outbox: one line per chunk (``name sha256 index``), in the capture directory.
 LEDGER = ".uploaded"
-#: How often the uploader looks for a file to send and an empty outbox.
+#: How often the uploader looks for a chunk to send and an empty outbox.
 POLL_S = 0.2
 
 
 @dataclass
 class UploadCounts:
-    uploaded: int = 0
-    too_large: int = 0  # over MAX_UPLOAD_BYTES: kept on the device only
+    uploaded: int = 0  # files handed to the outbox in full
+    chunks: int = 0  # messages handed to the outbox
+    acknowledged: int = 0  # files the service acknowledged: deleted on the device
+    ignored_acks: int = 0  # acks naming another device or a file not sent in full: nothing deleted
+
+
+@dataclass
+class _Sent:
+    sha256: str
+    next_index: int  # the first chunk not yet handed to the outbox
+    count: int  # 0: an entry of an older ledger, sent whole (its SHA-256 unknown)
+
+    @property
+    def done(self) -> bool:
+        return self.next_index >= self.count
 
 
 def model_of(name: str) -> str:
@@ -58,7 +78,9 @@ class CaptureUploader:
         self.poll_s = poll_s
         self.counts = UploadCounts()
         self._ledger = directory / LEDGER
+        self._lock = threading.Lock()  # the ack arrives on the link's thread
         self._sent = self._read_ledger()
+        self._subscribed: Any = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -71,7 +93,9 @@ class CaptureUploader:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        log.info("capture: %d files uploaded, %d too large to upload", self.counts.uploaded, self.counts.too_large)
+        log.info(
+            "capture: %d files uploaded, %d acknowledged and deleted", self.counts.uploaded, self.counts.acknowledged
+        )
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.poll_s):
@@ -81,45 +105,84 @@ class CaptureUploader:
                 log.exception("capture: an upload failed")
 
     def send_next(self) -> bool:
-        """Queue the oldest unsent file when the outbox is empty; True when one was queued."""
+        """Queue the next chunk of the oldest file not sent in full when the outbox is empty; True
+        when one was queued."""
         link = self.link_of()
+        if link is not None and self._subscribed is not link:
+            link.subscribe(topics.CAPTURE_ACK, self.on_ack)  # before any upload: no ack can be missed
+            self._subscribed = link
         if link is None or not link.client.connected or link.queue.depth > 0:
             return False  # offline (or stopping) the file waits on disk, not in the outbox's quota
         for path in capture_files(self.directory):
-            if path.name in self._sent:
+            with self._lock:
+                sent = self._sent.get(path.name)
+            if sent is not None and sent.done:
                 continue
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:  # deleted for the budget meanwhile
                 continue
-            if len(raw) > MAX_UPLOAD_BYTES:
-                self._mark_sent(path.name)  # never sent: not looked at again
-                self.counts.too_large += 1
-                log.warning(
-                    "capture: %s is %d bytes, over the %d an upload carries: kept on the device only",
-                    path.name,
-                    len(raw),
-                    MAX_UPLOAD_BYTES,
-                )
-                continue
-            link.publish_reliable(topics.CAPTURE, upload_message(self.device_id, path.name, model_of(path.name), raw))
-            self._mark_sent(path.name)  # once in the outbox: durable, sent after a restart too
-            self.counts.uploaded += 1
+            sha256 = hashlib.sha256(raw).hexdigest()
+            if sent is None or sent.sha256 != sha256:
+                sent = _Sent(sha256, 0, chunks_of(len(raw)))
+            message = upload_message(self.device_id, path.name, model_of(path.name), raw, sent.next_index)
+            link.publish_reliable(topics.CAPTURE, message)
+            self._mark_sent(path.name, _Sent(sha256, sent.next_index + 1, sent.count))  # in the outbox: durable
+            self.counts.chunks += 1
+            self.counts.uploaded += sent.next_index + 1 == sent.count
             return True
         return False
 
-    def _mark_sent(self, name: str) -> None:
-        self._sent.add(name)
-        with self._ledger.open("a") as ledger:
-            ledger.write(name + "\n")
-
-    def _read_ledger(self) -> set[str]:
-        """The names sent before, those still on disk only (the ledger is rewritten without the rest)."""
+    def on_ack(self, payload: bytes) -> None:
+        """The service holds a file: delete it if it is one this device sent in full."""
         try:
-            names = set(self._ledger.read_text().split())
+            ack = CaptureAck.model_validate_json(payload)
+        except ValidationError:
+            self.counts.ignored_acks += 1
+            log.warning("capture: ignored a malformed acknowledgement")
+            return
+        with self._lock:
+            names = [n for n, s in self._sent.items() if s.done and s.sha256 == ack.sha256]
+            if ack.device_id != self.device_id or not names:
+                self.counts.ignored_acks += 1
+                log.warning(
+                    "capture: ignored an acknowledgement of %s for %s: not a file sent", ack.sha256, ack.device_id
+                )
+                return
+            for name in names:
+                (self.directory / name).unlink(missing_ok=True)
+                del self._sent[name]
+            self._rewrite_ledger()
+        self.counts.acknowledged += len(names)
+        log.debug("capture: %s stored by the service, deleted here", ", ".join(names))
+
+    def _mark_sent(self, name: str, sent: _Sent) -> None:
+        with self._lock:
+            self._sent[name] = sent
+            with self._ledger.open("a") as ledger:
+                ledger.write(f"{name} {sent.sha256} {sent.next_index - 1} {sent.count}\n")
+
+    def _rewrite_ledger(self) -> None:
+        lines = [f"{name} {s.sha256} {s.next_index - 1} {s.count}\n" for name, s in sorted(self._sent.items())]
+        self._ledger.write_text("".join(lines))
+
+    def _read_ledger(self) -> dict[str, _Sent]:
+        """What was sent before, of the files still on disk (the ledger is rewritten without the rest)."""
+        try:
+            lines = self._ledger.read_text().splitlines()
         except FileNotFoundError:
-            return set()
+            return {}
         present = {path.name for path in capture_files(self.directory)}
-        kept = names & present
-        self._ledger.write_text("".join(name + "\n" for name in sorted(kept)))
-        return kept
+        sent: dict[str, _Sent] = {}
+        for line in lines:
+            fields = line.split()
+            if not fields or fields[0] not in present:
+                continue
+            if len(fields) == 4 and fields[2].isdigit() and fields[3].isdigit():
+                sent[fields[0]] = _Sent(fields[1], int(fields[2]) + 1, int(fields[3]))
+            else:  # a name alone: sent whole before chunks and acknowledgements
+                sent[fields[0]] = _Sent("", 1, 0)
+        with self._lock:
+            self._sent = sent
+            self._rewrite_ledger()
+        return sent

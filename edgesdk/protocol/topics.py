@@ -33,6 +33,8 @@ TRUST: Final = "trust"
 
 #: A finished capture file, sealed to the operator's key (``CaptureUpload`` JSON, device → fleet).
 CAPTURE: Final = "capture"
+#: The service stored a capture file: the device may delete its copy (``CaptureAck`` JSON, fleet → device).
+CAPTURE_ACK: Final = "capture/ack"
 
 #: Suffixes a device publishes under its own id (the ACL grants write on exactly these).
 DEVICE_PUBLISHED: Final = (PRESENCE, TELEMETRY, EVENTS, OTA_STATUS, OTA_CHUNK_REQUEST, ENROLL, CAPTURE)

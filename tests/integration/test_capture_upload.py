@@ -205,9 +205,9 @@ def _refuses_oversized_and_forged_uploads(broker: MosquittoBroker, url: str, vie
     try:
         assert sender.wait_connected(10), sender.stats.last_error
         topic = "edgesdk/devices/dev-1/capture"
-        big = upload_message(
-            "dev-1", "20261205T000000.000000Z-000001-digits.edgecap", "digits", b"x" * (MAX_UPLOAD_BYTES + 1)
-        )
+        whole = b"x" * (MAX_UPLOAD_BYTES + 1)  # as one message (count 1), more than one carries
+        big = upload_message("dev-1", "20261205T000000.000000Z-000001-digits.edgecap", "digits", whole)
+        big = big.model_copy(update={"count": 1, "data": base64.b64encode(whole).decode()})
         sender.publish(topic, big.model_dump_json().encode(), qos=1)
         genuine = upload_message("dev-1", "20261205T000000.000000Z-000002-digits.edgecap", "digits", b"sealed")
         forged = genuine.model_copy(update={"data": base64.b64encode(b"changed").decode(), "name": "forged.edgecap"})

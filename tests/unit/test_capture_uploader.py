@@ -1,6 +1,6 @@
 """The capture uploader (agent/capture/upload.py) with a stand-in link: it hands the oldest unsent
 file to the outbox only when the outbox is empty, never sends a file twice (not after a restart
-either), counts a file too large for one message and keeps it on the device; and
+either), waits for a link; and
 ``[capture] upload = true`` without ``[mqtt]`` is refused at start in one line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from edgesdk.agent.capture.start import start_capture
 from edgesdk.agent.capture.upload import CaptureUploader, model_of
 
-from edgesdk.capture.upload import MAX_UPLOAD_BYTES, CaptureUpload
+from edgesdk.capture.upload import CaptureUpload
 from edgesdk.errors import ConfigError
 from edgesdk.schemas.agent_config import AgentConfig
 
@@ -31,6 +31,10 @@ class _Link:
         self.client = _Client()
         self.queue = _Outbox()
         self.sent: list[tuple[str, CaptureUpload]] = []
+        self.handlers: dict[str, Any] = {}
+
+    def subscribe(self, suffix: str, handler: Any) -> None:
+        self.handlers[suffix] = handler
 
     def publish_reliable(self, suffix: str, message: CaptureUpload) -> int:
         self.sent.append((suffix, message))
@@ -65,15 +69,14 @@ def test_the_uploader_sends_oldest_first_one_at_a_time_and_never_twice(tmp_path:
     assert not restarted.send_next() and len(link.sent) == 2
 
 
-def test_the_uploader_waits_for_the_link_and_keeps_a_file_too_large_for_a_message(tmp_path: Path) -> None:
-    big = _file(tmp_path, 1, "digits", size=MAX_UPLOAD_BYTES + 1)
+def test_the_uploader_waits_for_the_link(tmp_path: Path) -> None:
     small = _file(tmp_path, 2, "digits")
     link: Any = None
     uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
     assert not uploader.send_next()  # no link made yet
     link = _Link()
     assert uploader.send_next()
-    assert [m.name for _, m in link.sent] == [small.name] and uploader.counts.too_large == 1 and big.exists()
+    assert [m.name for _, m in link.sent] == [small.name] and small.exists()
     assert model_of("odd.edgecap") == ""
 
 

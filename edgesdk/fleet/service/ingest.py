@@ -48,11 +48,18 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from edgesdk.capture.upload import CaptureUpload
+from edgesdk.capture.upload import MAX_UPLOAD_BYTES, CaptureAck, CaptureUpload
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.broker_credentials import RESERVED_USERNAMES
 from edgesdk.fleet.service import bulk, schema
-from edgesdk.fleet.service.captures import DEFAULT_MAX_FILE_BYTES, DEFAULT_QUOTA_BYTES, Capture, CaptureStore
+from edgesdk.fleet.service.captures import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_QUOTA_BYTES,
+    Capture,
+    CapturePart,
+    CaptureStore,
+    CaptureWrite,
+)
 from edgesdk.fleet.service.database import Transaction, insert_ignoring_duplicates, inserted_new_row
 from edgesdk.fleet.service.quality import QualityWriter
 from edgesdk.fleet.service.refusals import Refusals
@@ -74,6 +81,8 @@ CAPTURES_IN_FLIGHT = 64
 
 #: Hands a batch's receipts back to the MQTT client once the batch is committed.
 Acknowledge = Callable[[list[Any]], None]
+#: Publishes (topic, payload) at QoS 1: the capture acknowledgements to devices.
+Publish = Callable[..., Any]
 
 
 @dataclass
@@ -97,6 +106,8 @@ class IngestCounters:
     capture_stored: int = 0  # capture files uploaded by devices (edgesdk.fleet.service.captures)
     capture_refused: int = 0  # over the size cap of one capture file: not stored
     capture_evicted: int = 0  # deleted for a device's capture quota (its oldest first)
+    capture_corrupt: int = 0  # files in chunks whose bytes did not make their SHA-256: dropped
+    capture_expired: int = 0  # uploads in chunks idle past their timeout: dropped
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -120,6 +131,7 @@ class Ingest:
         max_pending_enrollments: int = DEFAULT_MAX_PENDING_ENROLLMENTS,
         capture_quota_bytes: int = DEFAULT_QUOTA_BYTES,
         capture_max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        publish: Publish | None = None,
     ) -> None:
         self.engine = engine
         self.namespace = namespace
@@ -149,6 +161,7 @@ class Ingest:
         self._captures = CaptureStore(engine, quota_bytes=capture_quota_bytes)  # sealed capture files (issue 41)
         self._capture_max_bytes = capture_max_bytes
         self._capture_slots = threading.Semaphore(CAPTURES_IN_FLIGHT)
+        self._publish = publish  # None: no acknowledgement to devices (they keep their copies)
         self._models: dict[str, type[BaseModel]] = {
             topics.PRESENCE: Presence,
             topics.TELEMETRY: Telemetry,
@@ -212,26 +225,28 @@ class Ingest:
         self._queue.put((message, receipt))  # blocks when full: back-pressure, never a silent drop
         return True
 
-    def _capture(self, upload: CaptureUpload) -> Capture | None:
-        """The upload and its checked bytes, or None (counted) when it is over the cap or its bytes
-        do not match its size and SHA-256."""
-        if upload.size > self._capture_max_bytes:
+    def _capture(self, upload: CaptureUpload) -> Capture | CapturePart | None:
+        """The upload (a whole file or one chunk) and its checked bytes, or None (counted) when it
+        is over the cap or its bytes do not match what it declares."""
+        whole_cap = min(self._capture_max_bytes, MAX_UPLOAD_BYTES)  # one message carries no more
+        if upload.size > (whole_cap if upload.count == 1 else self._capture_max_bytes):
             self._count("capture_refused")
             log.warning(
                 "refused capture %s of %s: %d bytes, over the %d-byte cap",
                 upload.name,
                 upload.device_id,
                 upload.size,
-                self._capture_max_bytes,
+                whole_cap if upload.count == 1 else self._capture_max_bytes,
             )
             return None
         try:
-            content = upload.content()
+            content = upload.content() if upload.count == 1 else upload.chunk()
         except EdgeSDKError as exc:
             self._count("malformed")
             log.warning("ignored capture from %s: %s", upload.device_id, exc)
             return None
-        return Capture(upload.model_copy(update={"data": ""}), content)  # the base64 text is not kept
+        kind = Capture if upload.count == 1 else CapturePart
+        return kind(upload.model_copy(update={"data": ""}), content)  # the base64 text is not kept
 
     def _count(self, name: str, by: int = 1) -> None:
         with self._lock:
@@ -287,7 +302,7 @@ class Ingest:
             items = [item for item in batch if item is not _STOP]
             if items:
                 self._store(items)
-                for _ in range(sum(isinstance(m, Capture) for m, _receipt in items)):
+                for _ in range(sum(isinstance(m, (Capture, CapturePart)) for m, _receipt in items)):
                     self._capture_slots.release()
                 with self._lock:
                     self._written += len(items)
@@ -335,11 +350,12 @@ class Ingest:
         statuses = [m for m in items if isinstance(m, OtaStatus)]
         requests = [m for m in items if isinstance(m, EnrollRequest)]
         captures = [m for m in items if isinstance(m, Capture)]
+        parts = [m for m in items if isinstance(m, CapturePart)]
         with Transaction(self.engine, self.store.where) as db:
             seen: dict[str, float] = {}
             for m in items:
                 if not isinstance(m, EnrollRequest):  # anyone with the bootstrap secret may send one
-                    said = m.upload if isinstance(m, Capture) else m
+                    said = m.upload if isinstance(m, (Capture, CapturePart)) else m
                     seen[said.device_id] = max(seen.get(said.device_id, 0.0), said.ts.timestamp())
             self._touch_devices(db, seen)
             stored_telemetry = self._insert(
@@ -355,7 +371,8 @@ class Ingest:
             self._apply_telemetry(db, telemetry)
             self._apply_ota_states(db, statuses)
             refused = self._enroll_all(db, requests)
-            stored_captures, evicted_captures = self._captures.write(db, captures)
+            written = self._captures.write(db, captures, parts)
+        self._acknowledge_captures(written)
         for status in statuses:  # its own transaction; a kill before it is redelivered (not acked)
             if status.command_sha256 is None:
                 self.store.record_status(status)
@@ -373,9 +390,24 @@ class Ingest:
             c.enroll_refused += refused
             c.refusals_counted += counted
             c.security_events += security_events
-            c.capture_stored += stored_captures
-            c.capture_evicted += evicted_captures
-            c.duplicates += len(captures) - stored_captures
+            c.capture_stored += written.stored
+            c.capture_evicted += written.evicted
+            c.capture_refused += written.refused
+            c.capture_corrupt += written.corrupt
+            c.capture_expired += written.expired
+            c.duplicates += written.duplicates
+
+    def _acknowledge_captures(self, written: CaptureWrite) -> None:
+        """Tell each device which of its files the service now holds (after the commit): it deletes
+        its copy. QoS 1 to the device's session; one lost is resent at the file's next redelivery."""
+        if self._publish is None:
+            return
+        for device_id, sha256 in dict.fromkeys(written.held):
+            topic = topics.device_topic(self.namespace, device_id, topics.CAPTURE_ACK)
+            try:
+                self._publish(topic, CaptureAck(device_id=device_id, sha256=sha256).model_dump_json().encode(), qos=1)
+            except EdgeSDKError as exc:  # the broker is away: the device keeps its copy for now
+                log.warning("capture of %s not acknowledged to the device: %s", device_id, exc)
 
     def _insert(self, db: Any, statement: Any, names: tuple[str, ...], rows: list[dict[str, Any]]) -> int:
         """Insert ``rows`` (each with exactly the columns ``names``), skipping duplicates; how many were new."""

@@ -248,6 +248,8 @@ class FleetMetrics:
             "capture_stored",  # capture files uploaded (edgesdk/fleet/service/captures.py)
             "capture_refused",  # over the size cap of one capture file
             "capture_evicted",  # deleted for a device's capture quota
+            "capture_corrupt",  # files in chunks whose bytes did not make their SHA-256
+            "capture_expired",  # uploads in chunks idle past their timeout
         )
         page.family(
             "edgesdk_fleet_ingest_total",

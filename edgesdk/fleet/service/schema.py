@@ -440,3 +440,21 @@ captures = Table(
     UniqueConstraint("device_id", "sha256", name="uq_captures_device_sha256"),
     Index("ix_captures_device_received", "device_id", "received"),
 )
+
+#: The chunks of capture files still arriving (a file over one message): kept until the last one
+#: comes and the file is stored in ``captures`` (then deleted), or until the upload has been idle
+#: past its timeout. One row per chunk; a redelivered chunk is the same row.
+capture_parts = Table(
+    "capture_parts",
+    metadata,
+    Column("device_id", String(64), primary_key=True),
+    Column("sha256", String(64), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("count", Integer, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("model", String(128), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("received", Float, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Index("ix_capture_parts_received", "received"),
+)

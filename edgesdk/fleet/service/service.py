@@ -170,6 +170,7 @@ class FleetService:
             self.settings.namespace,
             self.store,
             acknowledge=self.client.acknowledge,
+            publish=self.client.publish,  # capture acknowledgements to devices (issue 41)
             max_pending_enrollments=self.settings.max_pending_enrollments,
         )
         self.ingest.start()

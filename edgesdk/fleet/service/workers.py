@@ -130,6 +130,7 @@ class IngestWorker:
             self.settings.namespace,
             SqlRolloutStore(self.engine),
             acknowledge=self.client.acknowledge,
+            publish=self.client.publish,  # capture acknowledgements to devices (issue 41)
             max_pending_enrollments=self.settings.max_pending_enrollments,
         ).start()
         attach(self.client, self.ingest, self.filters())
