@@ -206,3 +206,24 @@ def test_agent_drift_series_are_capped_per_model_and_direction() -> None:
     page = metrics.prometheus()
     listed = set(re.findall(r'edgesdk_agent_drift_score\{[^}]*tensor="([^"]+)",metric="psi"\}', page))
     assert listed == set(sorted(profile.inputs)[:MAX_DRIFT_TENSORS])
+
+
+def test_agent_drift_labels_from_a_signed_bundles_tensor_names_are_escaped() -> None:
+    import shutil
+    import subprocess
+
+    names = ['x" } evil_metric 1\n# TYPE', "back\\slash"]
+    quality = SimpleNamespace(
+        inputs=dict.fromkeys(names, DriftScore(psi=0.3, js=0.2, ks=0.1)), outputs={}, window_s=1.0
+    )
+    readout = drift_monitor.DriftReadout(quality, dict.fromkeys(drift_monitor.REQUEST_KINDS, 1))  # type: ignore[arg-type]
+    metrics = Metrics()
+    metrics.attach_quality(dict, readouts=lambda: {"m": readout})
+    page = metrics.prometheus()
+    assert 'tensor="x\\" } evil_metric 1\\n# TYPE",metric="psi"} 0.3' in page
+    assert not re.search(r"^evil_metric", page, re.M)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'; scripts/test installs it)")
+    checked = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, f"{checked.stdout}{checked.stderr}\n---\n{page}"
