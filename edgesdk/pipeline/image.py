@@ -3,7 +3,9 @@ The same code runs on the device (``/predict``) and on the host (validation at c
 
 The declared size is read from the image header and checked against the pipeline's
 ``max_pixels`` and the request's memory allowance before a single pixel is decoded, so a
-decompression bomb (a small PNG declaring 50k × 50k) costs a header parse, not gigabytes.
+decompression bomb (a small PNG declaring 50k × 50k) costs a header parse, not gigabytes. A
+large JPEG is decoded scaled where the resize shrinks it anyway (``edgesdk/pipeline/draft.py``),
+and charged the size it is decoded at.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.pipeline.draft import Decoding
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.pipeline.geometry import crop_origin, placement
 from edgesdk.schemas.pipeline import ImagePre, Resize
@@ -29,7 +32,7 @@ MAX_JPEG_SCANS = 100
 def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
     """A lazily decoded Pillow image of ``data`` (only its header read), its size checked."""
     try:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import UnidentifiedImageError
     except ImportError:  # the agent's own install stays light: the decoder is the pipeline extra
         raise PipelineInputError(
             501, "this install has no image decoder: install it with pip install 'edgesdk[pipeline]' (Pillow)"
@@ -47,9 +50,7 @@ def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
             f"JPEG has {scans} scans, over the {MAX_JPEG_SCANS} decoded; re-encode it (baseline or standard progressive)",
         )
     try:
-        image = Image.open(io.BytesIO(data), formats=[fmt])
-    except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours: still a bomb
-        raise PipelineInputError(413, f"image refused before decoding: {exc}") from None
+        image = _parse_header(data, fmt)
     except UnidentifiedImageError:  # Pillow's text names a BytesIO object; say what the body looks like
         magic = {"image/jpeg": b"\xff\xd8\xff", "image/png": b"\x89PNG"}
         like = next((kind for kind, start in magic.items() if data.startswith(start)), None)
@@ -60,33 +61,62 @@ def open_image(data: bytes, media_type: str, max_pixels: int) -> Any:
     width, height = image.size
     if width * height > max_pixels:
         raise PipelineInputError(
-            413, f"image declares {width}x{height} = {width * height} pixels; this model's pipeline allows {max_pixels}"
+            413,
+            f"image declares {width}x{height} = {width * height} pixels; this model's pipeline allows {max_pixels} "
+            "(its image.max_pixels): send a smaller image",
         )
     return image
+
+
+def _parse_header(data: bytes, fmt: str) -> Any:
+    """Pillow's parser of ``fmt`` run on ``data``: its header read, nothing decoded. Called as
+    ``Image.open`` calls it but without the bomb check ``Image.open`` runs next, whose error
+    (past 2 x ``Image.MAX_IMAGE_PIXELS``, 179 MP: "could be decompression bomb DOS attack")
+    spoke before our ``max_pixels`` line naming the pipeline's limit; our bound is lower (at
+    most 100 MP, ``edgesdk.schemas.pipeline.MAX_PIXELS_CAP``) and checked next, before decoding."""
+    import struct
+
+    from PIL import Image, UnidentifiedImageError
+
+    Image.preinit()  # registers the JPEG and PNG parsers
+    parser, accept = Image.OPEN[fmt]
+    accepted = accept is None or accept(data[:16])
+    if not accepted or isinstance(accepted, str):  # a str: Pillow's warning that it is not this format
+        raise UnidentifiedImageError(f"not {fmt}")
+    try:
+        return parser(io.BytesIO(data), "")
+    except (SyntaxError, IndexError, TypeError, struct.error) as exc:  # what Image.open reads as "not this format"
+        raise UnidentifiedImageError(f"not {fmt}") from exc
 
 
 #: Bytes a pixel takes as Pillow decodes each mode (a mode not listed: 4).
 MODE_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "LA": 2, "PA": 2, "RGB": 3, "YCbCr": 3, "LAB": 3}
 
 
-def decoded_nbytes(image: Any, pre: ImagePre) -> int:
-    """Bytes this image will take once decoded in its own mode (4 a pixel for CMYK or RGBA), its
-    copy in the pipeline's colour, a progressive JPEG's coefficients (2 bytes a sample, the whole
-    image's), plus its float32 tensor and one working copy at the final size; charged to the
-    request's allowance before decoding (8 CMYK JPEGs charged as grey grew the agent by 456 MB)."""
+def decoded_nbytes(image: Any, pre: ImagePre, decoding: Decoding | None = None) -> int:
+    """Bytes this image will take once decoded at ``image.size`` (after ``draft.draft``: the
+    scaled size) in its own mode (4 a pixel for CMYK or RGBA), its copy in the pipeline's
+    colour, a progressive JPEG's coefficients (2 bytes a sample of the declared size: libjpeg
+    buffers them whole at any scale), plus its float32 tensor and one working copy at the final
+    size; charged to the request's allowance before decoding (8 CMYK JPEGs charged as grey grew
+    the agent by 456 MB)."""
     width, height = image.size
+    declared = decoding.width * decoding.height if decoding is not None else width * height
     channels = 1 if pre.color == "L" else 3
     source = MODE_BYTES.get(image.mode, 4)
     converted = channels if image.mode != ("L" if pre.color == "L" else "RGB") else 0
-    coefficients = 2 * len(image.getbands()) if image.info.get("progressive") else 0
+    coefficients = 2 * len(image.getbands()) * declared if image.info.get("progressive") else 0
     final = pre.center_crop or pre.resize
     out_h, out_w = (final.height, final.width) if final is not None else (height, width)
-    return width * height * (source + converted + coefficients) + out_h * out_w * channels * 4 * 2
+    return width * height * (source + converted) + coefficients + out_h * out_w * channels * 4 * 2
 
 
-def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any], normalize: bool = True) -> np.ndarray:
+def to_tensor(
+    image: Any, pre: ImagePre, dtype: np.dtype[Any], normalize: bool = True, decoding: Decoding | None = None
+) -> np.ndarray:
     """Decode ``image`` and run the pipeline's image steps, in their fixed order; a batch of one.
-    ``normalize=False``: the model's graph does ``scale``, ``mean`` and ``std`` (folded in)."""
+    ``normalize=False``: the model's graph does ``scale``, ``mean`` and ``std`` (folded in).
+    ``decoding``: ``draft.draft``'s, where the image is decoded scaled."""
     from PIL import Image
 
     mode = "L" if pre.color == "L" else "RGB"
@@ -97,20 +127,23 @@ def to_tensor(image: Any, pre: ImagePre, dtype: np.dtype[Any], normalize: bool =
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
         raise PipelineInputError(400, f"cannot decode the image: {exc}") from None
     if pre.resize is not None:
-        image = resize(image, pre.resize)
+        image = resize(image, pre.resize, decoding)
     if pre.center_crop is not None:
         left, top = crop_origin(image.width, image.height, pre.center_crop)
         image = image.crop((left, top, left + pre.center_crop.width, top + pre.center_crop.height))
     return pixels_to_tensor(np.asarray(image), pre, dtype, normalize)
 
 
-def resize(image: Any, step: Resize) -> Any:
+def resize(image: Any, step: Resize, decoding: Decoding | None = None) -> Any:
     """``image`` resized as ``step`` says: stretched, or letterboxed onto a ``fill`` canvas
-    (where ``geometry.placement`` puts it, the frame boxes are mapped back through)."""
+    (where ``geometry.placement`` puts it, the frame boxes are mapped back through). A scaled
+    decode (``decoding``) is placed by the declared size, and its ``box`` is what is resized."""
     from PIL import Image
 
-    placed = placement(image.width, image.height, step)
-    image = image.resize((placed.width, placed.height), resample=Image.Resampling[step.interpolation.upper()])
+    decoding = decoding or Decoding(image.width, image.height)
+    placed = placement(decoding.width, decoding.height, step)
+    filter_ = Image.Resampling[step.interpolation.upper()]
+    image = image.resize((placed.width, placed.height), resample=filter_, box=decoding.box)
     if step.letterbox is None:
         return image
     fill = step.letterbox.fill if image.mode == "L" else (step.letterbox.fill,) * 3

@@ -15,6 +15,7 @@ import numpy as np
 from edgesdk.pipeline import audio, image, text
 from edgesdk.pipeline.boxes import detections
 from edgesdk.pipeline.detection import detection
+from edgesdk.pipeline.draft import draft
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.pipeline.geometry import ImageFrame, image_frame
 from edgesdk.pipeline.post import argmax_mask, ctc_greedy, embedding, top_classes
@@ -80,9 +81,10 @@ def prepare(
         return Prepared({first.name: audio.to_tensor(pcm, pipeline.audio, np.dtype(first.dtype), _rank(first))} | fixed)
     picture = image.open_image(data, media_type, pipeline.image.max_pixels)
     frame = image_frame(picture.width, picture.height, pipeline.image)  # a crop too large: 422 before decoding
-    limits.take(image.decoded_nbytes(picture, pipeline.image), "the decoded image")
+    decoding = draft(picture, pipeline.image)  # a large JPEG decoded scaled, where the resize shrinks it anyway
+    limits.take(image.decoded_nbytes(picture, pipeline.image, decoding), "the decoded image")
     normalize = "normalize" not in pipeline.folded  # else the graph does it (converters/graph_fold.py)
-    tensor = image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize)
+    tensor = image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize, decoding)
     return Prepared({first.name: tensor} | fixed, frame)
 
 

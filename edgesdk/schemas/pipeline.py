@@ -59,6 +59,11 @@ class Resize(_Finite):
     width: Side
     interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
     letterbox: Letterbox | None = None
+    draft: bool | None = Field(
+        None,
+        description="false: decode every pixel of a JPEG; else one much larger than this size is decoded at 1/2,"
+        " 1/4 or 1/8 scale where the interpolation filters (edgesdk/pipeline/draft.py)",
+    )
 
 
 class CenterCrop(_Finite):
