@@ -45,7 +45,7 @@ from edgesdk.schemas.manifest import (
     Variant,
     VariantFile,
 )
-from edgesdk.schemas.pipeline import Pipeline
+from edgesdk.schemas.pipeline import Pipeline, PostProcess
 from edgesdk.schemas.report import ConversionReport, ShippedVariant
 
 DEFAULT_SEGMENT_SIZE = 1024 * 1024
@@ -285,19 +285,38 @@ def package_bundle(
 
 
 def _labels_fit_the_classes(report: ConversionReport, pipeline: Pipeline) -> None:
-    """A classifier's labels name its classes one by one: a list of another length would answer
-    wrong names by index (or numbers past its end), so it is refused before any work."""
+    """A classifier's or a detector's labels name its classes one by one: a list of another
+    length would answer wrong names by index (or numbers past its end), so it is refused before
+    any work, where the output's shape tells the class count."""
     post = pipeline.post
-    if post.kind != "classes" or not post.labels:
+    if post.kind not in ("classes", "boxes") or not post.labels:
         return
     outputs = report.variants[0].outputs  # at least one (the report's schema)
     output = next((o for o in outputs if o.name == post.output), outputs[0])
-    classes = output.shape[-1] if output.shape else None
-    if isinstance(classes, int) and classes != len(post.labels):
+    classes = _class_count(output.shape, pipeline.post)
+    if classes is not None and classes != len(post.labels):
+        where = (
+            "" if post.kind == "classes" else f" (after the {5 if post.boxes.objectness else 4} box values of a row)"
+        )
         raise UsageError(
-            f"--labels: {len(post.labels)} labels for output {output.name!r} of {classes} classes; "
+            f"--labels: {len(post.labels)} labels for output {output.name!r} of {classes} classes{where}; "
             f"give one label a line, {classes} lines"
         )
+
+
+def _class_count(shape: Sequence[object] | None, post: PostProcess) -> int | None:
+    """The classes an output of ``shape`` holds as ``post`` reads it (None where a dimension is
+    dynamic): a classifier's last axis; a detector's (1, N, 4 + C) rows (C columns after the
+    box, and after the objectness column where there is one; (1, 4 + C, N) when transposed)."""
+    if not shape:
+        return None
+    if post.kind == "classes":
+        return shape[-1] if isinstance(shape[-1], int) else None
+    if len(shape) != 3:
+        return None  # /predict refuses such an output with its shape
+    columns = shape[1] if post.boxes.transposed else shape[2]
+    first_class = 5 if post.boxes.objectness else 4
+    return columns - first_class if isinstance(columns, int) and columns > first_class else None
 
 
 def _read_report(root: Path, allow_unvalidated: bool) -> ConversionReport:
