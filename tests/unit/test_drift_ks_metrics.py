@@ -6,6 +6,7 @@ number of tensor series."""
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -99,11 +100,18 @@ def test_the_fleet_stores_ks_in_the_scores_it_already_keeps() -> None:
             "seq": 1,
             "ts": "2026-12-06T05:00:00Z",
             "model": {"name": "digits", "version": "1.0.0", "release": 1, "variant": "onnx-fp32", "sha256": "0" * 64},
-            "quality": {"samples": 5, "reference": True, "inputs": {"x": {"psi": 0.3, "js": 0.2, "ks": 0.4}}},
+            "quality": {
+                "samples": 5,
+                "reference": True,
+                "inputs": {"x": {"psi": 0.3, "js": 0.2, "ks": 0.4}},
+                "outputs": {"probs": {"psi": 0.03, "js": 0.05}},
+            },
         }
     )
     (row,) = quality_rows(message)
-    assert '"ks": 0.4' in row["scores"]  # the scores JSON column: no migration
+    scores = json.loads(row["scores"])  # the scores JSON column: no migration
+    assert scores["inputs"]["x"] == {"psi": 0.3, "js": 0.2, "ks": 0.4}
+    assert scores["outputs"]["probs"] == {"psi": 0.03, "js": 0.05}  # none given: stored as before, no null
 
 
 # -- the agent's /metrics --------------------------------------------------------------------------

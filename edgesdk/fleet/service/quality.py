@@ -78,9 +78,9 @@ def quality_rows(message: Telemetry) -> list[dict[str, Any]]:
 
 
 def _row(message: Telemetry, model: Any, quality: ModelQuality) -> dict[str, Any]:
-    scores = {
-        "inputs": {k: v.model_dump() for k, v in quality.inputs.items()},
-        "outputs": {k: v.model_dump() for k, v in quality.outputs.items()},
+    scores = {  # a score the device did not give (ks: no ordered bins, or an older agent) stays absent
+        "inputs": {k: v.model_dump(exclude_none=True) for k, v in quality.inputs.items()},
+        "outputs": {k: v.model_dump(exclude_none=True) for k, v in quality.outputs.items()},
     }
     if quality.agreement is not None:
         scores["agreement"] = {k: v.model_dump() for k, v in quality.agreement.items()}
