@@ -22,7 +22,9 @@ from edgesdk.fleet.service.rest.routing import (
     Route,
     RouteTable,
     audited_call,
+    found_or_404,
     paging,
+    row_or_404,
 )
 from edgesdk.fleet.service.rest.schemas import (
     AuditEntry,
@@ -126,10 +128,8 @@ BUNDLE_ROUTES = RouteTable(
 
 
 def _known_bundle(engine: Any, bundle_id: str) -> dict[str, Any]:
-    found = bundles.find_bundle(engine, bundle_id)
-    if found is None:
-        raise HTTPException(404, f"bundle {bundle_id!r} not found (GET /api/v1/bundles lists them)")
-    return found
+    missing = f"bundle {bundle_id!r} not found (GET /api/v1/bundles lists them)"
+    return found_or_404(bundles.find_bundle(engine, bundle_id), missing)
 
 
 def list_enrollment(
@@ -192,10 +192,7 @@ def _decide(
     """Approve (bound to a key id) or revoke ``device_id``'s enrollment request; the request as
     it is now, with the approval's warnings."""
     engine, table = context.engine, schema.enrollment_requests
-    with Transaction(engine) as db:
-        row = db.execute(sa.select(table).where(table.c.device_id == device_id)).first()
-    if row is None:
-        raise HTTPException(404, f"no enrollment request from device {device_id!r}")
+    row = row_or_404(engine, table, table.c.device_id, device_id, f"no enrollment request from device {device_id!r}")
     options = body or EnrollmentDecision()
     action = "enrollment.approve" if approve else "enrollment.revoke"
     answer: dict[str, Any] = {}
@@ -255,9 +252,8 @@ def revoke_token(
     """Revoke a token: every request with it, and every dashboard session it opened, is
     refused from now on. 409 when it is already revoked."""
     engine = context.engine
-    found = tokens.find_token(engine, token_id)
-    if found is None:
-        raise HTTPException(404, f"token {token_id!r} not found (GET /api/v1/tokens lists them)")
+    missing = f"token {token_id!r} not found (GET /api/v1/tokens lists them)"
+    found = found_or_404(tokens.find_token(engine, token_id), missing)
     if found["revoked"] is not None:
         raise HTTPException(409, f"token {token_id!r} is already revoked")
     audited_call(engine, operator, "token.revoke", token_id, lambda: tokens.revoke_token(engine, token_id))

@@ -25,6 +25,7 @@ from edgesdk.fleet.service.rest.routing import (
     Route,
     RouteTable,
     audited_call,
+    found_or_404,
     paging,
 )
 from edgesdk.fleet.service.rest.schemas import (
@@ -86,9 +87,8 @@ def create_deployment(
     """409 for a deployment id already taken; 422 naming every target device the service has
     never seen (a rollout to them could never finish); 404 for an unknown bundle."""
     engine, store = context.engine, context.store
-    bundle = bundles.find_bundle(engine, body.bundle_id)
-    if bundle is None:
-        raise HTTPException(404, f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)")
+    missing = f"bundle {body.bundle_id!r} not found; upload it first (POST /api/v1/bundles)"
+    bundle = found_or_404(bundles.find_bundle(engine, body.bundle_id), missing)
     if body.deployment_id is not None and store.find(body.deployment_id) is not None:
         raise HTTPException(409, f"deployment {body.deployment_id!r} already exists; pick another deployment_id")
     devices = _target_devices(engine, body)
@@ -313,7 +313,4 @@ def _detail(engine: Any, store: SqlRolloutStore, deployment_id: str) -> dict[str
 
 
 def _known_deployment(store: SqlRolloutStore, deployment_id: str) -> Any:
-    row = store.find(deployment_id)
-    if row is None:
-        raise HTTPException(404, f"deployment {deployment_id!r} not found")
-    return row
+    return found_or_404(store.find(deployment_id), f"deployment {deployment_id!r} not found")

@@ -9,7 +9,7 @@ import time
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from fastapi import Depends, HTTPException, Query, Response
+from fastapi import Depends, Query, Response
 from pydantic import BaseModel, Field
 
 from edgesdk.fleet.service import alerts, captures, quality, schema, tokens
@@ -25,7 +25,9 @@ from edgesdk.fleet.service.rest.routing import (
     RouteTable,
     audited_call,
     documented,
+    found_or_404,
     paging,
+    row_or_404,
 )
 from edgesdk.fleet.service.rest.schemas import (
     Alert,
@@ -107,10 +109,7 @@ def device_captures(device_id: str, context: ApiContext = Depends(api_context)) 
 
 def download_capture(capture_id: int, context: ApiContext = Depends(api_context)) -> Response:
     """One capture file as the device sealed it (``edgesdk capture decrypt`` opens it)."""
-    found = captures.read_capture(context.engine, capture_id)
-    if found is None:
-        raise HTTPException(404, f"no capture {capture_id}")
-    name, data = found
+    name, data = found_or_404(captures.read_capture(context.engine, capture_id), f"no capture {capture_id}")
     disposition = f'attachment; filename="{name}"'
     return Response(data, media_type="application/octet-stream", headers={"Content-Disposition": disposition})
 
@@ -249,11 +248,9 @@ def _devices(
 
 def _known_device(engine: Any, device_id: str) -> Any:
     table = schema.devices
-    with Transaction(engine) as db:
-        row = db.execute(sa.select(table).where(table.c.device_id == device_id)).first()
-    if row is None:
-        raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
-    return row
+    return row_or_404(
+        engine, table, table.c.device_id, device_id, f"device {device_id!r} not known to the fleet service"
+    )
 
 
 def _latest_telemetry(engine: Any, device_ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -1,18 +1,20 @@
 """What every route of the REST API shares: the table that declares it (``Route``) and the one
 function that registers a table (``add_routes``), the token check (``authorize``), the error
 answers it documents (problem+json), its paging (``limit``, ``offset``; ``{items, total, limit,
-offset}``) and audited work."""
+offset}``), the handlers' preamble (the row a path names, or 404) and audited work."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from edgesdk.fleet.service import audit, tokens
+from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.rest import problems
 from edgesdk.fleet.service.rest.schemas import Problem
 
@@ -24,6 +26,8 @@ WRITE_ERRORS = (401, 403, 404, 409, 422)
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
+
+_Found = TypeVar("_Found")
 
 _bearer = HTTPBearer(auto_error=False, description="an operator token: edgesdk fleet serve token create")
 
@@ -136,3 +140,40 @@ def paging(
 def audited_call(engine: Any, operator: tokens.Operator, action: str, target: str, work: Any, **detail: Any) -> Any:
     """``work()`` in the audit log as ``operator``'s ``action`` on ``target`` (ok, or failed)."""
     return audit.audited(engine, operator, action, target, work, detail)
+
+
+def found_or_404(found: _Found | None, missing: str) -> _Found:
+    """``found`` (what a handler looked up for its path), or a 404 saying ``missing``: what is
+    not there and where to look."""
+    if found is None:
+        raise HTTPException(404, missing)
+    return found
+
+
+def row_or_404(engine: Any, table: sa.Table, column: Any, key: Any, missing: str) -> Any:
+    """The row of ``table`` whose ``column`` is ``key``, or a 404 saying ``missing``."""
+    with Transaction(engine) as db:
+        row = db.execute(sa.select(table).where(column == key)).first()
+    return found_or_404(row, missing)
+
+
+def audited_replace(
+    engine: Any,
+    operator: tokens.Operator,
+    action: str,
+    table: sa.Table,
+    column: Any,
+    key: Any,
+    values: Mapping[str, Any] | None,
+    **detail: Any,
+) -> None:
+    """``table``'s row whose ``column`` is ``key`` replaced by ``values`` (None: deleted), in one
+    transaction, in the audit log as ``operator``'s ``action`` on ``key``."""
+
+    def work() -> None:
+        with Transaction(engine) as db:
+            db.execute(table.delete().where(column == key))
+            if values is not None:
+                db.execute(table.insert().values(**values))
+
+    audited_call(engine, operator, action, key, work, **detail)

@@ -25,7 +25,9 @@ from edgesdk.fleet.service.rest.routing import (
     Route,
     RouteTable,
     audited_call,
+    audited_replace,
     paging,
+    row_or_404,
 )
 from edgesdk.fleet.service.rest.schemas import Page
 
@@ -134,15 +136,8 @@ def put_filter(
     except targeting.TargetError as exc:
         raise HTTPException(422, str(exc)) from None
     table = schema.target_filters
-
-    def work() -> None:
-        with Transaction(context.engine) as db:
-            db.execute(table.delete().where(table.c.name == name))
-            db.execute(
-                table.insert().values(name=name, query=body.where, created=time.time(), created_by=operator.actor)
-            )
-
-    audited_call(context.engine, operator, "target_filter.save", name, work, where=body.where)
+    row = {"name": name, "query": body.where, "created": time.time(), "created_by": operator.actor}
+    audited_replace(context.engine, operator, "target_filter.save", table, table.c.name, name, row, where=body.where)
     return _filter(context.engine, name, body.where)
 
 
@@ -154,12 +149,7 @@ def delete_filter(
     """The filter as it was (rollouts made from it keep their devices)."""
     removed = _filter(context.engine, name, _saved(context.engine, name))
     table = schema.target_filters
-
-    def work() -> None:
-        with Transaction(context.engine) as db:
-            db.execute(table.delete().where(table.c.name == name))
-
-    audited_call(context.engine, operator, "target_filter.delete", name, work)
+    audited_replace(context.engine, operator, "target_filter.delete", table, table.c.name, name, None)
     return removed
 
 
@@ -187,17 +177,18 @@ def put_window(
     except UsageError as exc:
         raise HTTPException(422, str(exc)) from None
     table = schema.maintenance_windows
-
-    def work() -> None:
-        with Transaction(context.engine) as db:
-            db.execute(table.delete().where(table.c.group_name == group))
-            db.execute(
-                table.insert().values(
-                    group_name=group, window=body.window.strip(), window_tz=body.window_tz, updated=time.time()
-                )
-            )
-
-    audited_call(context.engine, operator, "group.window", group, work, window=body.window, window_tz=body.window_tz)
+    row = {"group_name": group, "window": body.window.strip(), "window_tz": body.window_tz, "updated": time.time()}
+    audited_replace(
+        context.engine,
+        operator,
+        "group.window",
+        table,
+        table.c.group_name,
+        group,
+        row,
+        window=body.window,
+        window_tz=body.window_tz,
+    )
     return _known_window(context.engine, group)
 
 
@@ -208,12 +199,7 @@ def delete_window(
 ) -> dict[str, Any]:
     removed = _known_window(context.engine, group)
     table = schema.maintenance_windows
-
-    def work() -> None:
-        with Transaction(context.engine) as db:
-            db.execute(table.delete().where(table.c.group_name == group))
-
-    audited_call(context.engine, operator, "group.window_clear", group, work)
+    audited_replace(context.engine, operator, "group.window_clear", table, table.c.group_name, group, None)
     return removed
 
 
@@ -241,18 +227,14 @@ ROUTES = RouteTable(
 
 def _known_window(engine: Any, group: str) -> dict[str, Any]:
     table = schema.maintenance_windows
-    with Transaction(engine) as db:
-        row = db.execute(sa.select(table).where(table.c.group_name == group)).first()
-    if row is None:
-        raise HTTPException(404, f"group {group!r} has no maintenance window (PUT /api/v1/groups/{group}/window)")
+    missing = f"group {group!r} has no maintenance window (PUT /api/v1/groups/{group}/window)"
+    row = row_or_404(engine, table, table.c.group_name, group, missing)
     return {"group": group, "window": row.window, "window_tz": row.window_tz}
 
 
 def _known_device(engine: Any, device_id: str) -> None:
     d = schema.devices
-    with Transaction(engine) as db:
-        if db.execute(sa.select(d.c.device_id).where(d.c.device_id == device_id)).first() is None:
-            raise HTTPException(404, f"device {device_id!r} not known to the fleet service")
+    row_or_404(engine, d, d.c.device_id, device_id, f"device {device_id!r} not known to the fleet service")
 
 
 def _saved(engine: Any, name: str) -> str:

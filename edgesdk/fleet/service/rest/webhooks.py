@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import sqlalchemy as sa
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgesdk.errors import UsageError
 from edgesdk.fleet.service import schema, tokens, webhooks
-from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.rest.context import ApiContext, api_context, signed_in
 from edgesdk.fleet.service.rest.routing import (
     ONE_ERRORS,
@@ -22,7 +20,9 @@ from edgesdk.fleet.service.rest.routing import (
     Route,
     RouteTable,
     audited_call,
+    audited_replace,
     paging,
+    row_or_404,
 )
 from edgesdk.fleet.service.rest.schemas import Page
 
@@ -116,12 +116,8 @@ def delete_webhook(
 ) -> dict[str, Any]:
     """The webhook as it was (its delivery records stay until retention)."""
     removed = _known_webhook(context.engine, webhook_id)
-
-    def work() -> None:
-        with Transaction(context.engine) as db:
-            db.execute(schema.webhooks.delete().where(schema.webhooks.c.id == webhook_id))
-
-    audited_call(context.engine, operator, "webhook.delete", webhook_id, work)
+    table = schema.webhooks
+    audited_replace(context.engine, operator, "webhook.delete", table, table.c.id, webhook_id, None)
     return removed
 
 
@@ -140,8 +136,5 @@ ROUTES = RouteTable(
 
 def _known_webhook(engine: Any, webhook_id: str) -> dict[str, Any]:
     w = schema.webhooks
-    with Transaction(engine) as db:
-        row = db.execute(sa.select(w).where(w.c.id == webhook_id)).first()
-    if row is None:
-        raise HTTPException(404, f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)")
-    return webhooks.shown(row)
+    missing = f"webhook {webhook_id!r} not found (GET /api/v1/webhooks lists them)"
+    return webhooks.shown(row_or_404(engine, w, w.c.id, webhook_id, missing))
