@@ -166,3 +166,39 @@ def test_the_shipped_acl_keeps_a_devices_capture_acks_from_other_devices(tmp_pat
         finally:
             for client in (service, device, attacker):
                 client.stop()
+
+
+def test_the_last_two_chunks_stored_at_once_by_two_workers_on_postgresql_make_one_file(tmp_path: Path) -> None:
+    """Two ingest workers on one PostgreSQL database (a shared subscription splits a file's chunks
+    between them) each store one of the last two chunks in transactions open at the same time:
+    the file is stored once, whole (the second waits for the first, then sees both chunks)."""
+    import threading
+
+    from edgesdk.capture.upload import upload_message
+    from edgesdk.fleet.service.captures import CapturePart, CaptureStore, list_captures, read_capture
+    from edgesdk.fleet.service.database import Transaction, migrate, open_engine
+    from tests.pg_helpers import throwaway_cluster
+
+    content = os.urandom(CHUNK_BYTES + 7)
+    name = "20261206T000001.000000Z-000001-digits.edgecap"
+    first, second = (upload_message("dev-a", name, "digits", content, i) for i in range(2))
+    with throwaway_cluster() as cluster:
+        engine = open_engine(cluster.create_database("fleet_capture_chunks"))
+        migrate(engine)
+        workers = [CaptureStore(engine), CaptureStore(engine)]
+        results: list[Any] = []
+
+        def store_second() -> None:
+            with Transaction(engine) as db:
+                results.append(workers[1].write(db, [], [CapturePart(second, second.chunk())]))
+
+        with Transaction(engine) as db:
+            results.append(workers[0].write(db, [], [CapturePart(first, first.chunk())]))
+            other = threading.Thread(target=store_second)
+            other.start()
+            other.join(2)  # with nothing to wait for it finishes now, seeing only its own chunk
+        other.join(30)
+        listed = list_captures(engine, "dev-a")
+        assert len(listed) == 1 and read_capture(engine, listed[0]["id"])[1] == content  # type: ignore[index]
+        assert sum(r.stored for r in results) == 1
+        engine.dispose()

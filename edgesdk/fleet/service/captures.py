@@ -101,6 +101,7 @@ class CaptureStore:
         self.max_open = max_open
         self._insert = insert_ignoring_duplicates(engine, schema.captures)
         self._insert_part = insert_ignoring_duplicates(engine, schema.capture_parts)
+        self._postgres = engine.dialect.name == "postgresql"
         self._swept = 0.0
 
     def write(self, db: Any, captures: list[Capture], parts: list[CapturePart] | None = None) -> CaptureWrite:
@@ -110,7 +111,7 @@ class CaptureStore:
         for capture in captures:
             if self._store_file(db, capture.upload, capture.content, result):
                 devices.add(capture.upload.device_id)
-        for part in parts or []:
+        for part in sorted(parts or [], key=lambda p: (p.upload.device_id, p.upload.sha256, p.upload.index)):
             if self._store_part(db, part, result):
                 devices.add(part.upload.device_id)
         if parts and time.monotonic() - self._swept > _SWEEP_EVERY_S:
@@ -153,6 +154,9 @@ class CaptureStore:
     def _store_part(self, db: Any, part: CapturePart, result: CaptureWrite) -> bool:
         """Keep one chunk; store its file once every chunk is here. True when a file was stored."""
         upload = part.upload
+        if self._postgres:  # two workers storing the last two chunks at once: one waits, then sees both
+            key = int(hashlib.sha256(f"{upload.device_id}/{upload.sha256}".encode()).hexdigest()[:15], 16)
+            db.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
         if self._holds(db, upload.device_id, upload.sha256):  # a chunk resent after the file was stored
             result.duplicates += 1
             result.held.append((upload.device_id, upload.sha256))
