@@ -68,13 +68,22 @@ def test_a_jpeg_repeating_its_scans_is_refused_before_the_decoder_runs(small_bud
 
 
 def test_an_image_is_charged_the_memory_of_the_mode_it_decodes_to(small_budget_agent) -> None:
-    """A CMYK JPEG decodes to 4 bytes a pixel (then a grey copy): charged as grey, 8 of them at
-    4000 x 4000 grew an agent by 456 MB within a 128 MB budget."""
-    grey = _post(small_budget_agent, _jpeg("L"), "image/jpeg")
+    """A CMYK JPEG or an RGBA PNG decodes to 4 bytes a pixel (then a grey copy): charged as grey,
+    8 of them at 4000 x 4000 grew an agent by 456 MB within a 128 MB budget. (This pipeline's
+    8 x 8 resize has a 1000 x 1000 JPEG decoded at 1/8, edgesdk/pipeline/draft.py: the CMYK one
+    then takes 125 x 125 x 5 bytes and is answered; a PNG is decoded whole.)"""
+    grey = _post(small_budget_agent, _png("L"), "image/png")
     assert grey.status_code == 200, grey.text
-    cmyk = _post(small_budget_agent, _jpeg("CMYK"), "image/jpeg")
-    assert cmyk.status_code == 413 and "api.max_decoded_bytes" in cmyk.json()["error"], cmyk.text
-    assert int(cmyk.json()["error"].split("needs ")[1].split()[0]) >= 5_000_000
+    rgba = _post(small_budget_agent, _png("RGBA"), "image/png")
+    assert rgba.status_code == 413 and "api.max_decoded_bytes" in rgba.json()["error"], rgba.text
+    assert int(rgba.json()["error"].split("needs ")[1].split()[0]) >= 5_000_000
+    assert _post(small_budget_agent, _jpeg("CMYK"), "image/jpeg").status_code == 200
+
+
+def _png(mode: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, (1000, 1000)).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 @pytest.mark.parametrize(

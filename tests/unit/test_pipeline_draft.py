@@ -129,6 +129,12 @@ def test_a_scaled_progressive_jpeg_is_still_charged_its_whole_coefficients() -> 
     assert charged == 1000 * 750 * 3 + 2 * 3 * 2000 * 1500 + TENSOR_BYTES  # decoded at 1/2
 
 
+def test_a_scaled_cmyk_jpeg_is_charged_its_four_bytes_and_rgb_copy_at_the_scaled_size() -> None:
+    data = _jpeg(_scene(1200, 900, mode="CMYK"))
+    assert _charged(_pipeline(), data)[0] == 600 * 450 * (4 + 3) + TENSOR_BYTES  # decoded at 1/2
+    assert _charged(_pipeline(draft=False), data)[0] == 1200 * 900 * (4 + 3) + TENSOR_BYTES
+
+
 def _png_declaring(width: int, height: int) -> bytes:
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
