@@ -163,13 +163,23 @@ class DriftMonitor:
             sampled.window.add(feeds, outputs)
 
     def reports(self) -> dict[str, ModelQuality]:
-        """Each serving model's figures since the last call (telemetry calls it once a report)."""
+        """Each serving model's figures since the last call (telemetry calls it once a report).
+
+        A model that answered nothing and refused nothing since is left out, its window going
+        on: an empty window says nothing about drift, and the fleet reads a report without
+        scores as the end of a drifted run (a pause in the traffic would restart the alert's
+        10 minutes)."""
         self._telemetry = True
         found: dict[str, ModelQuality] = {}
         for entry in self.models.entries():
             sampled = self._serving(entry)
-            if sampled is not None:
-                found[entry.name] = self._with_agreement(entry, self._close(entry.name, sampled))
+            if sampled is None:
+                continue
+            agreement = self._agreement(entry)
+            if sampled.window.samples == 0 and sampled.refused_pending() == 0 and agreement is None:
+                continue
+            quality = self._close(entry.name, sampled)
+            found[entry.name] = quality if agreement is None else quality.model_copy(update={"agreement": agreement})
         return found
 
     def readouts(self) -> dict[str, DriftReadout]:
@@ -209,12 +219,11 @@ class DriftMonitor:
             self._last[name] = quality
         return quality
 
-    def _with_agreement(self, entry: Any, quality: ModelQuality) -> ModelQuality:
-        """The report with the model's shadow agreement while a probation's shadow runs."""
+    def _agreement(self, entry: Any) -> Any:
+        """The model's shadow agreement while a probation's shadow runs, else None."""
         servers = (getattr(self.models, "default_server", None), entry.server)
         taps = [tap for server in servers for tap in getattr(server, "taps", None) or []]
-        agreement = live_agreement(taps, entry.name)
-        return quality if agreement is None else quality.model_copy(update={"agreement": agreement})
+        return live_agreement(taps, entry.name)
 
     def _start(self, name: str) -> _Sampled | None:
         with self._lock:

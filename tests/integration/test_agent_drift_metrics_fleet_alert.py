@@ -8,7 +8,8 @@ image over PSI 0.25 is stored within one telemetry interval or so of the switch 
 the dashboard's alert is not raised yet, and its condition read from the rows that real service
 stored (``quality_alerts``, what ``GET /api/v1/alerts`` calls) fires exactly ``DRIFT_FOR_S``
 (10 minutes) after that report while the drifted stream goes on: the number docs/fleet-service.md
-states. Waiting the 10 minutes themselves is left to the alert's own tests with dated reports."""
+states. A pause in the traffic of three telemetry intervals does not restart the 10 minutes (the
+agent reports nothing for a model that answered nothing; an empty report used to end the run). Waiting the 10 minutes themselves is left to the alert's own tests with dated reports."""
 
 from __future__ import annotations
 
@@ -87,6 +88,13 @@ class _Service:
             time.sleep(0.2)
         raise AssertionError(f"no such report in 60 s: {body['reports'][-5:]}\n{self.log.read_text()[-3000:]}")
 
+    def wait_for_telemetry_made_after(self, ts: float) -> None:
+        """Until dev-1's newest stored telemetry message was made (its ``ts``) after ``ts``."""
+        deadline = time.monotonic() + 60
+        while ((self.get("/api/v1/devices/dev-1") or {}).get("latest") or {}).get("ts", 0) < ts:
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            time.sleep(0.2)
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
@@ -97,6 +105,7 @@ class _Stream:
 
     def __init__(self, url: str, images: np.ndarray) -> None:
         self.url, self.images, self.scale = url, images, 1.0
+        self.paused = False
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -105,6 +114,8 @@ class _Stream:
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=60) as client:
             while not self._stop.wait(0.02):
+                if self.paused:
+                    continue
                 image = self.images[self.sent % len(self.images)] * self.scale
                 client.post(
                     "/v1/models/digits/infer",
@@ -145,7 +156,10 @@ def test_a_real_agents_drifted_stream_is_stored_at_once_and_alerts_ten_minutes_a
             stream.scale = 3.0
             first = fleet.first_report(psi_over=0.25)
             stored_s = time.time() - switched
-            fleet.first_report(psi_over=0.25, after=first["ts"] + 3 * INTERVAL_S)  # the drift goes on
+            stream.paused = True  # a pause in the drifted traffic: two reports made after it began
+            fleet.wait_for_telemetry_made_after(time.time() + 2 * INTERVAL_S + 0.2)
+            stream.paused = False
+            fleet.first_report(psi_over=0.25, after=time.time())  # the drift goes on after it
             alerts = fleet.get("/api/v1/alerts")["items"]
             assert not [a for a in alerts if a["kind"] == "model_drift"], alerts  # seconds old: not yet
 

@@ -61,4 +61,5 @@ def test_quality_report_carries_the_running_shadows_agreement_per_output() -> No
     sent = ModelQuality.model_validate_json(report.model_dump_json())  # as telemetry carries it
     assert sent.agreement == report.agreement
     models.default_server.taps.remove(runner.tap)  # probation over: the tap is taken off
+    monitor.tap("digits", {"x": np.zeros(1, np.float32)}, _logits(3), "v")  # an answer: a report
     assert monitor.reports()["digits"].agreement is None
