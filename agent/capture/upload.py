@@ -15,7 +15,11 @@ A sent file stays on the device until the service says it holds it: a ``CaptureA
 ``devices/{id}/capture/ack`` (a topic the broker lets only the service write and only this device
 read) naming this device and the SHA-256 of a file this device sent in full. Then the file is
 deleted and leaves the ledger. An ack for any other SHA-256 or device deletes nothing (counted).
-Until its ack a file is within the capture disk budget and retention like every other.
+Until its ack a file is within the capture disk budget and retention like every other. A file
+still not acknowledged ``RESEND_AFTER_S`` after its last chunk was queued (counted from the
+agent's start for files sent before it) is sent again from its first chunk: chunks that reached
+no service (none listening yet, or an upload it dropped idle) are not lost for good, and a file
+the service already holds is only acknowledged again.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,9 @@ log = logging.getLogger("edgesdk.agent.capture")
 LEDGER = ".uploaded"
 #: How often the uploader looks for a chunk to send and an empty outbox.
 POLL_S = 0.2
+#: A file sent in full and not acknowledged this long after is sent again (the service's idle
+#: timeout for an unfinished upload is as long).
+RESEND_AFTER_S = 6 * 3600.0
 
 
 @dataclass
@@ -49,6 +57,7 @@ class UploadCounts:
     chunks: int = 0  # messages handed to the outbox
     acknowledged: int = 0  # files the service acknowledged: deleted on the device
     ignored_acks: int = 0  # acks naming another device or a file not sent in full: nothing deleted
+    resent: int = 0  # files sent again, not acknowledged RESEND_AFTER_S after they were sent
 
 
 @dataclass
@@ -56,6 +65,7 @@ class _Sent:
     sha256: str
     next_index: int  # the first chunk not yet handed to the outbox
     count: int  # 0: an entry of an older ledger, sent whole (its SHA-256 unknown)
+    at: float = field(default_factory=time.monotonic)  # when this entry was made
 
     @property
     def done(self) -> bool:
@@ -71,11 +81,20 @@ def model_of(name: str) -> str:
 class CaptureUploader:
     """Sends the files of ``directory`` through the link ``link_of()`` returns (None: not yet)."""
 
-    def __init__(self, directory: Path, device_id: str, link_of: Callable[[], Any], *, poll_s: float = POLL_S):
+    def __init__(
+        self,
+        directory: Path,
+        device_id: str,
+        link_of: Callable[[], Any],
+        *,
+        poll_s: float = POLL_S,
+        resend_after_s: float = RESEND_AFTER_S,
+    ):
         self.directory = directory
         self.device_id = device_id
         self.link_of = link_of
         self.poll_s = poll_s
+        self.resend_after_s = resend_after_s
         self.counts = UploadCounts()
         self._ledger = directory / LEDGER
         self._lock = threading.Lock()  # the ack arrives on the link's thread
@@ -117,7 +136,10 @@ class CaptureUploader:
             with self._lock:
                 sent = self._sent.get(path.name)
             if sent is not None and sent.done:
-                continue
+                if time.monotonic() - sent.at < self.resend_after_s:
+                    continue
+                sent = None  # not acknowledged in time: again, from the first chunk
+                self.counts.resent += 1
             try:
                 raw = path.read_bytes()
             except FileNotFoundError:  # deleted for the budget meanwhile

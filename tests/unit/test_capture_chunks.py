@@ -175,3 +175,15 @@ def test_the_uploader_keeps_a_file_acknowledged_before_it_was_sent_in_full(tmp_p
     ack = CaptureAck(device_id="dev-a", sha256=hashlib.sha256(content).hexdigest())
     link.handlers["capture/ack"](ack.model_dump_json().encode())
     assert path.exists() and uploader.counts.ignored_acks == 1
+
+
+def test_the_uploader_sends_again_a_file_not_acknowledged_in_time(tmp_path: Path) -> None:
+    content = os.urandom(CHUNK_BYTES + 5)
+    (tmp_path / NAME).write_bytes(content)
+    link = _Link()
+    uploader = CaptureUploader(tmp_path, "dev-a", lambda: link, resend_after_s=3600)
+    while uploader.send_next():
+        pass
+    assert [m.index for m in link.sent] == [0, 1]  # sent in full, no ack yet: not again so soon
+    uploader.resend_after_s = 0  # as if the hour had passed with no ack (the chunks reached no service)
+    assert uploader.send_next() and [m.index for m in link.sent] == [0, 1, 0] and uploader.counts.resent == 1
