@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from edgesdk.fleet.service import audit, schema, tokens
 from edgesdk.fleet.service.alerts import current_alerts
-from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.dashboard_ui import PageParts, Pages, Ui, escape, mount_pages, page_parts
 from edgesdk.fleet.service.database import Transaction
 
 PAGE = "/ui/alerts"
@@ -77,39 +77,52 @@ def _item(alert: dict[str, Any], key: str, ack: Any, csrf: str | None) -> str:
 
 
 def add_alerts_page(app: FastAPI, context: Any, ui: Ui, broker: Any) -> None:
-    engine, store = context.engine, context.store
+    """Mount the alerts page on ``app``; its handlers find ``ui``, ``context`` and ``broker`` on it."""
+    mount_pages(app, _PARTS, PageParts(ui, context, broker), PAGES)
 
-    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
-    def alerts_page(request: Request, error: str = "") -> Response:
-        operator, session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        csrf = ui.csrf_for(session_id) if tokens.allows(operator.role, "operator") else None
-        message = f'<p class="bad" id=alerts-error>{escape(error)}</p>' if error else ""
-        body = (
-            f"<h1>Alerts</h1>{message}<section><ul class=alerts id=alerts data-live>"
-            f"{alert_items(engine, store, broker(), csrf)}</ul></section>"
-        )
-        return ui.page("alerts", body, operator)
 
-    @app.post(PAGE + "/ack", include_in_schema=False)
-    async def acknowledge(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
+def alerts_page(request: Request, error: str = "") -> Response:
+    parts = page_parts(request, _PARTS)
+    ui, context = parts.ui, parts.context
+    operator, session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    csrf = ui.csrf_for(session_id) if tokens.allows(operator.role, "operator") else None
+    message = f'<p class="bad" id=alerts-error>{escape(error)}</p>' if error else ""
+    body = (
+        f"<h1>Alerts</h1>{message}<section><ul class=alerts id=alerts data-live>"
+        f"{alert_items(context.engine, context.store, parts.broker(), csrf)}</ul></section>"
+    )
+    return ui.page("alerts", body, operator)
 
-        operator, session_id = ui.session(request)
-        fields = await ui.form(request)
-        key = fields.get("key", "")[:255]
-        refusal = ui.write_allowed(fields.get("csrf", ""), session_id, operator, "alert.ack", key)
-        if refusal is None and operator is not None:
-            current = {k for _a, k, _ack in await run_in_threadpool(alerts_with_acks, engine, store, broker())}
-            if key not in current:
-                refusal = "that alert has ended or changed since the page was drawn; nothing acknowledged"
-            else:
-                await run_in_threadpool(
-                    audit.audited, engine, operator, "alert.ack", key, lambda: _ack(engine, key, operator)
-                )
-        target = PAGE + (f"?error={urllib.parse.quote(refusal)}" if refusal else "")
-        return RedirectResponse(target, status_code=303)
+
+async def acknowledge(request: Request) -> Response:
+    from starlette.concurrency import run_in_threadpool
+
+    parts = page_parts(request, _PARTS)
+    ui, engine, store = parts.ui, parts.context.engine, parts.context.store
+    operator, session_id = ui.session(request)
+    fields = await ui.form(request)
+    key = fields.get("key", "")[:255]
+    refusal = ui.write_allowed(fields.get("csrf", ""), session_id, operator, "alert.ack", key)
+    if refusal is None and operator is not None:
+        current = {k for _a, k, _ack in await run_in_threadpool(alerts_with_acks, engine, store, parts.broker())}
+        if key not in current:
+            refusal = "that alert has ended or changed since the page was drawn; nothing acknowledged"
+        else:
+            await run_in_threadpool(
+                audit.audited, engine, operator, "alert.ack", key, lambda: _ack(engine, key, operator)
+            )
+    target = PAGE + (f"?error={urllib.parse.quote(refusal)}" if refusal else "")
+    return RedirectResponse(target, status_code=303)
+
+
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "alerts_pages"
+PAGES: Pages = (
+    ("GET", PAGE, alerts_page, HTMLResponse),
+    ("POST", PAGE + "/ack", acknowledge, None),
+)
 
 
 def _ack(engine: Any, key: str, operator: tokens.Operator) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,7 +18,16 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.deployments import FINISHED_ROLLOUT_STATES
 from edgesdk.fleet.service import audit, bundles, refusals, schema, tokens
 from edgesdk.fleet.service.dashboard_rollout import agreement_notes, canary_note, wave_progress
-from edgesdk.fleet.service.dashboard_ui import Ui, escape, not_found, state_badge
+from edgesdk.fleet.service.dashboard_ui import (
+    PageParts,
+    Pages,
+    Ui,
+    escape,
+    mount_pages,
+    not_found,
+    page_parts,
+    state_badge,
+)
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.rollout_form import FieldError, plan_from, rollout_form
 from edgesdk.fleet.service.submit import submit_deployment
@@ -42,21 +50,12 @@ UPLOAD = f"<script>{UPLOAD_JS}</script>"
 
 def add_deployment_pages(app: FastAPI, context: Any, ui: Ui) -> None:
     """Mount the rollout pages on ``app``; their handlers find ``ui`` and ``context`` on it."""
-    app.state.deployment_pages = _Parts(context, ui)
-    for method, path, handler, response_class in PAGES:
-        chosen: dict[str, Any] = {} if response_class is None else {"response_class": response_class}
-        app.add_api_route(path, handler, methods=[method], include_in_schema=False, **chosen)
-
-
-@dataclass(frozen=True)
-class _Parts:
-    context: Any
-    ui: Ui
+    mount_pages(app, _PARTS, PageParts(ui, context), PAGES)
 
 
 def _parts(request: Request) -> tuple[Ui, Any]:
     """The dashboard's ``Ui`` and the API's context, kept on the app by ``add_deployment_pages``."""
-    parts: _Parts = request.app.state.deployment_pages
+    parts = page_parts(request, _PARTS)
     return parts.ui, parts.context
 
 
@@ -182,7 +181,9 @@ async def upload(request: Request, filename: str = "bundle.edgepkg") -> Response
 
 
 #: The rollout pages, in the order they are registered (none in the OpenAPI document).
-PAGES = (
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "deployment_pages"
+PAGES: Pages = (
     ("GET", "/ui/deployments/{deployment_id}", deployment_page, HTMLResponse),
     ("POST", "/ui/deployments/{deployment_id}/{action}", deployment_action, None),
     ("POST", "/ui/deployments", new_deployment, None),

@@ -26,7 +26,7 @@ from edgesdk.errors import UsageError
 from edgesdk.fleet.service import captures, schema, tokens
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.charts import line_chart
-from edgesdk.fleet.service.dashboard_ui import Ui, escape, not_found
+from edgesdk.fleet.service.dashboard_ui import PageParts, Pages, Ui, escape, mount_pages, not_found, page_parts
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.metrics import latest_telemetry
 from edgesdk.fleet.service.quality import DRIFT_PSI, QualityRow, device_quality
@@ -145,43 +145,56 @@ def find_devices(engine: Any, query: DeviceQuery, broker: BrokerStatus | None = 
 
 
 def add_devices_page(app: FastAPI, context: Any, ui: Ui, broker: Any) -> None:
-    engine = context.engine
+    """Mount the devices page on ``app``; its handlers find ``ui``, ``context`` and ``broker`` on it."""
+    mount_pages(app, _PARTS, PageParts(ui, context, broker), PAGES)
 
-    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
-    def devices_page(request: Request) -> Response:
-        operator, _session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        try:
-            query = DeviceQuery.parse(dict(request.query_params))
-        except BadQuery as exc:
-            body = f'<h1>Devices</h1><p class="bad" id=query-error>{escape(exc)}</p><p><a href="{PAGE}">all devices</a></p>'
-            return ui.page("devices", body, operator, refresh=False, status_code=400)
-        status = broker()
-        total, rows, latest = find_devices(engine, query, status)
-        return ui.page("devices", _render(query, total, rows, latest, status), operator)
 
-    @app.get("/ui/captures/{capture_id}", include_in_schema=False)
-    def download_capture(request: Request, capture_id: int) -> Response:
-        """A capture file as the device sealed it, for the operator role, as GET /api/v1/captures/{id}."""
-        operator, _session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        if not tokens.allows(operator.role, "operator"):
-            why = f"downloading capture files needs the operator role; you are {operator.role}"
-            return ui.page(
-                "refused",
-                f'<section><p class="bad">{escape(why)}</p></section>',
-                operator,
-                refresh=False,
-                status_code=403,
-            )
-        found = captures.read_capture(engine, capture_id)
-        if found is None:
-            return ui.page("not found", not_found("capture", str(capture_id)), operator, refresh=False, status_code=404)
-        name, data = found
-        headers = {"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"}
-        return Response(data, media_type="application/octet-stream", headers=headers)
+def devices_page(request: Request) -> Response:
+    parts = page_parts(request, _PARTS)
+    ui = parts.ui
+    operator, _session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    try:
+        query = DeviceQuery.parse(dict(request.query_params))
+    except BadQuery as exc:
+        body = f'<h1>Devices</h1><p class="bad" id=query-error>{escape(exc)}</p><p><a href="{PAGE}">all devices</a></p>'
+        return ui.page("devices", body, operator, refresh=False, status_code=400)
+    status = parts.broker()
+    total, rows, latest = find_devices(parts.context.engine, query, status)
+    return ui.page("devices", _render(query, total, rows, latest, status), operator)
+
+
+def download_capture(request: Request, capture_id: int) -> Response:
+    """A capture file as the device sealed it, for the operator role, as GET /api/v1/captures/{id}."""
+    parts = page_parts(request, _PARTS)
+    ui = parts.ui
+    operator, _session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    if not tokens.allows(operator.role, "operator"):
+        why = f"downloading capture files needs the operator role; you are {operator.role}"
+        return ui.page(
+            "refused",
+            f'<section><p class="bad">{escape(why)}</p></section>',
+            operator,
+            refresh=False,
+            status_code=403,
+        )
+    found = captures.read_capture(parts.context.engine, capture_id)
+    if found is None:
+        return ui.page("not found", not_found("capture", str(capture_id)), operator, refresh=False, status_code=404)
+    name, data = found
+    headers = {"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"}
+    return Response(data, media_type="application/octet-stream", headers=headers)
+
+
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "devices_pages"
+PAGES: Pages = (
+    ("GET", PAGE, devices_page, HTMLResponse),
+    ("GET", "/ui/captures/{capture_id}", download_capture, None),
+)
 
 
 def _render(query: DeviceQuery, total: int, rows: list[Any], latest: dict, status: BrokerStatus | None) -> str:

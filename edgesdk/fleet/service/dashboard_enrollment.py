@@ -21,59 +21,71 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.fleet.service import audit, schema, tokens
-from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.dashboard_ui import PageParts, Pages, Ui, escape, mount_pages, page_parts
 from edgesdk.fleet.service.database import Transaction
 
 PAGE = "/ui/enrollment"
 
 
 def add_enrollment_pages(app: FastAPI, context: Any, ui: Ui) -> None:
-    engine = context.engine
-    table = schema.enrollment_requests
+    """Mount the enrollment pages on ``app``; their handlers find ``ui`` and ``context`` on it."""
+    mount_pages(app, _PARTS, PageParts(ui, context), PAGES)
 
-    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
-    def enrollment_page(request: Request, error: str = "", done: str = "") -> Response:
-        operator, session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        with Transaction(engine) as db:
-            rows = db.execute(sa.select(table).where(table.c.status == "pending").order_by(table.c.requested)).all()
-        csrf = ui.csrf_for(session_id) if tokens.allows(operator.role, "operator") else None
-        body = (
-            "<h1>Pending enrollment</h1>"
-            + (f'<p class="bad" id=enrollment-error>{escape(error)}</p>' if error else "")
-            + (f'<p class="ok" id=enrollment-done>{escape(done)}</p>' if done else "")
-            + "<section><p>Approve a device only after comparing its key id with the one "
-            "<code>edge-agent key --config …</code> shows on the device itself: the approval is bound "
-            "to the key id shown here.</p>"
-            "<table id=pending data-live><tr><th>device</th><th>key id</th><th>profile</th><th>agent</th>"
-            f"<th>host</th><th>requested</th><th></th></tr>{''.join(_row(r, csrf) for r in rows)}</table>"
-            + ("" if rows else "<p class=empty id=no-pending>No request is waiting.</p>")
-            + "</section>"
-        )
-        return ui.page("enrollment", body, operator)
 
-    @app.post(PAGE + "/{device_id}/{action}", include_in_schema=False)
-    async def enrollment_decision(request: Request, device_id: str, action: str) -> Response:
-        from starlette.concurrency import run_in_threadpool
+def enrollment_page(request: Request, error: str = "", done: str = "") -> Response:
+    parts = page_parts(request, _PARTS)
+    ui, table = parts.ui, schema.enrollment_requests
+    operator, session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    with Transaction(parts.context.engine) as db:
+        rows = db.execute(sa.select(table).where(table.c.status == "pending").order_by(table.c.requested)).all()
+    csrf = ui.csrf_for(session_id) if tokens.allows(operator.role, "operator") else None
+    body = (
+        "<h1>Pending enrollment</h1>"
+        + (f'<p class="bad" id=enrollment-error>{escape(error)}</p>' if error else "")
+        + (f'<p class="ok" id=enrollment-done>{escape(done)}</p>' if done else "")
+        + "<section><p>Approve a device only after comparing its key id with the one "
+        "<code>edge-agent key --config …</code> shows on the device itself: the approval is bound "
+        "to the key id shown here.</p>"
+        "<table id=pending data-live><tr><th>device</th><th>key id</th><th>profile</th><th>agent</th>"
+        f"<th>host</th><th>requested</th><th></th></tr>{''.join(_row(r, csrf) for r in rows)}</table>"
+        + ("" if rows else "<p class=empty id=no-pending>No request is waiting.</p>")
+        + "</section>"
+    )
+    return ui.page("enrollment", body, operator)
 
-        operator, session_id = ui.session(request)
-        fields = await ui.form(request)
-        if action not in ("approve", "reject"):
-            return ui.page("not found", f"<section><h1>No action {escape(action)}</h1></section>", operator,
-                           refresh=False, status_code=404)  # fmt: skip
-        verb = f"enrollment.{action}"
-        refusal = ui.write_allowed(fields.get("csrf", ""), session_id, operator, verb, device_id)
-        if refusal is not None or operator is None:
-            return _back(error=refusal or "sign in first")
-        key_id = fields.get("key_id", "").lower()
-        try:
-            work = (lambda: _approve(context, device_id, key_id)) if action == "approve" else (
-                lambda: _reject(engine, device_id, key_id))  # fmt: skip
-            await run_in_threadpool(audit.audited, engine, operator, verb, device_id, work, {"key_id": key_id})
-        except EdgeSDKError as exc:
-            return _back(error=str(exc))
-        return _back(done=f"{device_id} {'approved' if action == 'approve' else 'rejected'} (key {key_id})")
+
+async def enrollment_decision(request: Request, device_id: str, action: str) -> Response:
+    from starlette.concurrency import run_in_threadpool
+
+    parts = page_parts(request, _PARTS)
+    ui, context = parts.ui, parts.context
+    operator, session_id = ui.session(request)
+    fields = await ui.form(request)
+    if action not in ("approve", "reject"):
+        return ui.page("not found", f"<section><h1>No action {escape(action)}</h1></section>", operator,
+                       refresh=False, status_code=404)  # fmt: skip
+    verb = f"enrollment.{action}"
+    refusal = ui.write_allowed(fields.get("csrf", ""), session_id, operator, verb, device_id)
+    if refusal is not None or operator is None:
+        return _back(error=refusal or "sign in first")
+    key_id = fields.get("key_id", "").lower()
+    try:
+        work = (lambda: _approve(context, device_id, key_id)) if action == "approve" else (
+            lambda: _reject(context.engine, device_id, key_id))  # fmt: skip
+        await run_in_threadpool(audit.audited, context.engine, operator, verb, device_id, work, {"key_id": key_id})
+    except EdgeSDKError as exc:
+        return _back(error=str(exc))
+    return _back(done=f"{device_id} {'approved' if action == 'approve' else 'rejected'} (key {key_id})")
+
+
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "enrollment_pages"
+PAGES: Pages = (
+    ("GET", PAGE, enrollment_page, HTMLResponse),
+    ("POST", PAGE + "/{device_id}/{action}", enrollment_decision, None),
+)
 
 
 def _row(r: Any, csrf: str | None) -> str:
