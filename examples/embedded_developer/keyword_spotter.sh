@@ -20,49 +20,23 @@ PYTHON=${PYTHON:-python}
 PROFILE=${PROFILE:-rpi5-8gb}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# as_is_convert, new_device, package_and_install, start_agent: the steps tflite_as_is.sh shares
+source "$HERE/as_is_steps.sh"
 
 if [ -z "${MODEL:-}" ]; then
   MODEL="$OUT/okay_nabu.tflite"
   "$PYTHON" -c "from pathlib import Path; from edgesdk.workloads.wakeword import wakeword_tflite; wakeword_tflite(Path('$OUT'))"
 fi
 echo "==> 1. convert --as-is: the .tflite as it is, validated in LiteRT"
-"$PYTHON" -c "
-import numpy as np
-np.savez('$OUT/frames.npz', input_audio=np.random.default_rng(0).integers(-128, -90, (8, 3, 40)).astype(np.int8))"
-rm -rf "$OUT/convert"
-"$EDGESDK" convert "$MODEL" --as-is --profile "$PROFILE" --validation "$OUT/frames.npz" --name okay_nabu --out "$OUT/convert" >/dev/null
+as_is_convert 8 >/dev/null
 
 echo "==> 2. a device (its config and key pair); the bundle: the model + keyword_spotter.yaml, signed"
-rm -rf "$OUT/device"  # a fresh device each run (a second install of release 1 would be a refused rollback)
-mkdir -p "$OUT/device/data" && chmod 700 "$OUT/device/data"
-[ -f "$OUT/keys/publisher.key" ] || "$EDGESDK" keys publisher --out "$OUT/keys" >/dev/null
-cat > "$OUT/device/agent.toml" <<TOML
-device_id = "keyword-spotter-example"
-profile = "$PROFILE"
-data_dir = "$OUT/device/data"
-publisher_keys = ["$OUT/keys/publisher.pub"]
-log_format = "text"
-
-[api]
-host = "127.0.0.1"
-port = 0
-TOML
-"$EDGE_AGENT" key --config "$OUT/device/agent.toml" >/dev/null
-"$EDGESDK" package "$OUT/convert" --name okay_nabu --version 1.0.0 --release 1 --pipeline "$HERE/keyword_spotter.yaml" \
-  --publisher-key "$OUT/keys/publisher.key" --recipient "$OUT/device/data/device.pub" --out "$OUT/okay_nabu.edgepkg" >/dev/null
-"$EDGE_AGENT" install --config "$OUT/device/agent.toml" "$OUT/okay_nabu.edgepkg" >/dev/null
+new_device keyword-spotter-example
+package_and_install "$OUT/okay_nabu.edgepkg" --pipeline "$HERE/keyword_spotter.yaml" >/dev/null
 
 echo "==> 3. the agent answers each WAV; pymicro-wakeword's detector answers the same file"
-rm -f "$OUT/device/data/api.port"
-"$EDGE_AGENT" run --config "$OUT/device/agent.toml" > "$OUT/device/agent.log" 2>&1 &
-AGENT=$!
-trap 'kill -TERM $AGENT 2>/dev/null || true; wait $AGENT 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  [ -s "$OUT/device/data/api.port" ] && break
-  kill -0 $AGENT 2>/dev/null || { echo "the agent exited:"; cat "$OUT/device/agent.log"; exit 1; }
-  sleep 0.1
-done
-"$PYTHON" - "http://127.0.0.1:$(cat "$OUT/device/data/api.port")" "$HERE" <<'PY'
+start_agent
+"$PYTHON" - "$URL" "$HERE" <<'PY'
 import sys
 from pathlib import Path
 

@@ -10,6 +10,7 @@
 # the micro frontend; random features stand in for them here (the point is the route, not the
 # wake word). Needs pip install 'edgesdk[agent,litert]'.
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:-tflite-out}
 EDGESDK=${EDGESDK:-edgesdk}
 EDGE_AGENT=${EDGE_AGENT:-edge-agent}
@@ -17,6 +18,8 @@ PYTHON=${PYTHON:-python}
 PROFILE=${PROFILE:-rpi5-8gb}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# as_is_convert, new_device, package_and_install, start_agent: the steps keyword_spotter.sh shares
+source "$HERE/as_is_steps.sh"
 
 if [ -z "${MODEL:-}" ]; then
   MODEL="$OUT/okay_nabu.tflite"
@@ -32,45 +35,16 @@ else:
 PY
 fi
 echo "==> the model: $MODEL ($(wc -c < "$MODEL") bytes)"
-"$PYTHON" -c "
-import numpy as np
-np.savez('$OUT/frames.npz', input_audio=np.random.default_rng(0).integers(-128, -90, (40, 3, 40)).astype(np.int8))"
 
 echo "==> 1. convert --as-is: one variant at the precision found in the file, validated in LiteRT"
-rm -rf "$OUT/convert"
-"$EDGESDK" convert "$MODEL" --as-is --profile "$PROFILE" --validation "$OUT/frames.npz" --name okay_nabu --out "$OUT/convert"
+as_is_convert 40
 
 echo "==> 2. a device: its agent config and its own key; the bundle signed and encrypted to it"
-rm -rf "$OUT/device"  # a fresh device each run (a second install of release 1 would be a refused rollback)
-mkdir -p "$OUT/device/data" && chmod 700 "$OUT/device/data"
-[ -f "$OUT/keys/publisher.key" ] || "$EDGESDK" keys publisher --out "$OUT/keys" >/dev/null
-cat > "$OUT/device/agent.toml" <<TOML
-device_id = "tflite-example"
-profile = "$PROFILE"
-data_dir = "$OUT/device/data"
-publisher_keys = ["$OUT/keys/publisher.pub"]
-log_format = "text"
-
-[api]
-host = "127.0.0.1"
-port = 0
-TOML
-[ -f "$OUT/device/data/device.pub" ] || "$EDGE_AGENT" key --config "$OUT/device/agent.toml" >/dev/null
-"$EDGESDK" package "$OUT/convert" --name okay_nabu --version 1.0.0 --release 1 \
-  --publisher-key "$OUT/keys/publisher.key" --recipient "$OUT/device/data/device.pub" --out "$OUT/okay_nabu-1.0.0.edgepkg" >/dev/null
-"$EDGE_AGENT" install --config "$OUT/device/agent.toml" "$OUT/okay_nabu-1.0.0.edgepkg"
+new_device tflite-example
+package_and_install "$OUT/okay_nabu-1.0.0.edgepkg"
 
 echo "==> 3. serve it and stream 40 chunks of features (the spotter keeps its state between them)"
-rm -f "$OUT/device/data/api.port"
-"$EDGE_AGENT" run --config "$OUT/device/agent.toml" > "$OUT/device/agent.log" 2>&1 &
-AGENT=$!
-trap 'kill -TERM $AGENT 2>/dev/null || true; wait $AGENT 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  [ -s "$OUT/device/data/api.port" ] && break
-  kill -0 $AGENT 2>/dev/null || { echo "the agent exited:"; cat "$OUT/device/agent.log"; exit 1; }
-  sleep 0.1
-done
-URL="http://127.0.0.1:$(cat "$OUT/device/data/api.port")"
+start_agent
 "$PYTHON" - "$URL" "$OUT/frames.npz" "$OUT/convert/report.json" <<'PY'
 import json, sys
 import numpy as np
