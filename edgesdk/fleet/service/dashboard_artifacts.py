@@ -12,42 +12,48 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgesdk.fleet.service import bundles, schema
-from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.dashboard_ui import PageParts, Pages, Ui, escape, mount_pages, page_parts
 from edgesdk.fleet.service.database import Transaction
 
 PAGE = "/ui/artifacts"
 
 
 def add_artifacts_page(app: FastAPI, context: Any, ui: Ui) -> None:
-    engine, store = context.engine, context.store
+    """Mount the artifacts page on ``app``; its handler finds ``ui`` and ``context`` on it."""
+    mount_pages(app, _PARTS, PageParts(ui, context), PAGES)
 
-    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
-    def artifacts_page(request: Request) -> Response:
-        operator, _session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        shown = bundles.public(engine, store, bundles.list_bundles(engine))
-        d = schema.devices
-        with Transaction(engine) as db:
-            running = db.execute(
-                sa.select(d.c.model_name, d.c.model_release, sa.func.count()).group_by(
-                    d.c.model_name, d.c.model_release
-                )
-            ).all()
-        devices = {(name, release): n for name, release, n in running}
-        rows = "".join(_row(b, devices.get((b["model_name"], b["model_release"]), 0), store) for b in shown)
-        body = (
-            "<h1>Artifacts</h1><section><table id=artifacts><tr><th>bundle</th><th>file</th><th>size</th>"
-            f"<th>model</th><th>uploaded</th><th>rollouts</th><th>devices running it</th></tr>{rows}</table>"
-            + (
-                ""
-                if shown
-                else "<p class=empty id=no-artifacts>No bundle uploaded yet (the overview's form, or "
-                "<code>POST /api/v1/bundles</code>).</p>"
-            )  # fmt: skip
-            + "</section>"
-        )
-        return ui.page("artifacts", body, operator)
+
+def artifacts_page(request: Request) -> Response:
+    parts = page_parts(request, _PARTS)
+    ui, engine, store = parts.ui, parts.context.engine, parts.context.store
+    operator, _session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    shown = bundles.public(engine, store, bundles.list_bundles(engine))
+    d = schema.devices
+    with Transaction(engine) as db:
+        running = db.execute(
+            sa.select(d.c.model_name, d.c.model_release, sa.func.count()).group_by(d.c.model_name, d.c.model_release)
+        ).all()
+    devices = {(name, release): n for name, release, n in running}
+    rows = "".join(_row(b, devices.get((b["model_name"], b["model_release"]), 0), store) for b in shown)
+    body = (
+        "<h1>Artifacts</h1><section><table id=artifacts><tr><th>bundle</th><th>file</th><th>size</th>"
+        f"<th>model</th><th>uploaded</th><th>rollouts</th><th>devices running it</th></tr>{rows}</table>"
+        + (
+            ""
+            if shown
+            else "<p class=empty id=no-artifacts>No bundle uploaded yet (the overview's form, or "
+            "<code>POST /api/v1/bundles</code>).</p>"
+        )  # fmt: skip
+        + "</section>"
+    )
+    return ui.page("artifacts", body, operator)
+
+
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "artifacts_pages"
+PAGES: Pages = (("GET", PAGE, artifacts_page, HTMLResponse),)
 
 
 def _row(bundle: dict[str, Any], devices: int, store: Any) -> str:

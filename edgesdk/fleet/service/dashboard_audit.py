@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from edgesdk.fleet.service import schema, tokens
-from edgesdk.fleet.service.dashboard_ui import Ui, escape
+from edgesdk.fleet.service.dashboard_ui import PageParts, Pages, Ui, escape, mount_pages, page_parts
 from edgesdk.fleet.service.database import Transaction
 
 PAGE = "/ui/audit"
@@ -38,24 +38,33 @@ def find_entries(engine: Any, *, actor: str, action: str, outcome: str, page: in
 
 
 def add_audit_page(app: FastAPI, context: Any, ui: Ui) -> None:
-    engine = context.engine
+    """Mount the audit page on ``app``; its handler finds ``ui`` and ``context`` on it."""
+    mount_pages(app, _PARTS, PageParts(ui, context), PAGES)
 
-    @app.get(PAGE, response_class=HTMLResponse, include_in_schema=False)
-    def audit_page(request: Request, actor: str = "", action: str = "", outcome: str = "", page: str = "1") -> Response:
-        operator, _session_id = ui.session(request)
-        if operator is None:
-            return ui.login_redirect()
-        if not tokens.allows(operator.role, "admin"):
-            body = f'<h1>Audit log</h1><p class="bad" id=audit-error>the audit log needs the admin role; you are {escape(operator.role)}</p>'
-            return ui.page("audit", body, operator, refresh=False, status_code=403)
-        bad = _bad(outcome, page)
-        if bad:
-            body = f'<h1>Audit log</h1><p class="bad" id=audit-error>{escape(bad)}</p><p><a href="{PAGE}">the whole log</a></p>'
-            return ui.page("audit", body, operator, refresh=False, status_code=400)
-        number = int(page)
-        total, rows = find_entries(engine, actor=actor[:128], action=action[:64], outcome=outcome, page=number)
-        query = {"actor": actor, "action": action, "outcome": outcome}
-        return ui.page("audit", _render(query, number, total, rows), operator)
+
+def audit_page(request: Request, actor: str = "", action: str = "", outcome: str = "", page: str = "1") -> Response:
+    parts = page_parts(request, _PARTS)
+    ui = parts.ui
+    operator, _session_id = ui.session(request)
+    if operator is None:
+        return ui.login_redirect()
+    if not tokens.allows(operator.role, "admin"):
+        body = f'<h1>Audit log</h1><p class="bad" id=audit-error>the audit log needs the admin role; you are {escape(operator.role)}</p>'
+        return ui.page("audit", body, operator, refresh=False, status_code=403)
+    bad = _bad(outcome, page)
+    if bad:
+        body = f'<h1>Audit log</h1><p class="bad" id=audit-error>{escape(bad)}</p><p><a href="{PAGE}">the whole log</a></p>'
+        return ui.page("audit", body, operator, refresh=False, status_code=400)
+    number = int(page)
+    engine = parts.context.engine
+    total, rows = find_entries(engine, actor=actor[:128], action=action[:64], outcome=outcome, page=number)
+    query = {"actor": actor, "action": action, "outcome": outcome}
+    return ui.page("audit", _render(query, number, total, rows), operator)
+
+
+#: Where ``mount_pages`` keeps this module's parts on the app.
+_PARTS = "audit_pages"
+PAGES: Pages = (("GET", PAGE, audit_page, HTMLResponse),)
 
 
 def _bad(outcome: str, page: str) -> str:
