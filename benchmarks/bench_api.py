@@ -263,9 +263,23 @@ def matched_to_agent(model: dict[str, Any], threads: str) -> dict[str, Any]:
     what it chose, so every server runs the model alike (with onnxruntime's default, two
     threads here, the digits CNN costs a peer ~10 % more CPU per answer, and a dozen futex
     calls per answer)."""
+    if model.get("peers_on_defaults"):
+        return model
     if threads.startswith("1 (") and "--threads" not in model["peer_mode"]:
         return {**model, "peer_mode": [*model["peer_mode"], "--threads", "1"]}
     return model
+
+
+def on_runtime_defaults(peer_mode: list[str]) -> list[str]:
+    """``peer_mode`` without the runtime flags: the peer runs onnxruntime as it comes."""
+    kept: list[str] = []
+    flags = iter(peer_mode)
+    for flag in flags:
+        if flag in ("--threads", "--spinning"):
+            next(flags, None)  # and its value
+        else:
+            kept.append(flag)
+    return kept
 
 
 def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> np.ndarray:
@@ -497,6 +511,12 @@ def main() -> None:
         type=int,
         help="the agent's api.inline_batch_max (default: the agent's own, 16; 1: no batches on the event loop)",
     )
+    parser.add_argument(
+        "--peers-on-defaults",
+        action="store_true",
+        help="the peers run onnxruntime on its own defaults (intra-op threads and spin-wait), the agent on "
+        "its own: what a user gets from each out of the box (issue 39's cell); default: every server alike",
+    )
     args = parser.parse_args()
     only = tuple(m for m in args.models.split(",") if m)
     body_names = tuple(b for b in args.bodies.split(",") if b)
@@ -526,6 +546,11 @@ def main() -> None:
         runtime = (args.runtime_threads, args.spinning == "on")
         api = {"inline_batch_max": args.inline_batch_max} if args.inline_batch_max else None
         models = prepare(workdir, only, runtime, api)
+        if args.peers_on_defaults:
+            models = {
+                name: {**m, "peer_mode": on_runtime_defaults(m["peer_mode"]), "peers_on_defaults": True}
+                for name, m in models.items()
+            }
         if args.peer_json != "orjson":
             models = {
                 name: {**m, "peer_mode": [*m["peer_mode"], "--json", args.peer_json]} for name, m in models.items()
@@ -533,6 +558,8 @@ def main() -> None:
         started = time.monotonic()
         result = bench(models, workdir, seconds, args.rounds, body_names, concurrencies)
         result["runtime"] = {"intra_op_num_threads": runtime[0] or "onnxruntime default", "spinning": runtime[1]}
+        if args.peers_on_defaults:
+            result["runtime"]["peers"] = "onnxruntime's defaults"
         result["peer_json"] = args.peer_json
         result["agent_inline_batch_max"] = args.inline_batch_max or "the agent's default"
         result["wall_s"] = round(time.monotonic() - started, 1)
