@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgesdk.pipeline.geometry import placement
+from edgesdk.pipeline.orientation import oriented_size, turned_box
 from edgesdk.schemas.pipeline import ImagePre
 
 #: The decoded image stays at least this many times the resize's size on each side.
@@ -31,25 +32,38 @@ DRAFT_GAP = 2
 
 @dataclass(frozen=True)
 class Decoding:
-    """How an image is decoded: the size its header declares, and ``box``, the part of the
+    """How an image is decoded: the size its header declares, ``box``, the part of the
     decoded image that covers it (a scaled side is rounded up to whole pixels, so resizing
-    ``box``, not the whole decoded image, keeps the geometry of the image that was sent)."""
+    ``box``, not the whole decoded image, keeps the geometry of the image that was sent), and
+    the EXIF ``orientation`` it is turned by once decoded (``edgesdk/pipeline/orientation.py``)."""
 
     width: int
     height: int
     box: tuple[float, float, float, float] | None = None  # None: decoded whole
+    orientation: int = 1
+
+    def upright(self, decoded_width: int, decoded_height: int) -> Decoding:
+        """This decoding as the turned image sees it (a ``decoded_width`` × ``decoded_height``
+        image turned): the declared sides swapped for 5-8 and ``box`` turned with the pixels."""
+        if self.orientation == 1:
+            return self
+        width, height = oriented_size(self.width, self.height, self.orientation)
+        box = None if self.box is None else turned_box(self.box, decoded_width, decoded_height, self.orientation)
+        return Decoding(width, height, box)
 
 
-def draft(image: Any, pre: ImagePre) -> Decoding:
+def draft(image: Any, pre: ImagePre, orientation: int = 1) -> Decoding:
     """Ask the decoder of the (not yet decoded) ``image`` for the smallest scale the resize
     allows; ``image.size`` becomes the size it will decode to (Pillow's ``draft`` answers the
-    box: the declared size over the scale)."""
+    box: the declared size over the scale). ``orientation``: the image is resized turned, so
+    the size the resize needs is asked for in the stored image's sides."""
     width, height = image.size
     step = pre.resize
     if step is None or step.interpolation == "nearest" or step.draft is False:
-        return Decoding(width, height)
-    placed = placement(width, height, step)
-    scaled = image.draft(None, (placed.width * DRAFT_GAP, placed.height * DRAFT_GAP))
+        return Decoding(width, height, orientation=orientation)
+    placed = placement(*oriented_size(width, height, orientation), step)
+    wanted = oriented_size(placed.width * DRAFT_GAP, placed.height * DRAFT_GAP, orientation)  # back to stored sides
+    scaled = image.draft(None, wanted)
     if scaled is None:
-        return Decoding(width, height)  # not a JPEG: decoded whole
-    return Decoding(width, height, scaled[1])
+        return Decoding(width, height, orientation=orientation)  # not a JPEG: decoded whole
+    return Decoding(width, height, scaled[1], orientation)

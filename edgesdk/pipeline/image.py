@@ -18,6 +18,7 @@ import numpy as np
 from edgesdk.pipeline.draft import Decoding
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.pipeline.geometry import crop_origin, placement
+from edgesdk.pipeline.orientation import read_orientation, turn
 from edgesdk.schemas.pipeline import ImagePre, Resize
 
 #: Media type → the one Pillow decoder allowed for it (no other format's parser ever runs).
@@ -97,18 +98,25 @@ def decoded_nbytes(image: Any, pre: ImagePre, decoding: Decoding | None = None) 
     """Bytes this image will take once decoded at ``image.size`` (after ``draft.draft``: the
     scaled size) in its own mode (4 a pixel for CMYK or RGBA), its copy in the pipeline's
     colour, a progressive JPEG's coefficients (2 bytes a sample of the declared size: libjpeg
-    buffers them whole at any scale), plus its float32 tensor and one working copy at the final
-    size; charged to the request's allowance before decoding (8 CMYK JPEGs charged as grey grew
-    the agent by 456 MB)."""
+    buffers them whole at any scale), its turned copy where EXIF says to turn it, plus its
+    float32 tensor and one working copy at the final size; charged to the request's allowance
+    before decoding (8 CMYK JPEGs charged as grey grew the agent by 456 MB)."""
     width, height = image.size
-    declared = decoding.width * decoding.height if decoding is not None else width * height
+    decoding = decoding or unscaled(image, pre)
+    declared = decoding.width * decoding.height
     channels = 1 if pre.color == "L" else 3
     source = MODE_BYTES.get(image.mode, 4)
     converted = channels if image.mode != ("L" if pre.color == "L" else "RGB") else 0
+    turned = channels if decoding.orientation != 1 else 0  # the transpose is a copy in the pipeline's colour
     coefficients = 2 * len(image.getbands()) * declared if image.info.get("progressive") else 0
     final = pre.center_crop or pre.resize
     out_h, out_w = (final.height, final.width) if final is not None else (height, width)
-    return width * height * (source + converted) + coefficients + out_h * out_w * channels * 4 * 2
+    return width * height * (source + converted + turned) + coefficients + out_h * out_w * channels * 4 * 2
+
+
+def unscaled(image: Any, pre: ImagePre) -> Decoding:
+    """The decoding of an image decoded whole (no ``draft.draft``), turned as its EXIF says."""
+    return Decoding(image.width, image.height, orientation=read_orientation(image, pre))
 
 
 def to_tensor(
@@ -116,9 +124,12 @@ def to_tensor(
 ) -> np.ndarray:
     """Decode ``image`` and run the pipeline's image steps, in their fixed order; a batch of one.
     ``normalize=False``: the model's graph does ``scale``, ``mean`` and ``std`` (folded in).
-    ``decoding``: ``draft.draft``'s, where the image is decoded scaled."""
+    ``decoding``: ``draft.draft``'s, where the image is decoded scaled. The decoded image is
+    turned upright (its EXIF orientation) before the steps, as ``ImageOps.exif_transpose`` is
+    called before them in the usual Python loop."""
     from PIL import Image
 
+    decoding = decoding or unscaled(image, pre)
     mode = "L" if pre.color == "L" else "RGB"
     try:
         image.load()  # decodes here
@@ -126,8 +137,10 @@ def to_tensor(
             image = image.convert(mode)
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
         raise PipelineInputError(400, f"cannot decode the image: {exc}") from None
+    upright = decoding.upright(image.width, image.height)
+    image = turn(image, decoding.orientation)
     if pre.resize is not None:
-        image = resize(image, pre.resize, decoding)
+        image = resize(image, pre.resize, upright)
     if pre.center_crop is not None:
         left, top = crop_origin(image.width, image.height, pre.center_crop)
         image = image.crop((left, top, left + pre.center_crop.width, top + pre.center_crop.height))

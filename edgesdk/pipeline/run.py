@@ -18,6 +18,7 @@ from edgesdk.pipeline.detection import detection
 from edgesdk.pipeline.draft import draft
 from edgesdk.pipeline.errors import PipelineInputError
 from edgesdk.pipeline.geometry import ImageFrame, image_frame
+from edgesdk.pipeline.orientation import oriented_size, read_orientation
 from edgesdk.pipeline.post import argmax_mask, ctc_greedy, embedding, top_classes
 from edgesdk.schemas.pipeline import Pipeline, PostProcess
 
@@ -80,8 +81,9 @@ def prepare(
         limits.take(audio.decoded_nbytes(pcm, pipeline.audio), "the decoded audio")
         return Prepared({first.name: audio.to_tensor(pcm, pipeline.audio, np.dtype(first.dtype), _rank(first))} | fixed)
     picture = image.open_image(data, media_type, pipeline.image.max_pixels)
-    frame = image_frame(picture.width, picture.height, pipeline.image)  # a crop too large: 422 before decoding
-    decoding = draft(picture, pipeline.image)  # a large JPEG decoded scaled, where the resize shrinks it anyway
+    turned = read_orientation(picture, pipeline.image)  # a phone's portrait photo, stored landscape
+    frame = image_frame(*oriented_size(picture.width, picture.height, turned), pipeline.image)  # 422 before decoding
+    decoding = draft(picture, pipeline.image, turned)  # a large JPEG decoded scaled, where the resize shrinks it anyway
     limits.take(image.decoded_nbytes(picture, pipeline.image, decoding), "the decoded image")
     normalize = "normalize" not in pipeline.folded  # else the graph does it (converters/graph_fold.py)
     tensor = image.to_tensor(picture, pipeline.image, np.dtype(first.dtype), normalize, decoding)

@@ -7,7 +7,7 @@ both read one schema. Declarative, like TFLite Metadata's ImageProperties or Med
 options: the agent runs a fixed, documented order of steps, never code from the bundle.
 
 Image steps, always in this order (each optional): decode (JPEG/PNG) → colour (RGB, BGR or L)
-→ resize → center crop → ``x * scale`` → ``(x - mean) / std`` per channel → layout → the model
+→ turned upright as its EXIF orientation says → resize → center crop → ``x * scale`` → ``(x - mean) / std`` per channel → layout → the model
 input's dtype (quantized with the input's own scale/zero point when it is int8/uint8).
 Audio steps, in this order: decode (WAV: PCM 16/32-bit or float32; or raw 16-bit PCM at a
 declared rate) → mono downmix → resample → pad/trim → framing + window, or log-mel.
@@ -83,6 +83,11 @@ class ImagePre(_Finite):
     mean: list[float] = Field(default_factory=lambda: [0.0], min_length=1, max_length=3)
     std: list[float] = Field(default_factory=lambda: [1.0], min_length=1, max_length=3)
     layout: Literal["NCHW", "NHWC"] = "NCHW"
+    exif_orientation: bool | None = Field(
+        None,
+        description="false: feed the image as stored; else its EXIF Orientation (1-8) turns it upright after"
+        " decoding, before the steps, as PIL.ImageOps.exif_transpose does (edgesdk/pipeline/orientation.py)",
+    )
     max_pixels: int = Field(
         DEFAULT_MAX_PIXELS,
         ge=1,
