@@ -258,7 +258,8 @@ def _row(r: Any, telemetry: Any, status: BrokerStatus | None, now: float) -> str
 
 def quality_charts(engine: Any, device_id: str, since: float) -> str:
     """The device page's model-quality section (issue 41): per model, PSI per tensor over time
-    (the drift alert's level dashed), the data-quality counts of each report and, once a
+    (the drift alert's level dashed), KS per tensor the same way (once an agent sends it: no
+    alert reads it), the data-quality counts of each report and, once a
     probation's shadow reported, its agreement per output with the lower bound (the minimum dashed)."""
     rows = device_quality(engine, device_id, since=since)
     models = sorted({r.model for r in rows})
@@ -267,19 +268,26 @@ def quality_charts(engine: Any, device_id: str, since: float) -> str:
     charts = []
     for model in models:
         mine = [r for r in rows if r.model == model]
-        drift: dict[str, list[tuple[float, float]]] = {}
-        for r in mine:
-            for (direction, tensor), psi in sorted(r.tensors().items()):
-                drift.setdefault(f"{direction} {tensor}", []).append((r.ts, psi))
+        drift, ks = _per_tensor(mine, "psi"), _per_tensor(mine, "ks")
         counts = {name: [(r.ts, float(getattr(r, column))) for r in mine] for name, column in _COUNT_SERIES}
         charts.append(
             f'<div class=quality data-model="{escape(model)}">'
             + line_chart(drift, unit="PSI", title=f"{model}: drift per tensor", threshold=DRIFT_PSI)
+            + (line_chart(ks, unit="KS", title=f"{model}: drift per tensor") if ks else "")
             + line_chart(counts, unit="requests", title=f"{model}: data quality per report")
             + _agreement_chart(model, mine)
             + "</div>"
         )
     return "<section id=model-quality><h2>Model quality</h2>" + "".join(charts) + "</section>"
+
+
+def _per_tensor(rows: list[QualityRow], score: str) -> dict[str, list[tuple[float, float]]]:
+    """``score`` over time per tensor, a point for each report that scored it."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        for (direction, tensor), value in sorted(r.tensors(score).items()):
+            series.setdefault(f"{direction} {tensor}", []).append((r.ts, value))
+    return series
 
 
 def _agreement_chart(model: str, rows: list[QualityRow]) -> str:

@@ -17,7 +17,10 @@ few tables). What is exported, and what the alert rules in ``deploy/prometheus/`
   so this is the distribution of device p95s, not a fleet-wide percentile);
 * rollouts: per deployment updated in the last day, its state (1) and its devices by state;
 * model quality (issue 41), from each device's newest report of each model: the drift scores
-  ``edgesdk_fleet_model_drift_psi`` and ``_js`` per tensor (``direction``: input or output), and
+  ``edgesdk_fleet_model_drift_psi``, ``_js`` and ``_ks`` (agents since 8e13df7; none over class
+  shares) per tensor (``direction``: input or output), each from the newest report that scored
+  the tensor within ``quality.HOLD_S`` (a report with too few values to score it keeps the series
+  and its value: it neither ends nor starts the drift alert's run), and
   ``edgesdk_fleet_model_requests_total`` by ``kind`` (sampled, nonfinite, out_of_range, constant)
   added up over every report stored (``edgesdk.fleet.service.quality``), and while a probation's
   shadow runs ``edgesdk_fleet_model_shadow_agreement`` per output (``bound``: value, lower, minimum);
@@ -42,7 +45,7 @@ from edgesdk.fleet.service import schema
 from edgesdk.fleet.service.broker_watch import BrokerStatus, presence_label
 from edgesdk.fleet.service.database import Transaction
 from edgesdk.fleet.service.ingest import read_counters
-from edgesdk.fleet.service.quality import COUNTS, QualityRow, latest_quality, quality_totals
+from edgesdk.fleet.service.quality import COUNTS, QualityRow, held_quality, quality_totals
 
 #: Governor states that mean "stepped down for heat" (``agent/governor/machine.py`` names them).
 THERMAL_STATES = frozenset({"STEPPED_DOWN", "SAVE_STEPPED_DOWN"})
@@ -129,7 +132,7 @@ class FleetMetrics:
                 .where(dd.c.deployment_id.in_([r.id for r in rollouts]))
                 .group_by(dd.c.deployment_id, dd.c.state)
             ).all()
-            quality, totals = latest_quality(db), quality_totals(db)
+            quality, totals = held_quality(db), quality_totals(db)
         counters = read_counters(self.engine, "metrics")
 
         broker = self.broker_status() if self.broker_status is not None else None
@@ -264,18 +267,16 @@ class FleetMetrics:
         for score, help_text in (
             ("psi", "population stability index of the tensor's live values against the bundle's reference profile"),
             ("js", "Jensen-Shannon distance (base 2) of the tensor's live values from the reference profile"),
+            ("ks", "Kolmogorov-Smirnov distance of the tensor's live values from the reference profile (binned CDFs)"),
         ):
-            samples: list[tuple[dict[str, Any], float]] = []
-            for row in quality:
-                for direction, scores in (("input", row.inputs), ("output", row.outputs)):
-                    samples += [
-                        (
-                            {"device": row.device_id, "model": row.model, "tensor": name, "direction": direction},
-                            s[score],
-                        )
-                        for name, s in sorted(scores.items())
-                    ]
-            page.family(f"edgesdk_fleet_model_drift_{score}", "gauge", f"{help_text}, newest report", samples)
+            samples = [
+                ({"device": row.device_id, "model": row.model, "tensor": name, "direction": direction}, value)
+                for row in quality
+                for (direction, name), value in sorted(row.tensors(score).items())
+            ]
+            page.family(
+                f"edgesdk_fleet_model_drift_{score}", "gauge", f"{help_text}, newest report scoring it", samples
+            )
         page.family(
             "edgesdk_fleet_model_shadow_agreement",
             "gauge",

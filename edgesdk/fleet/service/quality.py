@@ -12,6 +12,12 @@ A report made while a probation's shadow runs also carries the shadow agreement 
 (``ModelQuality.agreement``: the figure, its lower bound, the samples, the deployment's minimum),
 kept in the row's ``scores`` JSON beside the drift scores (null when no shadow ran).
 
+A report may leave a tensor out: the device scores a tensor only once its window counted 5
+values a bin (``agent/drift/window.py``), so sparse traffic sends reports with some or no scores.
+Such a report is no evidence either way: the tensor's score stands (``held_quality``) through
+the reports that do not score it for up to ``HOLD_S``, so it neither ends a drifted run nor starts
+one, on ``/metrics`` (the series keeps its value) and in the dashboard's alerts alike.
+
 The alert thresholds live here, once: the shipped Prometheus rules
 (``deploy/prometheus/fleet-alerts.yml``) use the same numbers, and a test compares them.
 """
@@ -19,7 +25,8 @@ The alert thresholds live here, once: the shipped Prometheus rules
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,8 +44,14 @@ DRIFT_FOR_S = 600.0
 NONFINITE_SHARE = 0.01
 OUT_OF_RANGE_SHARE = 0.05
 QUALITY_WINDOW_S = 600.0
+#: How long a tensor's score stands through later reports of its model that do not score it;
+#: past it the score is stale (its series leaves /metrics, a drifted run ends). As long as the
+#: drift alert's own wait: a run is never carried by older evidence than the alert judges.
+HOLD_S = DRIFT_FOR_S
 #: Rows one read returns at most (the newest of them).
 MAX_REPORTS = 5000
+#: Reports read at once while walking back over a drifted run.
+_PAGE = 500
 COUNTS = ("nonfinite", "out_of_range", "constant")
 
 
@@ -60,10 +73,17 @@ class QualityRow:
     constant: int
     agreement: dict[str, dict[str, Any]] | None = None  # per output, while a shadow ran
 
-    def tensors(self) -> dict[tuple[str, str], float]:
-        """PSI by (direction, tensor)."""
-        found = {("input", name): score["psi"] for name, score in self.inputs.items()}
-        return found | {("output", name): score["psi"] for name, score in self.outputs.items()}
+    def tensors(self, score: str = "psi") -> dict[tuple[str, str], float]:
+        """``score`` (psi, js or ks) by (direction, tensor), of the tensors that carry it."""
+        return {key: figures[score] for key, figures in self.scores().items() if score in figures}
+
+    def scores(self) -> dict[tuple[str, str], dict[str, float]]:
+        """The scored tensors' figures by (direction, tensor)."""
+        return _by_tensor(self.inputs, self.outputs)
+
+
+def _by_tensor(inputs: dict[str, Any], outputs: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
+    return {("input", n): s for n, s in inputs.items()} | {("output", n): s for n, s in outputs.items()}
 
 
 def quality_rows(message: Telemetry) -> list[dict[str, Any]]:
@@ -219,6 +239,44 @@ def latest_quality(db: Any) -> list[QualityRow]:
     return [_quality(r) for r in db.execute(query).all()]
 
 
+def held_quality(db: Any) -> list[QualityRow]:
+    """``latest_quality`` with each tensor's newest score: from the newest report that scored it
+    within ``HOLD_S`` before the model's newest report (a tensor scored by none of them is left
+    out). What ``/metrics`` exports and the drift alert judges."""
+    held = []
+    for row in latest_quality(db):
+        scores = {key: figures for key, (_, figures) in _held_scores(db, row).items()}
+        inputs = {name: figures for (direction, name), figures in scores.items() if direction == "input"}
+        outputs = {name: figures for (direction, name), figures in scores.items() if direction == "output"}
+        held.append(replace(row, inputs=inputs, outputs=outputs))
+    return held
+
+
+def _held_scores(db: Any, row: QualityRow) -> dict[tuple[str, str], tuple[float, dict[str, float]]]:
+    """(when it was scored, its figures) by tensor, for ``row``: the newest report of its model."""
+    q = schema.model_quality
+    recent = db.execute(
+        sa.select(q.c.ts, q.c.scores)
+        .where(_pair(row) & (q.c.ts <= row.ts) & (q.c.ts >= row.ts - HOLD_S))
+        .order_by(q.c.ts.desc(), q.c.id.desc())
+    ).all()
+    found: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
+    for ts, text in recent:
+        for key, figures in _scores(text).items():
+            found.setdefault(key, (ts, figures))
+    return found
+
+
+def _scores(text: str) -> dict[tuple[str, str], dict[str, float]]:
+    scores = json.loads(text)
+    return _by_tensor(scores.get("inputs", {}), scores.get("outputs", {}))
+
+
+def _pair(row: QualityRow) -> Any:
+    q = schema.model_quality
+    return (q.c.device_id == row.device_id) & (q.c.model_name == row.model)
+
+
 def quality_totals(db: Any) -> list[Any]:
     """The running totals of each known device's models."""
     totals, d = schema.model_quality_totals, schema.devices
@@ -246,26 +304,64 @@ class QualityAlert:
 
 def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
     """The drift and data-quality conditions the shipped Prometheus rules raise, read from the
-    stored reports: PSI over ``DRIFT_PSI`` in every report for ``DRIFT_FOR_S``; a share of NaN/Inf
-    or out-of-range requests over the last ``QUALITY_WINDOW_S`` above its threshold."""
+    stored reports: a tensor's PSI over ``DRIFT_PSI`` in every report that scored it for
+    ``DRIFT_FOR_S`` (a report that did not score it skipped, for up to ``HOLD_S``); a share of
+    NaN/Inf or out-of-range requests over the last ``QUALITY_WINDOW_S`` above its threshold."""
     latest = latest_quality(db)
     return _drift_alerts(db, latest, now) + _share_alerts(db, latest, now)
 
 
 def _drift_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
-    q = schema.model_quality
+    """Per model, the worst tensor whose run over ``DRIFT_PSI`` lasted ``DRIFT_FOR_S`` (each
+    tensor is its own series on /metrics, so each has its own run)."""
     found: list[QualityAlert] = []
     for row in latest:
-        tensors = row.tensors()
-        if not tensors:
-            continue
-        (direction, tensor), psi = max(tensors.items(), key=lambda item: item[1])
-        if psi <= DRIFT_PSI:
-            continue
-        since = _run_start(db, row, sa.not_(q.c.worst_psi > DRIFT_PSI) | q.c.worst_psi.is_(None))
-        if now - since >= DRIFT_FOR_S:
+        runs = [
+            (figures["psi"], key, _drift_start(db, row, key, ts))
+            for key, (ts, figures) in _held_scores(db, row).items()
+            if figures["psi"] > DRIFT_PSI
+        ]
+        alerting = [run for run in runs if now - run[2] >= DRIFT_FOR_S]
+        if alerting:
+            psi, (direction, tensor), since = max(alerting, key=lambda run: run[0])
             found.append(QualityAlert("model_drift", row.device_id, row.model, psi, since, f"{direction} {tensor}"))
     return found
+
+
+def _drift_start(db: Any, row: QualityRow, key: tuple[str, str], scored: float) -> float:
+    """When the run over ``DRIFT_PSI`` of the tensor ``key``, scored drifted at ``scored``, began.
+    Walking back: a score at or under ``DRIFT_PSI`` ends it, and so do reports that did not score
+    it for over ``HOLD_S`` after a score (its series left /metrics then); a report that did not
+    score it is skipped."""
+    start, unscored = scored, None  # unscored: the newest report since ``start`` not scoring it
+    for ts, text in _reports_before(db, row, scored):
+        figures = _scores(text).get(key)
+        if figures is None:
+            unscored = ts if unscored is None else unscored
+            continue
+        if figures["psi"] <= DRIFT_PSI or (unscored is not None and unscored - ts > HOLD_S):
+            break
+        start, unscored = ts, None
+    return start
+
+
+def _reports_before(db: Any, row: QualityRow, before: float) -> Iterator[tuple[float, str]]:
+    """(ts, scores) of the reports of ``row``'s model older than ``before``, newest first, a page
+    at a time (a drifted run is walked only as far as it goes)."""
+    q = schema.model_quality
+    after: Any = q.c.ts < before
+    while True:
+        page = db.execute(
+            sa.select(q.c.id, q.c.ts, q.c.scores)
+            .where(_pair(row) & after)
+            .order_by(q.c.ts.desc(), q.c.id.desc())
+            .limit(_PAGE)
+        ).all()
+        yield from ((r.ts, r.scores) for r in page)
+        if len(page) < _PAGE:
+            return
+        last = page[-1]
+        after = (q.c.ts < last.ts) | ((q.c.ts == last.ts) & (q.c.id < last.id))
 
 
 def _share_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
