@@ -8,7 +8,8 @@ pruned with raw telemetry, and drawn on the device page in Debian's Chromium.
 
 The device ``dev-q`` reports every 2 minutes over the last 14: its input ``x`` has drifted
 (PSI 0.42) for 12 minutes, and 5 of its 100 requests a report carry NaN; ``dev-ok`` stays near
-its reference. Its last three reports carry a probation's shadow agreement falling under the
+its reference. ``dev-s`` drifts the same way but its traffic is sparse: some of its reports
+score no tensor, one only the output, its newest none, and its run goes on through them. Its last three reports carry a probation's shadow agreement falling under the
 deployment's minimum 0.95 (``AGREEMENT``): stored, served, exported, charted on the device page
 and shown in its row of a rollout page while it is in probation.
 """
@@ -50,15 +51,25 @@ AGREEMENT = {5: (0.97, 0.90, 60), 6: (0.93, 0.87, 120), 7: (0.90, 0.85, 180)}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync"]
 
 
+#: dev-s's reports that score no tensor (too few values in their window), and the one that scores
+#: its output only.
+UNSCORED, OUTPUT_ONLY = {2, 3, 7}, 5
+
+
 def _report(device: str, seq: int, ts: datetime, psi: float, nonfinite: int) -> bytes:
     """A telemetry message as the agent sends it: the default model's quality at the top level
-    and in ``models`` (the same figures: stored once)."""
+    and in ``models`` (the same figures: stored once). The output has no KS (class shares)."""
+    inputs = {"x": {"psi": psi, "js": 0.3, "ks": round(psi / 2, 2)}}
+    outputs = {"probs": {"psi": 0.03, "js": 0.05}}
+    if device == "dev-s" and seq in UNSCORED | {OUTPUT_ONLY}:
+        inputs = {}
+        outputs = {} if seq in UNSCORED else outputs
     quality = {
         "samples": 100,
         "window_s": 120.0,
         "reference": True,
-        "inputs": {"x": {"psi": psi, "js": 0.3}},
-        "outputs": {"probs": {"psi": 0.03, "js": 0.05}},
+        "inputs": inputs,
+        "outputs": outputs,
         "nonfinite": nonfinite,
         "out_of_range": 1,
         "constant": 0,
@@ -116,6 +127,9 @@ def _publish_reports(devices: MqttClient, now: datetime) -> None:
         report = _report("dev-q", seq, ts, 0.42 if drifted else 0.04, 5)
         devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)
         devices.publish("edgesdk/devices/dev-ok/telemetry", _report("dev-ok", seq, ts, 0.05, 0), qos=1)
+        devices.publish(
+            "edgesdk/devices/dev-s/telemetry", _report("dev-s", seq, ts, 0.42 if drifted else 0.04, 0), qos=1
+        )
     devices.publish("edgesdk/devices/dev-q/telemetry", report, qos=1)  # the newest again: a redelivery
 
 
@@ -204,7 +218,8 @@ def test_quality_reports_are_stored_once_and_read_back_per_model_and_time(servic
     assert len(reports) == 8  # one row per report: the top level and models[0] are the same figures
     newest = reports[-1]
     assert newest["model"] == "digits" and newest["release"] == 12 and newest["reference"] is True
-    assert newest["inputs"] == {"x": {"psi": 0.42, "js": 0.3}} and newest["outputs"]["probs"]["psi"] == 0.03
+    assert newest["inputs"] == {"x": {"psi": 0.42, "js": 0.3, "ks": 0.21}}
+    assert newest["outputs"] == {"probs": {"psi": 0.03, "js": 0.05, "ks": None}}
     assert (newest["samples"], newest["nonfinite"], newest["out_of_range"], newest["constant"]) == (100, 5, 1, 0)
     figure = {"kind": "top1", "value": 0.9, "lower_bound": 0.85, "samples": 180, "minimum": 0.95}
     assert newest["agreement"] == {"probs": figure} and reports[0]["agreement"] is None  # no shadow ran then
@@ -248,6 +263,26 @@ def test_drift_and_quality_counts_are_exported_and_raised_as_alerts_with_their_f
     assert "4.8% of requests refused for NaN/Inf" in nonfinite["message"], nonfinite  # 25 of 525 in 10 min
     assert not [k for k in mine if k[1] == "dev-ok"], mine  # PSI 0.05, no NaN: quiet
     assert ("model_out_of_range", "dev-q") not in mine  # 1 %: under 5 %
+    assert f'edgesdk_fleet_model_drift_ks{{{labels},tensor="x",direction="input"}} 0.21' in page
+    assert 'edgesdk_fleet_model_drift_ks{device="dev-q",model="digits",tensor="probs"' not in page  # none sent
+
+
+def test_a_sparse_devices_unscored_reports_keep_its_drift_series_and_its_alerts_run(service: Service) -> None:
+    """dev-s's newest report scores nothing and an earlier one only its output: /metrics keeps
+    each tensor's newest score, and its drift alert runs from its first drifted report (12 min)."""
+    reports = _reports(service, "dev-s")
+    assert [bool(r["inputs"]) for r in reports] == [True, True, False, False, True, False, True, False]
+    status, page = service.get("/metrics", service.viewer)
+    assert status == 200
+    labels = 'device="dev-s",model="digits"'
+    assert f'edgesdk_fleet_model_drift_psi{{{labels},tensor="x",direction="input"}} 0.42' in page  # 2 min old
+    assert f'edgesdk_fleet_model_drift_psi{{{labels},tensor="probs",direction="output"}} 0.03' in page
+    assert f'edgesdk_fleet_model_drift_ks{{{labels},tensor="x",direction="input"}} 0.21' in page
+    status, alerts = service.get("/api/v1/alerts", service.viewer)
+    assert status == 200
+    [drift] = [a for a in alerts["items"] if (a["kind"], a["target"]) == ("model_drift", "dev-s")]
+    assert "PSI 0.42 on input x" in drift["message"], drift
+    assert drift["since"] == pytest.approx((service.started - timedelta(minutes=12)).timestamp(), abs=1)
 
 
 def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_service: Service) -> None:
@@ -267,8 +302,11 @@ def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_se
                 page.click("#sign-in")
             page.goto(sqlite_service.url + "/ui/devices/dev-q")
             section = page.locator("#model-quality .quality[data-model=digits]")
-            drift, counts = section.locator("figure").nth(0), section.locator("figure").nth(1)
+            drift, ks, counts = (section.locator("figure").nth(i) for i in range(3))
             assert "digits: drift per tensor (PSI)" in drift.inner_text()
+            assert "digits: drift per tensor (KS)" in ks.inner_text() and "input x 0.21 KS" in ks.inner_text()
+            assert ks.locator("polyline").count() == 1  # the output sent no KS
+            assert len((ks.locator("polyline").get_attribute("points") or "").split()) == 8
             assert "input x 0.42 PSI" in drift.inner_text() and "output probs 0.03 PSI" in drift.inner_text()
             assert drift.locator("polyline").count() == 2 and drift.locator("line.threshold").count() == 1
             points = drift.locator("polyline").first.get_attribute("points") or ""
@@ -276,7 +314,7 @@ def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_se
             box = drift.locator("svg").bounding_box()
             assert box is not None and box["width"] > 300 and box["height"] > 100  # drawn, not collapsed
             assert "NaN/Inf refused 5 requests" in counts.inner_text()
-            agreement = section.locator("figure").nth(2)
+            agreement = section.locator("figure").nth(3)
             assert "digits: shadow agreement with the previous release (agreement)" in agreement.inner_text()
             assert "probs top1 0.9 agreement" in agreement.inner_text()
             assert "probs lower bound 0.85 agreement" in agreement.inner_text()
@@ -285,7 +323,7 @@ def test_the_device_page_draws_drift_per_tensor_and_the_quality_counts(sqlite_se
             assert len(points.split()) == 3, points  # the three reports made while the shadow ran
             _the_rollout_row_shows_agreement_in_probation(sqlite_service, page)
             page.goto(sqlite_service.url + "/ui/alerts")
-            alert = page.locator("#alerts li[data-kind=model_drift]")
+            alert = page.locator("#alerts li[data-kind=model_drift]").filter(has_text="dev-q")
             assert "PSI 0.42 on input x" in alert.inner_text()
             assert alert.locator("a").get_attribute("href") == "/ui/devices/dev-q"
         finally:
@@ -326,14 +364,15 @@ def test_quality_rows_are_pruned_with_raw_telemetry_and_the_totals_stay(service:
 
     _reports(service, "dev-q")
     _reports(service, "dev-ok")
+    _reports(service, "dev-s")
     engine = open_engine(service.db_url)
     try:
         cutoff_age = (datetime.now(UTC) - service.started).total_seconds() + 7 * 60  # older than 7 min
         deleted = prune(engine, Retention(raw_retention_s=cutoff_age), time.time())
-        assert deleted["model_quality"] == 8  # 4 reports of each device: 14, 12, 10, 8 minutes old
+        assert deleted["model_quality"] == 12  # 4 reports of each device: 14, 12, 10, 8 minutes old
         with engine.connect() as db:
             left = db.execute(sa.select(sa.func.count()).select_from(schema.model_quality)).scalar()
             totals = db.execute(sa.select(schema.model_quality_totals.c.samples)).scalars().all()
-        assert left == 8 and sorted(totals) == [800, 800]
+        assert left == 12 and sorted(totals) == [800, 800, 800]
     finally:
         engine.dispose()

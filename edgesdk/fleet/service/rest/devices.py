@@ -91,7 +91,7 @@ def device_quality(
     context: ApiContext = Depends(api_context),
 ) -> dict[str, Any]:
     """The drift scores and data-quality counts in the device's telemetry, per model and
-    report, oldest first (at most the newest 5,000): PSI and Jensen-Shannon distance per input
+    report, oldest first (at most the newest 5,000): PSI, Jensen-Shannon and KS distance per input
     and output tensor against the bundle's reference profile, requests refused for NaN/Inf,
     out of the reference's range, constant; during probation, the shadow agreement per output."""
     _known_device(context.engine, device_id)
@@ -135,6 +135,7 @@ def list_alerts(page: Paging = Depends(paging), context: ApiContext = Depends(ap
 class DriftFigures(BaseModel):
     psi: float
     js: float
+    ks: float | None = Field(None, description="Kolmogorov-Smirnov on the binned CDFs; null: not sent (class shares)")
 
 
 class AgreementFigure(BaseModel):
