@@ -14,9 +14,12 @@ kept in the row's ``scores`` JSON beside the drift scores (null when no shadow r
 
 A report may leave a tensor out: the device scores a tensor only once its window counted 5
 values a bin (``agent/drift/window.py``), so sparse traffic sends reports with some or no scores.
-Such a report is no evidence either way: the tensor's score stands (``held_quality``) through
-the reports that do not score it for up to ``HOLD_S``, so it neither ends a drifted run nor starts
-one, on ``/metrics`` (the series keeps its value) and in the dashboard's alerts alike.
+Such a report is no evidence either way: the tensor's score stands through the reports that do
+not score it for up to ``HOLD_S``, so it neither ends a drifted run nor starts one, on
+``/metrics`` (the series keeps its value: ``held_quality``) and in the dashboard's alerts alike.
+The ingest stores what a report carries over in its ``scores`` JSON (``held``: figures and when
+they were scored), worked out from the model's previous report, so a read stays one row per
+model; a report that arrives after a newer one (a replayed outbox) does not change the newer one's.
 
 The alert thresholds live here, once: the shipped Prometheus rules
 (``deploy/prometheus/fleet-alerts.yml``) use the same numbers, and a test compares them.
@@ -25,9 +28,8 @@ The alert thresholds live here, once: the shipped Prometheus rules
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -50,9 +52,8 @@ QUALITY_WINDOW_S = 600.0
 HOLD_S = DRIFT_FOR_S
 #: Rows one read returns at most (the newest of them).
 MAX_REPORTS = 5000
-#: Reports read at once while walking back over a drifted run.
-_PAGE = 500
 COUNTS = ("nonfinite", "out_of_range", "constant")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class QualityRow:
     out_of_range: int
     constant: int
     agreement: dict[str, dict[str, Any]] | None = None  # per output, while a shadow ran
+    held: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # carried over, with "ts"
+    drifting: dict[str, dict[str, float]] = field(default_factory=dict)  # when each run over DRIFT_PSI began
 
     def tensors(self, score: str = "psi") -> dict[tuple[str, str], float]:
         """``score`` (psi, js or ks) by (direction, tensor), of the tensors that carry it."""
@@ -81,8 +84,25 @@ class QualityRow:
         """The scored tensors' figures by (direction, tensor)."""
         return _by_tensor(self.inputs, self.outputs)
 
+    def standing(self) -> Standing:
+        """Every score that stands at this report: its own and those it holds."""
+        return _standing(self.ts, {"inputs": self.inputs, "outputs": self.outputs, "held": self.held})
 
-def _by_tensor(inputs: dict[str, Any], outputs: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
+
+#: (direction, tensor) -> (when it was scored, its figures)
+Standing = dict[tuple[str, str], tuple[float, dict[str, float]]]
+
+
+def _standing(ts: float, scores: dict[str, Any]) -> Standing:
+    held = scores.get("held", {})
+    found = {
+        key: (f["ts"], {k: v for k, v in f.items() if k != "ts"})
+        for key, f in _by_tensor(held.get("inputs", {}), held.get("outputs", {})).items()
+    }
+    return found | {key: (ts, f) for key, f in _by_tensor(scores.get("inputs", {}), scores.get("outputs", {})).items()}
+
+
+def _by_tensor(inputs: dict[str, T], outputs: dict[str, T]) -> dict[tuple[str, str], T]:
     return {("input", n): s for n, s in inputs.items()} | {("output", n): s for n, s in outputs.items()}
 
 
@@ -135,9 +155,10 @@ class QualityWriter:
     def write(self, db: Any, telemetry: list[Telemetry]) -> int:
         """Insert the rows of ``telemetry``; the new ones (not redeliveries) count in the totals."""
         unique = {_key(row): row for message in telemetry for row in quality_rows(message)}  # a batch may repeat one
-        rows = list(unique.values())
+        rows = sorted(unique.values(), key=lambda row: row["ts"])  # oldest first: each holds from the one before
         if not rows:
             return 0
+        _hold(db, rows)
         new = {tuple(r) for r in db.execute(self._insert, rows).all()}
         totals: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
@@ -152,6 +173,50 @@ class QualityWriter:
         if totals:
             db.execute(self._totals, [totals[k] for k in sorted(totals)])  # key order: no deadlock
         return len(new)
+
+
+def _hold(db: Any, rows: list[dict[str, Any]]) -> None:
+    """Add to each row (oldest first) the scores it holds: those standing at its model's previous
+    report (in this batch, else the newest stored before it) that it does not score itself,
+    scored within ``HOLD_S`` before it; and when each standing score over ``DRIFT_PSI`` began its
+    run (``drifting``: the previous report's start if one stood over it there, else this score's)."""
+    q = schema.model_quality
+    previous: dict[tuple[str, str], tuple[Standing, dict[tuple[str, str], float]]] = {}
+    for row in rows:
+        pair = (row["device_id"], row["model_name"])
+        if pair not in previous:
+            prior = db.execute(
+                sa.select(q.c.ts, q.c.scores)
+                .where((q.c.device_id == pair[0]) & (q.c.model_name == pair[1]) & (q.c.ts <= row["ts"]))
+                .order_by(q.c.ts.desc(), q.c.id.desc())
+                .limit(1)
+            ).first()
+            previous[pair] = _carried(prior.ts, json.loads(prior.scores)) if prior is not None else ({}, {})
+        standing, runs = previous[pair]
+        scores = json.loads(row["scores"])
+        own = _standing(row["ts"], scores)
+        held = {k: v for k, v in standing.items() if k not in own and v[0] >= row["ts"] - HOLD_S}
+        drifting = {k: runs.get(k, ts) for k, (ts, figures) in (held | own).items() if figures["psi"] > DRIFT_PSI}
+        if held:
+            scores["held"] = _nested({k: figures | {"ts": ts} for k, (ts, figures) in held.items()})
+        if drifting:
+            scores["drifting"] = _nested(drifting)
+        row["scores"] = json.dumps(scores, sort_keys=True)
+        previous[pair] = (held | own, drifting)
+
+
+def _carried(ts: float, scores: dict[str, Any]) -> tuple[Standing, dict[tuple[str, str], float]]:
+    """What a stored report passes on: the scores standing at it, and their drifted runs' starts."""
+    runs = scores.get("drifting", {})
+    return _standing(ts, scores), _by_tensor(runs.get("inputs", {}), runs.get("outputs", {}))
+
+
+def _nested(by_tensor: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
+    """{"inputs": {name: value}, "outputs": {…}}, as the scores JSON keeps tensors."""
+    return {
+        f"{direction}s": {name: value for (d, name), value in by_tensor.items() if d == direction}
+        for direction in ("input", "output")
+    }
 
 
 def _key(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -186,6 +251,8 @@ def _quality(row: Any) -> QualityRow:
         out_of_range=row.out_of_range,
         constant=row.constant,
         agreement=scores.get("agreement"),
+        held=scores.get("held", {}),
+        drifting=scores.get("drifting", {}),
     )
 
 
@@ -240,41 +307,15 @@ def latest_quality(db: Any) -> list[QualityRow]:
 
 
 def held_quality(db: Any) -> list[QualityRow]:
-    """``latest_quality`` with each tensor's newest score: from the newest report that scored it
-    within ``HOLD_S`` before the model's newest report (a tensor scored by none of them is left
-    out). What ``/metrics`` exports and the drift alert judges."""
-    held = []
+    """``latest_quality`` with each tensor's newest score: its own, or one it holds (scored within
+    ``HOLD_S`` before it by an earlier report). What ``/metrics`` exports."""
+    rows = []
     for row in latest_quality(db):
-        scores = {key: figures for key, (_, figures) in _held_scores(db, row).items()}
-        inputs = {name: figures for (direction, name), figures in scores.items() if direction == "input"}
-        outputs = {name: figures for (direction, name), figures in scores.items() if direction == "output"}
-        held.append(replace(row, inputs=inputs, outputs=outputs))
-    return held
-
-
-def _held_scores(db: Any, row: QualityRow) -> dict[tuple[str, str], tuple[float, dict[str, float]]]:
-    """(when it was scored, its figures) by tensor, for ``row``: the newest report of its model."""
-    q = schema.model_quality
-    recent = db.execute(
-        sa.select(q.c.ts, q.c.scores)
-        .where(_pair(row) & (q.c.ts <= row.ts) & (q.c.ts >= row.ts - HOLD_S))
-        .order_by(q.c.ts.desc(), q.c.id.desc())
-    ).all()
-    found: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
-    for ts, text in recent:
-        for key, figures in _scores(text).items():
-            found.setdefault(key, (ts, figures))
-    return found
-
-
-def _scores(text: str) -> dict[tuple[str, str], dict[str, float]]:
-    scores = json.loads(text)
-    return _by_tensor(scores.get("inputs", {}), scores.get("outputs", {}))
-
-
-def _pair(row: QualityRow) -> Any:
-    q = schema.model_quality
-    return (q.c.device_id == row.device_id) & (q.c.model_name == row.model)
+        standing = {key: figures for key, (_, figures) in row.standing().items()}
+        inputs = {name: figures for (direction, name), figures in standing.items() if direction == "input"}
+        outputs = {name: figures for (direction, name), figures in standing.items() if direction == "output"}
+        rows.append(replace(row, inputs=inputs, outputs=outputs, held={}, drifting={}))
+    return rows
 
 
 def quality_totals(db: Any) -> list[Any]:
@@ -308,17 +349,18 @@ def quality_alerts(db: Any, now: float) -> list[QualityAlert]:
     ``DRIFT_FOR_S`` (a report that did not score it skipped, for up to ``HOLD_S``); a share of
     NaN/Inf or out-of-range requests over the last ``QUALITY_WINDOW_S`` above its threshold."""
     latest = latest_quality(db)
-    return _drift_alerts(db, latest, now) + _share_alerts(db, latest, now)
+    return _drift_alerts(latest, now) + _share_alerts(db, latest, now)
 
 
-def _drift_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
+def _drift_alerts(latest: list[QualityRow], now: float) -> list[QualityAlert]:
     """Per model, the worst tensor whose run over ``DRIFT_PSI`` lasted ``DRIFT_FOR_S`` (each
     tensor is its own series on /metrics, so each has its own run)."""
     found: list[QualityAlert] = []
     for row in latest:
+        started = _by_tensor(row.drifting.get("inputs", {}), row.drifting.get("outputs", {}))
         runs = [
-            (figures["psi"], key, _drift_start(db, row, key, ts))
-            for key, (ts, figures) in _held_scores(db, row).items()
+            (figures["psi"], key, started.get(key, ts))  # a report stored before runs were kept: its score's time
+            for key, (ts, figures) in row.standing().items()
             if figures["psi"] > DRIFT_PSI
         ]
         alerting = [run for run in runs if now - run[2] >= DRIFT_FOR_S]
@@ -326,42 +368,6 @@ def _drift_alerts(db: Any, latest: list[QualityRow], now: float) -> list[Quality
             psi, (direction, tensor), since = max(alerting, key=lambda run: run[0])
             found.append(QualityAlert("model_drift", row.device_id, row.model, psi, since, f"{direction} {tensor}"))
     return found
-
-
-def _drift_start(db: Any, row: QualityRow, key: tuple[str, str], scored: float) -> float:
-    """When the run over ``DRIFT_PSI`` of the tensor ``key``, scored drifted at ``scored``, began.
-    Walking back: a score at or under ``DRIFT_PSI`` ends it, and so do reports that did not score
-    it for over ``HOLD_S`` after a score (its series left /metrics then); a report that did not
-    score it is skipped."""
-    start, unscored = scored, None  # unscored: the newest report since ``start`` not scoring it
-    for ts, text in _reports_before(db, row, scored):
-        figures = _scores(text).get(key)
-        if figures is None:
-            unscored = ts if unscored is None else unscored
-            continue
-        if figures["psi"] <= DRIFT_PSI or (unscored is not None and unscored - ts > HOLD_S):
-            break
-        start, unscored = ts, None
-    return start
-
-
-def _reports_before(db: Any, row: QualityRow, before: float) -> Iterator[tuple[float, str]]:
-    """(ts, scores) of the reports of ``row``'s model older than ``before``, newest first, a page
-    at a time (a drifted run is walked only as far as it goes)."""
-    q = schema.model_quality
-    after: Any = q.c.ts < before
-    while True:
-        page = db.execute(
-            sa.select(q.c.id, q.c.ts, q.c.scores)
-            .where(_pair(row) & after)
-            .order_by(q.c.ts.desc(), q.c.id.desc())
-            .limit(_PAGE)
-        ).all()
-        yield from ((r.ts, r.scores) for r in page)
-        if len(page) < _PAGE:
-            return
-        last = page[-1]
-        after = (q.c.ts < last.ts) | ((q.c.ts == last.ts) & (q.c.id < last.id))
 
 
 def _share_alerts(db: Any, latest: list[QualityRow], now: float) -> list[QualityAlert]:
