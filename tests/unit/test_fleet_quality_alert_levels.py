@@ -191,3 +191,33 @@ def _promtool_agrees(tmp_path: Path, scraped: list[str], firing: dict[int, quali
         [promtool, "test", "rules", "sparse.test.yml"], capture_output=True, text=True, cwd=tmp_path
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_reports_stored_in_one_shuffled_batch_hold_scores_as_when_stored_one_by_one(tmp_path: Path) -> None:
+    """The ingest works out what each report holds from its model's previous report, in the same
+    batch or stored before: one batch (in any order) stores the same as one report at a time."""
+    import sqlalchemy as sa
+
+    from edgesdk.fleet.service import schema
+    from edgesdk.fleet.service.database import Transaction, migrate, open_engine
+    from edgesdk.schemas.messages import Telemetry
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    reports = [Telemetry.model_validate_json(_sparse_report(m, start)) for m in range(SPARSE_MINUTES)]
+    stored = []
+    for name, batches in (("one-by-one", [[r] for r in reports]), ("one-batch", [reports[::-1]])):
+        engine = open_engine(f"sqlite:///{tmp_path / name}.sqlite3")
+        migrate(engine)
+        writer = quality.QualityWriter(engine)
+        for batch in batches:
+            with Transaction(engine) as db:
+                writer.write(db, batch)
+        with Transaction(engine) as db:
+            table = schema.model_quality
+            stored.append(dict(db.execute(sa.select(table.c.msg_id, table.c.scores)).all()))
+        engine.dispose()
+    assert stored[0] == stored[1]
+    held = json.loads(stored[0]["s5"])  # minute 5 scores y only: it holds x from minute 3
+    assert held["held"]["inputs"]["x"] == {"psi": 0.4, "js": 0.2, "ks": 0.3, "ts": start.timestamp() + 180}
+    assert held["drifting"] == {"inputs": {"x": start.timestamp() + 60}, "outputs": {}}
+    assert "held" not in json.loads(stored[0]["s20"])  # x unscored since minute 9: stale
