@@ -32,10 +32,18 @@ def find_rabbitmq() -> Path | None:
     return Path(found).parent if found and shutil.which("rabbitmqctl") else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports, every socket held open until all are chosen: one picked
+    at a time, a later pick could be an earlier one (a CI run once gave node 1's AMQP listener
+    the cluster's epmd port, and the node never started)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class RabbitCluster:
@@ -50,10 +58,14 @@ class RabbitCluster:
         cookie.write_text(secrets.token_hex(16).upper())
         cookie.chmod(0o400)
         (self.root / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
-        self.epmd_port = _free_port()
+        # epmd, then per node: MQTT, AMQP and Erlang distribution, all distinct.
+        ports = _free_ports(1 + 3 * nodes)
+        self.epmd_port = ports[0]
         tag = secrets.token_hex(3)
         self.names = [f"edgesdk-{tag}-{i}@localhost" for i in range(nodes)]
-        self.mqtt_ports = [_free_port() for _ in range(nodes)]
+        self.mqtt_ports = ports[1 : 1 + nodes]
+        self.amqp_ports = ports[1 + nodes : 1 + 2 * nodes]
+        self.dist_ports = ports[1 + 2 * nodes :]
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def _env(self, index: int) -> dict[str, str]:
@@ -63,8 +75,8 @@ class RabbitCluster:
             "HOME": str(self.home),
             "ERL_EPMD_PORT": str(self.epmd_port),
             "RABBITMQ_NODENAME": self.names[index],
-            "RABBITMQ_NODE_PORT": str(_free_port()),
-            "RABBITMQ_DIST_PORT": str(_free_port()),
+            "RABBITMQ_NODE_PORT": str(self.amqp_ports[index]),
+            "RABBITMQ_DIST_PORT": str(self.dist_ports[index]),
             "RABBITMQ_MNESIA_BASE": str(node / "mnesia"),
             "RABBITMQ_LOG_BASE": str(node / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.root / "enabled_plugins"),
@@ -92,7 +104,7 @@ class RabbitCluster:
                 f"mqtt.listeners.tcp.default = 127.0.0.1:{port}\n"
                 "mqtt.allow_anonymous = true\n"
                 "loopback_users = none\n"
-                "listeners.tcp.default = 127.0.0.1:" + str(_free_port()) + "\n"
+                f"listeners.tcp.default = 127.0.0.1:{self.amqp_ports[index]}\n"
             )
             env = self._env(index)
             log = open(node / "server.out", "wb")  # noqa: SIM115 - the child owns it
@@ -108,7 +120,9 @@ class RabbitCluster:
             )
         for index in range(len(self.names)):
             pid_file = self.root / f"node{index}" / "rabbitmq.pid"
-            waited = self.ctl(index, "wait", str(pid_file), "--timeout", "600", timeout=660)
+            # A node that cannot start (a port taken) exits and leaves rabbitmqctl waiting out its
+            # timeout: 180 s is several times a start on a busy 2-core machine.
+            waited = self.ctl(index, "wait", str(pid_file), "--timeout", "180", timeout=240)
             if waited.returncode != 0:
                 raise RuntimeError(f"RabbitMQ node {self.names[index]} did not start: {waited.stderr or waited.stdout}")
         for index in range(1, len(self.names)):
