@@ -93,8 +93,10 @@ done
 VENV="$P/opt/edgesdk/venv"
 step "creating $VENV"
 "$PYTHON" -m venv --clear "$VENV" || die "'$PYTHON -m venv' failed (on Debian: install python3-venv)"
-if [ "$SYSTEM" = 1 ] && ! runuser -u edgesdk -- "$VENV/bin/python" -c '' 2>/dev/null; then
-    die "user edgesdk cannot run $PYTHON (a Python under /root or a home directory?); use the system Python"
+if [ "$SYSTEM" = 1 ] && ! why=$(runuser -u edgesdk -- "$VENV/bin/python" -c '' 2>&1); then
+    # What the system said goes in the line: a closed directory is the usual cause, not the only one.
+    why=$(printf '%s' "$why" | tr '\n' ' ' | cut -c1-200)
+    die "user edgesdk cannot run $PYTHON (a Python under /root or a home directory?); use the system Python${why:+ ($why)}"
 fi
 
 step "installing $EDGESDK_IMAGE_REQUIREMENT from the wheelhouse (no network)"
