@@ -16,9 +16,12 @@ image is served as stored, as ``exif_transpose`` leaves an image with a value it
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from edgesdk.schemas.pipeline import ImagePre
+
+log = logging.getLogger(__name__)
 
 ORIENTATION_TAG = 0x0112
 
@@ -46,7 +49,8 @@ def read_orientation(image: Any, pre: ImagePre) -> int:
     try:
         # Image.getexif, not the image's own: PNG's would decode the image to look past its data.
         value = Image.Image.getexif(image).get(ORIENTATION_TAG, 1)
-    except Exception:  # noqa: BLE001 - Pillow's EXIF parser raises many untyped errors on hostile bytes; the tag is advisory
+    except Exception as exc:  # noqa: BLE001 - Pillow's EXIF parser raises many untyped errors on hostile bytes; the tag is advisory
+        log.debug("EXIF orientation unreadable, the image is served as stored: %s", exc)
         return 1
     return value if isinstance(value, int) and value in TRANSPOSES else 1
 
