@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         missing = _missing(AGENT_EXTRA_MODULES)
         if missing:
             pytest.skip(f"needs the agent extra, missing {', '.join(missing)} (pip install 'edgesdk[agent]')")
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored():
+    """Each test starts with the umask the session started with: code run in process (``fleet
+    serve`` makes its files private with umask 077) must not change the modes later tests in the
+    same worker create (a venv made under 077 was unreadable to another user)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
 
 
 @pytest.fixture(scope="session")

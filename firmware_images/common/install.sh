@@ -9,6 +9,9 @@
 # nothing is chowned and systemd is left alone: the result can be started by hand with the
 # ExecStart line of DIR/etc/systemd/system/edge-agent.service.
 set -euo pipefail
+# Modes come from layout.tsv (private files are chmod-ed there), not from the caller's umask: a
+# hardened root's 077 made the venv unreadable to the agent's user ("user edgesdk cannot run").
+umask 022
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=/dev/null

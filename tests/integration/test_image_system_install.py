@@ -74,6 +74,7 @@ def test_root_install_creates_the_user_and_layout(tmp_path: Path, edgesdk_cli) -
     shutil.copytree("/etc", scratch / "etc", symlinks=True, ignore_dangling_symlinks=True)
     for name in ("opt", "varlib", "usrlocal"):
         (scratch / name).mkdir()
+        (scratch / name).chmod(0o755)  # as /opt, /var/lib and /usr/local are, whatever the umask
     stat_paths = " ".join(EXPECTED_LAYOUT)
     # A Python only root can reach (this venv's, under /root) must be refused with a reason.
     private = private_python()
