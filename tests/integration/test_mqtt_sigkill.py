@@ -66,8 +66,10 @@ def test_sigkilled_publisher_with_a_full_queue_loses_nothing(mqtt_broker: Mosqui
         # 2. Broker back; a new process adds 1500 more and is killed in the middle of the drain.
         mqtt_broker.start()
         assert observer.client.wait_connected(10)
-        # One message in flight at a time keeps the drain slow enough to be cut in the middle.
-        proc = _spawn(mqtt_broker, db, "--start", "300", "--count", "1500", "--window", "1")
+        # One message in flight at a time and 10 ms before each publish: the drain lasts >= 18 s,
+        # so the kill lands in its middle even when this process is descheduled for seconds (CI
+        # with 4 test processes once saw all 1800 sent, window 1 alone, before the kill).
+        proc = _spawn(mqtt_broker, db, "--start", "300", "--count", "1500", "--window", "1", "--publish-delay-ms", "10")
         _wait_line(proc, "queued")
         assert observer.wait_for(lambda: len(observer.messages) >= 100, timeout=30)
         _kill(proc)
