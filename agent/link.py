@@ -303,7 +303,7 @@ class AgentLink:
             if count:
                 errors[kind] = count
         snapshot["errors"] = errors
-        _add_quality(snapshot, getattr(self.telemetry, "quality_reports", dict)())
+        _add_quality(snapshot, self.telemetry.quality_reports())
         telemetry = Telemetry(device_id=self.device_id, msg_id=uuid.uuid4().hex, seq=seq, ts=_now(), **snapshot)
         return telemetry.model_dump_json().encode()
 

@@ -15,6 +15,7 @@ Slots                  SlotStore                        AgentUpdateTarget
 Keyring                KeyFiles (Agent.keyring)          updater, AgentLink
 BundleOpener           edgesdk.agent.openers             AgentUpdateTarget, Agent
 TelemetrySource        Metrics                           AgentLink
+AnswerTaps             ModelServer                       drift monitor, shadow
 EventSink              EventBus                          UpdateManager
 EventSource            EventBus                          AgentLink
 UpdateChannel          AgentLink                         UpdateManager, target
@@ -40,9 +41,10 @@ if TYPE_CHECKING:  # the key types import cryptography; the daemon must not at s
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from edgesdk.agent.governor.sensors import SensorReading
     from edgesdk.agent.runtimes.base import LoadedModel
-    from edgesdk.agent.serving import ServedModel
+    from edgesdk.agent.serving import ServedModel, Tap
 
     from edgesdk.schemas.manifest import Variant
+    from edgesdk.schemas.messages import ModelQuality
 
 
 class RunningModelSource(Protocol):
@@ -115,6 +117,12 @@ class Slots(Protocol):
     @property
     def committed(self) -> bool: ...
 
+    @property
+    def previous_slot(self) -> Any:
+        """The slot that served before the active one (the rollback target and the shadow's
+        reference), or None."""
+        ...
+
     def reload(self) -> None: ...
 
     def installed_release(self) -> int | None: ...
@@ -177,6 +185,16 @@ class TelemetrySource(Protocol):
     """The agent's own measurements: the Telemetry fields the link does not fill itself."""
 
     def snapshot(self) -> dict[str, Any]: ...
+
+    def quality_reports(self) -> dict[str, ModelQuality]:
+        """Each model's closed drift window since the last call (empty when none closed)."""
+        ...
+
+
+class AnswerTaps(Protocol):
+    """A server whose answers can be watched: the API calls each of ``taps`` with every answer."""
+
+    taps: list[Tap]
 
 
 EventHandler = Callable[[str, dict[str, Any]], None]

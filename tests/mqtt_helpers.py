@@ -30,6 +30,9 @@ class FakeMetrics:
     def running_model(self) -> dict[str, Any] | None:
         return self.model
 
+    def quality_reports(self) -> dict[str, Any]:
+        return {}  # no drift windows: the link sends telemetry without model_quality
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "model": self.model,

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from edgesdk.agent.drift.window import ModelWindow
 from edgesdk.agent.nonfinite import REFUSED
+from edgesdk.agent.ports import AnswerTaps
 from edgesdk.agent.shadow.readout import live_agreement
 
 from edgesdk.drift.schema import ReferenceProfile
@@ -134,13 +135,10 @@ class DriftMonitor:
         self._closing = threading.Lock()  # a window's close and its totals, seen together
         self._telemetry = False  # whether a telemetry link takes the windows (reports())
 
-    def attach(self, server: Any) -> None:
+    def attach(self, server: AnswerTaps) -> None:
         """Count every answer of ``server`` (its model's and nothing else); once per server."""
-        taps = getattr(server, "taps", None)
-        if taps is None:  # a server without taps (the API hands it no answers): nothing to count
-            return
-        if self.tap not in taps:
-            taps.append(self.tap)
+        if self.tap not in server.taps:
+            server.taps.append(self.tap)
 
     def on_event(self, name: str, detail: dict[str, Any]) -> None:
         """A model (re)loaded: watch its server, and read its bundle's reference again."""
@@ -221,8 +219,8 @@ class DriftMonitor:
 
     def _agreement(self, entry: Any) -> Any:
         """The model's shadow agreement while a probation's shadow runs, else None."""
-        servers = (getattr(self.models, "default_server", None), entry.server)
-        taps = [tap for server in servers for tap in getattr(server, "taps", None) or []]
+        servers = (self.models.default_server, entry.server)
+        taps = [tap for server in servers for tap in server.taps]
         return live_agreement(taps, entry.name)
 
     def _start(self, name: str) -> _Sampled | None:

@@ -61,6 +61,12 @@ class UpdateTarget(Protocol):
         """Write the bundle into the inactive slot, re-verify it there; return the slot name."""
         ...
 
+    def shadow_phase(self, deployment: Deployment, slot: str, cancelled: Callable[[], bool]) -> str:
+        """Run the staged model in ``slot`` beside the serving one on sampled live requests for
+        ``deployment.health.shadow_s`` (called only when that is set); raise ProbationFailed on a
+        refusal, with the old model still serving. Returns what passed."""
+        ...
+
     def activate(self, deployment: Deployment, slot: str) -> None:
         """Make ``slot`` the active slot and swap serving to it (old slot kept)."""
         ...
@@ -282,13 +288,12 @@ class UpdateMachine:
         slot = self.target.stage(deployment, self._downloaded(deployment))
         self.record = self.record.model_copy(update={"staged_slot": slot, "activated_slot": slot})
         staged = f"staged in slot {slot}"
-        shadow_phase = getattr(self.target, "shadow_phase", None)  # an UpdateTarget may have none
-        if not deployment.health.shadow_s or shadow_phase is None:
+        if not deployment.health.shadow_s:
             return staged
         # Before activation the staged model shadows the serving one (agent/shadow/phase.py);
         # a refusal (ProbationFailed) fails the update with the old model still serving.
         self._publish(reason=f"{staged}; shadow phase for {deployment.health.shadow_s:g} s before activation")
-        summary = shadow_phase(deployment, slot, self._cancel.is_set)
+        summary = self.target.shadow_phase(deployment, slot, self._cancel.is_set)
         self._check_cancel()
         return f"{staged}; {summary}"
 

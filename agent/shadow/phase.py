@@ -72,10 +72,10 @@ def _start(
 ) -> ShadowCheck:
     minimum = health.min_agreement
     rate = DEFAULT_SHADOW_RATE if health.shadow_rate is None else health.shadow_rate
-    taps = device.taps if device is not None and device.taps is not None else getattr(server, "taps", None)
+    taps = device.taps if device is not None and device.taps is not None else server.taps
     served = server.model
-    if taps is None or served is None:
-        return ShadowCheck(minimum, absent="this agent cannot tap its answers", window=WINDOW)
+    if served is None:
+        return ShadowCheck(minimum, absent="no model serves: nothing to shadow", window=WINDOW)
     if device is None:
         return ShadowCheck(minimum, absent="this updater knows no memory budget for the staged model", window=WINDOW)
     try:

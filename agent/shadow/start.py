@@ -32,10 +32,10 @@ def start_shadow(
     rate = DEFAULT_SHADOW_RATE if health.shadow_rate is None else health.shadow_rate
     if rate <= 0:
         return ShadowCheck(minimum, absent="the deployment set shadow_rate 0")
-    taps = device.taps if device is not None and device.taps is not None else getattr(server, "taps", None)
+    taps = device.taps if device is not None and device.taps is not None else server.taps
     model = server.model
-    if taps is None or model is None or manifest is None:
-        return ShadowCheck(minimum, absent="this agent cannot tap its answers")
+    if model is None or manifest is None:
+        return ShadowCheck(minimum, absent="no model serves (or its manifest is gone): nothing to shadow")
     try:
         if previous is not None:
             reference = from_memory(previous, server.profile)

@@ -19,8 +19,8 @@ def device_for(models: Any, entry: Any) -> ShadowDevice:
         governor = entry.governor
         return governor_pressure(governor) if governor is not None else None
 
-    api_server = getattr(models, "default_server", None)  # the API calls this server's taps for every model
-    return ShadowDevice(free_mb=free_mb, pressure=pressure, taps=getattr(api_server, "taps", None))
+    # The API calls the default model's server's taps for every model's answers.
+    return ShadowDevice(free_mb=free_mb, pressure=pressure, taps=models.default_server.taps)
 
 
 def attach(fleet: Any, models: Any) -> None:

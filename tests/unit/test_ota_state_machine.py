@@ -88,6 +88,9 @@ class FakeDevice:
         self._maybe_fail(S.STAGED)
         return inactive
 
+    def shadow_phase(self, deployment, slot, cancelled) -> str:
+        raise AssertionError("these deployments set no shadow_s: the machine must not start a shadow phase")
+
     def activate(self, deployment, slot) -> None:
         if self.fail_in is S.ACTIVATING and not self.fail_after_switch:
             raise UpdateError("injected failure before the switch")
