@@ -89,10 +89,13 @@ def _db_url(db_url: str | None, data_dir: Path | None) -> str:
     return db_url or default_db_url(_data_dir(data_dir, None))
 
 
-def _private_files(data_dir: Path | None) -> None:
-    """Files 0600 and directories 0700 from here on (the umask of this process, not the
-    caller's 022), and the data directory itself made private when this creates it."""
-    os.umask(0o077)
+def _private_files(ctx: click.Context, data_dir: Path | None) -> None:
+    """Files 0600 and directories 0700 while the command runs (the umask of this process, not
+    the caller's 022), and the data directory itself made private when this creates it. The
+    caller's umask comes back when the command ends: a program running this CLI in its own
+    process (a test, an embedding tool) keeps the modes it asked for."""
+    previous = os.umask(0o077)
+    ctx.call_on_close(lambda: os.umask(previous))
     if data_dir is not None and not data_dir.exists():
         data_dir.mkdir(parents=True, mode=0o700)
 
@@ -196,7 +199,7 @@ def serve(
     **params: Any,
 ) -> None:
     """Run the fleet service: ingest device messages into a database and drive rollouts."""
-    _private_files(data_dir)
+    _private_files(ctx, data_dir)
     if ctx.invoked_subcommand is not None:
         return
     if not params.get("broker"):
