@@ -385,7 +385,7 @@ def _wait(text: str, option: str) -> float:
 @json_option
 def submit(bundle: Path, db_url: str | None, data_dir: Path | None, rollout: RolloutArgs, as_json: bool) -> None:
     """Hand BUNDLE to the running fleet service as a staged rollout (returns at once)."""
-    _private_files(data_dir)
+    _private_files(click.get_current_context(), data_dir)
     from edgesdk.fleet.service.store import SqlRolloutStore
     from edgesdk.fleet.service.submit import submit_deployment
 
