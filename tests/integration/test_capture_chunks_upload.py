@@ -9,7 +9,6 @@ another device's ack topic nor read it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,77 +23,50 @@ pytest.importorskip("httpx")
 
 import numpy as np  # noqa: E402
 
-from edgesdk.capture.operator_key import generate_capture_key  # noqa: E402
-from edgesdk.capture.record import pack_record, unpack_record  # noqa: E402
-from edgesdk.capture.sealed import open_sealed, seal  # noqa: E402
+from edgesdk.capture.record import unpack_record  # noqa: E402
+from edgesdk.capture.sealed import open_sealed  # noqa: E402
 from edgesdk.capture.upload import CHUNK_BYTES, CaptureAck  # noqa: E402
-from edgesdk.keys import load_device_private_key, load_device_public_key  # noqa: E402
+from edgesdk.keys import load_device_private_key  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
 from edgesdk.mqtt.client import ClientOptions, MqttClient  # noqa: E402
-from tests.agent_helpers import AgentProcess, make_device  # noqa: E402
-from tests.integration.conftest import require_mosquitto  # noqa: E402
-from tests.integration.test_capture_upload import (  # noqa: E402
+from tests.agent_helpers import AgentProcess  # noqa: E402
+from tests.capture_helpers import (  # noqa: E402
+    ACK_TOPIC,
     DEVICE_PASSWORDS,
-    _get,
-    _shipped_client,
-    _start_service,
-    _until,
+    LEDGER,
+    digits_device,
+    fully_queued,
+    get,
+    listed_captures,
+    put_capture,
+    shipped_client,
+    start_service,
+    until,
+    upload_config,
 )
+from tests.integration.conftest import require_mosquitto  # noqa: E402
 from tests.pki_helpers import make_test_pki  # noqa: E402
 from tests.shipped_mosquitto import shipped_broker  # noqa: E402
 
 pytestmark = [pytest.mark.integration]
 
-ACK_TOPIC = "edgesdk/devices/{}/capture/ack"
-
-
-def _put_capture(directory: Path, second: int, operator_public: Path) -> tuple[Path, np.ndarray]:
-    """A sealed ~3 MB capture record as the agent's writer leaves one (temporary dot-file, renamed)."""
-    image = np.frombuffer(os.urandom(3 * 1024 * 1024), dtype=np.float32).reshape(-1, 1024)
-    sealed = seal(pack_record({"image": image}, {}, {"model": "digits"}), load_device_public_key(operator_public))
-    assert len(sealed) > 5 * CHUNK_BYTES  # six chunks
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"20261206T0000{second:02d}.000000Z-{second:06d}-digits.edgecap"
-    temporary = directory / f".{path.name}.tmp"
-    temporary.write_bytes(sealed)
-    temporary.rename(path)
-    return path, image
-
-
-def _fully_queued(ledger: Path, name: str) -> bool:
-    """The uploader's ledger says the last chunk of ``name`` is in the outbox."""
-    try:
-        lines = ledger.read_text().split("\n")
-    except FileNotFoundError:
-        return False
-    return any(f[0] == name and int(f[2]) == int(f[3]) - 1 for f in (x.split() for x in lines) if len(f) == 4)
-
 
 def test_a_3mb_capture_arrives_in_chunks_and_leaves_the_device_only_on_its_ack(
     digits, tmp_path: Path, request: Any
 ) -> None:
-    from tests.bundle_helpers import make_digits_convert_dir
-
     require_mosquitto()
-    cache = Path(request.config.cache.mkdir("edgesdk-agent-digits-fp32-convert-v1"))
-    convert_dir = make_digits_convert_dir(digits, cache / "out", int8=False)
-    operator_private, operator_public = generate_capture_key(tmp_path / "operator")
-    device = make_device(tmp_path / "device")
-    device.install(convert_dir, name="digits")
+    device, operator_private, operator_public = digits_device(digits, tmp_path, request)
     capture_dir = device.data_dir / "capture"
-    unstored, _ = _put_capture(capture_dir, 1, operator_public)  # sent before any service listens
+    unstored, _ = put_capture(capture_dir, 1, operator_public)  # sent before any service listens
     with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker:
-        device.write_config(
-            mqtt={"enabled": True, "broker": broker.url, "telemetry_interval_s": 3600},
-            capture={"rate": 1.0, "operator_public_key": str(operator_public), "upload": True},
-        )
+        upload_config(device, broker, operator_public)
         forger = MqttClient(ClientOptions(client_id="forger", broker_url=broker.url))
         forger.start()
         try:
             assert forger.wait_connected(10), forger.stats.last_error
             with AgentProcess(device) as agent:
-                ledger = capture_dir / ".uploaded"
-                assert _until(lambda: _fully_queued(ledger, unstored.name), 60), agent.log()[-3000:]
+                ledger = capture_dir / LEDGER
+                assert until(lambda: fully_queued(ledger, unstored.name), 60), agent.log()[-3000:]
                 sha256 = hashlib.sha256(unstored.read_bytes()).hexdigest()
                 for topic, ack in (
                     (ACK_TOPIC.format("dev-2"), CaptureAck(device_id="dev-2", sha256=sha256)),  # not its topic
@@ -103,25 +75,21 @@ def test_a_3mb_capture_arrives_in_chunks_and_leaves_the_device_only_on_its_ack(
                 ):
                     forger.publish(topic, ack.model_dump_json().encode(), qos=1)
                 ignored = "ignored an acknowledgement"
-                assert _until(lambda: agent.log().count(ignored) >= 2, 30), agent.log()[-3000:]
+                assert until(lambda: agent.log().count(ignored) >= 2, 30), agent.log()[-3000:]
                 assert unstored.exists()  # no forged ack deleted it
 
-                service, url, viewer, operator, _db = _start_service(tmp_path, broker)
+                service, url, viewer, operator, _db = start_service(tmp_path, broker)
                 try:
-                    path, image = _put_capture(capture_dir, 2, operator_public)
+                    path, image = put_capture(capture_dir, 2, operator_public)
                     local = path.read_bytes()
 
-                    def listed() -> list[dict[str, Any]]:
-                        status, body = _get(f"{url}/api/v1/devices/dev-1/captures", viewer)
-                        return json.loads(body)["captures"] if status == 200 else []
-
-                    captures = _until(listed, 60)
+                    captures = until(lambda: listed_captures(url, viewer), 60)
                     assert [c["name"] for c in captures] == [path.name], agent.log()[-3000:]
-                    status, downloaded = _get(f"{url}/api/v1/captures/{captures[0]['id']}", operator)
+                    status, downloaded = get(f"{url}/api/v1/captures/{captures[0]['id']}", operator)
                     assert status == 200 and downloaded == local
                     plain = open_sealed(downloaded, load_device_private_key(operator_private), source="download")
                     np.testing.assert_array_equal(unpack_record(plain, source="download").inputs["image"], image)
-                    assert _until(lambda: not path.exists(), 30), agent.log()[-3000:]  # deleted on the ack
+                    assert until(lambda: not path.exists(), 30), agent.log()[-3000:]  # deleted on the ack
                     assert unstored.exists()  # the service never got it: never acknowledged, kept
                 finally:
                     service.terminate()
@@ -134,9 +102,9 @@ def test_the_shipped_acl_keeps_a_devices_capture_acks_from_other_devices(tmp_pat
     require_mosquitto()
     pki = make_test_pki(tmp_path / "pki", ["rpi-001", "rpi-002", "fleet-operator"])
     with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
-        service = _shipped_client(broker, "operators", "service", "fleet-operator", "op")
-        device = _shipped_client(broker, "devices", "rpi-001", "rpi-001", DEVICE_PASSWORDS["rpi-001"])
-        attacker = _shipped_client(broker, "devices", "rpi-002", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
+        service = shipped_client(broker, "operators", "service", "fleet-operator", "op")
+        device = shipped_client(broker, "devices", "rpi-001", "rpi-001", DEVICE_PASSWORDS["rpi-001"])
+        attacker = shipped_client(broker, "devices", "rpi-002", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
         uploads: list[bytes] = []
         acks: list[bytes] = []
         snooped: list[tuple[str, bytes]] = []
@@ -152,15 +120,15 @@ def test_the_shipped_acl_keeps_a_devices_capture_acks_from_other_devices(tmp_pat
                 client.start()
                 assert client.wait_connected(10), client.stats.last_error
             own = (ACK_TOPIC.format("rpi-002"), b"its own")
-            assert _until(lambda: service.publish(*own, qos=1) and own in snooped, 10)
-            assert _until(lambda: service.publish(ACK_TOPIC.format("rpi-001"), b"probe", qos=1) and acks, 10)
+            assert until(lambda: service.publish(*own, qos=1) and own in snooped, 10)
+            assert until(lambda: service.publish(ACK_TOPIC.format("rpi-001"), b"probe", qos=1) and acks, 10)
             acks.clear()
             attacker.publish(ACK_TOPIC.format("rpi-001"), b"forged", qos=1)
             attacker.publish(ACK_TOPIC.format("rpi-002"), b"forged", qos=1)  # not even its own
             attacker.publish("edgesdk/devices/rpi-002/capture", b"after the forgeries", qos=1)
-            assert _until(lambda: b"after the forgeries" in uploads, 10)  # the broker handled them in order
+            assert until(lambda: b"after the forgeries" in uploads, 10)  # the broker handled them in order
             service.publish(ACK_TOPIC.format("rpi-001"), b"genuine", qos=1)
-            assert _until(lambda: b"genuine" in acks, 10)
+            assert until(lambda: b"genuine" in acks, 10)
             assert set(acks) <= {b"probe", b"genuine"} and b"forged" not in acks
             assert {p for t, p in snooped if t == ACK_TOPIC.format("rpi-001")} == set()
         finally:

@@ -13,12 +13,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +28,21 @@ pytest.importorskip("paho.mqtt", reason="needs paho-mqtt")
 pytest.importorskip("onnxruntime")
 httpx = pytest.importorskip("httpx")
 
-from edgesdk.capture.operator_key import generate_capture_key  # noqa: E402
 from edgesdk.capture.upload import MAX_UPLOAD_BYTES, upload_message  # noqa: E402
 from edgesdk.mqtt.broker import MosquittoBroker  # noqa: E402
-from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings  # noqa: E402
-from tests.agent_helpers import AgentProcess, make_device  # noqa: E402
+from edgesdk.mqtt.client import ClientOptions, MqttClient  # noqa: E402
+from tests.agent_helpers import AgentProcess  # noqa: E402
+from tests.capture_helpers import (  # noqa: E402
+    DEVICE_PASSWORDS,
+    digits_device,
+    get,
+    ingest_counters,
+    listed_captures,
+    shipped_client,
+    start_service,
+    until,
+    upload_config,
+)
 from tests.integration.conftest import require_mosquitto  # noqa: E402
 from tests.pki_helpers import make_test_pki  # noqa: E402
 from tests.shipped_mosquitto import shipped_broker  # noqa: E402
@@ -43,77 +50,16 @@ from tests.shipped_mosquitto import shipped_broker  # noqa: E402
 pytestmark = [pytest.mark.integration]
 
 
-def _get(url: str, token: str) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def _until(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
-
-
-def _start_service(root: Path, broker: MosquittoBroker) -> tuple[subprocess.Popen[str], str, str, str, str]:
-    """The service process on SQLite; (process, API url, viewer token, operator token, db url)."""
-    from edgesdk.fleet.service.database import migrate, open_engine
-    from edgesdk.fleet.service.tokens import create_token
-    from edgesdk.keys import generate_publisher_key
-
-    db_url = f"sqlite:///{root / 'fleet.sqlite3'}"
-    engine = open_engine(db_url)
-    migrate(engine)
-    viewer = create_token(engine, name="vera", role="viewer", created_by="test")[1]
-    operator = create_token(engine, name="otto", role="operator", created_by="test")[1]
-    engine.dispose()
-    key, _ = generate_publisher_key(root / "publisher")
-    argv = [sys.executable, "-m", "tests.fleet_service_process", "--db", db_url, "--broker", broker.url]
-    argv += ["--operator-key", str(key), "--api", "127.0.0.1:0", "--data-dir", str(root)]
-    with open(root / "service.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
-    port_file = root / "api.port"
-    _until(lambda: port_file.exists() or proc.poll() is not None, 60)
-    assert port_file.exists(), (root / "service.log").read_text()[-3000:]
-    return proc, f"http://127.0.0.1:{port_file.read_text()}", viewer, operator, db_url
-
-
-def _ingest_counters(db_url: str) -> dict[str, int]:
-    from edgesdk.fleet.service.database import open_engine
-    from edgesdk.fleet.service.ingest import read_counters
-
-    engine = open_engine(db_url)
-    try:
-        return read_counters(engine, "test")
-    finally:
-        engine.dispose()
-
-
 def test_an_agents_capture_file_is_uploaded_listed_and_downloads_to_what_the_operator_key_opens(
     digits, tmp_path: Path, request: Any
 ) -> None:
-    from tests.bundle_helpers import make_digits_convert_dir
-
     require_mosquitto()
-    cache = Path(request.config.cache.mkdir("edgesdk-agent-digits-fp32-convert-v1"))
-    convert_dir = make_digits_convert_dir(digits, cache / "out", int8=False)
-    operator_private, operator_public = generate_capture_key(tmp_path / "operator")
-    device = make_device(tmp_path / "device")
-    device.install(convert_dir, name="digits")
+    device, operator_private, operator_public = digits_device(digits, tmp_path, request)
     image = np.load(digits.validation)["image"][:1].astype(np.float32)
     with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker:
-        service, url, viewer, operator, db_url = _start_service(tmp_path, broker)
+        service, url, viewer, operator, db_url = start_service(tmp_path, broker)
         try:
-            device.write_config(
-                mqtt={"enabled": True, "broker": broker.url, "telemetry_interval_s": 3600},
-                capture={"rate": 1.0, "operator_public_key": str(operator_public), "upload": True},
-            )
+            upload_config(device, broker, operator_public)
             with AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=30) as client:
                 buffer = io.BytesIO()
                 np.savez(buffer, image=image)
@@ -123,24 +69,19 @@ def test_an_agents_capture_file_is_uploaded_listed_and_downloads_to_what_the_ope
                     headers={"content-type": "application/x-npz"},
                 )
                 assert answer.status_code == 200, answer.text
-
-                def listed() -> list[dict[str, Any]]:
-                    status, body = _get(f"{url}/api/v1/devices/dev-1/captures", viewer)
-                    return json.loads(body)["captures"] if status == 200 else []
-
-                captures = _until(listed)
+                captures = until(lambda: listed_captures(url, viewer))
                 assert captures, agent.log()[-3000:] + (tmp_path / "service.log").read_text()[-3000:]
                 on_device = lambda: list((device.data_dir / "capture").glob("*.edgecap"))  # noqa: E731
-                assert _until(lambda: not on_device()), agent.log()[-3000:]  # deleted on the service's ack
+                assert until(lambda: not on_device()), agent.log()[-3000:]  # deleted on the service's ack
             entry = captures[0]
             assert entry["model"] == "digits"
 
-            assert _get(f"{url}/api/v1/captures/{entry['id']}", viewer)[0] == 403  # operator role only
-            status, downloaded = _get(f"{url}/api/v1/captures/{entry['id']}", operator)
+            assert get(f"{url}/api/v1/captures/{entry['id']}", viewer)[0] == 403  # operator role only
+            status, downloaded = get(f"{url}/api/v1/captures/{entry['id']}", operator)
             local = downloaded  # the device's SHA-256 of its file, checked by the service on arrival:
             assert status == 200 and hashlib.sha256(local).hexdigest() == entry["sha256"]
             assert entry["size"] == len(local)
-            assert _get(f"{url}/api/v1/captures/{entry['id'] + 1000}", operator)[0] == 404
+            assert get(f"{url}/api/v1/captures/{entry['id'] + 1000}", operator)[0] == 404
             _device_page_lists_captures_and_links_them_for_operators_only(url, viewer, operator, entry, local)
 
             saved = tmp_path / "downloaded.edgecap"
@@ -215,45 +156,27 @@ def _refuses_oversized_and_forged_uploads(broker: MosquittoBroker, url: str, vie
         sender.publish(topic, genuine.model_dump_json().encode(), qos=1)
 
         def names() -> set[str]:
-            status, body = _get(f"{url}/api/v1/devices/dev-1/captures", viewer)
-            return {c["name"] for c in json.loads(body)["captures"]} if status == 200 else set()
+            return {c["name"] for c in listed_captures(url, viewer)}
 
-        assert _until(lambda: genuine.name in names())
+        assert until(lambda: genuine.name in names())
         assert big.name not in names() and "forged.edgecap" not in names()
-        counters = _until(lambda: (c := _ingest_counters(db_url)).get("capture_refused") and c, 10)
+        counters = until(lambda: (c := ingest_counters(db_url)).get("capture_refused") and c, 10)
         assert counters["capture_refused"] == 1 and counters["malformed"] >= 1, counters
-        metrics = _until(lambda: (text := _get(f"{url}/metrics", viewer)[1].decode()) and text)
+        metrics = until(lambda: (text := get(f"{url}/metrics", viewer)[1].decode()) and text)
         assert 'edgesdk_fleet_ingest_total{kind="capture_refused"} 1' in metrics, metrics[-2000:]
     finally:
         sender.stop()
-
-
-DEVICE_PASSWORDS = {"rpi-001": "pw-of-rpi-001", "rpi-002": "pw-of-rpi-002"}
-
-
-def _shipped_client(broker: Any, listener: str, client_id: str, user: str, password: str) -> MqttClient:
-    options = ClientOptions(
-        client_id=client_id,
-        broker_url=broker.url(listener),
-        username=user,
-        password=password,
-        tls=TlsSettings(ca_file=str(broker.pki.ca_file)),
-        backoff_min_s=0.2,
-        clean_start=True,
-        session_expiry_s=0,
-    )
-    return MqttClient(options)
 
 
 def test_the_shipped_acl_lets_a_device_upload_captures_only_on_its_own_topic(tmp_path: Path) -> None:
     require_mosquitto()
     pki = make_test_pki(tmp_path / "pki", ["rpi-001", "rpi-002", "fleet-operator"])
     with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
-        service = _shipped_client(broker, "operators", "service", "fleet-operator", "op")
+        service = shipped_client(broker, "operators", "service", "fleet-operator", "op")
         seen: list[tuple[str, bytes]] = []
         service.on_message = lambda topic, payload: seen.append((topic, payload))
         service.subscribe("edgesdk/devices/+/capture", qos=1)
-        attacker = _shipped_client(broker, "devices", "rpi-002", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
+        attacker = shipped_client(broker, "devices", "rpi-002", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
         try:
             for client in (service, attacker):
                 client.start()
@@ -261,7 +184,7 @@ def test_the_shipped_acl_lets_a_device_upload_captures_only_on_its_own_topic(tmp
             time.sleep(0.3)
             attacker.publish("edgesdk/devices/rpi-001/capture", b"forged", qos=1)
             attacker.publish("edgesdk/devices/rpi-002/capture", b"genuine", qos=1)
-            assert _until(lambda: ("edgesdk/devices/rpi-002/capture", b"genuine") in seen, 10)
+            assert until(lambda: ("edgesdk/devices/rpi-002/capture", b"genuine") in seen, 10)
             assert [t for t, p in seen if p == b"forged"] == []
         finally:
             service.stop()
