@@ -38,7 +38,13 @@ class BudgetRefused(AgentError):
         # The memory budget full now (503: retry) or a request too large for it (413, and the
         # statuses /predict's pipeline refuses with).
         self.grpc_status = "UNAVAILABLE" if status == 503 else "RESOURCE_EXHAUSTED"
-        self.error_kind = "overload" if status == 503 else "bad_request"
+        self.error_kind = self.kind_of(status)
+
+    @staticmethod
+    def kind_of(status: int) -> str:
+        """The error count's kind of a refusal for size with ``status`` (also the HTTP server's,
+        which refuses a body on its head before any handler: ``HttpServer.count_error``)."""
+        return "overload" if status == 503 else "bad_request"
 
     @property
     def status(self) -> int:

@@ -55,10 +55,12 @@ class DecodeError(AgentError):
 
 
 class DeclaredInputError(InferenceInputError):
-    """What an encoding declares (name, dtype, shape) does not fit the model's signature (HTTP
-    422), found before the array was built, so before the server's own check saw it."""
+    """What a request declares (an input's name, dtype or shape; an output it asks for) does not
+    fit the model's signature (HTTP 422), found by the API itself (inputs: before the array was
+    built), not by the server's own check. The API raises this, never a bare
+    InferenceInputError: that one the server counts where it checks, so it is not counted again."""
 
-    error_kind = "bad_input"  # refused before the server (which counts its own) saw it
+    error_kind = "bad_input"  # refused by the API, not by the server (which counts its own)
 
 
 class DecodedValueError(InferenceInputError):
@@ -530,7 +532,7 @@ def encode_response(
         names = parse_qs(query).get("output")
         if names:
             if names[0] not in outputs:
-                raise InferenceInputError(f"unknown output {names[0]!r}; the model has {list(outputs)}")
+                raise DeclaredInputError(f"unknown output {names[0]!r}; the model has {list(outputs)}")
             array = outputs[names[0]]
         elif len(outputs) == 1:
             array = next(iter(outputs.values()))

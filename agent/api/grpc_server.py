@@ -2,7 +2,8 @@
 
 Off unless ``api.grpc.enabled``; needs the ``grpc`` extra (grpcio, protobuf), imported only
 then, so a device without it never loads grpc. RPCs: ServerLive, ServerReady, ServerMetadata,
-ModelReady, ModelMetadata, ModelInfer (others: UNIMPLEMENTED, from grpc itself).
+ModelReady, ModelMetadata, ModelInfer. Any other (ModelStreamInfer, ModelStatistics, ...):
+UNIMPLEMENTED, counted as ``not_found`` as the HTTP API counts a route it does not have.
 
 It is a second front door to the same house: every ModelInfer goes through the ``Scheduler``'s
 admission control (``max_concurrency`` + ``max_queue``, the inline fast path, the pool, the
@@ -23,6 +24,7 @@ more RPCs at once than capacity + 8                    RESOURCE_EXHAUSTED (grpc 
 malformed message, wrong datatype/shape, NaN/Inf,      INVALID_ARGUMENT with the message
 unknown input or output                                HTTP gives (HTTP: 400/422)
 unknown model or version                               NOT_FOUND (ModelReady: ready=false)
+an RPC not served here (ModelStreamInfer, ...)         UNIMPLEMENTED (HTTP: 404 no route)
 no answer within ``request_timeout_s``                 DEADLINE_EXCEEDED (HTTP: 504)
 the runtime failed, a bug                              INTERNAL (HTTP: 500)
 =====================================================  ======================================
@@ -36,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
@@ -57,6 +60,8 @@ log = logging.getLogger("edgesdk.agent.api")
 
 #: The service name clients call (``/inference.GRPCInferenceService/ModelInfer``).
 SERVICE = "inference.GRPCInferenceService"
+#: The RPCs served (``GrpcInferenceService.handlers``); any other is UNIMPLEMENTED.
+SERVED = ("ServerLive", "ServerReady", "ServerMetadata", "ModelReady", "ModelMetadata", "ModelInfer")
 #: RPCs beyond what admission control can hold (health and metadata calls while it is full).
 _EXTRA_RPCS = 8
 
@@ -159,6 +164,25 @@ class GrpcInferenceService:
         )
 
 
+class _UnservedMethods(grpc.GenericRpcHandler):
+    """Asked last, for an RPC no other handler serves: UNIMPLEMENTED (as grpc itself answers),
+    counted as ``not_found``, as ``ApiApp`` counts a route it does not have."""
+
+    def __init__(self, count_error: Callable[[str], None]) -> None:
+        self.count_error = count_error
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+
+        def refuse(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            # Streaming both ways takes a call of any kind; no message of it is read.
+            self.count_error("not_found")
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served here; served: {SERVED}")
+            yield b""  # never reached (abort raises): a generator, as the handler kind requires
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
 class GrpcServer:
     """The listening gRPC server around :class:`GrpcInferenceService`."""
 
@@ -171,7 +195,7 @@ class GrpcServer:
         capacity = scheduler.capacity + _EXTRA_RPCS
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="grpc"),
-            handlers=[self.service.handlers()],
+            handlers=[self.service.handlers(), _UnservedMethods(scheduler.metrics.count_error)],
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 # Two agents must never share a port silently.

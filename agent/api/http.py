@@ -57,7 +57,7 @@ from urllib.parse import unquote
 import httptools
 import orjson
 from edgesdk.agent.api.answer import AnswerFields, dumps
-from edgesdk.agent.api.budget import Allowance, InflightBytesBudget
+from edgesdk.agent.api.budget import Allowance, BudgetRefused, InflightBytesBudget
 
 from edgesdk.errors import AgentError
 
@@ -866,12 +866,21 @@ class HttpProtocol(asyncio.Protocol):
             transport.close()
 
 
+def _uncounted(kind: str) -> None:
+    """An HttpServer's error counter when it is given none."""
+
+
 class HttpServer:
     """The listening sockets (TCP and/or Unix) sharing one handler and one set of limits."""
 
-    def __init__(self, handler: Handler, limits: HttpLimits) -> None:
+    def __init__(
+        self, handler: Handler, limits: HttpLimits, *, count_error: Callable[[str], None] | None = None
+    ) -> None:
         self.handler = handler
         self.limits = limits
+        #: The agent's error counter (``Metrics.count_error``): a body refused on its head (413,
+        #: 503) is counted as the handler counts the same refusal found later (``BudgetRefused``).
+        self.count_error = count_error or _uncounted
         self.connections: set[HttpProtocol] = set()
         self.draining = False
         self._servers: list[asyncio.AbstractServer] = []
@@ -912,9 +921,11 @@ class HttpServer:
 
     def on_oversized(self) -> None:
         self.oversized += 1
+        self.count_error(BudgetRefused.kind_of(413))
 
     def on_over_budget(self) -> None:
         self.over_budget += 1
+        self.count_error(BudgetRefused.kind_of(503))
 
     def over_budget_message(self, length: int) -> str:
         return (

@@ -56,7 +56,6 @@ from edgesdk.agent.serving import ModelNotFoundError, ModelServer, ServedModel
 from edgesdk.agent.tensor_signature import Signature, TensorSlot
 
 from edgesdk._version import __version__
-from edgesdk.errors import InferenceInputError
 
 MODELS_PREFIX = "/v2/models/"
 #: Lower-case, as the HTTP server stores header names.
@@ -89,7 +88,7 @@ def datatype_name(dtype: np.dtype[Any]) -> str:
     try:
         return _NAMES[np.dtype(dtype).newbyteorder("=")]
     except KeyError:
-        raise InferenceInputError(f"dtype {np.dtype(dtype).name} has no Open Inference Protocol datatype") from None
+        raise DeclaredInputError(f"dtype {np.dtype(dtype).name} has no Open Inference Protocol datatype") from None
 
 
 @dataclass(frozen=True)
@@ -371,7 +370,7 @@ def requested_output(name: Any, parameters: Mapping[str, Any], index: int, signa
         raise DecodeError(f"outputs[{index}] needs a string name")
     known = [slot.name for slot in signature.outputs]
     if name not in known:
-        raise InferenceInputError(f"unknown output {name!r}; the model has {known}")
+        raise DeclaredInputError(f"unknown output {name!r}; the model has {known}")
     if parameters.get("classification"):
         raise DecodeError(f"output {name!r}: the classification extension is not supported; ask for the tensor")
     return RequestedOutput(name, _flag(parameters, "binary_data", f"output {name!r}"))

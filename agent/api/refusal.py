@@ -8,6 +8,15 @@ counted ``internal``, its message hidden (only its type is named). Any other exc
 answered the same way. The HTTP adapter turns an :class:`ErrorAnswer` into a JSON error; the gRPC one
 into ``context.abort(code, message)``.
 
+Counted once, whatever the route: ``Scheduler.refuse`` counts every refusal by its kind, except
+the two the server counts where it checks and runs (``agent/serving.py``): InferenceInputError
+and RuntimeBackendError, which therefore no API module raises itself (DeclaredInputError does;
+tests/unit/test_agent_api_raises_counted_errors.py). What never reaches a handler is counted where
+it is refused: a body refused on its head (``HttpServer.count_error``: 413 bad_request, 503
+overload) and an RPC the gRPC server does not serve (UNIMPLEMENTED, not_found, as a route the HTTP
+API lacks); not a gRPC message over the size limit, which grpc refuses itself (RESOURCE_EXHAUSTED).
+tests/integration/test_agent_refusals_counted.py sends each refusal over each route.
+
 =====================================  ======  ===================  ===========  ===========
 error (where it is defined)            HTTP    gRPC                 counted as   Retry-After
 =====================================  ======  ===================  ===========  ===========
@@ -17,7 +26,7 @@ UnsupportedEncodingError (codec.py)    406/415 INVALID_ARGUMENT     bad_request
 BudgetRefused (budget.py)              413     RESOURCE_EXHAUSTED   bad_request
 BudgetRefused, the budget full now     503     UNAVAILABLE          overload     its own
 InferenceInputError (errors.py)        422     INVALID_ARGUMENT     (the server)
-DeclaredInputError (codec.py)          422     INVALID_ARGUMENT     bad_input
+DeclaredInputError (codec.py)          422     INVALID_ARGUMENT     bad_input  (the API's own)
 DecodedValueError (codec.py)           422     INVALID_ARGUMENT     bad_input
 RuntimeBackendError (errors.py)        500     INTERNAL             (the server)
 AgentError, any other exception        500     INTERNAL             internal
