@@ -149,7 +149,9 @@ class Agent:
         )
         attach_shadow(self.fleet, self.models)  # each updater's probation shadow: free budget, governor pressure
         # issue 41: off unless [capture] rate > 0; uploads through the link once serve() made it
-        self.capture = start_capture(config, self.models, self.data_dir, link=lambda: self.fleet.link)
+        self.capture = start_capture(
+            config, self.models, self.data_dir, link=lambda: self.fleet.link, when_linked=self.fleet.on_link_made.append
+        )
         self.loader = InstalledModelLoader(
             config,
             self.profile,

@@ -2,10 +2,11 @@
 
 Started after the models load (``start``): the link is made, a tampered security record and an
 expired trust document are reported, each model's updater is made with its ports, the router of
-deployments and chunks (``ModelUpdates``), the trust topic and the re-provisioning topic are
-subscribed, and only then does the link connect (its subscriptions go out before the online
-presence). Updates interrupted by the last stop resume after that. ``guard_boot`` runs before
-any model loads; ``stop`` stops the updaters, then the link.
+deployments and chunks (``ModelUpdates``), the trust topic, the re-provisioning topic and what
+``on_link_made`` subscribes (the capture uploader's acks) are subscribed, and only then does the
+link connect (its subscriptions go out before the online presence). Updates interrupted by the
+last stop resume after that. ``guard_boot`` runs before any model loads; ``stop`` stops the
+updaters, then the link.
 
 An agent installed without the MQTT or OTA modules still serves: what is missing is logged,
 and problems go to ``/v1/status``.
@@ -66,6 +67,7 @@ class FleetConnection:
         self.link: AgentLink | None = None
         self.updates: UpdateManager | None = None  # the default model's (each model has its own)
         self._gate: Any = None  # the command gate every model's updater shares (_command_gate)
+        self.on_link_made: list[Callable[[AgentLink], None]] = []  # subscribe before it connects (capture acks)
 
     def device_public_key(self) -> bytes | None:
         """The raw public half of the device key (the enroll request carries it)."""
@@ -89,6 +91,8 @@ class FleetConnection:
             from edgesdk.agent.ota.reprovision import attach
 
             attach(self)
+            for subscribe in self.on_link_made:
+                subscribe(self.link)
         self._connect_link()
         if updates:
             self._resume_updates()

@@ -73,10 +73,17 @@ def describer(models: Any) -> Any:
 
 
 def start_capture(
-    config: AgentConfig, models: Any, data_dir: Path, *, link: Callable[[], Any] | None = None
+    config: AgentConfig,
+    models: Any,
+    data_dir: Path,
+    *,
+    link: Callable[[], Any] | None = None,
+    when_linked: Callable[[Callable[[Any], None]], None] | None = None,
 ) -> CaptureWriter | None:
     """The running capture writer on the API's taps, or None when capture is off. With ``upload``,
-    the files also go to the fleet service through the MQTT link ``link()`` returns (once made)."""
+    the files also go to the fleet service through the MQTT link ``link()`` returns (once made);
+    ``when_linked(f)`` has ``f(link)`` called when the link is made, before it connects, so the
+    uploader's acks are subscribed before the broker hands over those it kept for the device."""
     settings = config.capture
     if settings.rate <= 0:
         return None
@@ -104,7 +111,10 @@ def start_capture(
     if settings.upload and link is not None:
         from edgesdk.agent.capture.upload import CaptureUploader
 
-        uploader = CaptureUploader(writer.directory, config.device_id, link).start()
+        uploader = CaptureUploader(writer.directory, config.device_id, link)
+        if when_linked is not None:
+            when_linked(uploader.attach)
+        uploader.start()
         atexit.register(uploader.stop, 1.0)
     models.default_server.taps.append(writer.tap)  # the API calls this server's taps for every model
     log.info(

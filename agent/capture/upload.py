@@ -127,9 +127,8 @@ class CaptureUploader:
         """Queue the next chunk of the oldest file not sent in full when the outbox is empty; True
         when one was queued."""
         link = self.link_of()
-        if link is not None and self._subscribed is not link:
-            link.subscribe(topics.CAPTURE_ACK, self.on_ack)  # before any upload: no ack can be missed
-            self._subscribed = link
+        if link is not None:
+            self.attach(link)  # before any upload (start_capture attaches it earlier, before it connects)
         if link is None or not link.client.connected or link.queue.depth > 0:
             return False  # offline (or stopping) the file waits on disk, not in the outbox's quota
         for path in capture_files(self.directory):
@@ -154,6 +153,17 @@ class CaptureUploader:
             self.counts.uploaded += sent.next_index + 1 == sent.count
             return True
         return False
+
+    def attach(self, link: Any) -> None:
+        """Take the acks on ``link`` (once per link). Called before the link connects: the broker
+        keeps an ack sent while the agent was down in the device's session and hands it over right
+        after the connection, and an ack that finds no handler then is dropped (the file would
+        stay until it is sent again, ``resend_after_s`` later)."""
+        with self._lock:
+            if self._subscribed is link:
+                return
+            self._subscribed = link
+        link.subscribe(topics.CAPTURE_ACK, self.on_ack)
 
     def on_ack(self, payload: bytes) -> None:
         """The service holds a file: delete it if it is one this device sent in full."""

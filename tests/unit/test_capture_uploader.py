@@ -1,6 +1,6 @@
 """The capture uploader (agent/capture/upload.py) with a stand-in link: it hands the oldest unsent
 file to the outbox only when the outbox is empty, never sends a file twice (not after a restart
-either), waits for a link; and
+either), waits for a link, takes its acks on a link attached before it connects; and
 ``[capture] upload = true`` without ``[mqtt]`` is refused at start in one line."""
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ class _Link:
         self.queue = _Outbox()
         self.sent: list[tuple[str, CaptureUpload]] = []
         self.handlers: dict[str, Any] = {}
+        self.subscriptions: list[str] = []
 
     def subscribe(self, suffix: str, handler: Any) -> None:
         self.handlers[suffix] = handler
+        self.subscriptions.append(suffix)
 
     def publish_reliable(self, suffix: str, message: CaptureUpload) -> int:
         self.sent.append((suffix, message))
@@ -78,6 +80,22 @@ def test_the_uploader_waits_for_the_link(tmp_path: Path) -> None:
     assert uploader.send_next()
     assert [m.name for _, m in link.sent] == [small.name] and small.exists()
     assert model_of("odd.edgecap") == ""
+
+
+def test_the_uploader_takes_its_acks_on_a_link_attached_before_it_connects(tmp_path: Path) -> None:
+    """Attached when the link is made (before it connects), the ack handler is there for an ack the
+    broker kept for the device while the agent was down; the first send does not subscribe again."""
+    sent = _file(tmp_path, 3, "digits")
+    link = _Link()
+    link.client.connected = False
+    uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
+    uploader.attach(link)
+    assert link.subscriptions == ["capture/ack"]
+    link.client.connected = True
+    assert uploader.send_next()
+    sha256 = hashlib.sha256(sent.read_bytes()).hexdigest()
+    link.handlers["capture/ack"](f'{{"device_id": "dev-1", "sha256": "{sha256}"}}'.encode())
+    assert not sent.exists() and link.subscriptions == ["capture/ack"]
 
 
 def test_capture_upload_without_mqtt_is_refused_in_one_line(tmp_path: Path) -> None:
