@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 from edgesdk.agent.batching import BatchFormer, has_batch_axis
@@ -31,7 +31,7 @@ from edgesdk.agent.nonfinite import ScanThread, first_nonfinite, nonfinite_error
 from edgesdk.agent.tensor_signature import DEFERRED_SCAN_MIN_BYTES, Signature, dequantize, quantize
 from edgesdk.agent.variant_choice import VariantChoice, VariantChoices
 
-from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError
+from edgesdk.errors import AgentError, EdgeSDKError, InferenceInputError, IntegrityError, RuntimeBackendError
 from edgesdk.pipeline.audio import step_backends
 from edgesdk.runtimes.base import LoadedModel
 from edgesdk.runtimes.execution import ExecutionRequest
@@ -622,8 +622,10 @@ class ModelServer:
             other = self.others.get(model_name)
             if other is not None:
                 return other.infer_with_variant(model_name, feeds)  # another model of this device
-            self.count_error("not_found" if model is not None or self.others else "no_model")
-            model = self.get_model(model_name)  # raises the right error (unless a swap just landed)
+            # Raises the right error (unless a swap just landed), which the answer counts
+            # (agent/api/refusal.py): counted here too, one request was two errors, and a request
+            # a swap let through was counted as refused.
+            model = self.get_model(model_name)
         former = model.former
         if former is not None and former.pooled:
             return self._infer_batched(model, former, feeds)
@@ -648,13 +650,12 @@ class ModelServer:
         start = time.perf_counter()
         try:
             outputs = variant.run_checked(feeds)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - counted once and raised again (_raise_failed_run)
             # NaN fed to the runtime (or to an int8 variant's quantizer) may make it fail: the
             # client must hear about its bad input, not about what that input did downstream.
             if scan is not None:
                 self._refuse_nonfinite(self.scans.result(scan), exc)
-            self.count_error("bad_input" if isinstance(exc, InferenceInputError) else "runtime")
-            raise
+            self._raise_failed_run(exc)
         elapsed = time.perf_counter() - start
         if scan is not None:
             bad = self.scans.result(scan)
@@ -689,14 +690,25 @@ class ModelServer:
         start = time.perf_counter()
         try:
             outputs = run(request)
-        except InferenceInputError:
-            self.count_error("bad_input")
-            raise
-        except Exception:
-            self.count_error("runtime")
-            raise
+        except Exception as exc:  # noqa: BLE001 - counted once and raised again (_raise_failed_run)
+            self._raise_failed_run(exc)
         self.observe(variant_id, time.perf_counter() - start)
         return outputs
+
+    def _raise_failed_run(self, exc: Exception) -> NoReturn:
+        """Count a failed run once, as the client's (bad_input) or the runtime's, and raise it.
+        An exception the runtime did not translate is raised as the RuntimeBackendError it was
+        counted as: the answer counts that no second time and shows only the type (as anything
+        else it was counted ``internal`` too: one request read as two failures); its traceback
+        is logged here."""
+        if isinstance(exc, InferenceInputError):
+            self.count_error("bad_input")
+            raise exc
+        self.count_error("runtime")
+        if isinstance(exc, RuntimeBackendError):
+            raise exc
+        log.error("the model's run failed", exc_info=exc)
+        raise RuntimeBackendError(f"the model's run failed: {type(exc).__name__}") from exc
 
     def _infer_batched(
         self, model: ServedModel, former: BatchFormer, feeds: Mapping[str, np.ndarray]
@@ -712,12 +724,8 @@ class ModelServer:
             raise
         try:
             outputs, variant_id = former.run(feeds)
-        except InferenceInputError:
-            self.count_error("bad_input")
-            raise
-        except Exception:
-            self.count_error("runtime")  # every request of a failed batch is counted
-            raise
+        except Exception as exc:  # noqa: BLE001 - counted once and raised again (_raise_failed_run)
+            self._raise_failed_run(exc)  # every request of a failed batch is counted
         self.observe(variant_id, time.perf_counter() - start)
         return outputs, variant_id
 
