@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -195,8 +196,12 @@ class CaptureUploader:
                 ledger.write(f"{name} {sent.sha256} {sent.next_index - 1} {sent.count}\n")
 
     def _rewrite_ledger(self) -> None:
+        """The ledger replaced whole (a SIGKILL leaves the old one or the new one, never a cut one:
+        a cut ledger would send its files again from their first chunk)."""
         lines = [f"{name} {s.sha256} {s.next_index - 1} {s.count}\n" for name, s in sorted(self._sent.items())]
-        self._ledger.write_text("".join(lines))
+        fresh = self._ledger.with_name(self._ledger.name + ".new")
+        fresh.write_text("".join(lines))
+        os.replace(fresh, self._ledger)
 
     def _read_ledger(self) -> dict[str, _Sent]:
         """What was sent before, of the files still on disk (the ledger is rewritten without the rest)."""
@@ -212,8 +217,11 @@ class CaptureUploader:
                 continue
             if len(fields) == 4 and fields[2].isdigit() and fields[3].isdigit():
                 sent[fields[0]] = _Sent(fields[1], int(fields[2]) + 1, int(fields[3]))
-            else:  # a name alone: sent whole before chunks and acknowledgements
+            elif len(fields) == 1:  # a name alone: sent whole before chunks and acknowledgements
                 sent[fields[0]] = _Sent("", 1, 0)
+            # else a line cut by a SIGKILL while it was appended: the file's line before it holds
+            # (the chunk it named is sent again: at least once); read as a name alone, the file
+            # could not be acknowledged and waited resend_after_s to be sent again whole.
         with self._lock:
             self._sent = sent
             self._rewrite_ledger()

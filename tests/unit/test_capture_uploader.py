@@ -104,3 +104,18 @@ def test_capture_upload_without_mqtt_is_refused_in_one_line(tmp_path: Path) -> N
     )
     with pytest.raises(ConfigError, match=r"upload = true .* \[mqtt\] enabled is false"):
         start_capture(config, object(), tmp_path, link=lambda: None)
+
+
+def test_a_ledger_line_cut_by_a_kill_resumes_from_the_line_before_it(tmp_path: Path) -> None:
+    """A SIGKILL while a line was appended leaves it cut: the file's previous line holds, so the
+    upload goes on from the chunk after it (read as an old name-only line, the file could not be
+    acknowledged and waited 6 h to be sent again whole)."""
+    big = _file(tmp_path, 4, "digits", size=3 * 512 * 1024 - 100)  # three chunks
+    sha256 = hashlib.sha256(big.read_bytes()).hexdigest()
+    (tmp_path / ".uploaded").write_text(f"{big.name} {sha256} 0 3\n{big.name} {sha256} 1")
+    link = _Link()
+    uploader = CaptureUploader(tmp_path, "dev-1", lambda: link)
+    assert uploader.send_next()
+    assert [(m.name, m.index, m.count) for _, m in link.sent] == [(big.name, 1, 3)]
+    assert (tmp_path / ".uploaded").read_text().splitlines()[-1] == f"{big.name} {sha256} 1 3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([big.name, ".uploaded"])  # no .new left
