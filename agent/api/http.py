@@ -260,6 +260,13 @@ def _head_start(status: int, content_type: str) -> str:
     return start
 
 
+#: The error counter's kind of each refusal this server makes before a handler sees the request:
+#: the handler counts the same refusals found later alike (``BudgetRefused.kind_of``); a client
+#: too slow to send its request (408) is its own kind. Anything else (400, 411, 413, 431) is a
+#: bad_request.
+_REFUSAL_KINDS = {408: "slow_client", 503: BudgetRefused.kind_of(503)}
+
+
 def _error(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
     return Response(status, orjson.dumps({"error": message}), headers=headers or [])
 
@@ -794,7 +801,10 @@ class HttpProtocol(asyncio.Protocol):
     # -- dispatch -------------------------------------------------------------------------------
 
     def _fail(self, response: Response) -> None:
-        """Answer with an error after the requests already queued, then close; read no more."""
+        """Answer with an error after the requests already queued, then close; read no more.
+        Every refusal of this server's own (framing, limits, timeouts) passes here, and is
+        counted here once, by kind (``HttpServer.count_error``)."""
+        self.server.count_error(_REFUSAL_KINDS.get(response.status, "bad_request"))
         self._eof = True
         self._disarm()
         self._queue.append(response)
@@ -878,8 +888,8 @@ class HttpServer:
     ) -> None:
         self.handler = handler
         self.limits = limits
-        #: The agent's error counter (``Metrics.count_error``): a body refused on its head (413,
-        #: 503) is counted as the handler counts the same refusal found later (``BudgetRefused``).
+        #: The agent's error counter (``Metrics.count_error``): every refusal of this server's own
+        #: (``HttpProtocol._fail``: 400, 408, 411, 413, 431, 503) once, by kind.
         self.count_error = count_error or _uncounted
         self.connections: set[HttpProtocol] = set()
         self.draining = False
@@ -921,11 +931,9 @@ class HttpServer:
 
     def on_oversized(self) -> None:
         self.oversized += 1
-        self.count_error(BudgetRefused.kind_of(413))
 
     def on_over_budget(self) -> None:
         self.over_budget += 1
-        self.count_error(BudgetRefused.kind_of(503))
 
     def over_budget_message(self, length: int) -> str:
         return (

@@ -12,9 +12,10 @@ Counted once, whatever the route: ``Scheduler.refuse`` counts every refusal by i
 the two the server counts where it checks and runs (``agent/serving.py``): InferenceInputError
 and RuntimeBackendError, which therefore no API module raises itself (DeclaredInputError does;
 tests/unit/test_agent_api_raises_counted_errors.py). What never reaches a handler is counted where
-it is refused: a body refused on its head (``HttpServer.count_error``: 413 bad_request, 503
-overload) and an RPC the gRPC server does not serve (UNIMPLEMENTED, not_found, as a route the HTTP
-API lacks); not a gRPC message over the size limit, which grpc refuses itself (RESOURCE_EXHAUSTED).
+it is refused: whatever the HTTP server refuses itself (``HttpProtocol._fail``: 400, 411, 413,
+431 bad_request, 408 slow_client, 503 overload) and an RPC the gRPC server does not serve
+(UNIMPLEMENTED, not_found, as a route the HTTP API lacks); not a gRPC message over the size
+limit, which grpc refuses itself (RESOURCE_EXHAUSTED).
 tests/integration/test_agent_refusals_counted.py sends each refusal over each route.
 
 =====================================  ======  ===================  ===========  ===========
