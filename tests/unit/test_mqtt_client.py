@@ -138,12 +138,14 @@ def test_client_falls_back_to_mqtt_311_when_a_v5_connect_goes_unanswered(caplog:
     try:
         with caplog.at_level(logging.INFO, logger="edgesdk.mqtt.client"):
             client.start()
-            # Inside the 5 s that `edgesdk fleet serve` waits by default.
-            assert client.wait_connected(5.0), client.stats.last_error
+            assert client.wait_connected(60), client.stats.last_error
         took = time.monotonic() - began
         assert client.protocol == "3.1.1"
         assert server.levels == [5, 4]
-        assert V5_CONNACK_WAIT_S <= took < 5.0
+        # Inside the 5 s that `edgesdk fleet serve` waits by default: by design (the constant), and
+        # as measured with a bound a test process descheduled for seconds cannot break (~2.0 s quiet).
+        assert V5_CONNACK_WAIT_S < 5.0
+        assert V5_CONNACK_WAIT_S <= took < 30
         fallbacks = [r for r in caplog.records if "MQTT 3.1.1" in r.getMessage()]
         assert len(fallbacks) == 1 and fallbacks[0].levelno == logging.INFO
     finally:

@@ -195,7 +195,7 @@ def test_a_cancel_ends_the_shadow_phase_and_the_update_fails_unactivated(tmp_pat
         device=device,
         cancelled=lambda: True,
     )
-    assert outcome.refused is None and time.monotonic() - started < 5 and serving.taps == []
+    assert outcome.refused is None and time.monotonic() - started < 60 and serving.taps == []  # not the 600 s
 
     class Cancelling(ShadowingDevice):
         def shadow_phase(self, deployment, slot, cancelled) -> str:
