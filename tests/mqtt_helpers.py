@@ -76,7 +76,7 @@ class Collector:
         self.client.on_message = self._on_message
         self.client.subscribe(topic_filter, qos=1)
         self.client.start()
-        if not self.client.wait_connected(10):
+        if not self.client.wait_connected(60):
             raise RuntimeError(f"collector could not connect: {self.client.stats.last_error}")
         time.sleep(0.2)  # let the SUBACK arrive before the test publishes
 
@@ -101,7 +101,9 @@ class Collector:
         with self._lock:
             self.messages.clear()
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 60.0) -> bool:
+        # Long: it waits for real processes (agents, brokers) on a machine that may be loaded far
+        # beyond its cores, and costs nothing when what it waits for comes.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
