@@ -24,7 +24,7 @@ class Receiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
-    def wait_for(self, event: str, about: bytes = b"", timeout: float = 15) -> tuple[dict[str, str], bytes]:
+    def wait_for(self, event: str, about: bytes = b"", timeout: float = 60) -> tuple[dict[str, str], bytes]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for headers, body in list(self.got):

@@ -171,7 +171,13 @@ def _signed_retried_secret_kept(fleet: Fleet, receiver: Any) -> None:
     assert dead.status_code == 201
     listed = client.get("/api/v1/webhooks", headers=admin)
     assert listed.json()["total"] == 3 and SECRET not in listed.text and "secret" not in listed.text
-    time.sleep(1.5)  # the notifier's first look at the fleet (changes are what it reports)
+    # The notifier's first look at the fleet (changes since it are what it reports): waited for,
+    # since a loaded machine may run its thread later than a fixed 1.5 s (then nothing to report).
+    notifier = client.app.state.webhooks
+    deadline = time.monotonic() + 60
+    while notifier._states is None or notifier._alerts is None:
+        assert time.monotonic() < deadline, "the webhook notifier never looked at the fleet"
+        time.sleep(0.05)
 
     rollout = {"bundle_id": fleet.bundle_id, "canary": 0, "waves": [1.0], "devices": ["dev-2"]}
     created = client.post("/api/v1/deployments", json={**rollout, "deployment_id": "hooked"}, headers=admin)
