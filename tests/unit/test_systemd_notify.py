@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,11 +64,21 @@ def test_watchdog_interval_is_half_the_timeout_for_this_process(monkeypatch: pyt
 
 def test_watchdog_pings_only_while_healthy(notify_socket: socket.socket) -> None:
     healthy = {"value": True}
-    dog = systemd_notify.Watchdog(lambda: healthy["value"], interval_s=0.05).start()
+    looked_unhealthy = threading.Event()
+
+    def is_healthy() -> bool:
+        if not healthy["value"]:
+            looked_unhealthy.set()
+        return healthy["value"]
+
+    dog = systemd_notify.Watchdog(is_healthy, interval_s=0.05).start()
     try:
         assert notify_socket.recv(64) == b"WATCHDOG=1"
         healthy["value"] = False
-        time.sleep(0.1)  # let a ping already on its way arrive
+        # A ping decided before the watchdog saw it unhealthy is sent before its next check: once
+        # that check has run, every ping on its way has arrived (a fixed 0.1 s could be too short
+        # for a thread descheduled on a loaded machine).
+        assert looked_unhealthy.wait(30)
         notify_socket.setblocking(False)
         while True:
             try:
