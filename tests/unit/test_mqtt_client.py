@@ -48,6 +48,7 @@ class TinyMqttServer:
         self.sock.listen()
         self.port = self.sock.getsockname()[1]
         self.levels: list[int] = []
+        self.accepted = threading.Event()  # an accepting CONNACK is in the client's socket
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -97,6 +98,7 @@ class TinyMqttServer:
                 return
             # CONNACK accepted: v5 adds an empty property list.
             conn.sendall(bytes([0x20, 0x02, 0x00, 0x00]) if level == 4 else bytes([0x20, 0x03, 0x00, 0x00, 0x00]))
+            self.accepted.set()
             while (packet := self._read_packet(conn)) is not None:
                 if packet[0] >> 4 == 12:  # PINGREQ
                     conn.sendall(bytes([0xD0, 0x00]))
@@ -167,10 +169,9 @@ def test_a_connack_waiting_unread_at_the_deadline_is_an_answer_not_silence() -> 
         client.start()
         client._service_connect(time.monotonic())
         client._service_write()  # the CONNECT goes out; the CONNACK comes back unread
-        deadline = time.monotonic() + 5
-        while not server.levels and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)
+        # Sent on loopback: in the client's socket, unread (a fixed 0.2 s could end before a
+        # descheduled server thread wrote it, and the client would rightly see silence).
+        assert server.accepted.wait(30)
         client._check_connack_wait(time.monotonic() + 60)  # long past the deadline
         assert client.connected and client.protocol == "5"
         assert server.levels == [5]
