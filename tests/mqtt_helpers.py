@@ -124,3 +124,12 @@ def unique_in_order(items: list[dict[str, Any]], key: str = "msg_id") -> list[di
             seen.add(item[key])
             out.append(item)
     return out
+
+
+def wait_acked(client: Any, count: int = 1, timeout: float = 60) -> None:
+    """Until the broker has acknowledged ``count`` QoS 1 publishes of ``client`` (its PUBACKs):
+    a disconnect then loses none of them, however slowly a loaded machine runs the client."""
+    deadline = time.monotonic() + timeout
+    while client.stats.acked + client.stats.rejected < count:
+        assert time.monotonic() < deadline, f"{client.stats.acked} of {count} publishes acknowledged in {timeout} s"
+        time.sleep(0.02)

@@ -17,6 +17,7 @@ from edgesdk.keys import key_id
 from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
 from edgesdk.schemas.messages import Presence
 from tests.conftest import assert_one_line_error
+from tests.mqtt_helpers import wait_acked
 
 
 def device_announces(broker_url: str, device_id: str, key: X25519PrivateKey) -> None:
@@ -28,7 +29,7 @@ def device_announces(broker_url: str, device_id: str, key: X25519PrivateKey) -> 
         device_public_key=key.public_key().public_bytes_raw,
     )
     assert announce_enrollment(agent, SimpleNamespace(client=client)) is not None
-    time.sleep(0.3)  # let the QoS 1 publish be acknowledged before disconnecting
+    wait_acked(client)  # the QoS 1 publish acknowledged before disconnecting
     client.stop()
 
 

@@ -30,6 +30,7 @@ from edgesdk.agent.enrollment import enrollment_request
 
 from edgesdk.keys import key_id
 from tests.conftest import assert_one_line_error
+from tests.mqtt_helpers import wait_acked
 
 pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
 pytest.importorskip("fastapi", reason="needs the fleet-service extra")
@@ -53,7 +54,7 @@ def announce(broker_url: str, device_id: str, key: X25519PrivateKey) -> None:
     assert client.wait_connected(10)
     request = enrollment_request(device_id, key.public_key().public_bytes_raw())
     client.publish(f"edgesdk/devices/{device_id}/enroll", request.model_dump_json().encode(), qos=1, retain=True)
-    time.sleep(0.3)  # the QoS 1 acknowledgement before the disconnect
+    wait_acked(client)  # the QoS 1 acknowledgement before the disconnect
     client.stop()
 
 

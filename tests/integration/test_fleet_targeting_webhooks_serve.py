@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_fleet_web_and_enrollment_identity import fleet_serve, token
+from tests.mqtt_helpers import wait_acked
 from tests.webhook_receiver import closed_port, running_receiver
 
 pytest.importorskip("sqlalchemy", reason="needs the fleet-service extra")
@@ -40,7 +41,7 @@ def _presence(broker_url: str, device_id: str, *, online: bool, profile: str) ->
     now = datetime.now(timezone.utc).isoformat()
     presence = {"device_id": device_id, "online": online, "ts": now, "profile": profile, "groups": ["line-1"]}
     client.publish(f"edgesdk/devices/{device_id}/presence", json.dumps(presence).encode(), qos=1, retain=True)
-    time.sleep(0.3)  # the PUBACK
+    wait_acked(client)  # stored by the broker before the disconnect
     client.stop()
 
 
