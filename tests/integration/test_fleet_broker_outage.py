@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration]
 DEVICE = "dev-outage"
 
 
-def _until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+def _until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -108,7 +108,7 @@ def test_a_lost_broker_is_reported_and_devices_are_unknown_not_offline(mqtt_brok
             mqtt_broker.stop()
             _until(lambda: "edgesdk_fleet_broker_connected 0.0" in metrics(), "the gauge at 0")
             # mosquitto publishes every device's Last Will as it goes down: the database says offline
-            _until(lambda: _stored_online(data) == [(DEVICE, 0)], "the will stored", timeout=10)
+            _until(lambda: _stored_online(data) == [(DEVICE, 0)], "the will stored", timeout=60)
             page = metrics()
             assert 'edgesdk_fleet_devices{state="unknown"} 1.0' in page, page
             assert f'edgesdk_fleet_device_up{{device="{DEVICE}"}}' not in page  # nothing for the offline rule
@@ -132,7 +132,9 @@ def test_a_lost_broker_is_reported_and_devices_are_unknown_not_offline(mqtt_brok
             back = [line for line in log.read_text().splitlines() if "is back after" in line]
             assert len(back) == 1 and "INFO" in back[0], log.read_text()[-2000:]
             outage = float(re.search(r"after a ([\d.]+) s outage", back[0]).group(1))  # type: ignore[union-attr]
-            assert 0.0 < outage < 20.0, back[0]
+            # The outage spans this test's steps above (a CLI run among them: seconds on a loaded
+            # machine): a bound that tells a duration from a clock reading, not a pace.
+            assert 0.0 < outage < 300.0, back[0]
             status, overview = _get(svc.api + "/", session)
             row = re.search(rf'<tr id="device-{DEVICE}">.*?</tr>', overview)
             assert row and ">online<" in row.group(0), overview
