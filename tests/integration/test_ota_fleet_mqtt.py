@@ -199,10 +199,17 @@ def test_restarted_controller_resumes_from_its_database(tmp_path: Path, bundles:
     try:
         plan = RolloutPlan(canary=0.30, waves=(1.0,), max_failures=0.0, probation_s=2.0, wave_timeout_s=120)
         message = ctl.create(bundles.v2, [f"dev-{i}" for i in range(3)], plan, chunk_size=64 * 1024)
+
+        def sleep_mid_canary(event: str, info: dict) -> None:
+            # The operator's laptop goes to sleep mid-canary: stopped from the controller's own
+            # thread when it sees the canary in probation, so no loaded machine can let the
+            # rollout run on to its end before the stop (stopping from the test could).
+            if event == "wave_progress" and info["wave"] == 0 and "PROBATION" in info["states"]:
+                ctl.stop()
+
+        ctl.on_progress = sleep_mid_canary
         runner, result = _run_in_thread(ctl, message.deployment_id)
-        assert _wait(lambda: any(m.state is UpdateState.PROBATION for m in fleet.managers))
-        ctl.stop()  # the operator's laptop goes to sleep mid-canary
-        runner.join(30)
+        runner.join(120)
         client.stop()
         assert result["state"] == STOPPED
         assert ctl.store.get(message.deployment_id).state == "IN_PROGRESS"
