@@ -61,7 +61,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EDGESDK, "fleet", *args], capture_output=True, text=True, timeout=120)
 
 
-def _until(what: str, check: Any, timeout: float = 20) -> Any:
+def _until(what: str, check: Any, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()

@@ -19,7 +19,7 @@ pytest.importorskip("paho.mqtt", reason="paho-mqtt is part of the agent extra")
 WIDE = {**os.environ, "COLUMNS": "200"}  # so rich does not fold device ids across lines
 
 
-def _wait(predicate, timeout: float = 10.0) -> bool:
+def _wait(predicate, timeout: float = 60.0) -> bool:  # real broker and clients: long, free when it comes
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not predicate():
         time.sleep(0.05)

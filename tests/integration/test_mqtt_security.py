@@ -58,7 +58,7 @@ def _collect(client: MqttClient, topic_filter: str) -> list[tuple[str, bytes]]:
     return got
 
 
-def _wait(predicate, timeout: float = 10.0) -> bool:
+def _wait(predicate, timeout: float = 60.0) -> bool:  # real broker and clients: long, free when it comes
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not predicate():
         time.sleep(0.05)

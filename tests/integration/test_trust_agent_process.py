@@ -139,7 +139,7 @@ class Fleet:
         assert self.watch.wait_for(lambda: bool(final()), timeout), self.watch.json("ota/status")
         return final()[0]
 
-    def event(self, name: str, timeout: float = 20) -> dict:
+    def event(self, name: str, timeout: float = 60) -> dict:
         def found() -> list[dict]:
             return [e for e in self.watch.json("events") if e.get("event") == name]
 

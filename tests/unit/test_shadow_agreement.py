@@ -45,7 +45,7 @@ def feed(label: int) -> dict[str, np.ndarray]:
     return {"label": np.array([label])}
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
+def wait_for(predicate, timeout: float = 60.0) -> None:  # a thread a loaded machine may run late
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
