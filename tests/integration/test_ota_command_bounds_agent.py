@@ -39,7 +39,7 @@ def _failed(watch: Collector, deployment_id: str) -> dict:
     def found() -> list[dict]:
         return [s for s in watch.json("ota/status") if s["deployment_id"] == deployment_id and s["state"] == "FAILED"]
 
-    assert watch.wait_for(lambda: bool(found()), timeout=30), watch.json("ota/status")
+    assert watch.wait_for(lambda: bool(found()), timeout=120), watch.json("ota/status")
     return found()[0]
 
 
@@ -51,7 +51,7 @@ def _refusal_event(watch: Collector, deployment_id: str) -> dict:
             if e["event"] == "ota_refused" and e["detail"].get("deployment_id") == deployment_id
         ]
 
-    assert watch.wait_for(lambda: bool(found()), timeout=30), watch.json("events")
+    assert watch.wait_for(lambda: bool(found()), timeout=120), watch.json("events")
     return found()[0]
 
 
