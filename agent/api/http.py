@@ -317,6 +317,7 @@ class HttpProtocol(asyncio.Protocol):
         self._paused = False
         self._eof = False
         self._timer: asyncio.TimerHandle | None = None
+        self._stalled = False  # the last tick came late and judged nothing (_timed_out)
         self._timer_kind = ""
         self._deadline = 0.0
         self._header_timeout_s = limits.header_timeout_s
@@ -752,10 +753,19 @@ class HttpProtocol(asyncio.Protocol):
             self._timer = None
 
     def _timed_out(self) -> None:
-        self._timer = None
+        timer, self._timer = self._timer, None
         if self._closing or self.transport is None or not self._timer_kind:
             return
         now = self.loop.time()
+        if timer is not None and now - timer.when() > self.server.timer_period_s and not self._stalled:
+            # This tick is over a period late: the process did not run meanwhile (stopped,
+            # swapped out, its loop blocked), and what the client sent then may still wait unread
+            # in the socket (uvloop runs due timers before it polls). Judged on the next tick,
+            # after a poll; only once in a row, so a loop late on every tick still cuts slow clients.
+            self._stalled = True
+            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+            return
+        self._stalled = False
         if now < self._deadline:
             if self._timer_kind != "idle" and self._below_min_rate(now):
                 self.server.on_slow_client()
