@@ -9,8 +9,11 @@ accuracy results measured in onnxruntime (integration tests, benchmarks).
 
 from __future__ import annotations
 
+import fcntl
 import io
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -151,10 +154,27 @@ def _quantize_int8(fp32: Path, out: Path, calibration: np.ndarray) -> None:
     )
 
 
+@contextmanager
+def one_builder(out: Path) -> Iterator[None]:
+    """One builder of the cached folder ``out`` at a time: the suite's test processes (pytest-xdist)
+    and the arm64 lane share the cache, and two building one folder at once removed each other's
+    files (final8: 30 errors 'model.onnx ... File doesn't exist'). The others wait, then find it
+    whole. The lock is a sibling file, so removing a half-built folder never removes a held lock."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.with_name(out.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def make_digits_convert_dir(digits: Any, out: Path, *, profile: str = "rpi5-8gb", int8: bool = True) -> Path:
     """A real convert dir for the digits CNN: onnx-fp32 (+ onnx-int8), golden.npz, report.json.
 
     Accuracy is measured in onnxruntime as top-1 agreement with the fp32 model."""
+    with one_builder(out):
+        return _make_digits_convert_dir(digits, out, profile=profile, int8=int8)
+
+
+def _make_digits_convert_dir(digits: Any, out: Path, *, profile: str, int8: bool) -> Path:
     import onnxruntime as ort
 
     if (out / "report.json").exists():
@@ -288,6 +308,11 @@ def convert_digits_with_edgesdk(digits: Any, out: Path, *, precisions: str = "fp
     """Run the real ``edgesdk convert`` (engineer A's pipeline) on the trained digits CNN for
     rpi5-8gb (onnx, tflite, openvino). Returns ``out``; raises RuntimeError with the CLI's
     error line if the convert fails. Reuses ``out`` when a previous run completed."""
+    with one_builder(out):
+        return _convert_digits_with_edgesdk(digits, out, precisions=precisions, timeout=timeout)
+
+
+def _convert_digits_with_edgesdk(digits: Any, out: Path, *, precisions: str, timeout: float) -> Path:
     import os
     import subprocess
     import sys
