@@ -26,10 +26,16 @@ SHIPPED_ACL = SHIPPED_DIR / "edgesdk.acl"
 LISTENERS = {"devices": 8883, "operators": 8884, "enrollment": 8885}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports, every socket held open until all are chosen."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _accepts(port: int) -> bool:
@@ -52,11 +58,13 @@ class ShippedBroker:
     bind_client_ids: bool = True
 
     def __post_init__(self) -> None:
-        self.ports = {name: _free_port() for name in LISTENERS}
+        self.ports = dict(zip(LISTENERS, _free_ports(len(LISTENERS)), strict=True))
+        self._handed_out = False  # a listener's address was given out: its port must stay
         self._process: subprocess.Popen[str] | None = None
         self.log_file = self.work_dir / "mosquitto.log"
 
     def url(self, listener: str) -> str:
+        self._handed_out = True
         return f"mqtts://127.0.0.1:{self.ports[listener]}"
 
     def render(self) -> str:
@@ -86,15 +94,32 @@ class ShippedBroker:
         binary = find_mosquitto()
         if binary is None:
             raise RuntimeError("mosquitto is not installed")
-        path = self.work_dir / "shipped.conf"
-        path.write_text(self.render())
-        self._process = subprocess.Popen([binary, "-c", str(path)], stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(_accepts(p) for p in self.ports.values()):
-            if self._process.poll() is not None:
-                raise RuntimeError(f"mosquitto refused the shipped config: {self._process.stderr.read()}")  # type: ignore[union-attr]
-            time.sleep(0.05)
-        return self
+        # A port found free can be taken by another test process before mosquitto binds it (seen
+        # with the suite in 4 processes): new ports and again, while none was handed out yet.
+        for _ in range(5 if not self._handed_out else 1):
+            path = self.work_dir / "shipped.conf"
+            path.write_text(self.render())
+            self._process = subprocess.Popen([binary, "-c", str(path)], stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(_accepts(p) for p in self.ports.values()):
+                if self._process.poll() is not None:
+                    break
+                time.sleep(0.05)
+            else:
+                if self._process.poll() is None:
+                    return self
+            refused = f"{self._process.stderr.read() if self._process.stderr else ''} {self._log_tail()}"
+            self.stop()
+            if "in use" not in refused or self._handed_out:
+                raise RuntimeError(f"mosquitto refused the shipped config: {refused}")
+            self.ports = dict(zip(LISTENERS, _free_ports(len(LISTENERS)), strict=True))
+        raise RuntimeError(f"mosquitto found no free ports in 5 tries: {refused}")
+
+    def _log_tail(self) -> str:
+        try:
+            return " | ".join(self.log_file.read_text(errors="replace").splitlines()[-5:])
+        except FileNotFoundError:
+            return ""
 
     def reload(self) -> None:
         """SIGHUP: mosquitto re-reads its password and ACL files (what the operator does after approve)."""
