@@ -343,17 +343,40 @@ def _the_rollout_row_shows_agreement_in_probation(service: Service, page: Any) -
     plan = {"bundle_id": stored["id"], "devices": ["dev-q"], "deployment_id": "q-rollout", "canary": 0}
     status, made = service.call("POST", "/api/v1/deployments", json.dumps(plan | {"probation_s": 900}).encode())
     assert status == 201, made
+    held: list[Any] = []
     try:
+        # The state lands after the page is drawn and before its event stream takes its baseline
+        # (the stream's request is held meanwhile): no change event can tell the page, only the
+        # 'live' event the stream sends once it watches (a gap the old page never filled).
+        page.route("**/ui/events", lambda route: held.append(route))
+        page.goto(service.url + "/ui/deployments/q-rollout")
+        deadline = time.monotonic() + 60
+        while not held and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
+        assert held, "the page opened no event stream"
         report = OtaStatus(
             device_id="dev-q", deployment_id="q-rollout", msg_id="q-p", ts=datetime.now(UTC), state="PROBATION"
         )
         service.devices.publish("edgesdk/devices/dev-q/ota/status", report.model_dump_json().encode(), qos=1)
-        page.goto(service.url + "/ui/deployments/q-rollout")
+        while time.monotonic() < deadline and _rollout_state(service, "q-rollout", "dev-q") != "PROBATION":
+            time.sleep(0.1)
+        assert page.locator("#dd-dev-q .agreement").count() == 0  # drawn before the state came
+        # The streams share one snapshot up to 0.9 s old (dashboard_live.SharedSnapshot): older
+        # than the state, the baseline would differ and send a change. Past that, it holds it.
+        time.sleep(2.0)
+        held.pop().continue_()
+        page.unroute("**/ui/events")
         row = page.locator("#dd-dev-q .agreement")
-        row.wait_for()  # live: the state arrives by the event stream
+        row.wait_for(timeout=60_000)
         assert row.inner_text() == "shadow agreement 0.900 on probs (top1), lower bound 0.850 < 0.95 over 180 requests"
     finally:
         service.call("POST", "/api/v1/deployments/q-rollout/abort", json.dumps({"reason": "test over"}).encode())
+
+
+def _rollout_state(service: Service, deployment_id: str, device_id: str) -> str | None:
+    status, detail = service.call("GET", f"/api/v1/deployments/{deployment_id}", None)
+    assert status == 200, detail
+    return next((d["state"] for d in detail["device_states"] if d["device_id"] == device_id), None)
 
 
 def test_quality_rows_are_pruned_with_raw_telemetry_and_the_totals_stay(service: Service) -> None:

@@ -1,7 +1,8 @@
 """The dashboard live, by server-sent events instead of reloading every page every 5 s.
 
 ``GET /ui/events`` (the session cookie, like the pages) is an ``text/event-stream`` that
-sends a small event when something an operator watches changed: ``device`` (presence, OTA
+sends ``live`` once it watches (the page then fetches itself once: what changed before is
+shown too), then a small event when something an operator watches changed: ``device`` (presence, OTA
 state, model version of one device), ``rollout`` (state, wave and per-state counts of one
 recent rollout), ``alerts`` (how many), ``enrollment`` (a pending request and its keys), ``broker`` (the
 service's view of its broker). A comment line every ``HEARTBEAT_S`` keeps proxies from closing
@@ -51,7 +52,7 @@ function refresh(){if(busy){again=true;return;}busy=true;
 fetch(location.href,{credentials:'same-origin',cache:'no-store'})
 .then(function(r){return r.ok&&!r.redirected?r.text():'';}).then(function(t){if(t)swap(t);})
 .catch(function(){}).then(function(){busy=false;if(again){again=false;refresh();}});}
-['device','rollout','alerts','enrollment','broker'].forEach(function(k){es.addEventListener(k,refresh);});
+['live','device','rollout','alerts','enrollment','broker'].forEach(function(k){es.addEventListener(k,refresh);});
 es.addEventListener('end',function(){es.close();});})();
 """
 
@@ -183,7 +184,11 @@ def add_live_events(
         async def stream() -> AsyncIterator[str]:
             try:
                 last = await run_in_threadpool(shared.get, broker())
-                yield f"retry: 3000\n: live since {time.time():.0f}\n\n"
+                # 'live' once the stream's baseline is taken: the page fetches itself again, so a
+                # change between the page's render and this baseline (or during a reconnect) is
+                # shown too; it made no event, the baseline already held it (a device reaching
+                # PROBATION in that gap stayed unseen until its next change).
+                yield f"retry: 3000\nevent: live\ndata: {{\"since\": {time.time():.0f}}}\n\n"
                 started = beat = time.monotonic()
                 while time.monotonic() - started < MAX_STREAM_S:
                     await asyncio.sleep(POLL_S)
