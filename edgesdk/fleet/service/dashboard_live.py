@@ -188,7 +188,7 @@ def add_live_events(
                 # change between the page's render and this baseline (or during a reconnect) is
                 # shown too; it made no event, the baseline already held it (a device reaching
                 # PROBATION in that gap stayed unseen until its next change).
-                yield f"retry: 3000\nevent: live\ndata: {{\"since\": {time.time():.0f}}}\n\n"
+                yield f'retry: 3000\nevent: live\ndata: {{"since": {time.time():.0f}}}\n\n'
                 started = beat = time.monotonic()
                 while time.monotonic() - started < MAX_STREAM_S:
                     await asyncio.sleep(POLL_S)
