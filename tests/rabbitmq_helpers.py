@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.free_ports import free_ports
+
 _BIN = Path("/usr/lib/rabbitmq/bin")
 
 
@@ -30,20 +32,6 @@ def find_rabbitmq() -> Path | None:
         return _BIN
     found = shutil.which("rabbitmq-server")
     return Path(found).parent if found and shutil.which("rabbitmqctl") else None
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports, every socket held open until all are chosen: one picked
-    at a time, a later pick could be an earlier one (a CI run once gave node 1's AMQP listener
-    the cluster's epmd port, and the node never started)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class RabbitCluster:
@@ -59,7 +47,7 @@ class RabbitCluster:
         cookie.chmod(0o400)
         (self.root / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
         # epmd, then per node: MQTT, AMQP and Erlang distribution, all distinct.
-        ports = _free_ports(1 + 3 * nodes)
+        ports = free_ports(1 + 3 * nodes)
         self.epmd_port = ports[0]
         tag = secrets.token_hex(3)
         self.names = [f"edgesdk-{tag}-{i}@localhost" for i in range(nodes)]

@@ -18,24 +18,13 @@ from types import TracebackType
 
 from edgesdk.mqtt.broker import find_mosquitto
 from tests.broker_password_helpers import write_password_file
+from tests.free_ports import free_ports
 from tests.pki_helpers import LocalPki
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "firmware_images" / "mosquitto"
 SHIPPED_CONF = SHIPPED_DIR / "mosquitto.conf"
 SHIPPED_ACL = SHIPPED_DIR / "edgesdk.acl"
 LISTENERS = {"devices": 8883, "operators": 8884, "enrollment": 8885}
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports, every socket held open until all are chosen."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _accepts(port: int) -> bool:
@@ -58,7 +47,7 @@ class ShippedBroker:
     bind_client_ids: bool = True
 
     def __post_init__(self) -> None:
-        self.ports = dict(zip(LISTENERS, _free_ports(len(LISTENERS)), strict=True))
+        self.ports = dict(zip(LISTENERS, free_ports(len(LISTENERS)), strict=True))
         self._handed_out = False  # a listener's address was given out: its port must stay
         self._process: subprocess.Popen[str] | None = None
         self.log_file = self.work_dir / "mosquitto.log"
@@ -112,7 +101,7 @@ class ShippedBroker:
             self.stop()
             if "in use" not in refused or self._handed_out:
                 raise RuntimeError(f"mosquitto refused the shipped config: {refused}")
-            self.ports = dict(zip(LISTENERS, _free_ports(len(LISTENERS)), strict=True))
+            self.ports = dict(zip(LISTENERS, free_ports(len(LISTENERS)), strict=True))
         raise RuntimeError(f"mosquitto found no free ports in 5 tries: {refused}")
 
     def _log_tail(self) -> str:
