@@ -318,6 +318,9 @@ class HttpProtocol(asyncio.Protocol):
         self._eof = False
         self._timer: asyncio.TimerHandle | None = None
         self._stalled = False  # the last tick came late and judged nothing (_timed_out)
+        #: When the pending tick is due (not the handle's when(): uvloop hands back a plain
+        #: Handle, without one, for a time under a millisecond ahead).
+        self._tick_due = 0.0
         self._timer_kind = ""
         self._deadline = 0.0
         self._header_timeout_s = limits.header_timeout_s
@@ -495,7 +498,8 @@ class HttpProtocol(asyncio.Protocol):
         self._phase_start = now
         self._deadline = now + self._header_timeout_s
         if self._timer is None:
-            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+            self._tick_due = due = now + self.server.timer_period_s
+            self._timer = self.loop.call_at(due, self._timed_out)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -650,7 +654,8 @@ class HttpProtocol(asyncio.Protocol):
                             now = self.loop.time()
                             self._deadline = now + self.limits.keepalive_timeout_s
                             if self._timer is None:
-                                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+                                self._tick_due = due = now + self.server.timer_period_s
+                                self._timer = self.loop.call_at(due, self._timed_out)
                         else:
                             self._closing = True
                             self._stop_timer()
@@ -720,7 +725,8 @@ class HttpProtocol(asyncio.Protocol):
             now = self.loop.time()
             self._deadline = now + self.limits.keepalive_timeout_s
             if self._timer is None:
-                self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+                self._tick_due = due = now + self.server.timer_period_s
+                self._timer = self.loop.call_at(due, self._timed_out)
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
@@ -741,7 +747,8 @@ class HttpProtocol(asyncio.Protocol):
         now = self.loop.time()
         self._deadline = now + seconds
         if self._timer is None:
-            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+            self._tick_due = due = now + self.server.timer_period_s
+            self._timer = self.loop.call_at(due, self._timed_out)
 
     def _disarm(self) -> None:
         self._timer_kind = ""  # a pending timer finds nothing due and lapses
@@ -753,17 +760,18 @@ class HttpProtocol(asyncio.Protocol):
             self._timer = None
 
     def _timed_out(self) -> None:
-        timer, self._timer = self._timer, None
+        self._timer = None
         if self._closing or self.transport is None or not self._timer_kind:
             return
         now = self.loop.time()
-        if timer is not None and now - timer.when() > self.server.timer_period_s and not self._stalled:
+        if now - self._tick_due > self.server.timer_period_s and not self._stalled:
             # This tick is over a period late: the process did not run meanwhile (stopped,
             # swapped out, its loop blocked), and what the client sent then may still wait unread
             # in the socket (uvloop runs due timers before it polls). Judged on the next tick,
             # after a poll; only once in a row, so a loop late on every tick still cuts slow clients.
             self._stalled = True
-            self._timer = self.loop.call_at(now + self.server.timer_period_s, self._timed_out)
+            self._tick_due = due = now + self.server.timer_period_s
+            self._timer = self.loop.call_at(due, self._timed_out)
             return
         self._stalled = False
         if now < self._deadline:
@@ -773,7 +781,8 @@ class HttpProtocol(asyncio.Protocol):
                 log.info("client too slow (%s under %d bytes/s): closing", self._timer_kind, rate)
                 self._fail(_error(408, f"request arriving too slowly ({self._timer_kind} under {rate} bytes/s)"))
                 return
-            self._timer = self.loop.call_at(min(self._deadline, now + self.server.timer_period_s), self._timed_out)
+            self._tick_due = due = min(self._deadline, now + self.server.timer_period_s)
+            self._timer = self.loop.call_at(due, self._timed_out)
             return
         if self._timer_kind == "idle" and self._phase == _IDLE:
             self.transport.close()

@@ -69,3 +69,39 @@ def test_a_body_sent_while_the_loop_was_blocked_is_read_not_judged_late(port: in
         answer = _read_all(slow)
         assert _read_all(blocker).startswith(b"HTTP/1.1 200 ")
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"0123456789"), answer[:200]
+
+
+def test_a_deadline_under_a_millisecond_away_still_cuts_a_slow_header_on_uvloop() -> None:
+    """uvloop hands back a plain Handle (no ``when()``) for a time under 1 ms ahead: the tick
+    re-armed for such a deadline raised AttributeError instead of answering 408 (final10)."""
+    uvloop = pytest.importorskip("uvloop", reason="uvloop not installed (the agent extra installs it)")
+    from edgesdk.agent.api.http import HttpProtocol
+
+    from tests.unit.test_agent_http_known_heads import FakeTransport
+
+    loop = uvloop.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        limits = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5)
+        http = HttpServer(handler, limits)
+        transport = FakeTransport()
+        errors: list[dict] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+
+        async def slow_header() -> None:
+            protocol = HttpProtocol(handler, limits, http)
+            protocol.connection_made(transport)  # type: ignore[arg-type]
+            protocol.data_received(b"GET /x HTTP/1.1\r\nHost:")
+            protocol._deadline = loop.time() + 0.0002  # the header timeout a fraction of a ms away
+            protocol._timed_out()  # a tick just before it: re-armed for the deadline itself
+            for _ in range(200):
+                await asyncio.sleep(0.005)
+                if transport.sent or errors:
+                    return
+
+        loop.run_until_complete(slow_header())
+        assert not errors, errors
+        assert bytes(transport.sent).startswith(b"HTTP/1.1 408"), bytes(transport.sent)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
