@@ -137,22 +137,6 @@ def _wait_stored(engine: Any, expected: int, serve: Serve, timeout: float = 120)
     raise AssertionError(f"{_stored(engine)} stored of {expected}:\n{serve.text()[-4000:]}")
 
 
-def _settled_counters(engine: Any, quiet_s: float = 2.5, timeout: float = 30) -> dict[str, int]:
-    """The persisted counters once they stopped moving: each worker adds its deltas about every
-    second, and the last batch's when it goes idle."""
-    deadline = time.monotonic() + timeout
-    counters = read_counters(engine, "test")
-    since = time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = read_counters(engine, "test")
-        if now != counters:
-            counters, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            break
-    return counters
-
-
 def test_workers_share_the_stream_and_a_killed_worker_loses_nothing(
     broker: Any, postgres: Any, operator_key: Path, tmp_path: Path
 ) -> None:
@@ -177,25 +161,27 @@ def test_workers_share_the_stream_and_a_killed_worker_loses_nothing(
         _wait_stored(engine, 4000, serve)
         time.sleep(1.0)  # anything late would show up as an extra row below
         assert _stored(engine) == (4000, 4000)
+    finally:
+        serve.stop()  # each worker persists its last counts as it stops: nothing is left to land later
 
-        # Shared, not duplicated: the next 1,000 messages reach the workers 1,000 times in all.
-        before = _settled_counters(engine)  # the burst's last counts land after its rows
+    # Shared, not duplicated: the next 1,000 messages reach a fresh pair of workers 1,000 times in
+    # all. Counted between two stopped services, so no count is still on its way to the database.
+    before = read_counters(engine, "test")
+    tail_serve = Serve(tmp_path / "tail", broker, db_url, operator_key, "--workers", "2")
+    try:
+        tail_serve.wait_for(r"ingest worker w\d \(pid \d+\) on", count=2)
         tail = [(f"edgesdk/devices/{d}/telemetry", _telemetry(d, seq)) for seq in range(80, 100) for d in devices]
         publish(broker, tail, "test-tail")
-        _wait_stored(engine, 5000, serve)
-        deadline = time.monotonic() + 30  # counters are persisted about every second
-        after = read_counters(engine, "test")
-        while after["telemetry"] - before.get("telemetry", 0) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            after = read_counters(engine, "test")
-        assert after["telemetry"] - before.get("telemetry", 0) == 1000
-        assert after["messages"] - before["messages"] == 1000, (before, after)
+        _wait_stored(engine, 5000, tail_serve)
     finally:
-        serve.stop()
+        tail_serve.stop()
+        after = read_counters(engine, "test")
         engine.dispose()
+    assert after["telemetry"] - before.get("telemetry", 0) == 1000, (before, after)
+    assert after["messages"] - before["messages"] == 1000, (before, after)
     # Both workers took part (each logs what it ingested when stopped).
-    shares = dict(re.findall(r"ingest worker (w\d) stopped after (\d+) message", serve.text()))
-    assert set(shares) == {"w0", "w1"} and all(int(n) > 0 for n in shares.values()), serve.text()[-3000:]
+    shares = dict(re.findall(r"ingest worker (w\d) stopped after (\d+) message", tail_serve.text()))
+    assert set(shares) == {"w0", "w1"} and all(int(n) > 0 for n in shares.values()), tail_serve.text()[-3000:]
 
 
 def _small_bundle(root: Path, key: Path) -> Path:
