@@ -21,7 +21,6 @@ import numpy as np
 
 from edgesdk.capture.upload import CHUNK_BYTES
 from edgesdk.mqtt.broker import MosquittoBroker
-from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
 from tests.agent_helpers import Device, make_device
 
 #: The device passwords of the shipped-broker ACL tests.
@@ -148,18 +147,3 @@ def ledger_entries(ledger: Path) -> list[tuple[str, str, int, int]]:
 def fully_queued(ledger: Path, name: str) -> bool:
     """The uploader's ledger says the last chunk of ``name`` is in the outbox."""
     return any(n == name and index == count - 1 for n, _, index, count in ledger_entries(ledger))
-
-
-def shipped_client(broker: Any, listener: str, client_id: str, user: str, password: str) -> MqttClient:
-    """A client of the shipped broker configuration's ``listener`` (TLS, user and password)."""
-    options = ClientOptions(
-        client_id=client_id,
-        broker_url=broker.url(listener),
-        username=user,
-        password=password,
-        tls=TlsSettings(ca_file=str(broker.pki.ca_file)),
-        backoff_min_s=0.2,
-        clean_start=True,
-        session_expiry_s=0,
-    )
-    return MqttClient(options)

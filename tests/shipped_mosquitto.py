@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from edgesdk.mqtt.broker import find_mosquitto
+from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
 from tests.broker_password_helpers import write_password_file
 from tests.free_ports import free_ports
 from tests.pki_helpers import LocalPki
@@ -150,3 +151,20 @@ def shipped_broker(
         enroll_passwords=write_password_file(work_dir / "enroll.passwd", {"edgesdk-enroll": "enroll"}),
         bind_client_ids=bind_client_ids,
     )
+
+
+def shipped_client(
+    broker: ShippedBroker, listener: str, client_id: str, user: str | None, password: str | None
+) -> MqttClient:
+    """A client of the shipped configuration's ``listener``: TLS with the test CA, user and password."""
+    options = ClientOptions(
+        client_id=client_id,
+        broker_url=broker.url(listener),
+        username=user,
+        password=password,
+        tls=TlsSettings(ca_file=str(broker.pki.ca_file)),
+        backoff_min_s=0.2,
+        clean_start=True,
+        session_expiry_s=0,
+    )
+    return MqttClient(options)

@@ -38,14 +38,13 @@ from tests.capture_helpers import (  # noqa: E402
     get,
     ingest_counters,
     listed_captures,
-    shipped_client,
     start_service,
     until,
     upload_config,
 )
 from tests.integration.conftest import require_mosquitto  # noqa: E402
 from tests.pki_helpers import make_test_pki  # noqa: E402
-from tests.shipped_mosquitto import shipped_broker  # noqa: E402
+from tests.shipped_mosquitto import shipped_broker, shipped_client  # noqa: E402
 
 pytestmark = [pytest.mark.integration]
 

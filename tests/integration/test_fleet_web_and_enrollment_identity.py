@@ -261,22 +261,6 @@ def test_bad_web_flags_are_one_line_errors(tmp_path: Path) -> None:
 # -- finding 3: the enrollment identity ----------------------------------------------------------
 
 
-def _client(broker, listener: str, client_id: str, user: str, password: str):  # type: ignore[no-untyped-def]
-    from edgesdk.mqtt.client import ClientOptions, MqttClient, TlsSettings
-
-    options = ClientOptions(
-        client_id=client_id,
-        broker_url=broker.url(listener),
-        username=user,
-        password=password,
-        tls=TlsSettings(ca_file=str(broker.pki.ca_file)),
-        backoff_min_s=0.2,
-        clean_start=True,
-        session_expiry_s=0,
-    )
-    return MqttClient(options)
-
-
 def _wait(predicate, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -306,15 +290,15 @@ def test_the_bootstrap_account_is_never_a_device(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from edgesdk.agent.enrollment import enrollment_request
 
-    from tests.shipped_mosquitto import shipped_broker
+    from tests.shipped_mosquitto import shipped_broker, shipped_client
 
     pki = make_test_pki(tmp_path / "pki", [])
     data = tmp_path / "data"
     viewer, operator = token(data, "viewer"), token(data, "operator")
     (tmp_path / "op.password").write_text("op\n")
     with shipped_broker(tmp_path / "broker", pki, {}) as broker:
-        observer = _client(broker, "operators", "observer", "fleet-operator", "op")
-        bootstrap = _client(broker, "enrollment", "x", "edgesdk-enroll", "enroll")
+        observer = shipped_client(broker, "operators", "observer", "fleet-operator", "op")
+        bootstrap = shipped_client(broker, "enrollment", "x", "edgesdk-enroll", "enroll")
         seen: list[tuple[str, bytes]] = []
         observer.on_message = lambda topic, payload: seen.append((topic, payload))
         for client in (observer, bootstrap):
@@ -341,7 +325,7 @@ def test_the_bootstrap_account_is_never_a_device(tmp_path: Path) -> None:
                     bootstrap.publish(f"edgesdk/devices/edgesdk-enroll/{suffix}", payload, qos=1)
                 # At the service: even what the operator account (which may write anywhere) puts
                 # on that id's topics is dropped, and a real device's presence is taken.
-                operator_client = _client(broker, "operators", "op2", "fleet-operator", "op")
+                operator_client = shipped_client(broker, "operators", "op2", "fleet-operator", "op")
                 operator_client.start()
                 assert operator_client.wait_connected(10), operator_client.stats.last_error
                 forged = _device_messages("edgesdk-enroll")

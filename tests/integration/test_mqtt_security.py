@@ -16,7 +16,7 @@ from tests.broker_password_helpers import write_password_file
 from tests.integration.conftest import require_mosquitto
 from tests.mqtt_helpers import FakeAgent
 from tests.pki_helpers import LocalPki, make_test_pki
-from tests.shipped_mosquitto import ShippedBroker, shipped_broker
+from tests.shipped_mosquitto import ShippedBroker, shipped_broker, shipped_client
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is part of the agent extra")
 
@@ -195,21 +195,6 @@ DEVICE_PASSWORDS = {"rpi-001": "pw-of-rpi-001", "rpi-002": "pw-of-rpi-002"}
 WILL_WAIT_S = 3.0
 
 
-def _shipped_client(broker: ShippedBroker, listener: str, client_id: str, user: str | None, password: str | None):
-    tls = TlsSettings(ca_file=str(broker.pki.ca_file))
-    options = ClientOptions(
-        client_id=client_id,
-        broker_url=broker.url(listener),
-        username=user,
-        password=password,
-        tls=tls,
-        backoff_min_s=0.2,
-        clean_start=True,
-        session_expiry_s=0,
-    )
-    return MqttClient(options)
-
-
 def _device_link(broker: ShippedBroker, tmp_path: Path, device_id: str):
     """The real agent link of ``device_id``: client id = device id, presence Last Will."""
     secret = tmp_path / f"{device_id}.password"
@@ -246,7 +231,7 @@ def test_client_id_takeover_against_the_shipped_config(
 ) -> None:
     require_mosquitto()
     with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS, bind_client_ids=bind_client_ids) as broker:
-        observer = _shipped_client(broker, "operators", "observer", "fleet-operator", "op")
+        observer = shipped_client(broker, "operators", "observer", "fleet-operator", "op")
         seen = _collect(observer, "edgesdk/devices/rpi-001/presence")
         observer.start()
         assert observer.wait_connected(10), observer.stats.last_error
@@ -255,7 +240,7 @@ def test_client_id_takeover_against_the_shipped_config(
             assert victim.client.wait_connected(10), victim.client.stats.last_error
             assert _wait(lambda: len(seen) >= 1)  # its retained "online" presence: the observer is live
             listener, password = ("enrollment", "enroll") if attacker == "edgesdk-enroll" else ("devices", None)
-            intruder = _shipped_client(
+            intruder = shipped_client(
                 broker, listener, "rpi-001", attacker, password or DEVICE_PASSWORDS[attacker]
             )  # the VICTIM's client id, the attacker's own credentials
             intruder.start()
@@ -279,10 +264,10 @@ def test_client_id_takeover_against_the_shipped_config(
 def test_a_device_cannot_write_another_devices_topics_on_the_shipped_config(tmp_path: Path, pki: LocalPki) -> None:
     require_mosquitto()
     with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
-        observer = _shipped_client(broker, "operators", "observer", "fleet-operator", "op")
+        observer = shipped_client(broker, "operators", "observer", "fleet-operator", "op")
         seen = _collect(observer, "edgesdk/#")
-        attacker = _shipped_client(broker, "devices", "whatever", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
-        bootstrap = _shipped_client(broker, "enrollment", "x", "edgesdk-enroll", "enroll")
+        attacker = shipped_client(broker, "devices", "whatever", "rpi-002", DEVICE_PASSWORDS["rpi-002"])
+        bootstrap = shipped_client(broker, "enrollment", "x", "edgesdk-enroll", "enroll")
         clients = [observer, attacker, bootstrap]
         try:
             for client in clients:
@@ -319,8 +304,8 @@ def test_the_shipped_config_refuses(
 ) -> None:
     require_mosquitto()
     with shipped_broker(tmp_path / "broker", pki, DEVICE_PASSWORDS) as broker:
-        good = _shipped_client(broker, listener, "good", *_legit(listener))
-        bad = _shipped_client(broker, listener, "rpi-009", user, password)
+        good = shipped_client(broker, listener, "good", *_legit(listener))
+        bad = shipped_client(broker, listener, "rpi-009", user, password)
         for client in (good, bad):
             client.start()
         try:
