@@ -20,10 +20,12 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,45 @@ def no_errors(*agents: AgentProcess) -> None:
         assert bad == [], log[-3000:]
 
 
+@dataclass
+class Rig:
+    """One digits device with upload on, its broker, a watcher of its uploads and the service."""
+
+    device: Device
+    operator_public: Path
+    broker: MosquittoBroker
+    watcher: Watcher
+    service: subprocess.Popen[str]
+    url: str
+    viewer: str
+    operator: str
+    db_url: str
+
+    @property
+    def capture_dir(self) -> Path:
+        return self.device.data_dir / "capture"
+
+    @property
+    def ledger(self) -> Path:
+        return self.capture_dir / LEDGER
+
+
+@contextmanager
+def rig(digits: Any, tmp_path: Path, request: Any) -> Iterator[Rig]:
+    """The device, broker, watcher and service up, and the service's capture subscription in place."""
+    require_mosquitto()
+    device, _, operator_public = digits_device(digits, tmp_path, request)
+    with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker, Watcher(broker) as watcher:
+        upload_config(device, broker, operator_public)
+        service, url, viewer, operator, db_url = start_service(tmp_path, broker)
+        try:
+            wait_service_listening(broker, url, viewer)
+            yield Rig(device, operator_public, broker, watcher, service, url, viewer, operator, db_url)
+        finally:
+            service.terminate()
+            service.wait(30)
+
+
 def assert_stored_once(url: str, viewer: str, operator: str, db_url: str, path: Path, local: bytes) -> None:
     """The service lists exactly this file, once, with exactly its bytes."""
     captures = until(lambda: listed_captures(url, viewer), 60)
@@ -147,71 +188,51 @@ def assert_stored_once(url: str, viewer: str, operator: str, db_url: str, path: 
 def test_a_capture_upload_killed_after_its_first_chunk_goes_on_from_the_next_after_a_restart(
     digits, tmp_path: Path, request: Any
 ) -> None:
-    require_mosquitto()
-    device, _, operator_public = digits_device(digits, tmp_path, request)
-    capture_dir, ledger = device.data_dir / "capture", device.data_dir / "capture" / LEDGER
-    with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker, Watcher(broker) as watcher:
-        upload_config(device, broker, operator_public)
-        service, url, viewer, operator, db_url = start_service(tmp_path, broker)
+    with rig(digits, tmp_path, request) as r:
+        first = AgentProcess(r.device).start()
         try:
-            wait_service_listening(broker, url, viewer)
-            first = AgentProcess(device).start()
-            try:
-                wait_linked(first, device)
-                with paused(broker.pid):  # no PUBACK: the uploader hands chunk 0 and waits for it
-                    assert outbox_depth(device) == 0
-                    path, _ = put_capture(capture_dir, 1, operator_public)
-                    local = path.read_bytes()
-                    sha256 = hashlib.sha256(local).hexdigest()
-                    assert until(lambda: ledger_entries(ledger), 30), first.log()[-3000:]
-                    first.stop(signal.SIGKILL)
-                assert ledger_entries(ledger) == [(path.name, sha256, 0, chunks_of(len(local)))]  # in its middle
-            finally:
+            wait_linked(first, r.device)
+            with paused(r.broker.pid):  # no PUBACK: the uploader hands chunk 0 and waits for it
+                assert outbox_depth(r.device) == 0
+                path, _ = put_capture(r.capture_dir, 1, r.operator_public)
+                local = path.read_bytes()
+                sha256 = hashlib.sha256(local).hexdigest()
+                assert until(lambda: ledger_entries(r.ledger), 30), first.log()[-3000:]
                 first.stop(signal.SIGKILL)
-            with AgentProcess(device) as second:
-                assert_stored_once(url, viewer, operator, db_url, path, local)
-                assert until(lambda: not path.exists(), 30), second.log()[-3000:]  # deleted on the ack
-                assert until(lambda: ledger.read_text() == "", 10), ledger.read_text()
-            assert sorted(watcher.chunks) == list(range(chunks_of(len(local))))
-            assert all(len(ids) == 1 for ids in watcher.chunks.values()), dict(watcher.chunks)  # none queued twice
-            no_errors(first, second)
+            assert ledger_entries(r.ledger) == [(path.name, sha256, 0, chunks_of(len(local)))]  # in its middle
         finally:
-            service.terminate()
-            service.wait(30)
+            first.stop(signal.SIGKILL)
+        with AgentProcess(r.device) as second:
+            assert_stored_once(r.url, r.viewer, r.operator, r.db_url, path, local)
+            assert until(lambda: not path.exists(), 30), second.log()[-3000:]  # deleted on the ack
+            assert until(lambda: r.ledger.read_text() == "", 10), r.ledger.read_text()
+        assert sorted(r.watcher.chunks) == list(range(chunks_of(len(local))))
+        assert all(len(ids) == 1 for ids in r.watcher.chunks.values()), dict(r.watcher.chunks)  # none queued twice
+        no_errors(first, second)
 
 
 def test_a_capture_stored_while_the_agent_was_killed_before_its_ack_is_deleted_after_a_restart(
     digits, tmp_path: Path, request: Any
 ) -> None:
-    require_mosquitto()
-    device, _, operator_public = digits_device(digits, tmp_path, request)
-    capture_dir, ledger = device.data_dir / "capture", device.data_dir / "capture" / LEDGER
-    with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker, Watcher(broker) as watcher:
-        upload_config(device, broker, operator_public)
-        service, url, viewer, operator, db_url = start_service(tmp_path, broker)
+    with rig(digits, tmp_path, request) as r:
+        first = AgentProcess(r.device).start()
         try:
-            wait_service_listening(broker, url, viewer)
-            first = AgentProcess(device).start()
-            try:
-                wait_linked(first, device)
-                with paused(service.pid):  # the broker holds the chunks for it: nothing stored, no ack
-                    path, _ = put_capture(capture_dir, 1, operator_public)
-                    local = path.read_bytes()
-                    sha256 = hashlib.sha256(local).hexdigest()
-                    assert until(lambda: fully_queued(ledger, path.name) and outbox_depth(device) == 0, 60)
-                    os.kill(first.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
-                # the service stores the file and acks it; the paused agent cannot read the ack
-                assert until(lambda: sha256 in watcher.acks, 60), (tmp_path / "service.log").read_text()[-3000:]
-                first.stop(signal.SIGKILL)
-                assert path.exists() and fully_queued(ledger, path.name)  # it never saw the ack
-            finally:
-                first.stop(signal.SIGKILL)
-            with AgentProcess(device) as second:
-                assert until(lambda: not path.exists(), 30), second.log()[-3000:]  # the ack, kept for it
-                assert until(lambda: ledger.read_text() == "", 10), ledger.read_text()
-                assert_stored_once(url, viewer, operator, db_url, path, local)
-            assert all(len(ids) == 1 for ids in watcher.chunks.values()), dict(watcher.chunks)
-            no_errors(first, second)
+            wait_linked(first, r.device)
+            with paused(r.service.pid):  # the broker holds the chunks for it: nothing stored, no ack
+                path, _ = put_capture(r.capture_dir, 1, r.operator_public)
+                local = path.read_bytes()
+                sha256 = hashlib.sha256(local).hexdigest()
+                assert until(lambda: fully_queued(r.ledger, path.name) and outbox_depth(r.device) == 0, 60)
+                os.kill(first.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            # the service stores the file and acks it; the paused agent cannot read the ack
+            assert until(lambda: sha256 in r.watcher.acks, 60), (tmp_path / "service.log").read_text()[-3000:]
+            first.stop(signal.SIGKILL)
+            assert path.exists() and fully_queued(r.ledger, path.name)  # it never saw the ack
         finally:
-            service.terminate()
-            service.wait(30)
+            first.stop(signal.SIGKILL)
+        with AgentProcess(r.device) as second:
+            assert until(lambda: not path.exists(), 30), second.log()[-3000:]  # the ack, kept for it
+            assert until(lambda: r.ledger.read_text() == "", 10), r.ledger.read_text()
+            assert_stored_once(r.url, r.viewer, r.operator, r.db_url, path, local)
+        assert all(len(ids) == 1 for ids in r.watcher.chunks.values()), dict(r.watcher.chunks)
+        no_errors(first, second)
