@@ -28,6 +28,15 @@ def mqtt_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
         yield broker
 
 
+@pytest.fixture(scope="session")
+def convert_dir(digits, request) -> Path:
+    """The digits CNN converted for the agent (onnx-fp32 and onnx-int8), cached in pytest's cache folder and
+    built by one test process at a time; a test module may override it with its own variants."""
+    from tests.bundle_helpers import make_digits_convert_dir
+
+    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
+
+
 @pytest.fixture(scope="module")
 def images(digits):
     """Eight validation images of the digits CNN (a test module may override the count)."""

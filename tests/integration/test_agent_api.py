@@ -11,7 +11,6 @@ import socket
 import stat
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,13 +19,6 @@ from tests.agent_helpers import AgentProcess, make_device, raw_exchange, run_age
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
-
-
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
 
 
 @pytest.fixture(scope="module")

@@ -25,15 +25,6 @@ MAX_BODY = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from pathlib import Path
-
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
-
-
-@pytest.fixture(scope="module")
 def agent(convert_dir, tmp_path_factory):
     device = make_device(tmp_path_factory.mktemp("agent-grpc"))
     # A budget of one body: a message's bytes and its parsed form (2x) must fit in it.

@@ -21,13 +21,6 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
-
-
-@pytest.fixture(scope="module")
 def images(digits):
     return np.load(digits.validation)["image"][:4]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,13 +18,6 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] (the dev extra) not installed")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip above
-
-
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,13 +32,6 @@ GOOD = np.zeros((1, 1, 8, 8), np.float32)
 WRONG_SHAPE = np.zeros((1, 1, 8, 9), np.float32)
 WITH_NAN = np.where(np.arange(64).reshape(1, 1, 8, 8) == 5, np.nan, 0).astype(np.float32)
 OVER_BUDGET = np.zeros((1, 1, 8, 9600), np.float32)  # 300 KB: a gRPC message is held twice (600 KB)
-
-
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
 
 
 @pytest.fixture(scope="module")

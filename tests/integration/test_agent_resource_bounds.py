@@ -35,13 +35,6 @@ MAX_PEAK_GROWTH = 64 * MiB
 
 
 @pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
-
-
-@pytest.fixture(scope="module")
 def agent(convert_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("agent-bounds")
     device = make_device(root)

@@ -13,7 +13,6 @@ benchmarks/bench_slow_clients.py holds the finding's full numbers."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,13 +23,6 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
 
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
 
 
 def test_normal_requests_are_answered_while_slow_clients_are_held(convert_dir, images, tmp_path) -> None:

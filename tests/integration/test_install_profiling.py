@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,13 +18,6 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("onnxruntime")
 
 FAST = {"on_install": True, "warmup": 1, "runs": 5}
-
-
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
 
 
 def install(device, bundle) -> None:

@@ -180,13 +180,6 @@ def test_model_b_never_fails_while_model_a_is_updated_rolled_back_and_killed(tmp
         operator.close()
 
 
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
-
-
 def with_load_size(convert_dir: Path, out: Path, load_mb: float) -> Path:
     """A copy of ``convert_dir`` whose report says each variant measured ``load_mb`` while loading."""
     shutil.copytree(convert_dir, out)

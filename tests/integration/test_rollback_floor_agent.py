@@ -24,13 +24,6 @@ pytest.importorskip("onnxruntime")
 FILES_OF_A_SLOT = ("committed", "bundle.edgepkg")
 
 
-@pytest.fixture(scope="module")
-def convert_dir(digits, request):
-    from tests.bundle_helpers import make_digits_convert_dir
-
-    return make_digits_convert_dir(digits, Path(request.config.cache.mkdir("edgesdk-agent-digits-convert-v1")) / "out")
-
-
 def install(device: Device, bundle: Path):
     return run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundle))
 
