@@ -111,6 +111,7 @@ class AgentLifecycle:
         self.api = api = ApiApp(self.server, self.metrics, api_config, status=self.status)
         api.loop = self._loop
         self.http = http = HttpServer(api.handle, _http_limits(api_config), count_error=self.metrics.count_error)
+        self.metrics.attach_http(http)
         try:
             self.port = await http.listen_tcp(api_config.host, api_config.port)
             if api_config.unix_socket is not None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from edgesdk.agent.ports import GovernorReadout, ModelsReadout, OutboxGauge, Serving
+from edgesdk.agent.ports import ConnectionGauge, GovernorReadout, ModelsReadout, OutboxGauge, Serving
 
 from edgesdk.errors import AgentError
 from edgesdk.schemas.measurements import DeviceMeasurements
@@ -251,6 +251,7 @@ class Metrics:
         #: (``api.inline_batch_max``; agent/api/prepared.py), counted on the loop's thread.
         self.inline_batched = 0
         self.outbox: OutboxGauge | None = None
+        self.http: ConnectionGauge | None = None  # the local API's HTTP server (attach_http)
         self.models: ModelsReadout | None = None  # every model of the device (attach_models)
         self._quality: Callable[[], dict[str, ModelQuality]] | None = None  # attach_quality
         self._drift: Callable[[], dict[str, Any]] | None = None  # its DriftReadout per model, for /metrics
@@ -269,6 +270,10 @@ class Metrics:
         if self.outbox is not None and self.outbox is not outbox:
             raise AgentError("metrics already report an MQTT outbox; one agent has one link")
         self.outbox = outbox
+
+    def attach_http(self, http: ConnectionGauge) -> None:
+        """Report the local API's connections (``edgesdk_agent_http_connections_*``) from now on."""
+        self.http = http
 
     def attach_quality(
         self, reports: Callable[[], dict[str, ModelQuality]], readouts: Callable[[], dict[str, Any]] | None = None
@@ -438,6 +443,28 @@ class Metrics:
                 "counter",
                 "messages the MQTT outbox dropped (oldest first) to stay within its disk quota",
                 [({}, outbox.dropped)],
+            )
+        http = self.http
+        if http is not None:
+            metric(
+                "http_connections_open",
+                "gauge",
+                "open connections of the local HTTP API",
+                [({}, http.open_connections)],
+            )
+            metric(
+                "http_connections_refused_total",
+                "counter",
+                "connections answered 503 as they opened, before any request of theirs was read "
+                "(api.max_connections with none to close, api.max_connections_per_client)",
+                [({}, http.refused)],
+            )
+            metric(
+                "http_connections_evicted_total",
+                "counter",
+                "connections closed to make room for a new one past api.max_connections "
+                "(inside an unfinished header block first, then idle ones)",
+                [({}, http.evicted)],
             )
         metric("cpu_percent", "gauge", "CPU of the agent process", [({}, snap["cpu_percent"])])
         rss = snap["rss_mb"]

@@ -242,6 +242,19 @@ class OutboxGauge(Protocol):
     def dropped(self) -> int: ...
 
 
+class ConnectionGauge(Protocol):
+    """The local API's HTTP connections: open now, and those it turned away or closed to make room."""
+
+    @property
+    def open_connections(self) -> int: ...
+
+    @property
+    def refused(self) -> int: ...
+
+    @property
+    def evicted(self) -> int: ...
+
+
 class RunningParts(Protocol):
     """What the lifecycle (``agent/lifecycle.py``) starts and stops around the API, in this order:
     the OTA boot guard, the models, the governors, the rest (link, updaters, profiling)."""

@@ -915,7 +915,10 @@ class HttpServer:
         self._servers: list[asyncio.AbstractServer] = []
         self.slow_clients = 0
         self.oversized = 0
+        #: Connections answered 503 and closed as they opened (``max_connections`` with none to
+        #: make room, or ``max_connections_per_client``): no request of theirs was read.
         self.refused = 0
+        #: Connections closed to make room for a new one past ``max_connections`` (make_room).
         self.evicted = 0
         self.over_budget = 0
         #: Open connections per peer address (only the ones counted: see ``_counted_client``).
@@ -929,6 +932,10 @@ class HttpServer:
         if limits.min_rate_bytes_s:
             periods.append(limits.min_rate_grace_s)  # the rate is checked on the timer's ticks
         self.timer_period_s = min(periods)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.connections)
 
     def make_room(self) -> bool:
         """Close one connection to admit a new one past ``max_connections``: the oldest inside

@@ -12,6 +12,7 @@ benchmarks/bench_slow_clients.py holds the finding's full numbers."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -59,4 +60,10 @@ def test_normal_requests_are_answered_while_slow_clients_are_held(convert_dir, i
         answered = statuses.count(200)
         assert answered >= 38, f"{answered} of {len(statuses)} normal requests answered: {statuses}"
         assert 503 not in statuses, statuses
+        # The operator sees what happened on /metrics: connections closed to make room, none refused.
+        metrics = httpx.get(f"{agent.url}/metrics", timeout=10).text
+        evicted = re.search(r"^edgesdk_agent_http_connections_evicted_total (\d+)$", metrics, re.M)
+        # Connections past the 32 slots were admitted by closing another (each crowd or normal one at most once).
+        assert evicted is not None and 0 < int(evicted[1]) <= crowd.opened + len(statuses), (crowd.opened, metrics)
+        assert re.search(r"^edgesdk_agent_http_connections_refused_total 0$", metrics, re.M), metrics
         assert agent.proc.poll() is None, agent.log()

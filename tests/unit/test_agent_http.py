@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from edgesdk.agent.api.http import HttpLimits, HttpProtocol, HttpServer, Request, Respond, Response
+from edgesdk.agent.metrics import Metrics
 
 from tests.agent_helpers import raw_exchange
 from tests.unit.test_agent_http_known_heads import FakeTransport
@@ -264,6 +265,12 @@ def test_at_the_limit_a_new_connection_closes_the_oldest_unfinished_header_block
         assert answer.startswith(b"HTTP/1.1 200"), answer
         assert partial[1].recv(4096).startswith(b"HTTP/1.1 408")
         assert running.http.evicted == 2 and running.http.refused == 0
+        metrics = Metrics()
+        metrics.attach_http(running.http)  # as the agent's lifecycle does
+        text = metrics.prometheus()
+        assert "\nedgesdk_agent_http_connections_evicted_total 2\n" in text, text
+        assert "\nedgesdk_agent_http_connections_refused_total 0\n" in text
+        assert f"\nedgesdk_agent_http_connections_open {len(running.http.connections)}\n" in text
         idle.settimeout(0.2)
         with pytest.raises(TimeoutError):
             idle.recv(10)  # still open: header blocks go before idle connections
