@@ -65,9 +65,12 @@ def test_a_tampered_device_is_reprovisioned_by_a_signed_command_and_not_by_a_for
     assert run_agent_cli("install", "--config", str(device.config), str(bundles.v1)).returncode == 0
     (device.data_dir / "security_state.json").unlink()  # tampered: the record deleted
     key_id = raw_key_id(read_device_public_key(bundles.keys.device_pub))
-    watch = Collector(mqtt_broker.url, "edgesdk/devices/+/events", client_id="reprovision-watch")
+    watch = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/#", client_id="reprovision-watch")
     agent = AgentProcess(device).start()
     try:
+        # Its port is open before its MQTT link is: a command (not retained) published before the
+        # agent subscribed would be lost. It subscribes before it says it is online, so wait for that.
+        assert watch.wait_for(lambda: any(p.get("online") for p in watch.json("presence")), 60), agent.log()
         assert _status(agent)["security_state"]["tampered"] is True
         refused = run_agent_cli("install", "--config", str(device.config), "--no-reload", str(bundles.v2))
         assert refused.returncode != 0 and "security state" in refused.stderr, refused.stderr
@@ -76,7 +79,7 @@ def test_a_tampered_device_is_reprovisioned_by_a_signed_command_and_not_by_a_for
         stranger = bundles.keys.directory / "stranger" / "publisher.key"
         for payload in (_forged(key_id, None), _forged(key_id, stranger)):
             watch.client.publish("edgesdk/devices/dev-1/ota/reprovision", payload, qos=1)
-        assert watch.wait_for(lambda: len(_events(watch, "reprovision_refused")) >= 2, timeout=30), watch.json()
+        assert watch.wait_for(lambda: len(_events(watch, "reprovision_refused")) >= 2, timeout=60), watch.json()
         whys = sorted(e["detail"]["why"] for e in _events(watch, "reprovision_refused"))
         assert whys == ["unknown_key", "unsigned"], whys
         assert not (device.data_dir / "security_state.json").exists()
@@ -87,7 +90,7 @@ def test_a_tampered_device_is_reprovisioned_by_a_signed_command_and_not_by_a_for
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 0 and "published reprovision-" in proc.stdout, proc.stderr
-        assert watch.wait_for(lambda: bool(_events(watch, "security_state_reprovisioned")), timeout=30), agent.log()
+        assert watch.wait_for(lambda: bool(_events(watch, "security_state_reprovisioned")), timeout=60), agent.log()
         status = _status(agent)
         assert status["security_state"]["tampered"] is False, status["security_state"]
         assert status["security_state"]["release_floors"] == {"digits": 1}
