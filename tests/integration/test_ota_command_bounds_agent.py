@@ -55,6 +55,12 @@ def _refusal_event(watch: Collector, deployment_id: str) -> dict:
     return found()[0]
 
 
+def _online(watch: Collector, agent: AgentProcess) -> None:
+    """Until dev-1 says it is online: its port opens before its MQTT link connects, and a command
+    (not retained) published before it subscribed is lost; it subscribes before its presence."""
+    assert watch.wait_for(lambda: any(p.get("online") for p in watch.json("presence")), 60), agent.log()[-3000:]
+
+
 def _send(operator: Operator, bundles: OtaBundles, deployment_id: str, **fields: object) -> None:
     """A command signed by the operator key the device trusts, published on dev-1's topic."""
     command = make_deployment(bundles.v2, deployment_id, bundles.operator_key, **fields)  # type: ignore[arg-type]
@@ -76,6 +82,7 @@ def test_a_far_ahead_sequence_and_a_century_of_validity_are_refused_and_the_key_
     operator = Operator(tmp_path, bundles, mqtt_broker.url)
     try:
         with AgentProcess(device) as agent:
+            _online(watch, agent)
             attacks = [
                 ("ahead-1", {"sequence": 10**30}, "sequence ahead of time", "sequence_ahead"),
                 ("century-1", {"ttl_s": 3e9}, "validity too long", "validity_too_long"),
@@ -106,7 +113,8 @@ def test_the_validity_cap_is_the_devices_config(tmp_path: Path, bundles: OtaBund
     watch = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/#", client_id="cap-watch")
     operator = Operator(tmp_path, bundles, mqtt_broker.url)
     try:
-        with AgentProcess(device):
+        with AgentProcess(device) as agent:
+            _online(watch, agent)
             _send(operator, bundles, "two-days-1", ttl_s=2 * 86400)  # within the default week
             reason = _failed(watch, "two-days-1")["reason"]
             assert "validity too long" in reason and "at most 86400 s" in reason, reason
