@@ -9,6 +9,7 @@ another device's ack topic nor read it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,18 @@ def test_a_3mb_capture_arrives_in_chunks_and_leaves_the_device_only_on_its_ack(
     with MosquittoBroker(data_dir=tmp_path / "mosquitto") as broker:
         upload_config(device, broker, operator_public)
         forger = MqttClient(ClientOptions(client_id="forger", broker_url=broker.url))
+        presence: list[bytes] = []
+        forger.on_message = lambda topic, payload: presence.append(payload)
+        forger.subscribe("edgesdk/devices/dev-1/presence", qos=1)  # retained: seen whenever it comes
         forger.start()
         try:
-            assert forger.wait_connected(10), forger.stats.last_error
+            assert forger.wait_connected(60), forger.stats.last_error
             with AgentProcess(device) as agent:
                 ledger = capture_dir / LEDGER
                 assert until(lambda: fully_queued(ledger, unstored.name), 60), agent.log()[-3000:]
+                # Queued is not connected: an ack published before the agent subscribed would be
+                # lost. It subscribes before it says it is online, so wait for that.
+                assert until(lambda: any(json.loads(p)["online"] for p in presence), 60), agent.log()[-3000:]
                 sha256 = hashlib.sha256(unstored.read_bytes()).hexdigest()
                 for topic, ack in (
                     (ACK_TOPIC.format("dev-2"), CaptureAck(device_id="dev-2", sha256=sha256)),  # not its topic
@@ -74,7 +81,7 @@ def test_a_3mb_capture_arrives_in_chunks_and_leaves_the_device_only_on_its_ack(
                 ):
                     forger.publish(topic, ack.model_dump_json().encode(), qos=1)
                 ignored = "ignored an acknowledgement"
-                assert until(lambda: agent.log().count(ignored) >= 2, 30), agent.log()[-3000:]
+                assert until(lambda: agent.log().count(ignored) >= 2, 60), agent.log()[-3000:]
                 assert unstored.exists()  # no forged ack deleted it
 
                 service, url, viewer, operator, _db = start_service(tmp_path, broker)
@@ -88,7 +95,7 @@ def test_a_3mb_capture_arrives_in_chunks_and_leaves_the_device_only_on_its_ack(
                     assert status == 200 and downloaded == local
                     plain = open_sealed(downloaded, load_device_private_key(operator_private), source="download")
                     np.testing.assert_array_equal(unpack_record(plain, source="download").inputs["image"], image)
-                    assert until(lambda: not path.exists(), 30), agent.log()[-3000:]  # deleted on the ack
+                    assert until(lambda: not path.exists(), 60), agent.log()[-3000:]  # deleted on the ack
                     assert unstored.exists()  # the service never got it: never acknowledged, kept
                 finally:
                     service.terminate()
