@@ -112,10 +112,22 @@ class ShippedBroker:
             return ""
 
     def reload(self) -> None:
-        """SIGHUP: mosquitto re-reads its password and ACL files (what the operator does after approve)."""
+        """SIGHUP: mosquitto re-reads its password and ACL files (what the operator does after approve).
+        Returns once it logged "Reloading config.": its one thread reloads right after that line,
+        before it handles another client (a fixed pause could end first on a loaded machine)."""
         assert self._process is not None
+        before = self._reloads()
         self._process.send_signal(1)
-        time.sleep(0.5)  # the broker re-reads between network loop iterations
+        deadline = time.monotonic() + 60
+        while self._reloads() <= before:
+            assert time.monotonic() < deadline, f"mosquitto did not reload in 60 s: {self._log_tail()}"
+            time.sleep(0.05)
+
+    def _reloads(self) -> int:
+        try:
+            return self.log_file.read_text(errors="replace").count("Reloading config.")
+        except FileNotFoundError:
+            return 0
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -23,7 +23,7 @@ from tests.mqtt_helpers import wait_acked
 def device_announces(broker_url: str, device_id: str, key: X25519PrivateKey) -> None:
     client = MqttClient(ClientOptions(client_id=f"dev-{device_id}-{time.monotonic_ns()}", broker_url=broker_url))
     client.start()
-    assert client.wait_connected(10)
+    assert client.wait_connected(60)
     agent = SimpleNamespace(
         config=SimpleNamespace(device_id=device_id, profile="rpi5-8gb", mqtt=SimpleNamespace(namespace="edgesdk")),
         device_public_key=key.public_key().public_bytes_raw,
@@ -42,7 +42,7 @@ def test_enroll_list_approve_and_key_change(mqtt_broker, edgesdk_cli, tmp_path: 
     # Someone speaking for cam-a on another device's topic is ignored.
     spoof = MqttClient(ClientOptions(client_id="spoof", broker_url=mqtt_broker.url))
     spoof.start()
-    assert spoof.wait_connected(10)
+    assert spoof.wait_connected(60)
     forged = Presence(
         device_id="cam-a",
         online=True,
@@ -50,7 +50,7 @@ def test_enroll_list_approve_and_key_change(mqtt_broker, edgesdk_cli, tmp_path: 
         public_key="A" * 43 + "=",
     )
     spoof.publish("edgesdk/devices/cam-z/presence", forged.model_dump_json().encode(), qos=1, retain=True)
-    time.sleep(0.3)
+    wait_acked(spoof)  # stored (retained) before the listing looks, so the listing is a real check
     spoof.stop()
 
     listed = edgesdk_cli("fleet", "enroll", "list", *flags, "--json")
@@ -127,12 +127,13 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
         bootstrap.on_message = on_message
         bootstrap.subscribe(topics.device_topic("edgesdk", device_id, topics.ENROLL_CREDENTIALS))
         bootstrap.start()
-        assert bootstrap.wait_connected(10), bootstrap.stats.last_error
+        assert bootstrap.wait_connected(60), bootstrap.stats.last_error
         agent = SimpleNamespace(
             config=SimpleNamespace(device_id=device_id, profile=None, mqtt=SimpleNamespace(namespace="edgesdk")),
             device_public_key=device_key.public_key().public_bytes_raw,
         )
         assert announce_enrollment(agent, SimpleNamespace(client=bootstrap)) is not None
+        wait_acked(bootstrap)  # the retained request stored (after its subscription) before approve looks
 
         operator_password = tmp_path / "op.password"
         operator_password.write_text("op")
@@ -149,7 +150,7 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
         )  # fmt: skip
         assert approved.returncode == 0, approved.stderr
         assert "broker password" in approved.stdout
-        assert delivered.wait(10), "the sealed credentials never reached the enrolling device"
+        assert delivered.wait(60), "the sealed credentials never reached the enrolling device"
         bootstrap.stop()
 
         # The credentials are sealed: another key cannot open them.
@@ -168,7 +169,7 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
         observer.on_message = lambda _topic, payload: presence.append(payload)
         observer.subscribe(f"edgesdk/devices/{device_id}/presence", qos=1)
         observer.start()
-        assert observer.wait_connected(10), observer.stats.last_error
+        assert observer.wait_connected(60), observer.stats.last_error
         device = FakeAgent(
             tmp_path / "device",
             broker.url("devices"),
@@ -179,8 +180,8 @@ def test_enrolled_device_gets_its_own_broker_password_and_connects_with_it(edges
         )
         link = start_link(device)
         try:
-            assert link.client.wait_connected(10), link.client.stats.last_error
-            deadline = time.monotonic() + 10
+            assert link.client.wait_connected(60), link.client.stats.last_error
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not any(json.loads(p)["online"] for p in presence):
                 time.sleep(0.05)
             assert any(json.loads(p)["online"] for p in presence), "the device's presence never arrived"
