@@ -37,12 +37,28 @@ def _presence(broker_url: str, device_id: str, *, online: bool, profile: str) ->
 
     client = MqttClient(ClientOptions(client_id=f"presence-{device_id}", broker_url=broker_url))
     client.start()
-    assert client.wait_connected(10), client.stats.last_error
+    assert client.wait_connected(60), client.stats.last_error
     now = datetime.now(timezone.utc).isoformat()
     presence = {"device_id": device_id, "online": online, "ts": now, "profile": profile, "groups": ["line-1"]}
     client.publish(f"edgesdk/devices/{device_id}/presence", json.dumps(presence).encode(), qos=1, retain=True)
     wait_acked(client)  # stored by the broker before the disconnect
     client.stop()
+
+
+def _notifier_watching(broker_url: str, receiver: Any) -> None:
+    """Until the service's webhook notifier has taken its first look at the fleet: it reports the
+    changes since that look, so a rollout started before it would go unreported. A probe device
+    is flipped offline and online until an alert about it is delivered (a flip that came before
+    the first look is part of what that look saw, so one flip is not enough)."""
+    deadline = time.monotonic() + 60
+    online = False
+    while not any(b'"probe-1"' in body for _, body in list(receiver.got)):
+        assert time.monotonic() < deadline, "the webhook notifier reported no change in 60 s"
+        _presence(broker_url, "probe-1", online=online, profile="x86")
+        online = not online
+        flipped = time.monotonic()
+        while time.monotonic() - flipped < 3 and not any(b'"probe-1"' in body for _, body in list(receiver.got)):
+            time.sleep(0.1)
 
 
 def _api(base: str, secret: str, method: str, path: str, body: Any = None) -> Any:
@@ -120,7 +136,7 @@ def test_tags_filters_and_signed_webhooks_through_fleet_serve(mqtt_broker, tmp_p
             assert dead.returncode == 0, dead.stderr
             listed = _cli("webhook", "list", "--json", *as_admin)
             assert listed.returncode == 0 and SECRET not in listed.stdout
-            time.sleep(1.5)  # the notifier's first look at the fleet (changes are what it reports)
+            _notifier_watching(mqtt_broker.url, receiver)
 
             bundle = placeholder_bundle(tmp_path / "bundle", make_keys(tmp_path / "keys"))
             request = urllib.request.Request(
@@ -134,10 +150,10 @@ def test_tags_filters_and_signed_webhooks_through_fleet_serve(mqtt_broker, tmp_p
             rollout = {"bundle_id": bundle_id, "target_filter": "berlin-pi5", "canary": 0, "waves": [1.0]}
             created = _api(svc.api, operator, "POST", "/deployments", {**rollout, "deployment_id": "berlin-1"})
             assert created["devices"] == 1, created
-            headers, body = receiver.wait_for("rollout.in_progress", about=b"berlin-1", timeout=30)
+            headers, body = receiver.wait_for("rollout.in_progress", about=b"berlin-1", timeout=60)
             assert webhooks.verify(SECRET, headers["X-Edgesdk-Timestamp"], body, headers["X-Edgesdk-Signature"])
             _api(svc.api, operator, "POST", "/deployments/berlin-1/abort", {"reason": "test"})
-            receiver.wait_for("rollout.aborted", about=b"berlin-1", timeout=30)
+            receiver.wait_for("rollout.aborted", about=b"berlin-1", timeout=60)
 
             submitted = _cli(
                 "submit",
@@ -155,7 +171,7 @@ def test_tags_filters_and_signed_webhooks_through_fleet_serve(mqtt_broker, tmp_p
             assert standalone.returncode != 0 and "need --server" in standalone.stderr, standalone.stderr
 
             _presence(mqtt_broker.url, "cam-2", online=False, profile="x86")  # its Last Will
-            headers, body = receiver.wait_for("alert.firing", about=b'"cam-2"', timeout=30)
+            headers, body = receiver.wait_for("alert.firing", about=b'"cam-2"', timeout=60)
             assert webhooks.verify(SECRET, headers["X-Edgesdk-Timestamp"], body, headers["X-Edgesdk-Signature"])
 
             dead_id = json.loads(dead.stdout)["id"]
