@@ -41,7 +41,7 @@ def get(url: str, token: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def until(check: Any, timeout: float = 30.0) -> Any:
+def until(check: Any, timeout: float = 60.0) -> Any:
     """``check()``'s first truthy answer, or its last answer once ``timeout`` seconds have passed."""
     deadline = time.monotonic() + timeout
     while True:

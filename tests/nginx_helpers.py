@@ -111,7 +111,7 @@ http {{
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own group: a kill takes the worker too
         )
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""
@@ -121,7 +121,7 @@ http {{
                 return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError("nginx did not listen within 15 s")
+        raise RuntimeError("nginx did not listen within 60 s")
 
     def kill(self) -> None:
         """SIGKILL master and worker: a cut, not a graceful stop (nothing is logged for the

@@ -254,7 +254,7 @@ class Operator:
             ClientOptions(client_id=f"op-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
         )
         self.client.start()
-        assert self.client.wait_connected(10)
+        assert self.client.wait_connected(60)
         self.ctl = RolloutController(
             open_rollout_store(root / "fleet.sqlite3"),
             self.client,

@@ -63,7 +63,7 @@ def test_agent_capture_files_decrypt_only_with_the_operator_key_to_what_was_serv
     with AgentProcess(device) as agent, httpx.Client(base_url=agent.url, timeout=30) as client:
         served = [_ask(client, image[None]) for image in images]  # the budget fills after ~3
         key = load_device_private_key(operator_private)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the writer thread catches up with the last answer
             files = _files(device.data_dir)
             last = unpack_record(open_sealed(files[-1].read_bytes(), key, source="f"), source="f") if files else None

@@ -124,7 +124,7 @@ def test_the_shipped_acl_keeps_a_devices_capture_acks_from_other_devices(tmp_pat
         try:
             for client in (service, device, attacker):
                 client.start()
-                assert client.wait_connected(10), client.stats.last_error
+                assert client.wait_connected(60), client.stats.last_error
             own = (ACK_TOPIC.format("rpi-002"), b"its own")
             assert until(lambda: service.publish(*own, qos=1) and own in snooped, 10)
             assert until(lambda: service.publish(ACK_TOPIC.format("rpi-001"), b"probe", qos=1) and acks, 10)

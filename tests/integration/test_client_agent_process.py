@@ -45,7 +45,7 @@ def test_sync_client_matches_the_runtime(agent, images_and_reference, transport)
     socket_path = agent.device.root / "agent.sock"
     client = AgentClient(unix_socket=socket_path) if transport == "unix" else AgentClient(agent.url)
     with client:
-        assert client.wait_ready(timeout=30)["model"] == "digits"
+        assert client.wait_ready(timeout=60)["model"] == "digits"
         assert client.status()["model"]["version"] == "1.0.0"
         assert client.models()[0]["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["batch", 1, 8, 8]}]
         one = client.infer("digits", images)  # one array: the model's only input
@@ -68,7 +68,7 @@ def test_async_client_matches_the_runtime(agent, images_and_reference, transport
     async def main() -> None:
         client = AsyncAgentClient(unix_socket=socket_path) if transport == "unix" else AsyncAgentClient(agent.url)
         async with client:
-            await client.wait_ready(timeout=30)
+            await client.wait_ready(timeout=60)
             answers = await asyncio.gather(*(client.infer("digits", images[i : i + 2]) for i in range(0, 8, 2)))
             logits = np.concatenate([a["logits"] for a in answers])
             np.testing.assert_allclose(logits, reference, atol=1e-5)

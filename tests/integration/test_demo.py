@@ -42,7 +42,7 @@ def processes_mentioning(text: str) -> dict[int, str]:
     return found
 
 
-def wait_gone(text: str, timeout: float = 15.0) -> dict[int, str]:
+def wait_gone(text: str, timeout: float = 60.0) -> dict[int, str]:
     deadline = time.monotonic() + timeout
     left = processes_mentioning(text)
     while left and time.monotonic() < deadline:
@@ -340,14 +340,14 @@ def test_embedded_broker_carries_retained_qos1_messages_for_mqtt_311_clients(tmp
     )
     clients: list[MqttClient] = []
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not _port_open(port) and time.monotonic() < deadline:
             time.sleep(0.1)
         url = f"mqtt://127.0.0.1:{port}"
         publisher = MqttClient(ClientOptions(client_id="pub", broker_url=url, protocol="3.1.1"))
         clients.append(publisher)
         publisher.start()
-        assert publisher.wait_connected(10), publisher.stats.last_error
+        assert publisher.wait_connected(60), publisher.stats.last_error
         publisher.publish("edgesdk/devices/d1/presence", b"online", qos=1, retain=True)
         received: list[tuple[str, bytes]] = []
         subscriber = MqttClient(ClientOptions(client_id="sub", broker_url=url, protocol="3.1.1"))
@@ -355,8 +355,8 @@ def test_embedded_broker_carries_retained_qos1_messages_for_mqtt_311_clients(tmp
         subscriber.on_message = lambda topic, payload: received.append((topic, payload))
         subscriber.subscribe("edgesdk/devices/+/presence", qos=1)
         subscriber.start()
-        assert subscriber.wait_connected(10)
-        deadline = time.monotonic() + 10
+        assert subscriber.wait_connected(60)
+        deadline = time.monotonic() + 60
         while not received and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ("edgesdk/devices/d1/presence", b"online") in received  # retained, delivered late

@@ -51,7 +51,7 @@ def announce(broker_url: str, device_id: str, key: X25519PrivateKey) -> None:
 
     client = MqttClient(ClientOptions(client_id=f"enroll-{device_id}-{time.monotonic_ns()}", broker_url=broker_url))
     client.start()
-    assert client.wait_connected(10)
+    assert client.wait_connected(60)
     request = enrollment_request(device_id, key.public_key().public_bytes_raw())
     client.publish(f"edgesdk/devices/{device_id}/enroll", request.model_dump_json().encode(), qos=1, retain=True)
     wait_acked(client)  # the QoS 1 acknowledgement before the disconnect
@@ -106,7 +106,7 @@ def _enroll(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _wait_for(check, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(check, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():

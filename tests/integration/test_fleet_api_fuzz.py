@@ -147,7 +147,7 @@ def _announce(port: int, device_id: str, url: str, token: str) -> None:
     topic = f"edgesdk/devices/{device_id}/presence"
     publish.single(topic, json.dumps(presence), qos=1, retain=True, hostname="127.0.0.1", port=port)
     probe = Service(url, {"operator": token}, "", Path())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while probe.call("GET", f"/api/v1/devices/{device_id}")[0] != 200:
         assert time.monotonic() < deadline, f"the service never learned {device_id}"
         time.sleep(0.2)

@@ -81,7 +81,7 @@ def dashboard(tmp_path_factory: Any) -> Iterator[Dashboard]:
                 api = re.search(r"API on (http://\S+)", banner)
                 assert api, banner + (root / "serve.log").read_text()[-2000:]
                 device.start()
-                assert device.wait_connected(10), device.stats.last_error
+                assert device.wait_connected(60), device.stats.last_error
                 yield Dashboard(api.group(1), broker, operator, viewer, admin, root, device)
             finally:
                 device.stop()

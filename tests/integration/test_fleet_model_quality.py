@@ -160,7 +160,7 @@ def _start(db_url: str, root: Path) -> Iterator[Service]:
                 time.sleep(0.05)
             assert port_file.exists(), (root / "service.log").read_text()[-3000:]
             devices.start()
-            assert devices.wait_connected(10), devices.stats.last_error
+            assert devices.wait_connected(60), devices.stats.last_error
             url = f"http://127.0.0.1:{port_file.read_text()}"
             service = Service(url, db_url, viewer, operator, datetime.now(UTC), devices)
             _publish_reports(devices, service.started)
@@ -203,7 +203,7 @@ def service(request: Any) -> Service:
 
 def _reports(service: Service, device: str, query: str = "", count: int = 8) -> list[dict[str, Any]]:
     """The device's reports once ``count`` of them are stored (the ingest is asynchronous)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         status, body = service.get(f"/api/v1/devices/{device}/quality{query}", service.viewer)
         if status == 200 and len(body["reports"]) >= count or time.monotonic() > deadline:

@@ -139,7 +139,7 @@ class Sniffer:
         self.client.on_message = self._on_message
         self.client.subscribe("edgesdk/#")
         self.client.start()
-        assert self.client.wait_connected(10)
+        assert self.client.wait_connected(60)
 
     def _on_message(self, _topic: str, payload: bytes) -> None:
         with self._lock:
@@ -254,7 +254,7 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
         )
         url = f"http://127.0.0.1:{port}"
         # The unit's Type=notify and WatchdogSec= hold: READY=1 once serving, then pings.
-        wait_for(lambda: notify.has({"READY=1", "WATCHDOG=1"}), 20, "READY=1 and WATCHDOG=1", agent, log)
+        wait_for(lambda: notify.has({"READY=1", "WATCHDOG=1"}), 60, "READY=1 and WATCHDOG=1", agent, log)
         status = http_json(f"{url}/v1/status")
         assert status["device_id"] == DEVICE_ID and status["profile"] == PROFILE  # the shipped profile
         assert status["model"] is None and status["link"] is True
@@ -275,7 +275,7 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
             rows = {row["device_id"]: row for row in json.loads(listed.stdout)}
             return rows.get(DEVICE_ID)
 
-        offered = wait_for(pending, 30, "the device to announce its key", agent, log)
+        offered = wait_for(pending, 60, "the device to announce its key", agent, log)
         assert offered["status"] == "pending" and offered["profile"] == PROFILE
         assert offered["offered_key_id"] == key_id(device_public)  # the broker shows what the device shows
         approved = edgesdk_cli(*enroll, "approve", DEVICE_ID, *registry_flags, "--key-id", key_id(device_public))
@@ -305,7 +305,7 @@ def test_image_installs_offline_enrolls_and_serves(tmp_path_factory, digits, mqt
             [str(wrapper), "install", str(bundle)], capture_output=True, text=True, env=device_env, timeout=120
         )
         assert sideload.returncode == 0, sideload.stderr
-        wait_for(lambda: http_json(f"{url}/v1/status")["model"], 30, "the model to load", agent, log)
+        wait_for(lambda: http_json(f"{url}/v1/status")["model"], 60, "the model to load", agent, log)
 
         validation = np.load(digits.validation)
         images, labels = validation["image"][:32], validation["labels"][:32]

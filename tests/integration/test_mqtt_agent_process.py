@@ -47,10 +47,10 @@ def test_agent_process_loses_no_telemetry_across_outage_and_sigkill(
     first = AgentProcess(device).start()
     second: AgentProcess | None = None
     try:
-        assert observer.wait_for(lambda: any(p["online"] for p in observer.json("presence")), 30), first.log()
+        assert observer.wait_for(lambda: any(p["online"] for p in observer.json("presence")), 60), first.log()
         presence = Presence.model_validate(observer.json("presence")[-1])
         assert presence.profile == "rpi5-8gb" and presence.agent_version and presence.public_key
-        assert observer.wait_for(lambda: len(observer.json("telemetry")) >= 3, 30)
+        assert observer.wait_for(lambda: len(observer.json("telemetry")) >= 3, 60)
         report = Telemetry.model_validate(observer.json("telemetry")[-1])
         assert report.device_id == "dev-1" and report.rss_mb and report.rss_mb > 0
 
@@ -67,7 +67,7 @@ def test_agent_process_loses_no_telemetry_across_outage_and_sigkill(
 
         mqtt_broker.start()
         second = AgentProcess(device).start()
-        assert observer.wait_for(lambda: len(observer.json("telemetry")) > 0, 30)
+        assert observer.wait_for(lambda: len(observer.json("telemetry")) > 0, 60)
 
         def complete() -> bool:
             seqs = [t["seq"] for t in unique_in_order(observer.json("telemetry"))]
@@ -91,7 +91,7 @@ def test_agent_stopping_cleanly_says_it_is_offline(mqtt_broker: MosquittoBroker,
     observer = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/presence")
     agent = AgentProcess(device).start()
     try:
-        assert observer.wait_for(lambda: any(p["online"] for p in observer.json("presence")), 30), agent.log()
+        assert observer.wait_for(lambda: any(p["online"] for p in observer.json("presence")), 60), agent.log()
         assert agent.stop(signal.SIGTERM) == 0, agent.log()
         assert observer.wait_for(lambda: observer.json("presence")[-1]["online"] is False, 60)
     finally:

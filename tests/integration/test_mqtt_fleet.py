@@ -35,7 +35,7 @@ def test_fleet_devices_lists_presence_and_latest_telemetry(
     links = [start_link(first), start_link(second)]
     try:
         for link in links:
-            assert link.client.wait_connected(10)
+            assert link.client.wait_connected(60)
         assert _wait(lambda: all(link.queue.depth == 0 and link.forwarder.sent > 0 for link in links))
 
         proc = edgesdk_cli("fleet", "devices", "--broker", mqtt_broker.url, "--json", "--wait", "1")

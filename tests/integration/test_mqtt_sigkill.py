@@ -65,13 +65,13 @@ def test_sigkilled_publisher_with_a_full_queue_loses_nothing(mqtt_broker: Mosqui
 
         # 2. Broker back; a new process adds 1500 more and is killed in the middle of the drain.
         mqtt_broker.start()
-        assert observer.client.wait_connected(10)
+        assert observer.client.wait_connected(60)
         # One message in flight at a time and 10 ms before each publish: the drain lasts >= 18 s,
         # so the kill lands in its middle even when this process is descheduled for seconds (CI
         # with 4 test processes once saw all 1800 sent, window 1 alone, before the kill).
         proc = _spawn(mqtt_broker, db, "--start", "300", "--count", "1500", "--window", "1", "--publish-delay-ms", "10")
         _wait_line(proc, "queued")
-        assert observer.wait_for(lambda: len(observer.messages) >= 100, timeout=30)
+        assert observer.wait_for(lambda: len(observer.messages) >= 100, timeout=60)
         _kill(proc)
         probe = MessageQueue(db)
         left = probe.depth
@@ -81,8 +81,8 @@ def test_sigkilled_publisher_with_a_full_queue_loses_nothing(mqtt_broker: Mosqui
         # 3. Restarted once more, it sends what was left and exits when the queue is empty.
         proc = _spawn(mqtt_broker, db, "--wait-empty")
         _wait_line(proc, "empty")
-        assert proc.wait(10) == 0
-        assert observer.wait_for(lambda: len(unique_in_order(observer.json())) >= 1800, timeout=30)
+        assert proc.wait(60) == 0
+        assert observer.wait_for(lambda: len(unique_in_order(observer.json())) >= 1800, timeout=60)
         indices = [m["index"] for m in unique_in_order(observer.json())]
         assert indices == list(range(1800))  # all of them, in order
         duplicates = len(observer.json()) - len(indices)

@@ -134,7 +134,7 @@ def test_model_b_never_fails_while_model_a_is_updated_rolled_back_and_killed(tmp
         with AgentProcess(device) as agent:
             assert served(agent.url) == {"digits": 1, B: 1}
             presence = Collector(mqtt_broker.url, "edgesdk/devices/dev-1/presence", client_id="presence-watch")
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while not [p for p in presence.json("presence") if p["online"]]:
                 assert time.monotonic() < deadline, "no retained presence"
                 time.sleep(0.1)

@@ -30,7 +30,7 @@ def test_push_status_rollback(tmp_path: Path, bundles: OtaBundles, mqtt_broker, 
         )
         manager = updater_for(agent)
         manager.install_local(bundles.v1, timeout=60)
-        assert agent.link.client.wait_connected(10)
+        assert agent.link.client.wait_connected(60)
         agents.append(agent)
     db = tmp_path / "fleet.sqlite3"
     common = ["--broker", mqtt_broker.url, "--operator-key", str(bundles.operator_key), "--db", str(db)]

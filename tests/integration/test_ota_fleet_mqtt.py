@@ -46,7 +46,7 @@ class Fleet:
             self.agents.append(agent)
             self.managers.append(manager)
         for agent in self.agents:
-            assert agent.link.client.wait_connected(10)
+            assert agent.link.client.wait_connected(60)
 
     def releases(self) -> list[int]:
         return [a.server.running_model().release for a in self.agents]
@@ -61,7 +61,7 @@ def controller(tmp_path: Path, bundles: OtaBundles, broker_url: str) -> tuple[Ro
         ClientOptions(client_id=f"fleet-{time.monotonic_ns()}", broker_url=broker_url, clean_start=True)
     )
     client.start()
-    assert client.wait_connected(10)
+    assert client.wait_connected(60)
     store = open_rollout_store(tmp_path / "fleet.sqlite3")
     ctl = RolloutController(store, client, "edgesdk", load_publisher_private_key(bundles.operator_key), poll_s=0.05)
     return ctl.start(), client
@@ -152,7 +152,7 @@ def _run_in_thread(ctl: RolloutController, deployment_id: str) -> tuple[threadin
     return runner, result
 
 
-def _wait(predicate, timeout: float = 30.0) -> bool:
+def _wait(predicate, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -303,7 +303,7 @@ def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles
     try:
         # A first connect has no broker session yet: a command sent before the agent subscribes
         # is lost. It sends its subscriptions before its online presence, so wait for that.
-        assert watch.wait_for(lambda: any(p["online"] for p in watch.json("presence")[heard:]), 30), agent.log()
+        assert watch.wait_for(lambda: any(p["online"] for p in watch.json("presence")[heard:]), 60), agent.log()
         template = operator.ctl.create(
             bundles.v2,
             ["dev-1"],
@@ -318,7 +318,7 @@ def test_a_tampered_url_list_is_refused_by_its_signature(tmp_path: Path, bundles
         def refusals() -> list[dict]:
             return [e["detail"] for e in watch.json("events") if e["event"] == "ota_refused"]
 
-        assert watch.wait_for(lambda: bool(refusals()), timeout=30), watch.json("events")
+        assert watch.wait_for(lambda: bool(refusals()), timeout=60), watch.json("events")
         (refusal,) = refusals()  # an event with the forged copy's digest, no status for tampered-1
         assert refusal["why"] == "bad_signature" and "signature" in refusal["reason"], refusal
         assert refusal["command_sha256"] == hashlib.sha256(forged.model_dump_json().encode()).hexdigest()

@@ -53,7 +53,7 @@ def _online(broker_url: str, agent: AgentProcess) -> None:
     published after this reaches it (commands are not retained)."""
     watch = Collector(broker_url, "edgesdk/devices/dev-1/presence", client_id=f"online-{time.monotonic_ns()}")
     try:
-        assert watch.wait_for(lambda: any(p.get("online") for p in watch.json("presence")), 30), agent.log()[-2000:]
+        assert watch.wait_for(lambda: any(p.get("online") for p in watch.json("presence")), 60), agent.log()[-2000:]
     finally:
         watch.stop()
 
@@ -164,7 +164,7 @@ def test_forged_copies_of_a_live_command_neither_fail_the_device_nor_abort_the_r
     log = tmp_path / "service.log"
     service: subprocess.Popen[str] | None = None
     try:
-        assert attacker.wait_connected(10)
+        assert attacker.wait_connected(60)
         with AgentProcess(device) as agent, open(log, "w") as out:
             _online(mqtt_broker.url, agent)
             service = subprocess.Popen(
@@ -190,7 +190,7 @@ def test_forged_copies_of_a_live_command_neither_fail_the_device_nor_abort_the_r
             assert summary["state"] == "SUCCEEDED", (summary, log.read_text()[-3000:])
             assert _release(agent) == 2
             digests = {command_digest(payload) for payload in forged}
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             events: list[Any] = []
             while time.monotonic() < deadline and len(events) < 2:
                 with engine.connect() as db:

@@ -94,7 +94,7 @@ class Fleet:
         self.watch = Collector(broker_url, "edgesdk/devices/dev-1/#", client_id=f"watch-{time.monotonic_ns()}")
         self.client = MqttClient(ClientOptions(client_id=f"op-{time.monotonic_ns()}", broker_url=broker_url))
         self.client.start()
-        assert self.client.wait_connected(10)
+        assert self.client.wait_connected(60)
         self.root = root
         self.controller: RolloutController | None = None
         self.threads: list[threading.Thread] = []
@@ -114,7 +114,7 @@ class Fleet:
         self.threads.append(thread)
         return message.deployment_id
 
-    def online(self, timeout: float = 30) -> None:
+    def online(self, timeout: float = 60) -> None:
         """Wait for the device's online presence: the agent sends its subscriptions before it,
         so a deployment published after this reaches it (deployments are not retained)."""
         assert self.watch.wait_for(
@@ -338,7 +338,7 @@ def test_trust_push_publishes_retained_for_devices_that_connect_later(tmp_path, 
     assert proc.returncode == 0, proc.stderr
     late = Collector(mqtt_broker.url, "edgesdk/fleet/trust", client_id="late-device")  # subscribes afterwards
     try:
-        assert late.wait_for(lambda: bool(late.json()), 10)
+        assert late.wait_for(lambda: bool(late.json()), 60)
         assert late.json()[0]["version"] == 4
     finally:
         late.stop()
