@@ -151,6 +151,9 @@ def test_device_keeps_serving_through_an_update(tmp_path: Path, bundles: OtaBund
             deployment_id = operator.push(bundles.v2, HealthCriteria(probation_s=1))
             operator.thread.join(180)
             assert operator.device_row(deployment_id).state == "COMMITTED"
+            deadline = time.monotonic() + 60  # the watch has seen release 2 (its polls run late when loaded)
+            while 2 not in releases and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             stop.set()
             for thread in threads:
@@ -200,7 +203,7 @@ def test_bad_deployments_are_refused_and_reported(tmp_path: Path, bundles: OtaBu
                 # Its signature proves no sender, so no status for "rogue-1": an ota_refused event
                 # with the message's digest is the proof it was handled.
                 assert refusals.wait_for(
-                    lambda: any(e["event"] == "ota_refused" for e in refusals.json("events")), timeout=30
+                    lambda: any(e["event"] == "ota_refused" for e in refusals.json("events")), timeout=60
                 ), refusals.json("events")
             finally:
                 refusals.stop()
@@ -230,7 +233,7 @@ def _refusal(watch: Collector, deployment_id: str, needle: str, *, after: int = 
             if s["deployment_id"] == deployment_id and s["state"] == "FAILED" and needle in s["reason"]
         ]
 
-    assert watch.wait_for(lambda: bool(found()), timeout=30), watch.json("ota/status")[after:]
+    assert watch.wait_for(lambda: bool(found()), timeout=60), watch.json("ota/status")[after:]
     return found()[0]
 
 
