@@ -310,7 +310,8 @@ def _broker_note(broker: Any) -> str:
 @click.option("--duration", default=0.0, type=float, help="Stop after this many seconds (0: until Ctrl-C).")
 @_with_broker
 def watch(params: dict[str, Any]) -> None:
-    """A live table of the fleet, refreshed every --interval seconds (Ctrl-C to stop)."""
+    """A live table of the fleet, refreshed every --interval seconds (Ctrl-C to stop). Piped (a
+    log, tee, grep), a new table stamped with the time each time the fleet changed."""
     from rich.live import Live
     from rich.table import Table
 
@@ -321,23 +322,40 @@ def watch(params: dict[str, Any]) -> None:
     monitor = _open_monitor(params)
     out = console()
 
-    def render() -> Table:
+    def state() -> tuple[str, list[list[str]]]:
         views = monitor.view.snapshot()
         lost = monitor.lost_since
         online = sum(1 for v in views if v.online)
         title = f"{params['broker']} — {len(views)} device(s), {online} online"
         if lost is not None:
             title = f"{params['broker']} — lost since {time.strftime('%H:%M:%S', time.localtime(lost))}, reconnecting"
-        table = make_table(title, COLUMNS, _rows(views, lost), whole_cells=not out.is_terminal)
+        return title, _rows(views, lost)
+
+    def render(title: str, rows: list[list[str]]) -> Table:
+        table = make_table(title, COLUMNS, rows, whole_cells=not out.is_terminal)
         fit_when_piped(out, table)
         return table
 
     deadline = time.monotonic() + params["duration"] if params["duration"] > 0 else None
     try:
-        with Live(render(), console=out, auto_refresh=False, transient=False) as live:
-            while deadline is None or time.monotonic() < deadline:
+        if out.is_terminal:
+            with Live(render(*state()), console=out, auto_refresh=False, transient=False) as live:
+                while deadline is None or time.monotonic() < deadline:
+                    time.sleep(params["interval"])
+                    live.update(render(*state()), refresh=True)
+        else:
+            # A redrawn table reaches a pipe only when the watch ends: print one whenever what it
+            # shows changed (the "seen" ages alone do not count), as it happens.
+            shown: tuple[str, list[list[str]]] | None = None
+            while True:
+                title, rows = state()
+                if shown is None or (title, [row[:-1] for row in rows]) != shown:
+                    shown = (title, [row[:-1] for row in rows])
+                    out.print(render(f"{time.strftime('%H:%M:%S')} {title}", rows))
+                    out.file.flush()
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
                 time.sleep(params["interval"])
-                live.update(render(), refresh=True)
     except KeyboardInterrupt:  # Ctrl-C is how a watch ends: exit 0, not an error
         pass
     finally:
