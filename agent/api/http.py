@@ -498,8 +498,7 @@ class HttpProtocol(asyncio.Protocol):
         self._phase_start = now
         self._deadline = now + self._header_timeout_s
         if self._timer is None:
-            self._tick_due = due = now + self.server.timer_period_s
-            self._timer = self.loop.call_at(due, self._timed_out)
+            self._tick_at(now + self.server.timer_period_s)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -654,8 +653,7 @@ class HttpProtocol(asyncio.Protocol):
                             now = self.loop.time()
                             self._deadline = now + self.limits.keepalive_timeout_s
                             if self._timer is None:
-                                self._tick_due = due = now + self.server.timer_period_s
-                                self._timer = self.loop.call_at(due, self._timed_out)
+                                self._tick_at(now + self.server.timer_period_s)
                         else:
                             self._closing = True
                             self._stop_timer()
@@ -725,8 +723,7 @@ class HttpProtocol(asyncio.Protocol):
             now = self.loop.time()
             self._deadline = now + self.limits.keepalive_timeout_s
             if self._timer is None:
-                self._tick_due = due = now + self.server.timer_period_s
-                self._timer = self.loop.call_at(due, self._timed_out)
+                self._tick_at(now + self.server.timer_period_s)
 
     def _reject(self, status: int, message: str, headers: list[tuple[str, str]] | None = None) -> None:
         # httptools wraps what a callback raises; keep ours to answer with its status.
@@ -747,8 +744,12 @@ class HttpProtocol(asyncio.Protocol):
         now = self.loop.time()
         self._deadline = now + seconds
         if self._timer is None:
-            self._tick_due = due = now + self.server.timer_period_s
-            self._timer = self.loop.call_at(due, self._timed_out)
+            self._tick_at(now + self.server.timer_period_s)
+
+    def _tick_at(self, due: float) -> None:
+        """The connection timer's next tick, and when it is due (read back by ``_timed_out``)."""
+        self._tick_due = due
+        self._timer = self.loop.call_at(due, self._timed_out)
 
     def _disarm(self) -> None:
         self._timer_kind = ""  # a pending timer finds nothing due and lapses
@@ -770,8 +771,7 @@ class HttpProtocol(asyncio.Protocol):
             # in the socket (uvloop runs due timers before it polls). Judged on the next tick,
             # after a poll; only once in a row, so a loop late on every tick still cuts slow clients.
             self._stalled = True
-            self._tick_due = due = now + self.server.timer_period_s
-            self._timer = self.loop.call_at(due, self._timed_out)
+            self._tick_at(now + self.server.timer_period_s)
             return
         self._stalled = False
         if now < self._deadline:
@@ -781,8 +781,7 @@ class HttpProtocol(asyncio.Protocol):
                 log.info("client too slow (%s under %d bytes/s): closing", self._timer_kind, rate)
                 self._fail(_error(408, f"request arriving too slowly ({self._timer_kind} under {rate} bytes/s)"))
                 return
-            self._tick_due = due = min(self._deadline, now + self.server.timer_period_s)
-            self._timer = self.loop.call_at(due, self._timed_out)
+            self._tick_at(min(self._deadline, now + self.server.timer_period_s))
             return
         if self._timer_kind == "idle" and self._phase == _IDLE:
             self.transport.close()

@@ -349,8 +349,9 @@ def watch(params: dict[str, Any]) -> None:
             shown: tuple[str, list[list[str]]] | None = None
             while True:
                 title, rows = state()
-                if shown is None or (title, [row[:-1] for row in rows]) != shown:
-                    shown = (title, [row[:-1] for row in rows])
+                changed = (title, [row[:-1] for row in rows])  # the last column is "seen"
+                if changed != shown:
+                    shown = changed
                     out.print(render(f"{time.strftime('%H:%M:%S')} {title}", rows))
                     out.file.flush()
                 if deadline is not None and time.monotonic() >= deadline:
